@@ -1,0 +1,68 @@
+"""Registries that make the algorithm library extensible.
+
+A new loss is one function plus one YAML file::
+
+    from scalerl.algo.registry import register_loss, positive
+
+    @register_loss("my_loss", params={"beta": positive})
+    def my_loss(logp, gen_logp, advantages, mask, group_ids, *, beta):
+        return ...  # per-token loss [N, T]; aggregation is applied by policy_loss
+
+and ``conf/loss/my_loss.yaml`` with ``name: my_loss`` and ``beta: ...`` (add ``beta`` to
+:class:`scalerl.config.schema.LossConfig` if it is a new key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# A parameter check returns None when the value is fine, else a phrase saying what is allowed.
+ParamCheck = Callable[[object], "str | None"]
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def positive(v: object) -> str | None:
+    return None if _is_number(v) and v > 0 else "a number > 0"
+
+
+def unit_interval_open(v: object) -> str | None:
+    return None if _is_number(v) and 0 < v < 1 else "a number in (0, 1)"
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    name: str
+    fn: Callable
+    params: dict[str, ParamCheck] = field(default_factory=dict)
+
+
+LOSSES: dict[str, LossSpec] = {}
+
+
+def register_loss(name: str, params: dict[str, ParamCheck] | None = None) -> Callable[[Callable], Callable]:
+    """Register a per-token loss function under ``name`` with its parameter checks."""
+
+    def deco(fn: Callable) -> Callable:
+        if name in LOSSES:
+            raise ValueError(f"loss {name!r} is already registered")
+        LOSSES[name] = LossSpec(name=name, fn=fn, params=dict(params or {}))
+        return fn
+
+    return deco
+
+
+def check_loss_params(name: str, params: dict[str, object]) -> list[tuple[str, object, str]]:
+    """Problems with ``params`` for loss ``name``: a list of (key, value, what is allowed)."""
+    if name not in LOSSES:
+        return [("name", name, "one of " + ", ".join(sorted(LOSSES)))]
+    problems = []
+    for key, check in LOSSES[name].params.items():
+        value = params.get(key)
+        msg = check(value)
+        if msg is not None:
+            problems.append((key, value, msg))
+    return problems

@@ -1,0 +1,48 @@
+"""Configuration: the structured schema, value checks, and composition outside a Hydra app."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from scalerl.config.schema import GROUPS, Config, register_configs
+from scalerl.config.validate import ConfigError, validate
+
+
+def conf_dir() -> str:
+    """The folder holding the Hydra config groups (``conf/`` at the repository root)."""
+    env = os.environ.get("SCALERL_CONF_DIR")
+    if env:
+        return str(Path(env).resolve())
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "conf" / "config.yaml").is_file():
+            return str(parent / "conf")
+    raise FileNotFoundError(
+        "scalerl: cannot find conf/config.yaml; install with `pip install -e .` from the repository "
+        "or set SCALERL_CONF_DIR"
+    )
+
+
+def compose(overrides: list[str] | None = None, *, check: bool = True) -> DictConfig:
+    """Compose the recipe like ``python train.py <overrides>`` would, without running it.
+
+    Used by sweeps (to check every variant before launching) and by tests.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3", job_name="scalerl"):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
+    if check:
+        validate(cfg)
+    return cfg
+
+
+__all__ = ["GROUPS", "Config", "ConfigError", "compose", "conf_dir", "register_configs", "validate"]

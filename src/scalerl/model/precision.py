@@ -1,0 +1,167 @@
+"""Numerical precision of the policy (paper Sec. 3.2, "FP32 precision at the LM head").
+
+A :class:`Precision` says in which dtype the transformer body and the LM head (with its
+log-softmax) compute. Generator and trainer use the same object, so ``fp32_head`` means the same
+thing on both sides, as in the paper.
+
+Two implementations of reduced precision:
+
+* ``native``: the body's parameters are cast to bf16/fp16 and the kernels run in that dtype
+  (what a GPU does; the default on CUDA).
+* ``emulated``: parameters stay fp32 (master weights) and every linear / embedding / norm layer
+  rounds its weight, input and output to the low-precision dtype, accumulating in fp32 like a
+  tensor-core GEMM. CPUs without native bf16 (this project's CI machines) run native bf16 about
+  10-16x slower than fp32; emulation reproduces bf16's rounding at fp32 speed. It is the default
+  on CPU; ``precision.impl=native`` forces real bf16 tensors there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _RoundTo(torch.autograd.Function):
+    """Round to a lower-precision dtype and back; straight-through gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
+        return x.to(dtype).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad, None
+
+
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == x.dtype or not x.is_floating_point():
+        return x
+    return _RoundTo.apply(x, dtype)
+
+
+class _RoundedWeight(nn.Module):
+    """A parametrization: the layer sees its weight rounded to ``dtype``."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return round_to(w, self.dtype)
+
+
+def _round_output_hook(dtype: torch.dtype):
+    def hook(module, args, output):
+        if isinstance(output, torch.Tensor):
+            return round_to(output, dtype)
+        return output
+
+    return hook
+
+
+def _round_input_hook(dtype: torch.dtype):
+    def hook(module, args):
+        return tuple(round_to(a, dtype) if isinstance(a, torch.Tensor) else a for a in args)
+
+    return hook
+
+
+@dataclass
+class Precision:
+    body: str = "fp32"
+    head: str = "fp32"
+    impl: str = "emulated"  # native | emulated (only matters for non-fp32 dtypes)
+
+    @classmethod
+    def for_device(cls, body: str, head: str, device: torch.device | str, impl: str = "auto") -> Precision:
+        if impl == "auto":
+            impl = "native" if torch.device(device).type == "cuda" else "emulated"
+        return cls(body=body, head=head, impl=impl)
+
+    @property
+    def body_dtype(self) -> torch.dtype:
+        return DTYPES[self.body]
+
+    @property
+    def head_dtype(self) -> torch.dtype:
+        return DTYPES[self.head]
+
+    def describe(self) -> dict[str, str]:
+        """Effective dtypes, logged as run params."""
+
+        def eff(name: str) -> str:
+            if name == "fp32":
+                return "fp32"
+            return f"{name} ({'native' if self.impl == 'native' else 'emulated: fp32 math, rounded'})"
+
+        return {"precision/body_dtype": eff(self.body), "precision/head_dtype": eff(self.head)}
+
+    # ------------------------------------------------------------------ model preparation
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Make ``model`` (a transformers causal LM) compute its body in the body dtype.
+
+        The LM head is left in fp32 (native) or unrounded; :meth:`logits` applies the head dtype.
+        Idempotent: a model is prepared once.
+        """
+        if getattr(model, "_scalerl_precision", None) is not None:
+            return model
+        body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        head = model.get_output_embeddings()
+        if self.body != "fp32":
+            if self.impl == "native":
+                body.to(self.body_dtype)
+            else:
+                self._emulate(body, self.body_dtype)
+        if self.head != "fp32" and self.impl == "native":
+            head.to(self.head_dtype)
+        if getattr(model.config, "tie_word_embeddings", False) and self.body != self.head and self.impl == "native":
+            raise ValueError(
+                "precision: a model with tied embeddings cannot hold body and head in different dtypes "
+                "natively; use untied embeddings or precision.impl=emulated"
+            )
+        model._scalerl_precision = self
+        return model
+
+    @staticmethod
+    def _emulate(body: nn.Module, dtype: torch.dtype) -> None:
+        from torch.nn.utils import parametrize
+
+        for module in body.modules():
+            params = [n for n, _ in module.named_parameters(recurse=False)]
+            if not params:
+                continue
+            if "weight" in params and isinstance(module, (nn.Linear, nn.Embedding)):
+                parametrize.register_parametrization(module, "weight", _RoundedWeight(dtype))
+            if isinstance(module, nn.Linear):
+                module.register_forward_pre_hook(_round_input_hook(dtype))
+            module.register_forward_hook(_round_output_hook(dtype))
+
+    # ------------------------------------------------------------------ the head
+    def logits(self, model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """LM-head logits in the head dtype (returned as that dtype, or fp32 when emulated)."""
+        head = model.get_output_embeddings()
+        if self.head == "fp32":
+            return nn.functional.linear(hidden.float(), head.weight.float(), _maybe_float(head.bias))
+        if self.impl == "native":
+            return head(hidden.to(self.head_dtype))
+        d = self.head_dtype
+        w = round_to(head.weight, d)
+        return round_to(nn.functional.linear(round_to(hidden.float(), d), w, head.bias), d)
+
+    def log_softmax(self, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Log-probabilities over the vocabulary, computed in the head dtype."""
+        if temperature != 1.0:
+            logits = logits / temperature
+        if self.head == "fp32":
+            return torch.log_softmax(logits.float(), dim=-1)
+        if self.impl == "native":
+            return torch.log_softmax(logits.to(self.head_dtype), dim=-1)
+        return round_to(torch.log_softmax(logits.float(), dim=-1), self.head_dtype)
+
+
+def _maybe_float(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
