@@ -10,6 +10,10 @@ A new loss is one function plus one YAML file::
 
 and ``conf/loss/my_loss.yaml`` with ``name: my_loss`` and ``beta: ...`` (add ``beta`` to
 :class:`scalerl.config.schema.LossConfig` if it is a new key).
+
+Optionally pass ``clip_indicator=fn`` to ``register_loss``: ``fn(logp, gen_logp, advantages, mask,
+**params) -> bool [N, T]`` marking the tokens where the loss's clip/truncation is active; it feeds the
+``clip_fraction`` diagnostic of :func:`scalerl.algo.losses.loss_stats` (NaN when absent).
 """
 
 from __future__ import annotations
@@ -38,21 +42,39 @@ class LossSpec:
     name: str
     fn: Callable
     params: dict[str, ParamCheck] = field(default_factory=dict)
+    clip_indicator: Callable | None = None
 
 
 LOSSES: dict[str, LossSpec] = {}
 
 
-def register_loss(name: str, params: dict[str, ParamCheck] | None = None) -> Callable[[Callable], Callable]:
-    """Register a per-token loss function under ``name`` with its parameter checks."""
+def register_loss(
+    name: str,
+    params: dict[str, ParamCheck] | None = None,
+    *,
+    clip_indicator: Callable | None = None,
+) -> Callable[[Callable], Callable]:
+    """Register a per-token loss function under ``name`` with its parameter checks.
+
+    ``clip_indicator`` (optional) marks the tokens where the loss clips; see the module docstring.
+    """
 
     def deco(fn: Callable) -> Callable:
         if name in LOSSES:
             raise ValueError(f"loss {name!r} is already registered")
-        LOSSES[name] = LossSpec(name=name, fn=fn, params=dict(params or {}))
+        LOSSES[name] = LossSpec(name=name, fn=fn, params=dict(params or {}), clip_indicator=clip_indicator)
         return fn
 
     return deco
+
+
+def get_loss(name: str) -> LossSpec:
+    """The registered :class:`LossSpec` for ``name``; ValueError listing the registered names if unknown."""
+    try:
+        return LOSSES[name]
+    except KeyError:
+        known = ", ".join(sorted(LOSSES)) or "(none registered)"
+        raise ValueError(f"unknown loss {name!r}: registered losses are {known}") from None
 
 
 def check_loss_params(name: str, params: dict[str, object]) -> list[tuple[str, object, str]]:

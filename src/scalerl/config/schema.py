@@ -44,6 +44,9 @@ class PrecisionConfig:
     name: str = MISSING
     body: str = "fp32"  # dtype of the transformer body: fp32 | bf16 | fp16
     head: str = "fp32"  # dtype of the LM head + log-softmax
+    # native: real low-precision tensors; emulated: fp32 math rounded to the dtype at every layer
+    # (for CPUs without native bf16); auto: native on CUDA, emulated on CPU
+    impl: str = "auto"
 
 
 @dataclass
@@ -115,7 +118,9 @@ class TaskConfig:
     min_digits: int = 3
     max_digits: int = 4
     warmstart_max_digits: int = 3
+    warmstart_hard_frac: float = 0.0  # share of warm-start problems at max_digits
     num_val: int = 128
+    num_train: int = 100_000
     # jsonl task (real data): one {"prompt": ..., "answer": ...} per line
     path: Optional[str] = None
     val_fraction: float = 0.05

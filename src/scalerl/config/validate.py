@@ -60,6 +60,7 @@ def validate(cfg: DictConfig) -> None:
 
     _one_of("precision.body", cfg.precision.body, DTYPES)
     _one_of("precision.head", cfg.precision.head, DTYPES)
+    _one_of("precision.impl", cfg.precision.impl, ("auto", "native", "emulated"))
     _one_of("aggregation.name", cfg.aggregation.name, AGGREGATIONS)
     _one_of("norm.name", cfg.norm.name, NORMS)
 
@@ -112,9 +113,12 @@ def validate(cfg: DictConfig) -> None:
     _one_of("task.name", t.name, TASKS)
     if t.name == "addition":
         _check(t.min_digits >= 1, "task.min_digits", t.min_digits, ">= 1")
-        _check(t.max_digits >= t.min_digits, "task.max_digits", t.max_digits, f">= min_digits ({t.min_digits})")
+        _check(
+            t.max_digits >= t.min_digits, "task.max_digits", t.max_digits, f">= min_digits ({t.min_digits})"
+        )
         _check(t.warmstart_max_digits >= 1, "task.warmstart_max_digits", t.warmstart_max_digits, ">= 1")
     _check(t.num_val >= 1, "task.num_val", t.num_val, "an integer >= 1")
+    _check(t.num_train >= 1, "task.num_train", t.num_train, "an integer >= 1")
     _check(t.verifier_timeout_s > 0, "task.verifier_timeout_s", t.verifier_timeout_s, "> 0")
 
     g = cfg.generator
@@ -140,14 +144,18 @@ def validate(cfg: DictConfig) -> None:
     )
     if tr.micro_batch_size:
         _check(
-            tr.micro_batch_size % tr.generations_per_prompt == 0
-            and tr.batch_size % tr.micro_batch_size == 0,
+            tr.micro_batch_size % tr.generations_per_prompt == 0 and tr.batch_size % tr.micro_batch_size == 0,
             "trainer.micro_batch_size",
             tr.micro_batch_size,
             "0 (whole batch) or a multiple of generations_per_prompt dividing batch_size",
         )
     _check(tr.lr > 0, "trainer.lr", tr.lr, "> 0")
-    _check(len(tr.betas) == 2 and all(0 <= b < 1 for b in tr.betas), "trainer.betas", list(tr.betas), "two numbers in [0, 1)")
+    _check(
+        len(tr.betas) == 2 and all(0 <= b < 1 for b in tr.betas),
+        "trainer.betas",
+        list(tr.betas),
+        "two numbers in [0, 1)",
+    )
     _check(tr.adam_eps > 0, "trainer.adam_eps", tr.adam_eps, "> 0")
     _check(tr.weight_decay >= 0, "trainer.weight_decay", tr.weight_decay, ">= 0")
     _check(tr.warmup_steps >= 0, "trainer.warmup_steps", tr.warmup_steps, ">= 0")

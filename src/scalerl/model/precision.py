@@ -118,7 +118,11 @@ class Precision:
                 self._emulate(body, self.body_dtype)
         if self.head != "fp32" and self.impl == "native":
             head.to(self.head_dtype)
-        if getattr(model.config, "tie_word_embeddings", False) and self.body != self.head and self.impl == "native":
+        if (
+            getattr(model.config, "tie_word_embeddings", False)
+            and self.body != self.head
+            and self.impl == "native"
+        ):
             raise ValueError(
                 "precision: a model with tied embeddings cannot hold body and head in different dtypes "
                 "natively; use untied embeddings or precision.impl=emulated"

@@ -1,0 +1,154 @@
+"""Reading training runs from MLflow and writing fit results back.
+
+Data contract of a training run: metric ``val/pass_rate`` at each evaluation with ``step`` = the
+optimiser step (step 0 = before any update); at the same steps the cumulative ``compute/flops`` and
+``compute/device_hours``.  The run param ``scaling.compute_axis`` ("flops" | "device_hours",
+default "flops") says which is the x-axis.  Points are paired by step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REWARD_KEY = "val/pass_rate"
+COMPUTE_KEYS = {"flops": "compute/flops", "device_hours": "compute/device_hours"}
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+class AnalysisError(RuntimeError):
+    """A user-facing problem (no such experiment, no runs): the CLI prints it and exits 2."""
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+def make_client(uri: str | None = None):
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+
+
+@dataclass
+class RunData:
+    run_id: str
+    run_name: str
+    status: str
+    experiment_id: str
+    params: dict[str, str]
+    tags: dict[str, str]
+    compute_axis: str
+    steps: np.ndarray
+    compute: np.ndarray
+    reward: np.ndarray
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def last_step(self) -> int:
+        return int(self.steps.max()) if self.steps.size else 0
+
+
+def _history(client, run_id: str, key: str) -> dict[int, float]:
+    """step -> value (the latest by timestamp when a step was logged twice)."""
+    out: dict[int, tuple[int, float]] = {}
+    for m in client.get_metric_history(run_id, key):
+        prev = out.get(m.step)
+        if prev is None or m.timestamp >= prev[0]:
+            out[m.step] = (m.timestamp, float(m.value))
+    return {s: v for s, (_, v) in out.items()}
+
+
+def load_run(client, run, *, reward_key: str = REWARD_KEY) -> RunData:
+    info, data = run.info, run.data
+    params = dict(data.params)
+    axis = params.get("scaling.compute_axis", "flops")
+    notes = []
+    if axis not in COMPUTE_KEYS:
+        notes.append(f"unknown scaling.compute_axis {axis!r}; using flops")
+        axis = "flops"
+    rew = _history(client, info.run_id, reward_key)
+    comp = _history(client, info.run_id, COMPUTE_KEYS[axis])
+    steps, cs, rs = [], [], []
+    for s in sorted(rew):
+        if s in comp:
+            c = comp[s]
+        elif s == 0:
+            c = 0.0  # the step-0 evaluation: no compute spent yet
+        else:
+            notes.append(f"step {s}: {reward_key} without {COMPUTE_KEYS[axis]}; skipped")
+            continue
+        steps.append(s)
+        cs.append(c)
+        rs.append(rew[s])
+    return RunData(
+        run_id=info.run_id,
+        run_name=info.run_name or data.tags.get("mlflow.runName", info.run_id[:8]),
+        status=info.status,
+        experiment_id=info.experiment_id,
+        params=params,
+        tags=dict(data.tags),
+        compute_axis=axis,
+        steps=np.asarray(steps, dtype=int),
+        compute=np.asarray(cs, dtype=float),
+        reward=np.asarray(rs, dtype=float),
+        notes=notes,
+    )
+
+
+def load_runs(
+    client,
+    experiment: str | None = None,
+    run_ids: list[str] | None = None,
+    *,
+    include_running: bool = False,
+    reward_key: str = REWARD_KEY,
+) -> list[RunData]:
+    """Runs of ``experiment`` (by name) that logged ``reward_key`` (finished ones, plus running
+    ones with ``include_running``), or exactly the given ``run_ids`` (any status)."""
+    if run_ids:
+        runs = [client.get_run(r) for r in run_ids]
+    else:
+        if not experiment:
+            raise AnalysisError("give an experiment name or run ids")
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            raise AnalysisError(f"no MLflow experiment named {experiment!r}")
+        statuses = {"FINISHED"} | ({"RUNNING"} if include_running else set())
+        runs, token = [], None
+        while True:  # MLflow filters have no OR: filter the status here
+            page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                break
+        runs = [r for r in runs if r.info.status in statuses and reward_key in r.data.metrics]
+        runs.sort(key=lambda r: r.info.start_time or 0)
+    return [load_run(client, r, reward_key=reward_key) for r in runs]
+
+
+def write_back(
+    client,
+    run: RunData,
+    metrics: dict[str, float],
+    *,
+    tags: dict[str, str] | None = None,
+    artifact: str | Path | None = None,
+) -> None:
+    """One ``log_batch`` of the fit metrics (at the run's last step, so they are the latest
+    values the MLflow UI shows as columns), tags, and the plot as artifact ``scaling_curve.png``."""
+    from mlflow.entities import Metric, RunTag
+
+    ts = int(time.time() * 1000)
+    step = run.last_step
+    ms = [Metric(k, float(v) if v is not None else math.nan, ts, step) for k, v in metrics.items()]
+    ts_tags = [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
+    client.log_batch(run.run_id, metrics=ms, tags=ts_tags)
+    if artifact is not None:
+        client.log_artifact(run.run_id, str(artifact))

@@ -1,0 +1,54 @@
+"""Which prompts a step trains on: seeded epochs over the train split, skipping retired prompts."""
+
+from __future__ import annotations
+
+import random
+
+from scalerl.task.base import Prompt
+
+
+class PromptSampler:
+    """Shuffled epochs (seeded per epoch); prompts retired by no-positive-resampling are skipped
+    from the moment they retire (paper Sec. 3.2). Its position is part of the checkpoint."""
+
+    def __init__(self, prompts: list[Prompt], seed: int, retired=None, *, rank: int = 0, world: int = 1):
+        if not prompts:
+            raise ValueError("the task has no training prompts")
+        self.prompts = prompts
+        self.seed = seed
+        self.retired = retired  # object with retired(uid) -> bool, or None
+        self.rank, self.world = rank, world
+        self.epoch = 0
+        self.pos = 0
+        self._order = self._perm(0)
+
+    def _perm(self, epoch: int) -> list[int]:
+        order = list(range(len(self.prompts)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order[self.rank :: self.world]
+
+    def next(self, n: int) -> list[Prompt]:
+        out: list[Prompt] = []
+        skipped_in_a_row = 0
+        while len(out) < n:
+            if self.pos >= len(self._order):
+                self.epoch += 1
+                self.pos = 0
+                self._order = self._perm(self.epoch)
+            p = self.prompts[self._order[self.pos]]
+            self.pos += 1
+            if self.retired is not None and self.retired.retired(p.uid):
+                skipped_in_a_row += 1
+                if skipped_in_a_row > 2 * len(self.prompts):
+                    raise RuntimeError("every training prompt is retired (no-positive-resampling); nothing left to train on")
+                continue
+            skipped_in_a_row = 0
+            out.append(p)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._order = self._perm(self.epoch)

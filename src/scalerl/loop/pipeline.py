@@ -1,0 +1,171 @@
+"""PipelineRL (paper Sec. 3.1): a generator process that streams groups to the trainer and picks up
+new weights *in flight*, between decode steps, keeping its stale KV cache.
+
+Weight transfer goes through :class:`WeightTransport`. On one machine,
+:class:`SharedMemoryTransport` keeps one shared-memory copy of the weights and a version counter
+(a seqlock-style lock guards the copy). A GPU cluster implementation (NCCL broadcast from the
+trainer rank into the generator's weights, as PipelineRL does with vLLM) fits the same two
+methods: ``publish`` on the trainer, ``poll`` on the generator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import time
+import traceback
+from typing import Protocol
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class WeightTransport(Protocol):
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Trainer side: make ``state`` the newest weights, tagged ``version``."""
+
+    def poll(self, model: torch.nn.Module, current: int) -> int | None:
+        """Generator side: load newer weights into ``model`` in place; their version, or None."""
+
+
+class SharedMemoryTransport:
+    """Weights in shared memory (one tensor per parameter) plus a version counter."""
+
+    def __init__(self, state: dict[str, torch.Tensor], ctx, version: int = 0):
+        self.buffers = {k: v.detach().to("cpu", copy=True).contiguous().share_memory_() for k, v in state.items()}
+        self.version = ctx.Value("l", version, lock=False)
+        self.lock = ctx.Lock()
+
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        with self.lock, torch.no_grad():
+            for k, buf in self.buffers.items():
+                buf.copy_(state[k].detach().to("cpu"))
+            self.version.value = version
+
+    def poll(self, model: torch.nn.Module, current: int) -> int | None:
+        if self.version.value == current:
+            return None
+        with self.lock, torch.no_grad():
+            version = int(self.version.value)
+            params = dict(model.named_parameters())
+            buffers = dict(model.named_buffers())
+            for k, buf in self.buffers.items():
+                target = params.get(k, buffers.get(k))
+                if target is not None:
+                    target.copy_(buf)
+        return version
+
+
+def generator_worker(cfg_yaml: str, transport: SharedMemoryTransport, work_q, result_q, status, threads: int) -> None:
+    """The generator process: take work (prompts), generate with in-flight weight updates, score,
+    send the groups back. ``status`` is a shared array: [busy seconds, generated tokens]."""
+    from omegaconf import OmegaConf
+
+    torch.set_num_threads(max(1, threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, threads)))
+    try:
+        from scalerl.generator import make_generator
+        from scalerl.loop.run import build_policy, score_groups
+        from scalerl.task import build_task
+
+        cfg = OmegaConf.create(cfg_yaml)
+        task = build_task(cfg)
+        device = torch.device("cpu")
+        model, tokenizer, precision = build_policy(cfg, task, device)
+        model.eval()
+        version = transport.poll(model, -1)
+        version = 0 if version is None else version
+        gen = make_generator(cfg, model, tokenizer, precision, device, seed=cfg.seed * 7919 + 17)
+        state = {"version": version}
+
+        def weight_update() -> int | None:
+            v = transport.poll(model, state["version"])
+            if v is not None:
+                state["version"] = v
+            return v
+
+        result_q.put(("ready", None, None))
+        while True:
+            item = work_q.get()
+            if item is None:
+                break
+            work_id, prompts, group_ids = item
+            weight_update()
+            t0 = time.perf_counter()
+            groups = gen.generate(
+                prompts,
+                cfg.trainer.generations_per_prompt,
+                version=state["version"],
+                group_ids=group_ids,
+                weight_update=weight_update,
+            )
+            errors = score_groups(task, prompts, groups, cfg)
+            dt = time.perf_counter() - t0
+            status[0] += dt
+            status[1] += sum(len(s.completion_ids) for g in groups for s in g)
+            result_q.put(("groups", work_id, (groups, errors)))
+    except Exception:
+        result_q.put(("error", None, traceback.format_exc()))
+
+
+class PipelineGenerator:
+    """Trainer-side handle on the generator process."""
+
+    def __init__(self, cfg, trainer_state: dict[str, torch.Tensor], version: int, threads: int):
+        import torch.multiprocessing as mp
+        from omegaconf import OmegaConf
+
+        ctx = mp.get_context("spawn")
+        self.transport = SharedMemoryTransport(trainer_state, ctx, version)
+        self.work_q = ctx.Queue()
+        self.result_q = ctx.Queue()
+        self.status = ctx.Array("d", [0.0, 0.0], lock=False)
+        self.proc = ctx.Process(
+            target=generator_worker,
+            args=(OmegaConf.to_yaml(cfg, resolve=True), self.transport, self.work_q, self.result_q, self.status, threads),
+            daemon=True,
+        )
+        self.proc.start()
+        kind, _, payload = self._get(timeout=600)
+        if kind != "ready":
+            raise RuntimeError(f"generator process failed to start:\n{payload}")
+
+    def _get(self, timeout: float):
+        deadline = time.time() + timeout
+        while True:
+            try:
+                return self.result_q.get(timeout=1.0)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"generator process died (exit code {self.proc.exitcode})") from None
+                if time.time() > deadline:
+                    raise TimeoutError("no answer from the generator process") from None
+
+    def submit(self, work_id: int, prompts, group_ids: list[int]) -> None:
+        self.work_q.put((work_id, prompts, group_ids))
+
+    def receive(self, timeout: float = 600):
+        """(work_id, groups, verifier_errors) of the next finished piece of work."""
+        kind, work_id, payload = self._get(timeout)
+        if kind == "error":
+            raise RuntimeError(f"generator process failed:\n{payload}")
+        groups, errors = payload
+        return work_id, groups, errors
+
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.transport.publish(state, version)
+
+    @property
+    def busy_seconds(self) -> float:
+        return float(self.status[0])
+
+    def close(self) -> None:
+        try:
+            self.work_q.put(None)
+            self.proc.join(timeout=10)
+        finally:
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(timeout=5)

@@ -1,0 +1,7 @@
+"""The policy model: built from a transformers config (embedded default) or loaded from a path."""
+
+from scalerl.model.build import build_model, load_policy, num_params
+from scalerl.model.precision import Precision
+from scalerl.model.tokenizer import build_char_tokenizer
+
+__all__ = ["Precision", "build_char_tokenizer", "build_model", "load_policy", "num_params"]

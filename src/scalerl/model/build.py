@@ -1,0 +1,156 @@
+"""Build or load the policy, and the supervised warm-start that stands in for a pretrained base.
+
+``model.name_or_path=None`` (the embedded default): a randomly initialised transformers model
+(Qwen2 or Llama architecture) from the config's sizes and the local character tokenizer, then a
+short supervised warm-start on the task, cached on disk keyed by everything it depends on.
+``model.name_or_path=<path or hub name>``: ``from_pretrained`` on the same code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from scalerl.model.tokenizer import build_char_tokenizer
+
+log = logging.getLogger(__name__)
+WARMSTART_VERSION = 1  # bump when the warm-start procedure changes, to invalidate caches
+
+
+def num_params(model: torch.nn.Module, *, exclude_embeddings: bool = False) -> int:
+    n = sum(p.numel() for p in model.parameters())
+    if exclude_embeddings:
+        n -= model.get_input_embeddings().weight.numel()
+    return n
+
+
+def build_model(mcfg, vocab_size: int, *, seed: int, pad_token_id: int, eos_token_id: int) -> PreTrainedModel:
+    """A randomly initialised causal LM of architecture ``mcfg.arch`` and the configured sizes."""
+    if mcfg.arch == "qwen2":
+        from transformers import Qwen2Config as Cfg
+        from transformers import Qwen2ForCausalLM as Model
+    elif mcfg.arch == "llama":
+        from transformers import LlamaConfig as Cfg
+        from transformers import LlamaForCausalLM as Model
+    else:
+        raise ValueError(f"model.arch={mcfg.arch!r}: must be one of qwen2, llama")
+    config = Cfg(
+        vocab_size=vocab_size,
+        hidden_size=mcfg.hidden_size,
+        num_hidden_layers=mcfg.num_layers,
+        num_attention_heads=mcfg.num_heads,
+        num_key_value_heads=mcfg.num_kv_heads,
+        intermediate_size=mcfg.intermediate_size,
+        max_position_embeddings=mcfg.max_position_embeddings,
+        tie_word_embeddings=mcfg.tie_word_embeddings,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Model(config)
+    model.config.use_cache = True
+    return model
+
+
+def _warmstart_key(cfg) -> str:
+    from omegaconf import OmegaConf
+
+    m = OmegaConf.to_container(cfg.model, resolve=True)
+    t = OmegaConf.to_container(cfg.task, resolve=True)
+    for k in ("cache_dir", "name"):
+        m.pop(k, None)
+    for k in ("num_val", "verifier_timeout_s", "min_digits"):
+        t.pop(k, None)
+    blob = json.dumps({"model": m, "task": t, "seed": cfg.seed, "v": WARMSTART_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def warmstart(model: PreTrainedModel, tokenizer, task, mcfg, *, seed: int) -> dict:
+    """Supervised training on the task's warm-start examples; loss on the completion tokens only."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=mcfg.warmstart_lr, weight_decay=0.0, betas=(0.9, 0.98))
+    steps, bs = mcfg.warmstart_steps, mcfg.warmstart_batch_size
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / steps))
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    model.train()
+    t0, loss_val = time.time(), float("nan")
+    for _ in range(steps):
+        rows, masks = [], []
+        for prompt, target in task.warmstart_examples(bs, rng):
+            p = tokenizer(prompt, add_special_tokens=False).input_ids
+            c = tokenizer(target, add_special_tokens=False).input_ids + [eos]
+            rows.append(p + c)
+            masks.append([0] * len(p) + [1] * len(c))
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_val = loss.item()
+    model.eval()
+    return {"warmstart_loss": loss_val, "warmstart_seconds": time.time() - t0, "warmstart_steps": steps}
+
+
+def load_policy(cfg, task) -> tuple[PreTrainedModel, object, dict]:
+    """(model, tokenizer, info) for the run; fp32 weights on CPU (the caller moves and prepares them)."""
+    mcfg = cfg.model
+    if mcfg.name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(mcfg.name_or_path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(mcfg.name_or_path, torch_dtype=torch.float32)
+        return model, tokenizer, {"source": mcfg.name_or_path}
+    tokenizer = build_char_tokenizer()
+    if mcfg.warmstart_steps <= 0:
+        model = build_model(
+            mcfg,
+            len(tokenizer),
+            seed=cfg.seed,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        return model, tokenizer, {"source": "random init"}
+    from filelock import FileLock
+
+    key = _warmstart_key(cfg)
+    root = Path(mcfg.cache_dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"warmstart-{key}"
+    with FileLock(str(root / f"warmstart-{key}.lock")):
+        if not (path / "meta.json").is_file():
+            log.info("warm-start: training %d supervised steps (cached as %s)", mcfg.warmstart_steps, path)
+            model = build_model(
+                mcfg,
+                len(tokenizer),
+                seed=cfg.seed,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            info = warmstart(model, tokenizer, task, mcfg, seed=cfg.seed)
+            tmp = root / f".tmp-{key}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "meta.json").write_text(json.dumps(info))
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
+    info = json.loads((path / "meta.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    return model, tokenizer, {"source": f"warm-start {path}", **info}

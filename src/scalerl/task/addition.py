@@ -1,0 +1,113 @@
+"""The embedded task: multi-digit addition with a chain of thought.
+
+Prompt ``0347+0589=`` (operands zero-padded to ``max_digits``). The model "thinks" with a
+digit-by-digit scratchpad, least significant digit first, each step ``a+b+carry=partial``::
+
+    7+9+0=16,4+8+1=13,3+5+1=09,0+0+0=00,</think>00936<eos>
+
+then writes the zero-padded sum after ``</think>``; reward 1 iff that answer is right. Thinking
+length matters: cut the scratchpad short (an interruption, a truncation) and the answer is a
+guess. RL and validation prompts have ``min_digits..max_digits`` digits; the warm-start sees at
+most ``warmstart_max_digits`` (plus a small fraction ``warmstart_hard_frac`` of full-length ones),
+so RL must learn to add in columns the warm-start rarely exercised, not only sharpen it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from scalerl.task.base import THINK_END, Prompt, final_answer
+
+
+
+class AdditionTask:
+    name = "addition"
+
+    def __init__(
+        self,
+        *,
+        seed: int = 1234,
+        min_digits: int = 3,
+        max_digits: int = 4,
+        warmstart_max_digits: int = 3,
+        warmstart_hard_frac: float = 0.0,
+        num_val: int = 128,
+        num_train: int = 100_000,
+    ):
+        self.seed = seed
+        self.min_digits, self.max_digits = min_digits, max_digits
+        self.ws_max_digits = warmstart_max_digits
+        self.ws_hard_frac = warmstart_hard_frac
+        self.width = max(max_digits, warmstart_max_digits)
+        self.num_val = num_val
+        self.num_train = num_train
+        rng = random.Random(seed)
+        self._val = []
+        seen = set()
+        while len(self._val) < num_val:
+            a, b, d = self._draw(rng, min_digits, max_digits)
+            if (a, b) in seen:
+                continue
+            seen.add((a, b))
+            self._val.append(self._prompt(1_000_000 + len(self._val), a, b, d))
+        self._val_pairs = seen
+        self._train_rng_seed = seed + 1
+
+    # ------------------------------------------------------------------ problems
+    @staticmethod
+    def _draw(rng: random.Random, lo: int, hi: int) -> tuple[int, int, int]:
+        d = rng.randint(lo, hi)
+        a = rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
+        b = rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
+        return a, b, d
+
+    def _prompt(self, uid: int, a: int, b: int, d: int) -> Prompt:
+        w = self.width
+        return Prompt(uid=uid, text=f"{a:0{w}d}+{b:0{w}d}=", answer=f"{a + b:0{w + 1}d}", difficulty=d)
+
+    def scratchpad(self, a: int, b: int) -> str:
+        w = self.width
+        xs, ys = f"{a:0{w}d}", f"{b:0{w}d}"
+        carry, steps = 0, []
+        for i in range(w - 1, -1, -1):
+            x, y = int(xs[i]), int(ys[i])
+            s = x + y + carry
+            steps.append(f"{x}+{y}+{carry}={s:02d},")
+            carry = s // 10
+        return "".join(steps)
+
+    def solution(self, a: int, b: int) -> str:
+        return f"{self.scratchpad(a, b)}{THINK_END}{a + b:0{self.width + 1}d}"
+
+    # ------------------------------------------------------------------ Task protocol
+    def train_prompts(self) -> list[Prompt]:
+        rng = random.Random(self._train_rng_seed)
+        out, uid = [], 0
+        while len(out) < self.num_train:
+            a, b, d = self._draw(rng, self.min_digits, self.max_digits)
+            if (a, b) in self._val_pairs:
+                continue
+            out.append(self._prompt(uid, a, b, d))
+            uid += 1
+        return out
+
+    def val_prompts(self) -> list[Prompt]:
+        return list(self._val)
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        return 1.0 if final_answer(completion) == prompt.answer else 0.0
+
+    def warmstart_examples(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
+        out = []
+        while len(out) < n:
+            if rng.random() < self.ws_hard_frac:
+                a, b, d = self._draw(rng, self.max_digits, self.max_digits)
+            else:
+                a, b, d = self._draw(rng, 1, self.ws_max_digits)
+            if (a, b) in self._val_pairs:
+                continue
+            out.append((self._prompt(-1, a, b, d).text, self.solution(a, b)))
+        return out
+
+    def think_tokens_needed(self) -> int:
+        return len(self.scratchpad(0, 0))

@@ -1,0 +1,237 @@
+"""MLflow tracking for one training run.
+
+* One MLflow run per training run; its id is kept in ``<out_dir>/run_info.json`` and in every
+  checkpoint, so a resumed run continues the same MLflow run.
+* Metrics are buffered and written in batches (``log_batch``) when a checkpoint is taken. The
+  buffer is part of the checkpoint, and every flushed batch carries the sentinel metric
+  ``progress/step``: after a crash, entries already in MLflow are recognised and not written
+  twice, entries not yet written are written from the checkpoint. So a killed run that resumes has
+  no duplicate and no missing metric steps.
+* A tracking server that goes away loses nothing: a failed flush keeps the buffer (and warns);
+  the next flush, the final one, or the next resume writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+SENTINEL = "progress/step"
+MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
+
+# Fail fast when a tracking server is unreachable: we retry ourselves at the next flush.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+def tracking_uri(cfg: DictConfig) -> str:
+    return cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+    except Exception:
+        return ""
+
+
+def flatten(d, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = str(d)
+    return out
+
+
+def run_params(cfg: DictConfig) -> dict[str, str]:
+    """Each group's choice under its group name, plus the flat resolved config."""
+    from scalerl.config.schema import GROUPS
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    params = flatten(container)
+    for g in GROUPS:
+        params[g] = str(cfg[g].name)
+    # the filter group's meaning is in its switches; name both in one readable value
+    params["filter"] = (
+        f"{cfg.filter.name}(zv={'on' if cfg.filter.zero_variance else 'off'},"
+        f"npr={'on' if cfg.filter.no_positive_resampling else 'off'})"
+    )
+    return {k[:250]: v[:6000] for k, v in params.items()}
+
+
+class Tracker:
+    def __init__(self, cfg: DictConfig, out_dir: Path, *, enabled: bool = True):
+        from mlflow.tracking import MlflowClient
+
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.enabled = enabled
+        self.pending: list[tuple[str, float, int, int]] = []  # (key, value, step, timestamp ms)
+        self.run_id: str | None = None
+        self.uri = tracking_uri(cfg)
+        self.client = MlflowClient(tracking_uri=self.uri) if enabled else None
+        self.flush_failures = 0
+
+    # ------------------------------------------------------------------ run lifecycle
+    def start(self, run_id: str | None, extra_params: dict[str, str]) -> str:
+        if not self.enabled:
+            self.run_id = run_id or "disabled"
+            return self.run_id
+        info = self.out_dir / "run_info.json"
+        if run_id is None and info.is_file():
+            run_id = json.loads(info.read_text()).get("run_id")
+        if run_id is not None:
+            self.run_id = run_id
+            self._retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+            return run_id
+        exp_name = self.cfg.tracking.experiment
+        exp = self._retry(lambda: self.client.get_experiment_by_name(exp_name))
+        exp_id = exp.experiment_id if exp is not None else self._create_experiment(exp_name)
+        tags = {"host": socket.gethostname(), "git_commit": _git_commit(), "out_dir": str(self.out_dir.resolve())}
+        tags.update({k: str(v) for k, v in (self.cfg.tracking.tags or {}).items()})
+        if self.cfg.tracking.parent_run_id:
+            tags["mlflow.parentRunId"] = self.cfg.tracking.parent_run_id
+        run = self._retry(lambda: self.client.create_run(exp_id, run_name=self.cfg.tracking.run_name, tags=tags))
+        self.run_id = run.info.run_id
+        tmp = info.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"run_id": self.run_id, "experiment_id": exp_id, "uri": self.uri}))
+        os.replace(tmp, info)
+        params = {**run_params(self.cfg), **extra_params}
+        self._log_params(params)
+        self.log_artifact_text("config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+        return self.run_id
+
+    def _create_experiment(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:  # created concurrently by another run of the same sweep
+            return self.client.get_experiment_by_name(name).experiment_id
+
+    def _log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in sorted(params.items())]
+        for i in range(0, len(items), 100):
+            chunk = items[i : i + 100]
+            self._retry(lambda c=chunk: self.client.log_batch(self.run_id, params=c))
+
+    def _retry(self, fn, tries: int = 3):
+        for attempt in range(tries):
+            try:
+                return fn()
+            except Exception:
+                if attempt == tries - 1:
+                    raise
+                time.sleep(1.0 + attempt)
+
+    # ------------------------------------------------------------------ metrics
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        ts = int(time.time() * 1000)
+        for k, v in metrics.items():
+            if v is None:
+                continue
+            self.pending.append((k, float(v), int(step), ts))
+
+    def log_step_done(self, step: int) -> None:
+        """Mark ``step`` complete: its metrics are in the buffer."""
+        self.log(step, {SENTINEL: float(step)})
+
+    def pending_state(self) -> list:
+        return list(self.pending)
+
+    def restore_pending(self, pending: list) -> None:
+        """After a resume: keep only buffered entries MLflow does not have yet."""
+        last = self.last_logged_step()
+        self.pending = [tuple(p) for p in pending if p[2] > last]
+
+    def last_logged_step(self) -> int:
+        if not self.enabled or self.run_id is None:
+            return -1
+        hist = self._retry(lambda: self.client.get_metric_history(self.run_id, SENTINEL))
+        return int(max((m.step for m in hist), default=-1))
+
+    def flush(self) -> bool:
+        """Write buffered metrics; False (buffer kept) when the tracking store is unreachable."""
+        if not self.enabled or not self.pending:
+            self.pending = [] if not self.enabled else self.pending
+            return True
+        from mlflow.entities import Metric
+
+        # chunk on step boundaries so each log_batch (atomic) holds whole steps with their sentinel
+        by_step: dict[int, list] = {}
+        for p in self.pending:
+            by_step.setdefault(p[2], []).append(p)
+        chunks, cur = [], []
+        for step in sorted(by_step):
+            if cur and len(cur) + len(by_step[step]) > MAX_BATCH:
+                chunks.append(cur)
+                cur = []
+            cur.extend(by_step[step])
+        if cur:
+            chunks.append(cur)
+        for i, chunk in enumerate(chunks):
+            try:
+                self.client.log_batch(self.run_id, metrics=[Metric(k, v, ts, s) for k, v, s, ts in chunk])
+            except Exception as e:
+                self.flush_failures += 1
+                self.pending = [p for c in chunks[i:] for p in c]
+                log.warning(
+                    "tracking: could not write %d metrics to %s (%s); kept for the next flush",
+                    len(self.pending),
+                    self.uri,
+                    type(e).__name__,
+                )
+                return False
+        self.pending = []
+        return True
+
+    # ------------------------------------------------------------------ artifacts and end
+    def log_artifact_text(self, path: str, text: str) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.client.log_text(self.run_id, text, path)
+        except Exception as e:
+            log.warning("tracking: could not write artifact %s (%s)", path, type(e).__name__)
+
+    def log_artifact_file(self, local: str | Path, artifact_dir: str | None = None) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.client.log_artifact(self.run_id, str(local), artifact_dir)
+        except Exception as e:
+            log.warning("tracking: could not write artifact %s (%s)", local, type(e).__name__)
+
+    def set_tag(self, key: str, value: str) -> None:
+        if self.enabled:
+            try:
+                self.client.set_tag(self.run_id, key, value)
+            except Exception as e:
+                log.warning("tracking: could not set tag %s (%s)", key, type(e).__name__)
+
+    def end(self, status: str = "FINISHED") -> None:
+        if not self.enabled:
+            return
+        try:
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception as e:
+            log.warning("tracking: could not mark the run %s (%s)", status, type(e).__name__)

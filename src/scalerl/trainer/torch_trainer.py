@@ -1,0 +1,196 @@
+"""The trainer: recompute log-probs under the precision policy, apply the loss, take an AdamW step.
+
+Loss and aggregation come from :mod:`scalerl.algo` (paper Sec. 3.2); the optimiser is AdamW with a
+linear warm-up to a constant learning rate (paper Sec. 2: constant LR after 100 warm-up steps).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from scalerl import algo
+from scalerl.model.precision import Precision
+from scalerl.trainer.batch import TrainBatch
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive optimiser steps had a non-finite loss or gradient."""
+
+
+def loss_params(loss_cfg) -> dict:
+    spec = algo.LOSSES[loss_cfg.name]
+    return {k: loss_cfg[k] for k in spec.params}
+
+
+class TorchTrainer:
+    def __init__(self, model: nn.Module, precision: Precision, cfg, *, temperature: float, device: torch.device):
+        self.model = model
+        self.precision = precision
+        self.cfg = cfg
+        self.tcfg = cfg.trainer
+        self.loss_name = cfg.loss.name
+        self.loss_kwargs = loss_params(cfg.loss)
+        self.aggregation = cfg.aggregation.name
+        self.temperature = temperature
+        self.device = device
+        self.nonfinite_total = 0
+        self.nonfinite_consecutive = 0
+        self._build_optimizer()
+
+    # ------------------------------------------------------------------ setup
+    def _build_optimizer(self) -> None:
+        t = self.tcfg
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=t.lr,
+            betas=tuple(t.betas),
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
+        )
+        warm = max(0, t.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+
+    @property
+    def module(self) -> nn.Module:
+        """The plain model (DeepSpeed wraps it)."""
+        return self.model
+
+    # ------------------------------------------------------------------ log-probs
+    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
+        """Log-prob of every target token from position ``batch.start`` on, under the precision policy."""
+        model = self.module
+        body = model.get_decoder()
+        hidden = body(input_ids=batch.input_ids[:, :-1], use_cache=False).last_hidden_state
+        hidden = hidden[:, batch.start :]
+        logits = self.precision.logits(model, hidden)
+        logp_all = self.precision.log_softmax(logits, self.temperature)
+        targets = batch.input_ids[:, batch.start + 1 :]
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                lp = logp_all.float()
+                entropy = -(lp.exp() * lp).sum(-1)
+        return logp, entropy
+
+    # ------------------------------------------------------------------ one step
+    def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        mbs = self.tcfg.micro_batch_size
+        G = batch.num_groups
+        if not mbs or mbs >= batch.num_sequences:
+            return [batch]
+        gpm = max(1, mbs // self.tcfg.generations_per_prompt)
+        return [batch.slice_groups(lo, min(G, lo + gpm)) for lo in range(0, G, gpm)]
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser step on ``batch``; returns training statistics.
+
+        A non-finite loss or gradient skips the step (counted); ``max_nonfinite_steps`` consecutive
+        ones raise :class:`NonFiniteError`.
+        """
+        self.module.train()
+        batch = batch.to(self.device)
+        totals = {
+            "tokens": float(batch.mask.sum()),
+            "sequences": float((batch.mask.sum(-1) > 0).sum()),
+            "groups": float(batch.num_groups),
+        }
+        loss_total = 0.0
+        stats_acc: dict[str, float] = {}
+        ent_sum, ent_n, diff_sum = 0.0, 0.0, 0.0
+        self._zero_grad()
+        finite = True
+        for mb in self.micro_batches(batch):
+            logp, entropy = self.token_logprobs(mb, with_entropy=True)
+            mask = mb.mask[:, mb.start :]
+            gen_logp = mb.gen_logp[:, mb.start :]
+            loss = algo.policy_loss(
+                self.loss_name, logp, gen_logp, mb.advantages, mask, mb.group_ids, self.aggregation, **self.loss_kwargs
+            )
+            weight = algo.aggregation_weight(self.aggregation, mask, mb.group_ids, totals)
+            scaled = loss * weight
+            if not torch.isfinite(scaled):
+                finite = False
+                break
+            self._backward(scaled)
+            loss_total += float(scaled.detach())
+            with torch.no_grad():
+                st = algo.loss_stats(self.loss_name, logp.detach(), gen_logp, mb.advantages, mask, **self.loss_kwargs)
+                ntok = float(mask.sum())
+                for k, v in st.items():
+                    if k.endswith("_max"):
+                        stats_acc[k] = max(stats_acc.get(k, -math.inf), v)
+                    else:
+                        stats_acc[k] = stats_acc.get(k, 0.0) + v * ntok
+                ent_sum += float((entropy * mask).sum())
+                diff_sum += float(((logp.detach() - gen_logp).abs() * mask).sum())
+                ent_n += ntok
+        grad_norm = self._clip_and_step() if finite else float("nan")
+        if not finite or not math.isfinite(grad_norm):
+            self._zero_grad()
+            self.nonfinite_total += 1
+            self.nonfinite_consecutive += 1
+            if self.nonfinite_consecutive >= self.tcfg.max_nonfinite_steps:
+                raise NonFiniteError(
+                    f"{self.nonfinite_consecutive} consecutive optimiser steps had a non-finite loss or "
+                    f"gradient (trainer.max_nonfinite_steps={self.tcfg.max_nonfinite_steps}); stopping"
+                )
+            return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
+        self.nonfinite_consecutive = 0
+        n = max(ent_n, 1.0)
+        out = {
+            "train/loss": loss_total,
+            "train/grad_norm": grad_norm,
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/entropy": ent_sum / n,
+            "train/gen_train_logprob_diff": diff_sum / n,
+            "train/nonfinite_skipped": float(self.nonfinite_total),
+            "train/step_skipped": 0.0,
+        }
+        for k, v in stats_acc.items():
+            out[f"train/{k}"] = v if k.endswith("_max") else v / n
+        return out
+
+    # ------------------------------------------------------------------ engine hooks
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.tcfg.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.tcfg.grad_clip)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])) if params else torch.zeros(())
+        norm = float(norm)
+        if not math.isfinite(norm):
+            return norm
+        self.optimizer.step()
+        self.scheduler.step()
+        return norm
+
+    # ------------------------------------------------------------------ state
+    def weights_for_generator(self) -> dict[str, torch.Tensor]:
+        """The full model weights (fp32, CPU) to hand to a generator."""
+        return {k: v.detach() for k, v in self.module.state_dict().items()}
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "nonfinite_total": self.nonfinite_total,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.nonfinite_total = state.get("nonfinite_total", 0)

@@ -1,0 +1,46 @@
+"""Shared fixtures: a private warm-start cache, a real MLflow sqlite store per test, tiny configs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest_plugins = ["slurm_fixture"]
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Tiny but real: the embedded model with a few warm-start steps and short runs (seconds each).
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.intermediate_size=128",
+    "model.warmstart_steps=30",
+    "model.warmstart_batch_size=32",
+    "task.num_val=16",
+    "task.num_train=256",
+    "trainer.batch_size=32",
+    "trainer.generations_per_prompt=4",
+    "trainer.total_steps=4",
+    "eval.every=2",
+    "eval.num_prompts=8",
+    "eval.samples_per_prompt=2",
+    "checkpoint_every=2",
+    "generator.chunk_prompts=4",
+    "trainer.threads=1",
+    "progress=log",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("scalerl-cache")
+    os.environ["SCALERL_CACHE"] = str(d)
+    yield d
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path):
+    """Overrides for a seconds-long real run writing to tmp_path (its own MLflow sqlite store)."""
+    return [*TINY, f"out_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]

@@ -1,0 +1,90 @@
+"""Pytest plugin: the ``slurm_cluster`` fixture for tests marked ``@pytest.mark.slurm``.
+
+Load it from ``tests/conftest.py``: ``pytest_plugins = ["slurm_fixture"]`` while tests/ has no
+``__init__.py`` (pytest's default "prepend" import mode puts tests/ on sys.path; this works for
+``pytest`` and ``python -m pytest`` from any folder), or ``pytest_plugins = ["tests.slurm_fixture"]``
+once tests/ is a package (with tests/__init__.py).
+
+The cluster itself is started outside pytest by ``launch/start_slurm.sh`` (CI: ``.ci/run``),
+which prints ``export SLURM_CONF=...``. Without ``SLURM_CONF`` the slurm tests are skipped,
+unless ``SCALERL_REQUIRE_SLURM=1`` (set by CI): then they fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REQUIRE_ENV = "SCALERL_REQUIRE_SLURM"
+START_HINT = "start one with `launch/start_slurm.sh` and `export SLURM_CONF=<base>/etc/slurm.conf`"
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmCluster:
+    conf: Path
+    partition: str
+
+    def run(self, *cmd: str, timeout: float = 30) -> str:
+        """Run a SLURM client command (sacct, squeue, ...) against this cluster; return stdout."""
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
+        return out.stdout
+
+    def sacct_state(self, job_id: str) -> str:
+        """Final allocation state of a job as accounting records it, e.g. 'COMPLETED'."""
+        out = self.run("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State")
+        lines = [line.strip() for line in out.splitlines() if line.strip()]
+        return lines[-1].split()[0] if lines else ""
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"SLURM cluster required ({REQUIRE_ENV}=1) but {reason}", pytrace=False)
+    pytest.skip(f"no SLURM cluster: {reason}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> SlurmCluster:
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        _unavailable(f"SLURM_CONF is not set; {START_HINT}")
+    if not Path(conf).is_file():  # set but wrong: an error, not a skip
+        pytest.fail(f"SLURM_CONF={conf} does not exist; {START_HINT}", pytrace=False)
+    for tool in ("sinfo", "sbatch", "sacct", "scancel", "srun"):
+        if shutil.which(tool) is None:
+            _unavailable(f"`{tool}` is not on PATH (install with .ci/install_system.sh)")
+    # SLURM_CONF is set: from here on a broken cluster is an error, not a skip.
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %T"], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
+        subprocess.run(
+            ["sacct", "-n", "-X", "-S", "now-1minutes"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        stderr = getattr(exc, "stderr", "") or ""
+        pytest.fail(
+            f"SLURM_CONF={conf} is set but the cluster does not answer ({exc}): {stderr.strip()}; "
+            f"is it started? ({START_HINT}; logs under <base>/log)",
+            pytrace=False,
+        )
+    partitions = {}
+    for line in out.splitlines():
+        name, state = line.split()
+        partitions[name] = state
+    default = next((p for p in partitions if p.endswith("*")), None)
+    if default is None:
+        pytest.fail(f"no default partition in `sinfo` output: {out!r}", pytrace=False)
+    if partitions[default] not in ("idle", "mixed", "allocated", "completing"):
+        pytest.fail(f"default partition {default} node state is {partitions[default]!r}", pytrace=False)
+    return SlurmCluster(conf=Path(conf), partition=default.rstrip("*"))

@@ -1,0 +1,221 @@
+"""`python -m scalerl.analysis` and `fit_experiment` against a real MLflow sqlite store."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow.entities import Metric, Param, RunStatus  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from scalerl.analysis import fit_experiment, load_runs, rows_to_csv, rows_to_markdown  # noqa: E402
+from scalerl.scaling.synthetic import TrueCurve, sample_run  # noqa: E402
+
+EXPERIMENT = "scalerl-test"
+# name -> (truth, params, compute axis)
+RUNS = {
+    "base": (TrueCurve(0.15, 0.62, 1.9, 2.0e18), {"loss": "cispo", "precision": "fp32_head"}, "flops"),
+    "dapo": (TrueCurve(0.15, 0.57, 1.7, 2.5e18), {"loss": "dapo", "precision": "fp32_head"}, "flops"),
+    "bf16": (TrueCurve(0.15, 0.52, 2.1, 1.5e18), {"loss": "cispo", "precision": "bf16"}, "device_hours"),
+}
+FLOPS_PER_DEVICE_HOUR = 1e15
+
+
+def _log_run(client, eid, name, steps, compute, reward, params, *, axis="flops", finish=True):
+    run = client.create_run(eid, run_name=name)
+    ts = int(time.time() * 1000)
+    ms = [Metric("val/pass_rate", float(r), ts, int(s)) for s, r in zip(steps, reward)]
+    ms += [Metric("compute/flops", float(c), ts, int(s)) for s, c in zip(steps, compute)]
+    ms += [
+        Metric("compute/device_hours", float(c) / FLOPS_PER_DEVICE_HOUR, ts, int(s))
+        for s, c in zip(steps, compute)
+    ]
+    ps = [Param(k, v) for k, v in params.items()]
+    ps += [
+        Param("trainer.lr", "5e-07"),
+        Param("out_dir", f"/tmp/{name}"),
+        Param("scaling.compute_axis", axis),
+    ]
+    client.log_batch(run.info.run_id, metrics=ms, params=ps)
+    if finish:
+        client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    eid = client.create_experiment(EXPERIMENT, artifact_location=str(tmp / "artifacts"))
+    rng = np.random.default_rng(0)
+    ids = {}
+    for name, (truth, params, axis) in RUNS.items():
+        c, y = sample_run(truth, rng, reach=6.0, trials=2048, n_points=30)
+        ids[name] = _log_run(client, eid, name, np.arange(c.size) * 10, c, y, params, axis=axis)
+    # An unfittable run: two evaluations only.
+    ids["tiny"] = _log_run(
+        client, eid, "tiny", [0, 10], [0.0, 1e17], [0.15, 0.2], {"loss": "grpo", "precision": "fp32_head"}
+    )
+    # A run still in progress: left out unless asked for.
+    truth = TrueCurve(0.15, 0.6, 1.8, 2.0e18)
+    c, y = sample_run(truth, rng, reach=3.0, trials=2048, n_points=15)
+    ids["live"] = _log_run(
+        client,
+        eid,
+        "live",
+        np.arange(c.size) * 10,
+        c,
+        y,
+        {"loss": "gspo", "precision": "fp32_head"},
+        finish=False,
+    )
+    return {"tmp": tmp, "uri": uri, "client": client, "ids": ids}
+
+
+def _table(stdout: str) -> list[dict]:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("|")]
+    header = [h.strip() for h in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
+
+
+def test_cli_compare(store):
+    out = store["tmp"] / "out"
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scalerl.analysis",
+            "compare",
+            "--tracking-uri",
+            store["uri"],
+            "--experiment",
+            EXPERIMENT,
+            "--out",
+            str(out),
+            "--bootstrap",
+            "100",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=store["tmp"],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = _table(proc.stdout)
+    names = [r["run_name"] for r in rows]
+    assert names == ["base", "dapo", "bf16", "tiny"], proc.stdout  # sorted by A, unfittable last
+    assert "live" not in names  # RUNNING runs need --include-running
+    # The recipe choices that differ are columns; bookkeeping params are not.
+    assert {"loss", "precision"} <= set(rows[0]) and "out_dir" not in rows[0] and "trainer.lr" not in rows[0]
+    for r in rows[:3]:
+        truth = RUNS[r["run_name"]][0]
+        a = float(r["A [CI]"].split()[0])
+        assert abs(a - truth.A) < 0.03, r
+        lo, hi = (float(v) for v in r["A [CI]"].split("[")[1].rstrip("]").split(","))
+        assert lo <= a <= hi
+        assert abs(float(r["B"]) / truth.B - 1) < 0.35, r
+    assert "unfittable" in rows[3]["note"] and "points" in rows[3]["note"]
+    assert "baseline" in rows[0]["note"]
+    assert rows[1]["exceeds_margin"] == "yes"  # dapo: delta A = -0.05 vs base
+    # device_hours run: C_mid in device-hours, not FLOPs.
+    bf16 = next(r for r in rows if r["run_name"] == "bf16")
+    assert float(bf16["C_mid"]) == pytest.approx(1.5e18 / FLOPS_PER_DEVICE_HOUR, rel=0.2)
+
+    for f in ("scaling_curves.png", "linearised.png", "fits.csv", "fits.md", "fits.json"):
+        assert (out / f).stat().st_size > 0, f
+    assert len(list(out.glob("runs/*/scaling_curve.png"))) == 4
+
+    client = store["client"]
+    for name in ("base", "dapo", "bf16"):
+        run = client.get_run(store["ids"][name])
+        m = run.data.metrics
+        table_a = float(next(r for r in rows if r["run_name"] == name)["A [CI]"].split()[0])
+        assert m["fit/A"] == pytest.approx(table_a, abs=6e-4)
+        assert m["fit/ok"] == 1.0 and m["fit/A_lo"] <= m["fit/A"] <= m["fit/A_hi"]
+        assert "fit/B_fixed_A" in m and "fit/pred_mae" in m
+        assert run.data.tags["fit.method"] == "direct"
+        assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["scaling_curve.png"]
+    tiny = client.get_run(store["ids"]["tiny"]).data
+    assert tiny.metrics["fit/ok"] == 0.0 and math.isnan(tiny.metrics["fit/A"])
+    assert "points" in tiny.tags["fit.reason"]
+    # The MLflow UI can sort runs by the written-back metric.
+    ranked = client.search_runs(
+        [client.get_experiment_by_name(EXPERIMENT).experiment_id],
+        filter_string="metrics.`fit/ok` = 1",
+        order_by=["metrics.`fit/A` DESC"],
+    )
+    assert [r.info.run_name for r in ranked] == ["base", "dapo", "bf16"]
+
+
+def test_cli_errors(store, capsys):
+    from scalerl.analysis.__main__ import main
+
+    rc = main(
+        ["fit", "--tracking-uri", store["uri"], "--experiment", "no-such-experiment", "--no-write-back"]
+    )
+    assert rc == 2 and "no MLflow experiment" in capsys.readouterr().err
+    client = store["client"]
+    client.create_experiment("empty", artifact_location=str(store["tmp"] / "empty"))
+    rc = main(["fit", "--tracking-uri", store["uri"], "--experiment", "empty", "--no-write-back"])
+    assert rc == 2 and "no finished runs" in capsys.readouterr().err
+
+
+def test_fit_experiment_rows(store, tmp_path):
+    client = store["client"]
+    rows = fit_experiment(client, EXPERIMENT, include_running=True, bootstrap=50)
+    names = [r["run_name"] for r in rows]
+    assert set(names) == {"base", "dapo", "bf16", "tiny", "live"}
+    assert names[-1] == "tiny"
+    a = [r["A"] for r in rows if r["ok"]]
+    assert a == sorted(a, reverse=True)
+    by = {r["run_name"]: r for r in rows}
+    assert by["base"]["baseline"] and by["base"]["delta_A"] == 0.0
+    assert by["dapo"]["delta_A"] == pytest.approx(by["dapo"]["A"] - by["base"]["A"])
+    assert by["dapo"]["exceeds_margin"] is True
+    a_mean = np.mean(a)
+    for r in rows:
+        if r["ok"]:
+            assert r["A_fixed"] == pytest.approx(a_mean)
+            assert r["B_fixed_A"] > 0
+            assert r["pred_n"] > 0 and r["pred_mae"] < 0.1
+    assert by["tiny"]["ok"] is False and "points" in by["tiny"]["reason"]
+    assert by["bf16"]["compute_axis"] == "device_hours"
+    assert by["dapo"]["variant"] == "loss=dapo, precision=fp32_head"
+
+    md = rows_to_markdown(rows)
+    assert md.startswith("| run_name | loss | precision | A [CI] |") and md.count("\n") == len(rows) + 2
+    path = rows_to_csv(rows, tmp_path / "rows.csv")
+    with path.open() as fh:
+        back = list(csv.DictReader(fh))
+    assert [r["run_id"] for r in back] == [r["run_id"] for r in rows]
+    assert float(back[0]["A"]) == pytest.approx(rows[0]["A"])
+
+    # Explicit run ids, any status; a chosen baseline.
+    ids = [store["ids"]["dapo"], store["ids"]["bf16"]]
+    rows2 = fit_experiment(client, ids, baseline="bf16", bootstrap=0)
+    assert [r["run_name"] for r in rows2] == ["dapo", "bf16"]
+    assert rows2[0]["delta_A"] == pytest.approx(rows2[0]["A"] - rows2[1]["A"])
+
+
+def test_load_runs_pairs_by_step(store):
+    runs = load_runs(store["client"], EXPERIMENT)
+    assert {r.run_name for r in runs} == {"base", "dapo", "bf16", "tiny"}
+    run = next(r for r in runs if r.run_name == "bf16")
+    assert run.compute_axis == "device_hours"
+    assert run.steps[0] == 0 and run.compute[0] == 0.0
+    assert np.all(np.diff(run.compute) > 0) and run.compute.size == run.reward.size == 31
+    assert run.compute[-1] == pytest.approx(6 * 1.5e18 / FLOPS_PER_DEVICE_HOUR)
+    running = load_runs(store["client"], EXPERIMENT, include_running=True)
+    assert any(r.status == RunStatus.to_string(RunStatus.RUNNING) for r in running)

@@ -1,0 +1,339 @@
+"""The rollout generator: behaviour log-probs, length control, in-flight weight updates, seeding.
+
+A tiny random Qwen2 model with the char tokenizer. To make eos / ``</think>`` likely, certain or
+impossible, the LM head gets a bias (the real model, with edited weights; no mocks).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from dataclasses import dataclass
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+from scalerl.generator import HFGenerator, Sample, make_generator
+from scalerl.model.precision import Precision
+from scalerl.model.tokenizer import build_char_tokenizer
+
+TOK = build_char_tokenizer()
+EOS = TOK.eos_token_id
+THINK_END = TOK.convert_tokens_to_ids("</think>")
+PHRASE = " up.</think>"
+PHRASE_IDS = TOK(PHRASE, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class Prompt:
+    uid: int
+    text: str
+
+
+@dataclass
+class LC:
+    name: str = "none"
+    max_new_tokens: int = 16
+    think_budget_min: int = 0
+    think_budget_max: int = 0
+    answer_budget: int = 0
+    phrase: str = ""
+
+
+def make_model(seed: int = 0, bias: dict[int, float] | None = None) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=len(TOK),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    if bias:
+        b = torch.zeros(len(TOK))
+        for token, value in bias.items():
+            b[token] = value
+        model.lm_head.bias = torch.nn.Parameter(b)
+    return model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one thread is faster than two on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+SAME_LEN = [Prompt(0, "12+34="), Prompt(1, "56+78="), Prompt(2, "90+12=")]
+VAR_LEN = [Prompt(0, "1+2="), Prompt(1, "123+4567="), Prompt(2, "45+6=")]
+
+
+@torch.no_grad()
+def full_logprobs(model, precision, prompt_ids, completion_ids, temperature=1.0) -> torch.Tensor:
+    """Log-probs of the completion under one non-cached forward pass of prompt + completion."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
+    p = len(prompt_ids)
+    logp = precision.log_softmax(
+        precision.logits(model, hidden[p - 1 : p - 1 + len(completion_ids)]), temperature
+    )
+    return logp.gather(1, torch.tensor(completion_ids)[:, None]).squeeze(1)
+
+
+def max_logprob_error(model, precision, groups, temperature=1.0) -> float:
+    err = 0.0
+    for s in (s for g in groups for s in g):
+        ref = full_logprobs(model, precision, s.prompt_ids, s.completion_ids, temperature)
+        mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+        got = torch.tensor(s.logprobs)
+        assert torch.all(got[~mask] == 0.0)
+        err = max(err, (got[mask] - ref[mask]).abs().max().item() if mask.any() else 0.0)
+    return err
+
+
+def flat(groups: list[list[Sample]]) -> list[Sample]:
+    return [s for g in groups for s in g]
+
+
+# ---------------------------------------------------------------------------- behaviour log-probs
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_full_forward_fp32(temperature):
+    model = make_model(bias={EOS: 2.5})
+    prec = Precision()
+    gen = HFGenerator(model, TOK, prec, LC(max_new_tokens=16), temperature=temperature, seed=1)
+    groups = gen.generate(SAME_LEN, 4, version=7, group_ids=[10, 11, 12])
+    assert [len(g) for g in groups] == [4, 4, 4]
+    assert [g[0].group_id for g in groups] == [10, 11, 12]
+    assert [g[0].prompt_uid for g in groups] == [0, 1, 2]
+    assert max_logprob_error(model, prec, groups, temperature) < 1e-4
+    samples = flat(groups)
+    for s in samples:
+        assert len(s.completion_ids) == len(s.logprobs) == len(s.versions) == len(s.loss_mask)
+        assert s.versions == [7] * s.num_tokens and s.loss_mask == [1] * s.num_tokens
+        assert EOS not in s.completion_ids[:-1]  # eos ends a sequence
+        if s.truncated:
+            assert s.num_tokens == 16 and s.completion_ids[-1] != EOS
+        else:
+            assert s.completion_ids[-1] == EOS
+        assert s.text == TOK.decode([t for t in s.completion_ids if t != EOS], skip_special_tokens=False)
+        assert all(lp < 0 for lp in s.logprobs)
+    # the seed gives both kinds, with different lengths finishing in one batch
+    assert any(s.truncated for s in samples) and any(not s.truncated for s in samples)
+    assert len({s.num_tokens for s in samples}) > 2
+
+
+@pytest.mark.parametrize("head", ["bf16", "fp32"])
+def test_bf16_emulated_logprobs_close(head):
+    model = make_model(bias={EOS: 2.5})
+    prec = Precision(body="bf16", head=head, impl="emulated")
+    gen = HFGenerator(model, TOK, prec, LC(max_new_tokens=16), seed=1)
+    groups = gen.generate(SAME_LEN, 4, version=0)
+    assert max_logprob_error(model, prec, groups) < 0.05
+
+
+def test_left_padded_prompts_match_unbatched_forward():
+    """Variable-length prompts (left padding + mask + position_ids) give each row the log-probs
+    of its own unpadded sequence, including forced tokens fed through the padded batch."""
+    model = make_model(bias={EOS: 1.5, THINK_END: -30.0})
+    prec = Precision()
+    lc = LC("interruption", 40, 3, 6, answer_budget=5, phrase=PHRASE)
+    gen = HFGenerator(model, TOK, prec, lc, seed=2)
+    groups = gen.generate(VAR_LEN, 3, version=0)
+    assert [len(g[0].prompt_ids) for g in groups] == [4, 9, 5]
+    assert all(s.prompt_ids == TOK(p.text)["input_ids"] for p, g in zip(VAR_LEN, groups) for s in g)
+    assert max_logprob_error(model, prec, groups) < 1e-4
+    assert any(s.interrupted for s in flat(groups))
+
+
+# ---------------------------------------------------------------------------- length control
+def test_interruption_forces_phrase_at_budget():
+    model = make_model(bias={THINK_END: -30.0, EOS: 1.0})
+    prec = Precision()
+    lc = LC("interruption", 64, think_budget_min=3, think_budget_max=6, answer_budget=4, phrase=PHRASE)
+    gen = HFGenerator(model, TOK, prec, lc, seed=3)
+    groups = gen.generate(SAME_LEN, 8, version=5)
+    samples = flat(groups)
+    k = len(PHRASE_IDS)
+    assert PHRASE_IDS[-1] == THINK_END
+    for s in samples:
+        b = s.think_tokens
+        if not s.interrupted:  # eos while thinking, before the budget
+            assert s.completion_ids[-1] == EOS and not s.truncated and s.num_tokens <= 6
+            continue
+        assert 3 <= b <= 6
+        assert s.completion_ids[b : b + k] == PHRASE_IDS
+        assert s.loss_mask == [1] * b + [0] * k + [1] * (s.num_tokens - b - k)
+        assert s.versions[b : b + k] == [-1] * k and s.logprobs[b : b + k] == [0.0] * k
+        assert set(s.versions[:b] + s.versions[b + k :]) <= {5}
+        assert THINK_END not in s.completion_ids[:b] and EOS not in s.completion_ids[:b]
+        answer = s.completion_ids[b + k :]
+        assert len(answer) <= 4
+        assert s.truncated == (not answer or answer[-1] != EOS)
+        if s.truncated:
+            assert len(answer) == 4
+        assert PHRASE in s.text
+    interrupted = [s for s in samples if s.interrupted]
+    assert len(interrupted) > len(samples) // 2
+    assert len({s.think_tokens for s in interrupted}) >= 3  # budgets are drawn per sequence
+    assert any(not s.truncated for s in interrupted) and any(s.truncated for s in interrupted)
+    # the answer is conditioned on the forced phrase (forced tokens went through the KV cache)
+    assert max_logprob_error(model, prec, groups) < 1e-4
+    assert min(s.min_version for s in samples) == 5 and max(s.max_version for s in samples) == 5
+
+
+def test_natural_think_end_then_answer_budget():
+    model = make_model(bias={THINK_END: 30.0, EOS: -30.0})
+    lc = LC("interruption", 64, think_budget_min=3, think_budget_max=6, answer_budget=4, phrase=PHRASE)
+    groups = HFGenerator(model, TOK, Precision(), lc, seed=0).generate(SAME_LEN, 2, version=0)
+    for s in flat(groups):
+        # </think> is certain at the first step, and after it only ordinary answer tokens (its bias
+        # does not matter once answering: at most answer_budget tokens)
+        assert s.completion_ids[0] == THINK_END and s.think_tokens == 0 and not s.interrupted
+        assert s.num_tokens == 1 + 4 and s.truncated and s.loss_mask == [1] * 5
+        assert s.text.startswith("</think>")
+
+
+def test_interruption_respects_max_new_tokens():
+    model = make_model(bias={THINK_END: -30.0, EOS: -30.0})
+    # budget 5, then the phrase, then only 2 of the 4 answer tokens fit into max_new_tokens=7
+    lc = LC("interruption", 7, think_budget_min=5, think_budget_max=5, answer_budget=4, phrase=PHRASE)
+    for s in flat(HFGenerator(model, TOK, Precision(), lc).generate(SAME_LEN, 2, version=0)):
+        assert s.interrupted and s.truncated and s.think_tokens == 5
+        assert sum(s.loss_mask) == 7 and s.num_tokens == 7 + len(PHRASE_IDS)
+    # budget above max_new_tokens: never interrupted, plain truncation
+    lc = LC("interruption", 4, think_budget_min=5, think_budget_max=6, answer_budget=4, phrase=PHRASE)
+    for s in flat(HFGenerator(model, TOK, Precision(), lc).generate(SAME_LEN, 2, version=0)):
+        assert not s.interrupted and s.truncated and s.num_tokens == 4 and s.think_tokens == 4
+
+
+@pytest.mark.parametrize("name", ["none", "length_penalty"])
+def test_truncation_at_max_new_tokens(name):
+    model = make_model(bias={EOS: -30.0})
+    steps = []
+    gen = HFGenerator(model, TOK, Precision(), LC(name, max_new_tokens=9), seed=0)
+    groups = gen.generate(VAR_LEN, 2, version=1, on_step=lambda: steps.append(1))
+    assert len(steps) == 9
+    for s in flat(groups):
+        assert s.truncated and not s.interrupted and s.num_tokens == 9 and EOS not in s.completion_ids
+        assert s.versions == [1] * 9 and s.loss_mask == [1] * 9
+
+
+def test_eos_ends_sequence_and_stops_early():
+    model = make_model(bias={EOS: 30.0})
+    steps = []
+    gen = HFGenerator(model, TOK, Precision(), LC("none", max_new_tokens=20))
+    groups = gen.generate(SAME_LEN, 3, version=0, on_step=lambda: steps.append(1))
+    assert len(steps) == 1  # all rows finished at the first step
+    for s in flat(groups):
+        assert s.completion_ids == [EOS] and s.text == "" and not s.truncated and s.think_tokens == 0
+
+
+# ---------------------------------------------------------------------------- in-flight updates
+def test_inflight_weight_update_keeps_stale_cache():
+    model = make_model(seed=0, bias={EOS: -30.0})
+    old = copy.deepcopy(model)
+    new = make_model(seed=1, bias={EOS: -30.0})
+    prec = Precision()
+    calls = []
+
+    def weight_update():
+        calls.append(1)
+        if len(calls) == 4:  # before the 4th token: the trainer pushed version 4
+            model.load_state_dict(new.state_dict())
+            return 4
+        return None
+
+    gen = HFGenerator(model, TOK, prec, LC("none", max_new_tokens=10), seed=0)
+    samples = flat(gen.generate(SAME_LEN, 2, version=3, weight_update=weight_update))
+    assert len(calls) == 10
+    for s in samples:
+        assert s.versions == [3, 3, 3] + [4] * 7
+        assert s.min_version == 3 and s.max_version == 4 and s.num_tokens == 10
+        got = torch.tensor(s.logprobs)
+        # tokens 0-2: the old policy
+        ref_old = full_logprobs(old, prec, s.prompt_ids, s.completion_ids)
+        assert torch.allclose(got[:3], ref_old[:3], atol=1e-4)
+        # tokens 3..: the new weights on top of the cache the old weights built (prompt + t0 + t1)
+        c = s.completion_ids
+        with torch.no_grad():
+            cache = DynamicCache()
+            old.get_decoder()(
+                input_ids=torch.tensor([s.prompt_ids + c[:2]]), past_key_values=cache, use_cache=True
+            )
+            h = new.get_decoder()(input_ids=torch.tensor([c[2:-1]]), past_key_values=cache, use_cache=True)
+            logp = prec.log_softmax(prec.logits(new, h.last_hidden_state[0]))
+        ref_stale = logp.gather(1, torch.tensor(c[3:])[:, None]).squeeze(1)
+        assert torch.allclose(got[3:], ref_stale, atol=1e-4)
+        # ... which is not what the new policy computes from scratch: the cache was kept
+        ref_new = full_logprobs(new, prec, s.prompt_ids, c)
+        assert (got[3:] - ref_new[3:]).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------------------- seeding
+def test_seeded_determinism():
+    model = make_model(bias={EOS: 2.0})
+    lc = LC("interruption", 24, 3, 8, answer_budget=4, phrase=PHRASE)
+
+    def run(seed, gen=None):
+        gen = gen or HFGenerator(model, TOK, Precision(), lc, seed=seed)
+        return [(s.completion_ids, s.logprobs) for s in flat(gen.generate(VAR_LEN, 3, version=0))]
+
+    assert run(0) == run(0)
+    assert run(0) != run(1)
+    gen = HFGenerator(model, TOK, Precision(), lc, seed=0)
+    assert run(0, gen) != run(0, gen)  # the generator's stream moves on between calls
+
+
+def test_greedy_temperature_zero():
+    model = make_model()
+    lc = LC("none", max_new_tokens=6)
+    a = flat(
+        HFGenerator(model, TOK, Precision(), lc, temperature=0.0, seed=0).generate(SAME_LEN, 2, version=0)
+    )
+    b = flat(
+        HFGenerator(model, TOK, Precision(), lc, temperature=0.0, seed=9).generate(SAME_LEN, 2, version=0)
+    )
+    assert [s.completion_ids for s in a] == [s.completion_ids for s in b]
+    assert a[0].completion_ids == a[1].completion_ids
+
+
+# ---------------------------------------------------------------------------- factory
+def _cfg(name: str):
+    return OmegaConf.create(
+        {
+            "generator": {"name": name, "temperature": 1.0, "chunk_prompts": 4},
+            "length_control": {
+                "name": "interruption",
+                "max_new_tokens": 32,
+                "think_budget_min": 4,
+                "think_budget_max": 8,
+                "answer_budget": 4,
+                "phrase": PHRASE,
+                "l_max": 0,
+                "l_cache": 0,
+            },
+        }
+    )
+
+
+def test_make_generator():
+    model = make_model()
+    gen = make_generator(_cfg("hf"), model, TOK, Precision(), "cpu", 0)
+    assert isinstance(gen, HFGenerator) and gen.phrase_ids == PHRASE_IDS
+    assert len(flat(gen.generate(SAME_LEN[:1], 2, version=0))) == 2
+    with pytest.raises(ValueError):
+        make_generator(_cfg("nope"), model, TOK, Precision(), "cpu", 0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_make_generator_vllm_missing_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"pip install scalerl\[vllm\]"):
+        make_generator(_cfg("vllm"), make_model(), TOK, Precision(), "cpu", 0)
