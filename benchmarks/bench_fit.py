@@ -1,6 +1,6 @@
 """Benchmark of the sigmoid scaling fit: speed, accuracy, extrapolation error, CI coverage.
 
-    python benchmarks/bench_fit.py                 # full run (~2 min on 2 cores), Markdown tables
+    python benchmarks/bench_fit.py                 # full run (~3 min on 2 cores), Markdown tables
     python benchmarks/bench_fit.py --cases 30      # quicker, noisier percentages
     python benchmarks/bench_fit.py --json out.json # also write the numbers as JSON
     python benchmarks/bench_fit.py --mlflow        # also time the CLI end to end on a sqlite store

@@ -16,8 +16,12 @@ TINY = [
     "model.hidden_size=64",
     "model.num_layers=2",
     "model.intermediate_size=128",
-    "model.warmstart_steps=30",
+    "model.warmstart_steps=150",
     "model.warmstart_batch_size=32",
+    "task.min_digits=1",
+    "task.max_digits=2",
+    "task.warmstart_max_digits=2",
+    "task.warmstart_hard_frac=0",
     "task.num_val=16",
     "task.num_train=256",
     "trainer.batch_size=32",
@@ -40,7 +44,15 @@ def _cache_dir(tmp_path_factory):
     yield d
 
 
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory) -> str:
+    """One real MLflow sqlite store for the session (creating one costs seconds); tests use their own
+    experiments in it."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 @pytest.fixture
-def tiny_overrides(tmp_path):
-    """Overrides for a seconds-long real run writing to tmp_path (its own MLflow sqlite store)."""
-    return [*TINY, f"out_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+def tiny_overrides(tmp_path, mlflow_uri, request):
+    """Overrides for a seconds-long real run writing to tmp_path, in an experiment of its own."""
+    exp = "t-" + request.node.name.replace("[", "-").replace("]", "")[:80]
+    return [*TINY, f"out_dir={tmp_path / 'run'}", f"tracking.uri={mlflow_uri}", f"tracking.experiment={exp}"]

@@ -93,7 +93,6 @@ class Run:
         self.mode = cfg.async_mode.name
         self.k = int(cfg.async_mode.k)
         self.G = int(cfg.trainer.generations_per_prompt)
-        self.P = int(cfg.trainer.batch_size) // self.G
         self.total_steps = int(cfg.trainer.total_steps)
         self.device = pick_device(cfg)
         self.rank = int(os.environ.get("RANK", "0"))
@@ -103,6 +102,19 @@ class Run:
                 "async_mode=pipeline_rl runs one trainer process (the generator is a process of its own); "
                 "for several trainer processes use async_mode=sync or async_mode=ppo_off_policy"
             )
+        if self.world > 1 and cfg.trainer.name != "deepspeed":
+            raise RunError(
+                f"{self.world} trainer processes need trainer=deepspeed (trainer=torch runs in one process)"
+            )
+        if int(cfg.trainer.batch_size) % (self.G * self.world):
+            raise RunError(
+                f"trainer.batch_size={cfg.trainer.batch_size} must be a multiple of trainer.generations_per_prompt x "
+                f"processes = {self.G} x {self.world}: each process generates and trains on its share of the batch"
+            )
+        self.P = int(cfg.trainer.batch_size) // (self.G * self.world)  # prompts per step on this rank
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.device)
         self.is_main = self.rank == 0
         cores = os.cpu_count() or 1
         threads = cfg.trainer.threads or max(1, cores // max(1, self.world))
@@ -117,11 +129,21 @@ class Run:
         self.val = self.task.val_prompts()[: cfg.eval.num_prompts]
         self.model, self.tokenizer, self.precision = build_policy(cfg, self.task, self.device)
         self.n_params = num_params(self.model, exclude_embeddings=True)
-        self.trainer = make_trainer(cfg, self.model, self.precision, temperature=cfg.generator.temperature, device=self.device)
+        self.n_params_all = num_params(self.model)  # counted before ZeRO-3 partitions the parameters
+        self.trainer = make_trainer(
+            cfg, self.model, self.precision, temperature=cfg.generator.temperature, device=self.device
+        )
         from scalerl.generator import make_generator
 
         # generator over the trainer's own weights: rollouts in sync/ppo modes, evaluation in all
-        self.generator = make_generator(cfg, self.trainer.module, self.tokenizer, self.precision, self.device, seed=cfg.seed)
+        self.generator = make_generator(
+            cfg,
+            self.trainer.module,
+            self.tokenizer,
+            self.precision,
+            self.device,
+            seed=cfg.seed + 7919 * self.rank,
+        )
         self.tracker_tr = algo.PassRateTracker(cfg.filter.pass_rate_threshold)
         self.sampler = PromptSampler(
             self.task.train_prompts(),
@@ -188,10 +210,16 @@ class Run:
 
     def checkpoint(self) -> None:
         self._tick()
+        tag = None
         if hasattr(self.trainer, "save_engine_checkpoint"):
-            self.trainer.save_engine_checkpoint(str(self.out_dir / "checkpoint" / "engine"), tag="last")
+            # collective: every rank writes its shard of the engine, and its own RNG streams
+            tag = f"step_{self.step:08d}"
+            own = {"rng": rng_state(), "generator_rng": _gen_rng(self.generator)}
+            self.trainer.save_engine_checkpoint(
+                str(self.out_dir / "checkpoint" / "engine"), tag=tag, rank_state=own
+            )
         if self.is_main:
-            self.ckpt.save(self.state())
+            self.ckpt.save({**self.state(), "engine_tag": tag})
             self.tracker.flush()
 
     def restore(self) -> bool:
@@ -199,8 +227,10 @@ class Run:
             return False
         st = self.ckpt.load()
         self.trainer.load_state_dict(st["trainer"])
+        own = None
         if hasattr(self.trainer, "load_engine_checkpoint"):
-            self.trainer.load_engine_checkpoint(str(self.out_dir / "checkpoint" / "engine"), tag="last")
+            tag = st.get("engine_tag") or "last"
+            own = self.trainer.load_engine_checkpoint(str(self.out_dir / "checkpoint" / "engine"), tag=tag)
         set_rng_state(st["rng"])
         self.sampler.load_state_dict(st["sampler"])
         self.tracker_tr.load_state_dict(st["pass_rate_tracker"])
@@ -214,6 +244,9 @@ class Run:
         self.step0_solved = {int(k): v for k, v in st["step0_solved"].items()}
         self.step = st["step"]
         _set_gen_rng(self.generator, st.get("generator_rng"))
+        if own:  # this rank's own RNG streams (the main checkpoint holds rank 0's)
+            set_rng_state(own["rng"])
+            _set_gen_rng(self.generator, own.get("generator_rng"))
         self._resume_run_id = st["run_id"]
         self._resume_pending = st["pending_metrics"]
         return True
@@ -226,6 +259,10 @@ class Run:
         model = self.trainer.module
         model.eval()
         ctx = self.trainer.gathered() if hasattr(self.trainer, "gathered") else _null()
+        if not self.is_main:  # several trainer processes: rank 0 evaluates; under ZeRO-3 the
+            with ctx:  # gather is collective, so every rank enters it
+                pass
+            return {}
         # evaluation draws its own seeded samples and leaves the training stream untouched
         rng = _gen_rng(self.generator)
         if rng is not None:
@@ -249,7 +286,9 @@ class Run:
             self.step0_solved = per_prompt
         unsolved = [u for u, r in self.step0_solved.items() if r == 0]
         if unsolved:
-            out["val/pass_rate_unsolved_at_start"] = sum(per_prompt.get(u, 0.0) for u in unsolved) / len(unsolved)
+            out["val/pass_rate_unsolved_at_start"] = sum(per_prompt.get(u, 0.0) for u in unsolved) / len(
+                unsolved
+            )
         out["val/truncation_rate"] = _mean(s.truncated for g in groups for s in g)
         out["val/response_length"] = _mean(s.num_tokens for g in groups for s in g)
         if self.cfg.eval.log_samples and self.is_main:
@@ -274,11 +313,13 @@ class Run:
             self.tracker.log_artifact_text(f"samples/step_{self.step:06d}.jsonl", "\n".join(lines) + "\n")
         return out
 
-    def eval_and_log(self) -> None:
+    def eval_metrics(self) -> dict[str, float]:
+        """Evaluate, record the point (compute, pass rate) and refit every M evaluations."""
         self._tick()
         metrics = self.evaluate()
         self._tick()
-        metrics.update(self.compute_metrics())
+        if not metrics:  # not rank 0 (which evaluates)
+            return {}
         self.evals.append(
             {
                 "step": self.step,
@@ -290,12 +331,13 @@ class Run:
         n_evals = len(self.evals)
         if n_evals >= 4 and n_evals % self.cfg.scaling.refit_every == 0:
             metrics.update(self.fit_metrics())
-        self.tracker.log(self.step, metrics)
         self.last_pass_rate = metrics["val/pass_rate"]
+        fit_a = metrics.get("fit/A", float("nan"))
         self.progress.write(
             f"step {self.step}/{self.total_steps}: val/pass_rate={metrics['val/pass_rate']:.3f}"
-            + (f" fit/A={metrics['fit/A']:.3f}" if "fit/A" in metrics and metrics["fit/A"] == metrics["fit/A"] else "")
+            + (f" fit/A={fit_a:.3f}" if fit_a == fit_a else "")
         )
+        return metrics
 
     def fit_metrics(self, final: bool = False) -> dict[str, float]:
         try:
@@ -322,7 +364,11 @@ class Run:
                     self.tracker.log_artifact_file(png)
             else:
                 _, metrics = live.fit_metrics(
-                    compute, reward, method=s.method, min_compute_frac=s.min_compute_frac, bootstrap=s.bootstrap
+                    compute,
+                    reward,
+                    method=s.method,
+                    min_compute_frac=s.min_compute_frac,
+                    bootstrap=s.bootstrap,
                 )
         except Exception as e:  # a fit must never kill a run
             log.warning("scaling fit failed: %s", e)
@@ -385,20 +431,31 @@ class Run:
             batch = collate(keep_groups, adv, self.tokenizer.pad_token_id)
             stats.update(self.trainer.step(batch))
             trained_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in flat)
-        else:
+        else:  # every group was filtered out: nothing to train on this step
+            nan = float("nan")
+            for key in (
+                "loss",
+                "grad_norm",
+                "entropy",
+                "gen_train_logprob_diff",
+                "is_ratio_mean",
+                "is_ratio_max",
+                "clip_fraction",
+            ):
+                stats[f"train/{key}"] = nan
             stats["train/step_skipped"] = 1.0
             trained_tokens = 0
         self.train_busy += time.perf_counter() - t0
         gen_tok = sum(len(s.prompt_ids) * 0 + len(s.completion_ids) for s in samples)
         self.flops += 2.0 * self.n_params * gen_tok + 6.0 * self.n_params * trained_tokens
         self.step += 1
+        if self.step % self.cfg.eval.every == 0 or self.step == self.total_steps:
+            stats.update(self.eval_metrics())
         self._tick()
-        stats.update(self.compute_metrics())
+        stats.update(self.compute_metrics())  # one value per step, shared by train and val metrics
         self.tracker.log(self.step, stats)
         self.tracker.log_step_done(self.step)
         self.progress.update(self.step, stats, getattr(self, "last_pass_rate", float("nan")))
-        if self.step % self.cfg.eval.every == 0 or self.step == self.total_steps:
-            self.eval_and_log()
         if self.step % self.cfg.checkpoint_every == 0 or self.step == self.total_steps:
             self.checkpoint()
 
@@ -471,7 +528,7 @@ class Run:
         extra = {
             **self.precision.describe(),
             "model/params_non_embedding": str(self.n_params),
-            "model/params": str(num_params(self.model)),
+            "model/params": str(self.n_params_all),
             "compute/devices": str(self.devices),
             "device": str(self.device),
         }
@@ -479,14 +536,16 @@ class Run:
             self.tracker.start(getattr(self, "_resume_run_id", None), extra)
             if resumed:
                 self.tracker.restore_pending(self._resume_pending)
-                log.info("resumed %s at step %d (MLflow run %s)", self.out_dir, self.step, self.tracker.run_id)
+                log.info(
+                    "resumed %s at step %d (MLflow run %s)", self.out_dir, self.step, self.tracker.run_id
+                )
         self._gen_busy0 = self.gen_busy
         self._last_tick = time.perf_counter()
         self.progress = Progress(cfg, self.total_steps, self.step, enabled=self.is_main)
         status = "FAILED"
         try:
-            if not self.evals:
-                self.eval_and_log()  # step 0, before any update
+            if not self.evals:  # step 0, before any update
+                self.tracker.log(0, {**self.eval_metrics(), **self.compute_metrics()})
                 self.tracker.log_step_done(0)
             if self.mode == "pipeline_rl":
                 self.run_pipeline()

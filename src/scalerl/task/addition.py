@@ -19,7 +19,6 @@ import random
 from scalerl.task.base import THINK_END, Prompt, final_answer
 
 
-
 class AdditionTask:
     name = "addition"
 

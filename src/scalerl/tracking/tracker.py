@@ -104,11 +104,17 @@ class Tracker:
         exp_name = self.cfg.tracking.experiment
         exp = self._retry(lambda: self.client.get_experiment_by_name(exp_name))
         exp_id = exp.experiment_id if exp is not None else self._create_experiment(exp_name)
-        tags = {"host": socket.gethostname(), "git_commit": _git_commit(), "out_dir": str(self.out_dir.resolve())}
+        tags = {
+            "host": socket.gethostname(),
+            "git_commit": _git_commit(),
+            "out_dir": str(self.out_dir.resolve()),
+        }
         tags.update({k: str(v) for k, v in (self.cfg.tracking.tags or {}).items()})
         if self.cfg.tracking.parent_run_id:
             tags["mlflow.parentRunId"] = self.cfg.tracking.parent_run_id
-        run = self._retry(lambda: self.client.create_run(exp_id, run_name=self.cfg.tracking.run_name, tags=tags))
+        run = self._retry(
+            lambda: self.client.create_run(exp_id, run_name=self.cfg.tracking.run_name, tags=tags)
+        )
         self.run_id = run.info.run_id
         tmp = info.with_suffix(".tmp")
         tmp.write_text(json.dumps({"run_id": self.run_id, "experiment_id": exp_id, "uri": self.uri}))

@@ -26,7 +26,9 @@ def loss_params(loss_cfg) -> dict:
 
 
 class TorchTrainer:
-    def __init__(self, model: nn.Module, precision: Precision, cfg, *, temperature: float, device: torch.device):
+    def __init__(
+        self, model: nn.Module, precision: Precision, cfg, *, temperature: float, device: torch.device
+    ):
         self.model = model
         self.precision = precision
         self.cfg = cfg
@@ -110,7 +112,14 @@ class TorchTrainer:
             mask = mb.mask[:, mb.start :]
             gen_logp = mb.gen_logp[:, mb.start :]
             loss = algo.policy_loss(
-                self.loss_name, logp, gen_logp, mb.advantages, mask, mb.group_ids, self.aggregation, **self.loss_kwargs
+                self.loss_name,
+                logp,
+                gen_logp,
+                mb.advantages,
+                mask,
+                mb.group_ids,
+                self.aggregation,
+                **self.loss_kwargs,
             )
             weight = algo.aggregation_weight(self.aggregation, mask, mb.group_ids, totals)
             scaled = loss * weight
@@ -120,7 +129,9 @@ class TorchTrainer:
             self._backward(scaled)
             loss_total += float(scaled.detach())
             with torch.no_grad():
-                st = algo.loss_stats(self.loss_name, logp.detach(), gen_logp, mb.advantages, mask, **self.loss_kwargs)
+                st = algo.loss_stats(
+                    self.loss_name, logp.detach(), gen_logp, mb.advantages, mask, **self.loss_kwargs
+                )
                 ntok = float(mask.sum())
                 for k, v in st.items():
                     if k.endswith("_max"):
@@ -168,7 +179,11 @@ class TorchTrainer:
         if self.tcfg.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.tcfg.grad_clip)
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])) if params else torch.zeros(())
+            norm = (
+                torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+                if params
+                else torch.zeros(())
+            )
         norm = float(norm)
         if not math.isfinite(norm):
             return norm

@@ -1,0 +1,421 @@
+"""Short real training runs (seconds each) asserting what the loop does, not only that it ran."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from scalerl.config import compose
+from scalerl.loop import Run, RunError, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+INTERFACE_METRICS = [
+    "val/pass_rate",
+    "train/reward",
+    "train/truncation_rate",
+    "train/entropy",
+    "train/response_length",
+    "train/is_ratio_mean",
+    "train/is_ratio_max",
+    "train/clip_fraction",
+    "train/gen_train_logprob_diff",
+    "train/policy_lag_mean",
+    "train/policy_lag_max",
+    "perf/tokens_per_s",
+    "perf/generator_busy",
+    "perf/trainer_busy",
+    "compute/device_hours",
+    "compute/flops",
+    "data/zero_variance_dropped",
+    "data/prompts_retired",
+]
+
+
+def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    c = MlflowClient(uri)
+    return sorted((m.step, m.value) for m in c.get_metric_history(run_id, key))
+
+
+def uri_of(overrides: list[str]) -> str:
+    return next(o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri="))
+
+
+def make_run(overrides: list[str]) -> Run:
+    cfg = compose(overrides)
+    from omegaconf import OmegaConf
+
+    OmegaConf.resolve(cfg)
+    return Run(cfg)
+
+
+# ---------------------------------------------------------------------- the default recipe
+def test_default_recipe_trains_and_logs_the_interface(tiny_overrides):
+    """pipeline_rl + CISPO + fp32 head + interruptions...: every interface metric, params, artifacts."""
+    summary = train(compose(tiny_overrides))
+    uri = uri_of(tiny_overrides)
+    c = MlflowClient(uri)
+    run = c.get_run(summary["run_id"])
+    assert run.info.status == "FINISHED"
+    for key in INTERFACE_METRICS:
+        assert key in run.data.metrics, key
+    steps = [s for s, _ in history(uri, summary["run_id"], "train/reward")]
+    assert steps == [1, 2, 3, 4]
+    assert [s for s, _ in history(uri, summary["run_id"], "val/pass_rate")] == [0, 2, 4]
+    # compute grows monotonically, FLOPs ~ 2N per generated + 6N per trained token
+    flops = [v for _, v in history(uri, summary["run_id"], "compute/flops")]
+    assert all(b > a for a, b in zip(flops, flops[1:]))
+    p = run.data.params
+    for group, option in {
+        "loss": "cispo",
+        "async_mode": "pipeline_rl",
+        "precision": "fp32_head",
+        "aggregation": "prompt",
+        "norm": "batch",
+        "length_control": "interruption",
+    }.items():
+        assert p[group] == option
+    assert p["trainer.lr"] == "0.0001"
+    assert p["precision/body_dtype"].startswith("bf16") and p["precision/head_dtype"] == "fp32"
+    assert run.data.tags["git_commit"] is not None and run.data.tags["host"]
+    arts = {a.path for a in c.list_artifacts(summary["run_id"])}
+    assert "config.yaml" in arts and "samples" in arts
+    samples = c.list_artifacts(summary["run_id"], "samples")
+    assert [a.path for a in samples] == [f"samples/step_{s:06d}.jsonl" for s in (0, 2, 4)]
+    assert (Path(summary["out_dir"]) / "checkpoint" / "last.pt").is_file()
+
+
+# ---------------------------------------------------------------------- every option of every group
+SYNC = ["async_mode=sync"]
+OPTION_RUNS = {
+    "loss=cispo": [],
+    "loss=dapo": [],
+    "loss=grpo": [],
+    "loss=gspo": [],
+    "async_mode=sync": [],
+    "async_mode=ppo_off_policy": ["async_mode.k=2"],
+    "async_mode=pipeline_rl": ["async_mode.k=2"],
+    "precision=fp32_head": [],
+    "precision=bf16": [],
+    "precision=fp32": [],
+    "aggregation=prompt": [],
+    "aggregation=sample": [],
+    "aggregation=token": [],
+    "norm=batch": [],
+    "norm=prompt": [],
+    "norm=none": [],
+    "filter=scalerl": [],
+    "filter=none": [],
+    "length_control=interruption": [],
+    "length_control=length_penalty": [],
+    "length_control=none": [],
+    "model=tiny": [],
+    "model.arch=llama": [],
+    "task=addition": [],
+    "generator=hf": [],
+    "trainer=torch": [],
+}
+
+
+@pytest.mark.parametrize("option", list(OPTION_RUNS))
+def test_every_option_trains(option, tiny_overrides):
+    overrides = [*tiny_overrides, *SYNC, option, *OPTION_RUNS[option]]
+    summary = train(compose(overrides))
+    uri = uri_of(overrides)
+    run = MlflowClient(uri).get_run(summary["run_id"])
+    key, value = option.split("=")
+    assert run.data.params[key] == value
+    assert summary["steps"] == 4 and len(summary["evals"]) == 3
+    lag = [v for _, v in history(uri, summary["run_id"], "train/policy_lag_max")]
+    if option.startswith("async_mode=ppo_off_policy"):
+        assert lag == [0.0, 1.0, 0.0, 1.0]  # k=2 minibatches per generation
+    elif option.startswith("async_mode=sync"):
+        assert lag == [0.0] * 4
+    if option == "filter=none":
+        assert run.data.metrics["data/zero_variance_dropped"] == 0
+    if option == "length_control=length_penalty":
+        rewards = [v for _, v in history(uri, summary["run_id"], "train/reward")]
+        correct = [v for _, v in history(uri, summary["run_id"], "train/correct")]
+        assert all(r <= c + 1e-9 for r, c in zip(rewards, correct))
+    if option == "length_control=none":
+        assert run.data.metrics["train/interruption_rate"] == 0
+    if option == "precision=bf16":
+        assert run.data.params["precision/head_dtype"].startswith("bf16")
+    if option == "precision=fp32":
+        assert run.data.params["precision/body_dtype"] == "fp32"
+
+
+# ---------------------------------------------------------------------- pipeline_rl
+def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
+    k = 2
+    overrides = [
+        *tiny_overrides,
+        "async_mode=pipeline_rl",
+        f"async_mode.k={k}",
+        "trainer.total_steps=8",
+        "eval.every=4",
+        "generator.chunk_prompts=8",
+        "filter.zero_variance=false",
+    ]
+    summary = train(compose(overrides))
+    uri = uri_of(overrides)
+    versions = [v for _, v in history(uri, summary["run_id"], "train/versions_in_batch")]
+    lags = [v for _, v in history(uri, summary["run_id"], "train/policy_lag_max")]
+    assert len(lags) == 8
+    assert max(versions) > 1, "no batch held tokens from more than one policy version"
+    assert max(lags) <= k
+    busy = MlflowClient(uri).get_run(summary["run_id"]).data.metrics
+    assert 0 < busy["perf/generator_busy"] <= 1 and 0 < busy["perf/trainer_busy"] <= 1
+
+
+# ---------------------------------------------------------------------- filters
+def test_zero_variance_groups_never_reach_the_loss(tiny_overrides):
+    run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=3"])
+    seen = []
+    step = run.trainer.step
+
+    def spy(batch):
+        seen.append(batch)
+        return step(batch)
+
+    run.trainer.step = spy
+    dropped_before = []
+    train_on = run.train_on
+
+    def spy_train_on(groups):
+        dropped_before.append(sum(len({s.reward for s in g}) == 1 for g in groups))
+        return train_on(groups)
+
+    run.train_on = spy_train_on
+    run.run()
+    assert sum(dropped_before) > 0, "the test needs some zero-variance groups"
+    for batch in seen:
+        # every group in a trained batch has non-identical rewards, hence a non-zero advantage
+        for g in range(batch.num_groups):
+            adv = batch.advantages[batch.group_ids == g]
+            assert adv.abs().max() > 0
+    assert run.zero_variance_dropped == sum(dropped_before)
+
+
+def test_retired_prompts_are_never_sampled_again(tiny_overrides):
+    run = make_run(
+        [
+            *tiny_overrides,
+            *SYNC,
+            "task.num_train=8",
+            "trainer.total_steps=8",
+            "filter.pass_rate_threshold=0.25",
+            "trainer.batch_size=16",
+        ]
+    )
+    sampled = []  # (step, uids)
+    nxt = run.sampler.next
+
+    def spy(n):
+        out = nxt(n)
+        sampled.append((run.step, {p.uid for p in out}, set(run.tracker_tr.retired_uids())))
+        return out
+
+    run.sampler.next = spy
+    run.run()
+    retired = run.tracker_tr.retired_uids()
+    assert retired, "the test needs some retired prompts"
+    for _, uids, retired_then in sampled:
+        assert not (uids & retired_then)
+
+
+def test_interruption_inserts_the_phrase_and_respects_budgets(tiny_overrides):
+    run = make_run(
+        [
+            *tiny_overrides,
+            *SYNC,
+            "trainer.total_steps=2",
+            "length_control.think_budget_min=6",
+            "length_control.think_budget_max=10",
+            "length_control.answer_budget=3",
+        ]
+    )
+    groups_seen = []
+    gen = run.generator.generate
+
+    def spy(*a, **kw):
+        out = gen(*a, **kw)
+        groups_seen.extend(out)
+        return out
+
+    run.generator.generate = spy
+    run.run()
+    samples = [s for g in groups_seen for s in g]
+    phrase_ids = run.tokenizer(run.cfg.length_control.phrase, add_special_tokens=False).input_ids
+    interrupted = [s for s in samples if s.interrupted]
+    assert interrupted, "a 6-10 token budget must interrupt the ~36-token scratchpad"
+    for s in interrupted:
+        assert 6 <= s.think_tokens <= 10
+        i = s.loss_mask.index(0)
+        assert s.completion_ids[i : i + len(phrase_ids)] == phrase_ids
+        assert s.versions[i : i + len(phrase_ids)] == [-1] * len(phrase_ids)
+        answer = s.completion_ids[i + len(phrase_ids) :]
+        assert len(answer) <= 3
+        assert run.cfg.length_control.phrase in s.text
+
+
+# ---------------------------------------------------------------------- reliability
+def test_resume_after_sigkill_continues_the_same_run_without_gaps(tmp_path, mlflow_uri):
+    out = tmp_path / "run"
+    args = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *[
+            o
+            for o in __import__("conftest").TINY
+            if not o.startswith(("trainer.total_steps", "checkpoint_every"))
+        ],
+        "async_mode=sync",
+        "trainer.total_steps=14",
+        "checkpoint_every=3",
+        f"out_dir={out}",
+        f"tracking.uri={mlflow_uri}",
+        "tracking.experiment=resume",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    import torch
+
+    deadline = time.time() + 240
+    ckpt = out / "checkpoint" / "last.pt"
+    while time.time() < deadline:
+        if ckpt.is_file() and torch.load(ckpt, weights_only=False)["step"] >= 6:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("no checkpoint at step >= 6: " + (proc.stdout.read() if proc.stdout else ""))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run_id = json.loads((out / "run_info.json").read_text())["run_id"]
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed" in r.stdout + r.stderr
+    assert json.loads((out / "run_info.json").read_text())["run_id"] == run_id
+    c = MlflowClient(mlflow_uri)
+    exp = c.get_experiment_by_name("resume")
+    assert len(c.search_runs([exp.experiment_id])) == 1
+    for key in ("train/reward", "compute/flops", "progress/step"):
+        steps = [s for s, _ in history(mlflow_uri, run_id, key)]
+        expected = list(range(1, 15)) if key != "progress/step" else list(range(0, 15))
+        assert steps == expected, (key, steps)
+    assert [s for s, _ in history(mlflow_uri, run_id, "val/pass_rate")] == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert c.get_run(run_id).info.status == "FINISHED"
+
+
+def test_finished_run_is_not_run_again(tiny_overrides):
+    cfg = compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"])
+    first = train(cfg)
+    again = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
+    assert again["run_id"] == first["run_id"] and again["steps"] == 2
+
+
+def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_overrides):
+    run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=10", "trainer.max_nonfinite_steps=3"])
+    import torch
+
+    with torch.no_grad():
+        for p in run.trainer.module.parameters():
+            p.fill_(float("nan"))  # a model whose every loss is non-finite
+    with pytest.raises(RunError, match="3 consecutive optimiser steps had a non-finite"):
+        run.run()
+    uri = uri_of(tiny_overrides)
+    skipped = [v for _, v in history(uri, run.tracker.run_id, "train/step_skipped")]
+    assert skipped[:2] == [1.0, 1.0]
+    assert run.ckpt.exists()
+
+
+def test_a_verifier_that_raises_scores_zero_and_is_counted(tiny_overrides):
+    run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=2"])
+    calls = {"n": 0}
+    score = run.task.score
+
+    def flaky(prompt, completion):
+        calls["n"] += 1
+        if calls["n"] % 3 == 0:
+            raise ValueError("verifier crashed")
+        return score(prompt, completion)
+
+    run.task.score = flaky
+    summary = run.run()
+    assert summary["steps"] == 2
+    metrics = MlflowClient(uri_of(tiny_overrides)).get_run(summary["run_id"]).data.metrics
+    assert metrics["data/verifier_errors"] == calls["n"] // 3
+
+
+def test_verifier_timeout_scores_zero():
+    from scalerl.task import Prompt, safe_score
+
+    class Slow:
+        def score(self, prompt, completion):
+            time.sleep(5)
+            return 1.0
+
+    t0 = time.time()
+    r, err = safe_score(Slow(), Prompt(0, "x", "y"), "z", timeout_s=0.3)
+    assert (r, err) == (0.0, "timeout") and time.time() - t0 < 2
+
+
+def test_malformed_data_file_is_one_line_error(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": 3}\n')
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "task=jsonl",
+            f"task.path={data}",
+            f"out_dir={tmp_path / 'run'}",
+            f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+            "model.warmstart_steps=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"{data}:2" in lines[0] and "'prompt'" in lines[0], r.stderr
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_jsonl_task_trains_with_math_verify(tiny_overrides, tmp_path):
+    data = tmp_path / "math.jsonl"
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(40)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    summary = train(
+        compose(
+            [
+                *tiny_overrides,
+                *SYNC,
+                "task=jsonl",
+                f"task.path={data}",
+                "task.val_fraction=0.2",
+                "model.warmstart_steps=0",
+                "trainer.total_steps=2",
+            ]
+        )
+    )
+    assert summary["steps"] == 2
+    from scalerl.task import JsonlTask
+
+    t = JsonlTask(str(data), val_fraction=0.2)
+    assert len(t.val_prompts()) == 8 and len(t.train_prompts()) == 32
+    p = t.val_prompts()[0]
+    assert t.score(p, f"thinking</think>{p.answer}") == 1.0
+    assert t.score(p, "thinking</think>-1") == 0.0
