@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -16,7 +17,7 @@ TINY = [
     "model.hidden_size=64",
     "model.num_layers=2",
     "model.intermediate_size=128",
-    "model.warmstart_steps=150",
+    "model.warmstart_steps=300",
     "model.warmstart_batch_size=32",
     "task.min_digits=1",
     "task.max_digits=2",
@@ -54,5 +55,5 @@ def mlflow_uri(tmp_path_factory) -> str:
 @pytest.fixture
 def tiny_overrides(tmp_path, mlflow_uri, request):
     """Overrides for a seconds-long real run writing to tmp_path, in an experiment of its own."""
-    exp = "t-" + request.node.name.replace("[", "-").replace("]", "")[:80]
+    exp = "t-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)[:80]
     return [*TINY, f"out_dir={tmp_path / 'run'}", f"tracking.uri={mlflow_uri}", f"tracking.experiment={exp}"]

@@ -27,6 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from scalerl import algo
+from scalerl.loop import collective
 from scalerl.loop.data import PromptSampler
 from scalerl.model.build import load_policy, num_params
 from scalerl.model.precision import Precision
@@ -396,9 +397,11 @@ class Run:
         samples = [s for g in groups for s in g]
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         gids = torch.tensor([i for i, g in enumerate(groups) for _ in g])
-        # no-positive-resampling history (paper Sec. 3.2)
-        for g in groups:
-            self.tracker_tr.update([s.prompt_uid for s in g], [float(s.correct) for s in g])
+        # no-positive-resampling history (paper Sec. 3.2), of every rank's groups
+        history = [([s.prompt_uid for s in g], [float(s.correct) for s in g]) for g in groups]
+        for part in collective.gather_objects(history):
+            for uids, correct in part:
+                self.tracker_tr.update(uids, correct)
         stats = {
             "train/reward": float(rewards.mean()),
             "train/correct": _mean(s.correct for s in samples),
@@ -408,27 +411,28 @@ class Run:
             "train/think_length": _mean(s.think_tokens for s in samples),
         }
         keep_groups = groups
+        dropped = 0
         if cfg.filter.zero_variance:
             keep = algo.zero_variance_mask(rewards, gids)
             kept_idx = sorted({int(i) for i in gids[keep].tolist()})
             dropped = len(groups) - len(kept_idx)
-            self.zero_variance_dropped += dropped
             stats["data/zero_variance_dropped_step"] = float(dropped)
             keep_groups = [groups[i] for i in kept_idx]
         # policy lag of the tokens trained on (paper Sec. 3.1)
-        lags = [self.step - v for g in keep_groups for s in g for v in s.versions if v >= 0]
+        lags = [self.step - v for g in groups for s in g for v in s.versions if v >= 0]
         all_versions = {v for g in groups for s in g for v in s.versions if v >= 0}
         stats["train/policy_lag_mean"] = _mean(lags) if lags else 0.0
         stats["train/policy_lag_max"] = float(max(lags)) if lags else 0.0
         stats["train/versions_in_batch"] = float(len(all_versions))
         stats["train/groups_trained"] = float(len(keep_groups))
         t0 = time.perf_counter()
-        if keep_groups:
+        # several trainer processes: every rank takes part in the (collective) step if any has groups
+        if collective.global_sum(len(keep_groups)):
             flat = [s for g in keep_groups for s in g]
             r = torch.tensor([s.reward for s in flat], dtype=torch.float32)
-            gi = torch.tensor([i for i, g in enumerate(keep_groups) for _ in g])
-            adv = algo.compute_advantages(r, gi, cfg.norm.name)
-            batch = collate(keep_groups, adv, self.tokenizer.pad_token_id)
+            gi = torch.tensor([i for i, g in enumerate(keep_groups) for _ in g], dtype=torch.long)
+            adv = collective.global_advantages(r, gi, cfg.norm.name)  # norm=batch: std over all ranks
+            batch = collate(keep_groups, adv, self.tokenizer.pad_token_id) if keep_groups else None
             stats.update(self.trainer.step(batch))
             trained_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in flat)
         else:  # every group was filtered out: nothing to train on this step
@@ -447,6 +451,12 @@ class Run:
             trained_tokens = 0
         self.train_busy += time.perf_counter() - t0
         gen_tok = sum(len(s.prompt_ids) * 0 + len(s.completion_ids) for s in samples)
+        # statistics and counters of all ranks' groups (rank 0 logs them)
+        counts = {"dropped": dropped, "gen_tokens": gen_tok, "trained_tokens": trained_tokens}
+        stats, counts = collective.reduce_step(stats, counts, samples=len(samples), lags=len(lags))
+        self.zero_variance_dropped += int(counts["dropped"])
+        self.gen_tokens += int(counts["gen_tokens"]) - gen_tok  # other ranks' (own: counted at generation)
+        gen_tok, trained_tokens = counts["gen_tokens"], counts["trained_tokens"]
         self.flops += 2.0 * self.n_params * gen_tok + 6.0 * self.n_params * trained_tokens
         self.step += 1
         if self.step % self.cfg.eval.every == 0 or self.step == self.total_steps:

@@ -68,11 +68,6 @@ def run_params(cfg: DictConfig) -> dict[str, str]:
     params = flatten(container)
     for g in GROUPS:
         params[g] = str(cfg[g].name)
-    # the filter group's meaning is in its switches; name both in one readable value
-    params["filter"] = (
-        f"{cfg.filter.name}(zv={'on' if cfg.filter.zero_variance else 'off'},"
-        f"npr={'on' if cfg.filter.no_positive_resampling else 'off'})"
-    )
     return {k[:250]: v[:6000] for k, v in params.items()}
 
 

@@ -1,0 +1,126 @@
+"""The embedded default's learning target, measured as a user runs it.
+
+Runs ``python train.py`` (the default recipe, or the overrides given) in a fresh folder with an
+empty warm-start cache, so the warm-start is included, and reports:
+
+* wall time of the whole command (target: <= 5 minutes on the 2-core machine),
+* held-out pass rate (mean over K samples at the training temperature) at step 0 and at the end
+  (target: +0.3 absolute), and on the prompts no sample solved at step 0,
+* the curve (pass rate per evaluation) and the fitted sigmoid (A, B, C_mid).
+
+    python benchmarks/bench_learning.py                      # the default
+    python benchmarks/bench_learning.py --seeds 0 1 2        # several seeds
+    python benchmarks/bench_learning.py -- async_mode=sync   # any overrides after --
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def one_run(seed: int, overrides: list[str], keep_cache: str | None) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    work = Path(tempfile.mkdtemp(prefix="bench-learning-"))
+    cache = keep_cache or str(work / "cache")
+    env = {**os.environ, "SCALERL_CACHE": cache, "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        f"seed={seed}",
+        f"out_dir={work / 'run'}",
+        "progress=log",
+        *overrides,
+    ]
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    wall = time.time() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"train.py failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    summary = json.loads((work / "run" / "summary.json").read_text())
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+
+    def hist(key):
+        return sorted((m.step, m.value) for m in client.get_metric_history(summary["run_id"], key))
+
+    curve = hist("val/pass_rate")
+    unsolved = hist("val/pass_rate_unsolved_at_start")
+    metrics = client.get_run(summary["run_id"]).data.metrics
+    ws = json.loads(next(Path(cache).glob("warmstart-*/meta.json")).read_text()) if not keep_cache else {}
+    return {
+        "seed": seed,
+        "wall_seconds": wall,
+        "warmstart_seconds": ws.get("warmstart_seconds"),
+        "steps": summary["steps"],
+        "pass_rate_start": curve[0][1],
+        "pass_rate_final": curve[-1][1],
+        "gain": curve[-1][1] - curve[0][1],
+        "gain_on_unsolved_at_start": unsolved[-1][1] - unsolved[0][1] if unsolved else None,
+        "curve": curve,
+        "fit": {k: metrics.get(f"fit/{k}") for k in ("A", "B", "C_mid", "R0", "A_lo", "A_hi")},
+        "train_truncation_rate_final": metrics.get("train/truncation_rate"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument(
+        "--keep-cache", help="reuse this warm-start cache (excludes the warm-start from the time)"
+    )
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "learning.json"))
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    runs = [one_run(s, args.overrides, args.keep_cache) for s in args.seeds]
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "overrides": args.overrides,
+        "runs": runs,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"# Learning benchmark ({result['date']}, {result['machine']})\n")
+    print(
+        "| seed | wall (s) | warm-start (s) | steps | pass@start | pass@end | gain | gain on unsolved-at-start | fit A | fit B |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        ws = f"{r['warmstart_seconds']:.0f}" if r["warmstart_seconds"] else "cached"
+        uns = f"{r['gain_on_unsolved_at_start']:+.3f}" if r["gain_on_unsolved_at_start"] is not None else "-"
+        fa, fb = r["fit"]["A"], r["fit"]["B"]
+        print(
+            f"| {r['seed']} | {r['wall_seconds']:.0f} | {ws} | {r['steps']} | {r['pass_rate_start']:.3f} | "
+            f"{r['pass_rate_final']:.3f} | {r['gain']:+.3f} | {uns} | "
+            f"{fa if fa is None else round(fa, 3)} | {fb if fb is None else round(fb, 2)} |"
+        )
+    for r in runs:
+        print(
+            f"\nseed {r['seed']} curve (step, pass rate): "
+            + ", ".join(f"({s}, {v:.2f})" for s, v in r["curve"])
+        )
+
+
+if __name__ == "__main__":
+    main()
