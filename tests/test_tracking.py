@@ -1,0 +1,126 @@
+"""Tracking faults lose no data: a tracking server that goes away, a crash between checkpoint and flush."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from scalerl.config import compose
+from scalerl.tracking import SENTINEL, Tracker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(tmp_path, port: int) -> subprocess.Popen:
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'srv.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    stop_server(proc)
+    pytest.fail("mlflow server did not start")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_server_that_goes_away_loses_no_metrics(tmp_path):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    proc = start_server(tmp_path, port)
+    try:
+        cfg = compose([f"tracking.uri={uri}", "tracking.experiment=outage", f"out_dir={tmp_path / 'run'}"])
+        (tmp_path / "run").mkdir()
+        tr = Tracker(cfg, tmp_path / "run")
+        run_id = tr.start(None, {})
+        for s in range(3):
+            tr.log(s, {"train/reward": 0.1 * s})
+            tr.log_step_done(s)
+        assert tr.flush()
+        stop_server(proc)  # the server goes away mid-run
+        for s in range(3, 6):
+            tr.log(s, {"train/reward": 0.1 * s})
+            tr.log_step_done(s)
+        t0 = time.time()
+        assert not tr.flush()  # fails fast, keeps the metrics
+        assert time.time() - t0 < 60
+        assert len(tr.pending) == 6
+        proc = start_server(tmp_path, port)  # back again
+        assert tr.flush()
+        client = MlflowClient(uri)
+        assert steps(client, run_id, "train/reward") == [0, 1, 2, 3, 4, 5]
+        assert steps(client, run_id, SENTINEL) == [0, 1, 2, 3, 4, 5]
+    finally:
+        stop_server(proc)
+
+
+def test_resume_rewrites_only_what_the_store_lacks(tmp_path):
+    """A crash after a checkpoint but during/before its flush: the buffer saved in the checkpoint is
+    written on resume, minus the steps the store already has."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    cfg = compose([f"tracking.uri={uri}", "tracking.experiment=crash", f"out_dir={tmp_path / 'run'}"])
+    (tmp_path / "run").mkdir()
+    tr = Tracker(cfg, tmp_path / "run")
+    run_id = tr.start(None, {})
+    for s in range(4):
+        tr.log(s, {"train/reward": float(s)})
+        tr.log_step_done(s)
+    saved = tr.pending_state()  # what a checkpoint holds
+    # the flush wrote steps 0-1 only before the process died
+    tr.pending = [p for p in saved if p[2] <= 1]
+    assert tr.flush()
+    again = Tracker(cfg, tmp_path / "run")
+    assert again.start(None, {}) == run_id  # same MLflow run, found through run_info.json
+    again.restore_pending(saved)
+    assert {p[2] for p in again.pending} == {2, 3}
+    assert again.flush()
+    client = MlflowClient(uri)
+    assert steps(client, run_id, "train/reward") == [0, 1, 2, 3]
+    assert len(client.search_runs([client.get_experiment_by_name("crash").experiment_id])) == 1
