@@ -1,25 +1,68 @@
 """DeepSpeed trainer: ZeRO stages 0-3 over torch.distributed (gloo on CPU, NCCL on GPUs).
 
-Same loss, precision and statistics as :class:`TorchTrainer`; DeepSpeed owns the optimiser step,
-gradient averaging across processes and (for ZeRO-3) parameter partitioning. One process needs
-no launcher (the rank variables are set here); more processes come from ``torchrun`` or the
-``deepspeed`` launcher, which set them.
+Same loss, precision and statistics as :class:`TorchTrainer`; DeepSpeed owns gradient averaging
+across processes, the optimiser step (a torch AdamW handed in, so no DeepSpeed C++ op is compiled)
+and, for ZeRO-3, the partitioning of parameters. One process needs no launcher (the rank variables
+are set here); more processes come from ``torchrun`` or the ``deepspeed`` launcher, which set them.
+
+Several processes (data parallel): each rank trains on its own groups. The step is made to equal
+one optimiser step on the union of all ranks' groups:
+
+* the aggregation denominators (tokens, sequences or groups of the whole step) are summed over the
+  ranks, and each rank's loss is multiplied by the world size, because DeepSpeed *averages*
+  gradients: the averaged gradient is then that of the global ``prompt``/``sample``/``token`` mean;
+* every rank runs the same number of forward/backward passes (ZeRO-2/3 communicate in them): a rank
+  with fewer micro-batches, or none (all its groups filtered out), runs empty ones (zero loss);
+* a non-finite loss on any rank makes every rank's gradient non-finite (the local loss is poisoned
+  with NaN, and the finite flag is all-reduced), so every rank skips the same step: ZeRO-1/2/3 skip
+  a step whose global gradient norm is not finite; for ZeRO-0 the trainer checks the averaged
+  gradient itself (the same on every rank) and does not call ``step``;
+* the statistics returned are those of the whole step (summed or token-weighted over the ranks).
+
+Extra DeepSpeed settings can be merged into the generated config from the environment:
+``SCALERL_DS_CONFIG='{"zero_optimization": {"stage3_param_persistence_threshold": 0}}'``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import math
 import os
+import shutil
 import socket
+import warnings
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
-from scalerl.trainer.torch_trainer import TorchTrainer
+from scalerl import algo
+from scalerl.trainer.batch import TrainBatch
+from scalerl.trainer.torch_trainer import NonFiniteError, TorchTrainer
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _skip_shm_comm_op() -> None:
+    """Keep DeepSpeed from JIT-compiling its shared-memory all-reduce op on CPU.
+
+    DeepSpeed's torch comm backend builds ``deepspeed_shm_comm`` when it starts (60-75 s of C++
+    compilation on first use, then cached under ``TORCH_EXTENSIONS_DIR``). Only DeepSpeed's
+    *inference* all-reduce uses it; training collectives go through torch.distributed (gloo), so
+    marking it unavailable changes nothing for training. ``SCALERL_DS_SHM_COMM=1`` keeps it.
+    """
+    if os.environ.get("SCALERL_DS_SHM_COMM") == "1":
+        return
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def init_distributed(device: torch.device) -> None:
@@ -38,11 +81,69 @@ def init_distributed(device: torch.device) -> None:
         )
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if not torch.distributed.is_initialized():
+        _skip_shm_comm_op()
+    # DeepSpeed's ZeRO calls these torch.distributed functions on every step
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+    )
+    if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl")
 
 
+def _deep_update(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+class _HeadAsModule:
+    """The precision policy, with the LM head computed *as the head module's forward*.
+
+    ZeRO-3 gathers a module's parameters around that module's own forward (and again before its
+    backward). :meth:`Precision.logits` reads ``head.weight`` directly, outside any forward of the
+    head; running it as the head's forward gives DeepSpeed its usual hooks, with exactly the same
+    arithmetic.
+    """
+
+    def __init__(self, precision):
+        self._precision = precision
+
+    def __getattr__(self, name):
+        return getattr(self._precision, name)
+
+    def logits(self, model, hidden: torch.Tensor) -> torch.Tensor:
+        head = model.get_output_embeddings()
+        head.forward = lambda h: self._precision.logits(model, h)  # an instance attribute, removed below
+        try:
+            return head(hidden)
+        finally:
+            del head.forward
+
+
+class _EngineForward(nn.Module):
+    """What DeepSpeed wraps: the policy, with each trainer forward pass run as this module's forward
+    through ``engine(...)``. DeepSpeed keeps per-forward bookkeeping there (ZeRO-2/3 gradient
+    accumulation across micro-batches, the ZeRO-3 prefetch trace), which calling the policy's
+    submodules directly would skip."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+
 class DeepSpeedTrainer(TorchTrainer):
+    # ------------------------------------------------------------------ setup
     def _build_optimizer(self) -> None:
         try:
             import deepspeed
@@ -50,69 +151,330 @@ class DeepSpeedTrainer(TorchTrainer):
             raise RuntimeError("trainer=deepspeed needs the extra: pip install -e '.[deepspeed]'") from e
         init_distributed(self.device)
         t = self.tcfg
+        self.zero_stage = int(t.zero_stage)
+        self.world = _world()
+        self.rank = dist.get_rank()
         optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.adam_eps, weight_decay=t.weight_decay
+            self.model.parameters(),
+            lr=t.lr,
+            betas=tuple(t.betas),
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
         )
         warm = max(0, t.warmup_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        zero: dict = {"stage": self.zero_stage}
+        if self.zero_stage > 0:
+            # DeepSpeed's default buckets hold 5e8 elements (2 GB in fp32, allocated and cleared on
+            # the first step: seconds on a CPU); a bucket never needs to exceed the model
+            n = sum(p.numel() for p in self.model.parameters())
+            bucket = int(min(5e8, max(n, 1e5)))
+            zero.update(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
+        if self.zero_stage == 3:
+            zero.pop("allgather_bucket_size")
+            zero["stage3_prefetch_bucket_size"] = bucket
+            # DeepSpeed would otherwise replace torch.nn.functional.linear process-wide
+            zero["memory_efficient_linear"] = False
         ds_config = {
+            # one optimiser step per engine.step(); micro-batching is ours (TorchTrainer.micro_batches)
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
             "gradient_clipping": float(t.grad_clip) if t.grad_clip > 0 else 0.0,
-            "zero_optimization": {"stage": int(t.zero_stage)},
+            "zero_optimization": zero,
             "zero_allow_untested_optimizer": True,
             "bf16": {"enabled": False},  # precision is applied by scalerl.model.precision
             "fp16": {"enabled": False},
             "steps_per_print": 1 << 30,
             "wall_clock_breakdown": False,
         }
+        extra = os.environ.get("SCALERL_DS_CONFIG")
+        if extra:
+            _deep_update(ds_config, json.loads(extra))
+        self.ds_config = ds_config
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=self.model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+            model=_EngineForward(self.model), optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )
+        if self.zero_stage == 3:
+            self.precision = _HeadAsModule(self.precision)
+            self._register_parametrized_weights()
+
+    def _register_parametrized_weights(self) -> None:
+        """Emulated low precision puts layer weights behind torch parametrizations, which hold the
+        real parameter in a child module whose forward never runs; ZeRO-3 must gather it around
+        the layer's forward instead."""
+        import deepspeed
+
+        for module in self.module.modules():
+            plist = getattr(module, "parametrizations", None)
+            if plist is None:
+                continue
+            for name in list(plist.keys()):
+                deepspeed.zero.register_external_parameter(module, plist[name].original)
 
     @property
     def module(self):
-        return self.engine.module
+        return self.engine.module.policy
 
-    def _zero_grad(self) -> None:
+    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
+        return self.engine(super().token_logprobs, batch, with_entropy=with_entropy)
+
+    # ------------------------------------------------------------------ one step
+    def _empty_batch(self) -> TrainBatch:
+        """A one-row batch with no trained token: a forward/backward with zero loss and gradient, for a
+        rank that has fewer micro-batches than another (the passes are collective under ZeRO)."""
+        pad = 0
+        ids = torch.full((1, 2), pad, dtype=torch.long, device=self.device)
+        zeros = torch.zeros((1, 1), device=self.device)
+        return TrainBatch(
+            input_ids=ids,
+            mask=zeros,
+            gen_logp=zeros.clone(),
+            versions=torch.full((1, 1), -1, dtype=torch.long, device=self.device),
+            advantages=torch.zeros(1, device=self.device),
+            group_ids=torch.zeros(1, dtype=torch.long, device=self.device),
+            start=0,
+        )
+
+    def step(self, batch: TrainBatch | None) -> dict[str, float]:
+        """One optimiser step; ``batch`` is this rank's share (None: nothing left on this rank).
+
+        Collective: with several processes every rank must call it at the same step.
+        """
+        self.module.train()
+        world = self.world
+        mbs = []
+        local = [0.0, 0.0, 0.0]
+        if batch is not None and batch.num_sequences:
+            batch = batch.to(self.device)
+            mbs = self.micro_batches(batch)
+            local = [float(batch.mask.sum()), float((batch.mask.sum(-1) > 0).sum()), float(batch.num_groups)]
+        n_real = len(mbs)
+        n_mb = n_real
+        if world > 1:
+            sums = torch.tensor(local, dtype=torch.float64, device=self.device)
+            dist.all_reduce(sums)
+            local = sums.tolist()
+            most = torch.tensor([n_real], dtype=torch.int64, device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            n_mb = int(most.item())
+        totals = {"tokens": local[0], "sequences": local[1], "groups": local[2]}
+        if n_mb == 0:  # nothing to train on any rank
+            return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
+        mbs = mbs + [self._empty_batch() for _ in range(n_mb - n_real)]
+
+        acc: dict[str, float] = {"loss": 0.0, "ent_sum": 0.0, "ent_n": 0.0, "diff_sum": 0.0}
+        stats_acc: dict[str, float] = {}
+        finite = True
         self.engine.zero_grad()
+        for i, mb in enumerate(mbs):
+            real = i < n_real
+            self.engine.set_gradient_accumulation_boundary(i == n_mb - 1)
+            logp, entropy = self.token_logprobs(mb, with_entropy=real)
+            mask = mb.mask[:, mb.start :]
+            gen_logp = mb.gen_logp[:, mb.start :]
+            loss = algo.policy_loss(
+                self.loss_name,
+                logp,
+                gen_logp,
+                mb.advantages,
+                mask,
+                mb.group_ids,
+                self.aggregation,
+                **self.loss_kwargs,
+            )
+            weight = algo.aggregation_weight(self.aggregation, mask, mb.group_ids, totals) if real else 0.0
+            scaled = loss * weight
+            if not bool(torch.isfinite(scaled)):
+                # every rank's gradient becomes non-finite once DeepSpeed reduces it: the step is
+                # skipped on all ranks alike (0 * NaN is NaN, so every reached parameter is hit)
+                finite = False
+                scaled = scaled * float("nan")
+            self.engine.backward(scaled * world, scale_wrt_gas=False)
+            if not real or not finite:
+                continue
+            acc["loss"] += float(scaled.detach())
+            with torch.no_grad():
+                st = algo.loss_stats(
+                    self.loss_name, logp.detach(), gen_logp, mb.advantages, mask, **self.loss_kwargs
+                )
+                ntok = float(mask.sum())
+                for k, v in st.items():
+                    if k.endswith("_max"):
+                        stats_acc[k] = max(stats_acc.get(k, -math.inf), v)
+                    else:
+                        stats_acc[k] = stats_acc.get(k, 0.0) + v * ntok
+                acc["ent_sum"] += float((entropy * mask).sum())
+                acc["diff_sum"] += float(((logp.detach() - gen_logp).abs() * mask).sum())
+                acc["ent_n"] += ntok
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        # Micro-batch losses are already weighted to sum to the batch loss (algo.aggregation_weight).
-        self.engine.set_gradient_accumulation_boundary(False)
-        self.engine.backward(loss, scale_wrt_gas=False)
+        if world > 1:
+            flag = torch.tensor([1 if finite else 0], dtype=torch.int64, device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            finite = bool(flag.item())
+            acc, stats_acc = self._merge_stats(acc, stats_acc)
 
-    def _clip_and_step(self) -> float:
-        self.engine.set_gradient_accumulation_boundary(True)
+        grad_norm = self._engine_step(finite)
+        if not finite or not math.isfinite(grad_norm):
+            self.nonfinite_total += 1
+            self.nonfinite_consecutive += 1
+            if self.nonfinite_consecutive >= self.tcfg.max_nonfinite_steps:
+                raise NonFiniteError(
+                    f"{self.nonfinite_consecutive} consecutive optimiser steps had a non-finite loss or "
+                    f"gradient (trainer.max_nonfinite_steps={self.tcfg.max_nonfinite_steps}); stopping"
+                )
+            return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
+        self.nonfinite_consecutive = 0
+        n = max(acc["ent_n"], 1.0)
+        out = {
+            "train/loss": acc["loss"],
+            "train/grad_norm": grad_norm,
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/entropy": acc["ent_sum"] / n,
+            "train/gen_train_logprob_diff": acc["diff_sum"] / n,
+            "train/nonfinite_skipped": float(self.nonfinite_total),
+            "train/step_skipped": 0.0,
+        }
+        for k, v in stats_acc.items():
+            out[f"train/{k}"] = v if k.endswith("_max") else v / n
+        return out
+
+    def _engine_step(self, finite: bool) -> float:
+        """The optimiser step after the accumulation-boundary backward; returns the gradient norm
+        before clipping (non-finite: the step was skipped, on every rank)."""
+        if self.zero_stage == 0:
+            # ZeRO-0 has no overflow check of its own; the gradients are averaged now, the same on
+            # every rank, so this decision is too
+            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+            norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+            if not finite or not math.isfinite(norm):
+                self.engine.zero_grad()
+                return norm if not math.isfinite(norm) else float("nan")
+            self.engine.step()
+            return norm
+        # ZeRO-1/2/3 compute the global gradient norm and skip the step when it is not finite
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else 0.0
+        norm = float(norm) if norm is not None else float("nan")
+        if not finite and math.isfinite(norm):  # pragma: no cover - the NaN poisoning makes this impossible
+            raise RuntimeError("DeepSpeed applied a step whose loss was not finite")
+        return norm
 
+    @staticmethod
+    def _merge_stats(acc: dict, stats_acc: dict) -> tuple[dict, dict]:
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, (acc, stats_acc))
+        acc = {k: sum(p[0][k] for p in parts) for k in acc}
+        merged: dict[str, float] = {}
+        for _, st in parts:
+            for k, v in st.items():
+                if k.endswith("_max"):
+                    merged[k] = max(merged.get(k, -math.inf), v)
+                else:
+                    merged[k] = merged.get(k, 0.0) + v
+        return acc, merged
+
+    # ------------------------------------------------------------------ ZeRO-3 whole weights
     def gathered(self):
-        """Context in which every parameter is whole on every rank (ZeRO-3 partitions them)."""
-        import contextlib
+        """Context in which every parameter is whole on every rank, for generation and evaluation.
 
-        if int(self.tcfg.zero_stage) == 3:
-            import deepspeed
-
-            return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
+        ZeRO-3 partitions the parameters: they are gathered once (collective: every rank must
+        enter, even one that then does nothing), and DeepSpeed's per-module hooks are taken off
+        while inside, so a forward pass neither re-gathers nor releases anything (no collective:
+        one rank may generate alone). Other stages: nothing to do.
+        """
+        if self.zero_stage == 3:
+            return self._gathered_zero3()
         return contextlib.nullcontext()
 
-    def weights_for_generator(self) -> dict[str, torch.Tensor]:
-        with self.gathered():
-            return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+    @contextlib.contextmanager
+    def _gathered_zero3(self):
+        # as deepspeed.runtime.zero.stage3.unwrap_model_for_generation, with the hooks restored on error
+        import deepspeed
 
+        opt = self.engine.optimizer
+        offload = opt.parameter_offload if hasattr(opt, "parameter_offload") else opt
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            for hook in [*offload.forward_hooks, *offload.backward_hooks]:
+                hook.remove()
+            offload.forward_hooks, offload.backward_hooks = [], []
+            try:
+                yield
+            finally:
+                offload._register_deepspeed_module(offload.module)
+
+    def weights_for_generator(self) -> dict[str, torch.Tensor]:
+        """The full model weights (CPU copies); under ZeRO-3 gathered first (collective)."""
+        ctx = contextlib.nullcontext()
+        if self.zero_stage == 3:
+            import deepspeed
+
+            ctx = deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
+        with ctx:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
+    # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        # Optimiser state is saved by save_engine_checkpoint (partitioned under ZeRO).
-        with self.gathered():
-            model = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-        return {"model": model, "nonfinite_total": self.nonfinite_total, "engine": True}
+        # model and optimiser live in the engine checkpoint (partitioned under ZeRO), which every
+        # rank writes; nothing here may be collective, since only rank 0 calls this
+        return {"nonfinite_total": self.nonfinite_total, "engine": True}
 
     def load_state_dict(self, state: dict) -> None:
         self.nonfinite_total = state.get("nonfinite_total", 0)
 
-    def save_engine_checkpoint(self, path: str, tag: str) -> None:
-        self.engine.save_checkpoint(path, tag=tag)
+    def weights_digest(self) -> str:
+        """SHA-256 over this rank's whole weights (``state_dict`` names and bytes, sorted by name).
 
-    def load_engine_checkpoint(self, path: str, tag: str) -> None:
-        self.engine.load_checkpoint(path, tag=tag)
+        Under ZeRO-3 each parameter is gathered in turn (collective; never the whole model at once).
+        Costs a pass over the weights (about 1 GB/s).
+        """
+        import deepspeed
+
+        h = hashlib.sha256()
+        for k, v in sorted(self.module.state_dict(keep_vars=True).items()):
+            zero3 = self.zero_stage == 3 and hasattr(v, "ds_id")
+            ctx = (
+                deepspeed.zero.GatheredParameters([v], modifier_rank=None)
+                if zero3
+                else contextlib.nullcontext()
+            )
+            with ctx:
+                h.update(k.encode())
+                h.update(v.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def save_engine_checkpoint(self, path: str, tag: str, rank_state: dict | None = None) -> None:
+        """Every rank writes its part of the engine checkpoint ``path/tag`` and its own
+        ``scalerl_rank_NNNNN.pt`` (``rank_state``, e.g. its RNG streams, plus the digest of its
+        weights); collective. Ranks whose weights differ are a bug: it raises. The previous tag is
+        kept (the run's main checkpoint refers to it until it is replaced), older ones are deleted."""
+        root = Path(path)
+        latest = root / "latest"
+        previous = latest.read_text().strip() if latest.is_file() else None
+        digest = self.weights_digest()
+        digests = [digest]
+        if self.world > 1:
+            digests = [None] * self.world
+            dist.all_gather_object(digests, digest)
+        if len(set(digests)) > 1:
+            raise RuntimeError(f"the trainer processes' weights differ (digests by rank: {digests})")
+        self.engine.save_checkpoint(str(root), tag=tag)
+        dest = root / tag / f"scalerl_rank_{self.rank:05d}.pt"
+        tmp = dest.with_suffix(f".tmp{os.getpid()}")
+        torch.save({**(rank_state or {}), "weights_digest": digest}, tmp)
+        os.replace(tmp, dest)
+        if self.world > 1:
+            dist.barrier()
+        if self.rank == 0:
+            for d in root.iterdir():
+                if d.is_dir() and d.name not in (tag, previous):
+                    shutil.rmtree(d, ignore_errors=True)
+
+    def load_engine_checkpoint(self, path: str, tag: str) -> dict | None:
+        """Load the engine checkpoint ``path/tag``; returns this rank's ``rank_state`` (or None)."""
+        load_path, _ = self.engine.load_checkpoint(path, tag=tag)
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint {tag!r} under {path}")
+        own = Path(path) / tag / f"scalerl_rank_{self.rank:05d}.pt"
+        return torch.load(own, map_location="cpu", weights_only=False) if own.is_file() else None

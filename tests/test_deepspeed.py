@@ -1,0 +1,487 @@
+"""trainer=deepspeed for real (no mocks): ZeRO 0-3 on CPU with gloo, in one process and in two.
+
+* One optimiser step under each ZeRO stage equals trainer=torch's from the same start and batch.
+* Short runs under each stage train (finite loss and gradient norm, weights move) and resume from
+  the engine checkpoint with continuous MLflow steps.
+* Two processes (torchrun): a step on unequal shares of a batch equals one trainer=torch step on the
+  whole batch (gradient averaging, global aggregation denominators, padded micro-batches), a
+  non-finite loss on one rank is skipped by both; a real run trains, keeps the ranks' weights
+  identical, and resumes after SIGKILL into the same MLflow run.
+* pipeline_rl with ZeRO-3: the generator process gets gathered weights.
+* Nothing is JIT-compiled (TORCH_EXTENSIONS_DIR stays empty).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+
+pytestmark = pytest.mark.deepspeed
+
+REPO = Path(__file__).resolve().parents[1]
+# TINY with a one-digit task, so that rewards vary within groups and the trainer really steps
+# (on TINY's task the tiny warm-started model scores 0 on nearly every training prompt, and the
+# zero-variance filter drops every group)
+EASY = [
+    "model.warmstart_steps=150",
+    "task.min_digits=1",
+    "task.max_digits=1",
+    "task.warmstart_max_digits=1",
+]
+
+
+def merged(*lists: list[str]) -> list[str]:
+    """Overrides, later ones replacing earlier ones of the same key (Hydra refuses duplicates)."""
+    out: dict[str, str] = {}
+    for lst in lists:
+        for o in lst:
+            out[o.split("=", 1)[0]] = o
+    return list(out.values())
+
+
+def _tracking(overrides: list[str]) -> tuple[str, str]:
+    kv = dict(o.split("=", 1) for o in overrides)
+    return kv["tracking.uri"], kv["tracking.experiment"]
+
+
+_RANK_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(tmp_path: Path) -> dict:
+    """Environment for a child run: no rank variables inherited, one thread, an empty extension dir."""
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    ext = tmp_path / "torch_extensions"
+    ext.mkdir(exist_ok=True)
+    env.update(OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=str(REPO / "src"))
+    return env
+
+
+def _nothing_compiled(tmp_path: Path) -> None:
+    ext = tmp_path / "torch_extensions"
+    assert not ext.exists() or not any(ext.iterdir()), f"something was JIT-compiled: {list(ext.rglob('*'))}"
+
+
+def _metrics(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    from mlflow.tracking import MlflowClient
+
+    hist = MlflowClient(uri).get_metric_history(run_id, key)
+    return sorted((m.step, m.value) for m in hist)
+
+
+def _runs(uri: str, experiment: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def _digest(state: dict) -> str:
+    """As DeepSpeedTrainer.weights_digest."""
+    h = hashlib.sha256()
+    for k, v in sorted(state.items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------- a synthetic batch
+SYNTH = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=2",
+    "model.intermediate_size=64",
+    "trainer.generations_per_prompt=4",
+    "trainer.warmup_steps=0",
+    "trainer.lr=1e-3",
+    "trainer.threads=1",
+]
+
+
+def synthetic(cfg, seed: int = 0):
+    """(model, precision, batch): a random tiny policy and 4 groups x 4 sequences of random tokens with
+    unequal completion lengths; behaviour log-probs are the policy's own (importance ratios 1)."""
+    from scalerl.model.build import build_model
+    from scalerl.model.precision import Precision
+    from scalerl.trainer import TorchTrainer, TrainBatch
+
+    model = build_model(cfg.model, vocab_size=40, seed=seed, pad_token_id=0, eos_token_id=1)
+    precision = Precision.for_device(cfg.precision.body, cfg.precision.head, "cpu", impl=cfg.precision.impl)
+    precision.prepare(model)
+    g = torch.Generator().manual_seed(seed)
+    groups, per, length, prompt = 4, 4, 24, 6
+    n = groups * per
+    ids = torch.randint(2, 40, (n, length), generator=g)
+    mask = torch.zeros(n, length - 1)
+    for i, c in enumerate(torch.randint(3, length - prompt, (n,), generator=g).tolist()):
+        mask[i, prompt - 1 : prompt - 1 + c] = 1.0
+    batch = TrainBatch(
+        input_ids=ids,
+        mask=mask,
+        gen_logp=torch.zeros(n, length - 1),
+        versions=torch.zeros(n, length - 1, dtype=torch.long),
+        advantages=torch.randn(n, generator=g),
+        group_ids=torch.arange(groups).repeat_interleave(per),
+        start=prompt - 1,
+    )
+    with torch.no_grad():
+        logp, _ = TorchTrainer(
+            copy.deepcopy(model), precision, cfg, temperature=1.0, device="cpu"
+        ).token_logprobs(batch)
+    batch.gen_logp[:, batch.start :] = logp * batch.mask[:, batch.start :]
+    return model, precision, batch
+
+
+@pytest.fixture(scope="module")
+def ds_process(tmp_path_factory):
+    """This process as a one-rank DeepSpeed job; the rank variables are restored afterwards."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MASTER_ADDR", "127.0.0.1")
+        mp.setenv("MASTER_PORT", str(_free_port()))
+        mp.setenv("RANK", "0")
+        mp.setenv("WORLD_SIZE", "1")
+        mp.setenv("LOCAL_RANK", "0")
+        mp.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path_factory.mktemp("torch_extensions")))
+        yield
+
+
+@pytest.mark.parametrize(
+    ("stage", "precision"), [(0, "fp32"), (1, "fp32"), (2, "fp32"), (3, "fp32"), (3, "bf16")]
+)
+def test_steps_equal_torch(stage, precision, ds_process):
+    """Optimiser steps under ZeRO-`stage` == trainer=torch's from the same start and batch: the first
+    step (and the second, so gradients must not leak from one step into the next), with two
+    micro-batches per step (DeepSpeed accumulates them)."""
+    from scalerl.config import compose
+    from scalerl.trainer import make_trainer
+
+    cpu = torch.device("cpu")
+    over = [*SYNTH, f"precision={precision}", "trainer.micro_batch_size=8"]
+    cfg_t = compose([*over, "trainer=torch"])
+    cfg_d = compose([*over, "trainer=deepspeed", f"trainer.zero_stage={stage}"])
+    model, prec, batch = synthetic(cfg_t)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    torch_tr = make_trainer(cfg_t, copy.deepcopy(model), prec, temperature=1.0, device=cpu)
+    ds = make_trainer(cfg_d, copy.deepcopy(model), prec, temperature=1.0, device=cpu)
+    for step in (1, 2):
+        ref_stats = torch_tr.step(batch)
+        ref = {k: v.detach().clone() for k, v in torch_tr.module.state_dict().items()}
+        stats = ds.step(batch)
+        got = ds.weights_for_generator()
+
+        assert stats["train/step_skipped"] == 0.0
+        for k in ("train/loss", "train/grad_norm", "train/entropy", "train/is_ratio_mean", "train/lr"):
+            assert math.isfinite(stats[k]), k
+            assert stats[k] == pytest.approx(ref_stats[k], rel=1e-5, abs=1e-6), (step, k)
+        update = max(float((ref[k] - start[k]).abs().max()) for k in ref)
+        assert update > 1e-4  # the steps moved the weights
+        diff = max(float((got[k] - ref[k]).abs().max()) for k in ref)
+        # ZeRO-0 runs torch's arithmetic; ZeRO-1/2/3 flatten and partition, which may round differently
+        tol = 1e-7 if stage == 0 and precision == "fp32" else 1e-6
+        assert diff <= tol, f"step {step}, ZeRO-{stage} vs torch: max |diff| {diff:g} (update {update:g})"
+
+
+# ---------------------------------------------------------------------- single-process runs
+def _run_in_process(overrides: list[str], *, resume: bool = False):
+    """(summary, weights at the start, weights at the end) of a run in this process; with ``resume``
+    the start is the state restored from the checkpoint."""
+    from omegaconf import OmegaConf
+
+    from scalerl.config import compose
+    from scalerl.loop.run import Run
+
+    cfg = compose(overrides)
+    OmegaConf.resolve(cfg)
+    run = Run(cfg)
+    if resume:
+        assert run.restore()
+        run.restore = lambda: True  # restored once, here, so that the start weights can be read
+    start = run.trainer.weights_for_generator()
+    summary = run.run()
+    return summary, start, run.trainer.weights_for_generator()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_stage_trains_and_resumes(stage, ds_process, tiny_overrides):
+    """`trainer=deepspeed trainer.zero_stage=Z async_mode=sync` in one process without a launcher:
+    finite losses and gradient norms, weights that move; then resumed from the engine checkpoint."""
+    over = merged(
+        tiny_overrides,
+        EASY,
+        ["trainer=deepspeed", f"trainer.zero_stage={stage}", "async_mode=sync", "trainer.total_steps=2"],
+    )
+    uri, experiment = _tracking(over)
+    summary, start, end = _run_in_process(over)
+    assert summary["steps"] == 2
+    assert max(float((end[k] - start[k]).abs().max()) for k in start) > 0  # the weights moved
+    rid = summary["run_id"]
+    skipped = dict(_metrics(uri, rid, "train/step_skipped"))
+    trained = [s for s, v in skipped.items() if v == 0.0]
+    assert trained, "no step trained (every group filtered out?)"
+    for key in ("train/loss", "train/grad_norm", "train/entropy"):
+        vals = dict(_metrics(uri, rid, key))
+        assert all(math.isfinite(vals[s]) for s in trained), (key, vals)
+    out = Path(dict(o.split("=", 1) for o in over)["out_dir"])
+    own = torch.load(
+        out / "checkpoint" / "engine" / "step_00000002" / "scalerl_rank_00000.pt", weights_only=False
+    )
+    assert own["weights_digest"] == _digest(end)
+
+    # one more step, resumed from the engine checkpoint: its weights, the same MLflow run, continuous steps
+    summary2, start2, _ = _run_in_process(merged(over, ["trainer.total_steps=3"]), resume=True)
+    assert summary2["run_id"] == rid and summary2["steps"] == 3
+    assert all(torch.equal(start2[k], end[k]) for k in end)
+    assert [s for s, _ in _metrics(uri, rid, "train/reward")] == [1, 2, 3]
+    assert [s for s, _ in _metrics(uri, rid, "val/pass_rate")] == [0, 2, 3]
+    assert len(_runs(uri, experiment)) == 1
+
+
+def test_pipeline_rl_zero3(tiny_overrides, tmp_path):
+    """`python train.py trainer=deepspeed trainer.zero_stage=3 async_mode=pipeline_rl`, no launcher:
+    the generator process runs on weights gathered from the ZeRO-3 partitions."""
+    over = merged(
+        tiny_overrides,
+        EASY,
+        ["trainer=deepspeed", "trainer.zero_stage=3", "async_mode=pipeline_rl", "async_mode.k=2"],
+    )
+    uri, _ = _tracking(over)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *over],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _nothing_compiled(tmp_path)
+    rid = json.loads((tmp_path / "run" / "summary.json").read_text())["run_id"]
+    assert [s for s, _ in _metrics(uri, rid, "train/reward")] == [1, 2, 3, 4]
+    # in flight: batches hold tokens of more than one policy version, so new weights reached the generator
+    assert max(v for _, v in _metrics(uri, rid, "train/versions_in_batch")) >= 2
+    # and they were the trainer's weights, whole: behaviour and trainer log-probs stay close
+    diffs = [v for _, v in _metrics(uri, rid, "train/gen_train_logprob_diff")]
+    assert diffs and all(math.isfinite(d) and d < 0.5 for d in diffs), diffs
+
+
+# ---------------------------------------------------------------------- two processes
+TWO_RANK_SCRIPT = textwrap.dedent(
+    """
+    import copy, json, sys
+    import torch
+    import torch.distributed as dist
+    sys.path.insert(0, sys.argv[2])
+    from test_deepspeed import SYNTH, synthetic
+    from scalerl.config import compose
+    from scalerl.trainer import make_trainer
+    from scalerl.trainer.deepspeed_trainer import init_distributed
+
+    torch.set_num_threads(1)
+    cpu = torch.device("cpu")
+    init_distributed(cpu)
+    rank = dist.get_rank()
+    out = {}
+    # rank 0 trains on 3 groups (3 micro-batches), rank 1 on 1 group (1 micro-batch + 2 empty ones)
+    cases = [(0, "token"), (2, "sample"), (3, "prompt")]  # (ZeRO-1: the run test below)
+    for stage, agg in cases:
+        over = [*SYNTH, "precision=fp32", "trainer.micro_batch_size=4", f"aggregation={agg}"]
+        cfg_t = compose([*over, "trainer=torch"])
+        model, precision, batch = synthetic(cfg_t)
+        ref_tr = make_trainer(cfg_t, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
+        ref_stats = ref_tr.step(batch)
+        ref = ref_tr.module.state_dict()
+        cfg_d = compose([*over, "trainer=deepspeed", f"trainer.zero_stage={stage}"])
+        ds = make_trainer(cfg_d, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
+        share = batch.slice_groups(0, 3) if rank == 0 else batch.slice_groups(3, 4)
+        stats = ds.step(share)
+        got = ds.weights_for_generator()
+        res = {
+            "diff": max(float((got[k] - ref[k]).abs().max()) for k in ref),
+            "update": max(float((ref[k] - model.state_dict()[k]).abs().max()) for k in ref),
+            "loss": [stats["train/loss"], ref_stats["train/loss"]],
+            "grad_norm": [stats["train/grad_norm"], ref_stats["train/grad_norm"]],
+            "entropy": [stats["train/entropy"], ref_stats["train/entropy"]],
+        }
+        if stage in (0, 3):  # a non-finite loss on rank 1 only: both ranks skip, weights unchanged
+            before = ds.weights_digest()
+            bad = copy.deepcopy(share)
+            if rank == 1:
+                bad.advantages[0] = float("nan")
+            skipped = ds.step(bad)
+            res["nan_step"] = skipped
+            res["nan_unchanged"] = ds.weights_digest() == before
+            res["after_nan"] = ds.step(share)["train/step_skipped"]
+        res["digest"] = ds.weights_digest()
+        out[f"{stage}-{agg}"] = res
+    with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+        json.dump(out, f)
+    """
+)
+
+
+def _torchrun(args: list[str], tmp_path: Path, **kw) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+    ]
+    return subprocess.Popen(
+        [*cmd, *args],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (torchrun starts its workers in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def _sigkill_tree(proc: subprocess.Popen) -> None:
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate()
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _sigkill_tree(proc)
+        pytest.fail("torchrun timed out")
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def test_two_ranks_step_equals_torch_on_whole_batch(tmp_path):
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANK_SCRIPT)
+    _finish(_torchrun([str(script), str(tmp_path), str(Path(__file__).parent)], tmp_path), timeout=240)
+    _nothing_compiled(tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for case, res in ranks[0].items():
+        assert res["update"] > 1e-4, case
+        assert res["diff"] <= 1e-6, f"{case}: 2 ranks vs torch on the whole batch: max |diff| {res['diff']:g}"
+        for key in ("loss", "grad_norm", "entropy"):
+            assert res[key][0] == pytest.approx(res[key][1], rel=1e-5, abs=1e-6), (case, key)
+        assert ranks[1][case]["digest"] == res["digest"], f"{case}: the ranks' weights differ"
+        assert ranks[1][case]["loss"][0] == pytest.approx(
+            res["loss"][0], abs=1e-7
+        )  # global statistics on both
+        if "nan_step" in res:
+            for r in ranks:
+                assert r[case]["nan_step"]["train/step_skipped"] == 1.0, case
+                assert r[case]["nan_step"]["train/nonfinite_skipped"] == 1.0, case
+                assert r[case]["nan_unchanged"], case
+                assert r[case]["after_nan"] == 0.0, case
+
+
+def test_two_ranks_run_sigkill_resume(tiny_overrides, tmp_path):
+    """torchrun, 2 processes, ZeRO-1 (the trainer=deepspeed default): killed with SIGKILL after its
+    first checkpoint, started again: one MLflow run with every step once, each rank generating and
+    training on its half of the batch, the ranks' weights identical."""
+    over = merged(
+        tiny_overrides,
+        EASY,
+        [
+            "trainer=deepspeed",
+            "async_mode=sync",
+            "trainer.total_steps=4",
+            "eval.every=2",
+            "checkpoint_every=2",
+        ],
+    )
+    uri, experiment = _tracking(over)
+    out = tmp_path / "run"
+    args = [str(REPO / "train.py"), *over]
+    proc = _torchrun(args, tmp_path)
+    last = out / "checkpoint" / "last.pt"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if last.is_file() and torch.load(last, weights_only=False)["step"] >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, (
+            "the run ended before it could be killed:\n" + proc.communicate()[0][-3000:]
+        )
+    finally:
+        _sigkill_tree(proc)  # torchrun and both ranks, at once
+    killed_at = torch.load(last, weights_only=False)["step"]
+    assert 2 <= killed_at < 4
+
+    log = _finish(_torchrun(args, tmp_path), timeout=240)
+    _nothing_compiled(tmp_path)
+    assert f"at step {killed_at}" in log  # resumed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4
+    assert len(_runs(uri, experiment)) == 1
+    rid = summary["run_id"]
+    assert [s for s, _ in _metrics(uri, rid, "train/reward")] == [1, 2, 3, 4]
+    assert [s for s, _ in _metrics(uri, rid, "val/pass_rate")] == [0, 2, 4]
+    assert any(v == 0.0 for _, v in _metrics(uri, rid, "train/step_skipped"))
+    # 32 sequences a step = 2 ranks x 4 prompts x 4 generations: 8 groups, trained or dropped
+    trained = dict(_metrics(uri, rid, "train/groups_trained"))
+    dropped = dict(_metrics(uri, rid, "data/zero_variance_dropped_step"))
+    assert all(trained[s] + dropped[s] == 8 for s in range(1, 5)), (trained, dropped)
+    engine = out / "checkpoint" / "engine" / "step_00000004"
+    digests = {
+        torch.load(engine / f"scalerl_rank_{r:05d}.pt", weights_only=False)["weights_digest"] for r in (0, 1)
+    }
+    assert len(digests) == 1, "the ranks' weights differ"
+    module = torch.load(engine / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    policy = {k.removeprefix("policy."): v for k, v in module.items()}  # DeepSpeed wraps the policy
+    assert digests == {_digest(policy)}  # and it is the digest of the weights DeepSpeed saved
