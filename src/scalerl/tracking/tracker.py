@@ -146,6 +146,8 @@ class Tracker:
 
     # ------------------------------------------------------------------ metrics
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:  # ranks other than 0 log nothing
+            return
         ts = int(time.time() * 1000)
         for k, v in metrics.items():
             if v is None:
