@@ -159,7 +159,7 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 10  # evaluate every N optimiser steps (and at step 0)
+    every: int = 25  # evaluate every N optimiser steps (and at step 0)
     num_prompts: int = 128
     samples_per_prompt: int = 4  # K: pass rate = mean over K samples at the training temperature
     log_samples: int = 8  # generations logged as an artifact per evaluation
