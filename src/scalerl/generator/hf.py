@@ -16,6 +16,9 @@ a step costs one forward pass plus a fixed number of batched tensor ops whatever
   and the following tokens are recorded with that version. The KV cache is kept (stale), as in
   PipelineRL.
 * Length control (ScaleRL interruptions): see :class:`HFGenerator`.
+* Finished rows leave the KV cache once they are half of it (a batch often waits on a few long
+  samples); sampling still runs over all rows, so the random stream and the samples are unchanged.
+* Emulated low-precision weights are rounded once per weight version, not at every decode step.
 """
 
 from __future__ import annotations
@@ -129,7 +132,8 @@ class HFGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self._decode(prompt_ids, n, version, weight_update, on_step)
+            with _CachedWeights(self.model) as cached:
+                out = self._decode(prompt_ids, n, version, weight_update, on_step, cached)
         finally:
             self.model.train(was_training)
         return self._to_samples(prompts, prompt_ids, group_ids, n, out)
@@ -164,7 +168,7 @@ class HFGenerator:
         e = torch.empty(logp.shape, dtype=torch.float32, device=logp.device).exponential_(generator=self.rng)
         return (logp.float() - e.log()).argmax(-1)
 
-    def _decode(self, prompt_ids, n, version, weight_update, on_step) -> dict[str, Any]:
+    def _decode(self, prompt_ids, n, version, weight_update, on_step, cached=None) -> dict[str, Any]:
         dev = self.device
         P, B = len(prompt_ids), len(prompt_ids) * n
         lens = [len(ids) for ids in prompt_ids]
@@ -210,23 +214,35 @@ class HFGenerator:
 
         toks, lps, sampled_steps, active_steps, step_versions = [], [], [], [], []
         tok = torch.empty(0, dtype=torch.long, device=dev)  # the tokens fed at the next step
+        # rows still in the KV cache (None: all B). Finished rows are dropped from the cache once they
+        # are half of it; the others' log-probs are scattered back into a [B, vocab] tensor, so the
+        # sampling (and its random stream) is the same as without the compaction.
+        rows = None
         for step in range(max_steps):
             if weight_update is not None:
                 new_version = weight_update()
                 if new_version is not None:
                     version = int(new_version)
+                    if cached is not None:
+                        cached.refresh()  # the weights were replaced in place
             if step == 0:
                 logp = self._logprobs(ids, cache, pmask, prefill_pos)
                 if n > 1:
                     cache.batch_repeat_interleave(n)
                     logp = logp.repeat_interleave(n, 0)
             else:
-                inp = tok[:, None]
+                inp = tok[:, None] if rows is None else tok[rows, None]
                 if same_length:
                     logp = self._logprobs(inp, cache)
                 else:
-                    logp = self._logprobs(inp, cache, mask_full[:, : L + step], next_pos[:, None])
+                    mask_now = mask_full[:, : L + step] if rows is None else mask_full[rows, : L + step]
+                    pos_now = next_pos if rows is None else next_pos[rows]
+                    logp = self._logprobs(inp, cache, mask_now, pos_now[:, None])
                     next_pos = next_pos + 1
+                if rows is not None:
+                    full = logp.new_zeros((B, logp.shape[-1]))
+                    full[rows] = logp
+                    logp = full
 
             tok = self._sample(logp)
             lp = logp.gather(1, tok[:, None]).squeeze(1).float()
@@ -266,8 +282,14 @@ class HFGenerator:
             step_versions.append(version)
             if on_step is not None:
                 on_step()
-            if bool(done.all()):
+            n_active = int((~done).sum())
+            if n_active == 0:
                 break
+            in_cache = B if rows is None else int(rows.numel())
+            if in_cache >= _COMPACT_MIN_ROWS and 2 * n_active <= in_cache:
+                keep = (~done).nonzero().squeeze(1)  # ascending row ids, a subset of `rows`
+                cache.batch_select_indices(keep if rows is None else torch.searchsorted(rows, keep))
+                rows = keep
 
         sampled_m = torch.stack(sampled_steps, 1)
         versions = torch.tensor(step_versions, dtype=torch.long, device=dev).expand(B, -1)
@@ -310,6 +332,41 @@ class HFGenerator:
                 )
             )
         return groups
+
+
+class _CachedWeights:
+    """Emulated low precision (:class:`~scalerl.model.precision.Precision`, ``impl=emulated``) puts
+    the layer weights behind parametrizations that round them at every access: every decode step
+    would round every weight again. Inside this context each rounded weight is computed once
+    (``torch.nn.utils.parametrize.cached``); :meth:`refresh` drops them after the weights change."""
+
+    def __init__(self, model: torch.nn.Module):
+        from torch.nn.utils import parametrize
+
+        self._parametrize = parametrize
+        self.active = any(parametrize.is_parametrized(m) for m in model.modules())
+        self._ctx = None
+
+    def __enter__(self):
+        if self.active:
+            self._ctx = self._parametrize.cached()
+            self._ctx.__enter__()
+        return self
+
+    def refresh(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(None, None, None)
+            self._ctx = self._parametrize.cached()
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+            self._ctx = None
+        return False
+
+
+_COMPACT_MIN_ROWS = 8  # below this many rows in the cache, dropping finished ones saves nothing
 
 
 def _make_cache(capacity: int):

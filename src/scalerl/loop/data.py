@@ -40,7 +40,9 @@ class PromptSampler:
             if self.retired is not None and self.retired.retired(p.uid):
                 skipped_in_a_row += 1
                 if skipped_in_a_row > 2 * len(self.prompts):
-                    raise RuntimeError("every training prompt is retired (no-positive-resampling); nothing left to train on")
+                    raise RuntimeError(
+                        "every training prompt is retired (no-positive-resampling); nothing left to train on"
+                    )
                 continue
             skipped_in_a_row = 0
             out.append(p)

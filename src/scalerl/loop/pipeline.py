@@ -34,7 +34,9 @@ class SharedMemoryTransport:
     """Weights in shared memory (one tensor per parameter) plus a version counter."""
 
     def __init__(self, state: dict[str, torch.Tensor], ctx, version: int = 0):
-        self.buffers = {k: v.detach().to("cpu", copy=True).contiguous().share_memory_() for k, v in state.items()}
+        self.buffers = {
+            k: v.detach().to("cpu", copy=True).contiguous().share_memory_() for k, v in state.items()
+        }
         self.version = ctx.Value("l", version, lock=False)
         self.lock = ctx.Lock()
 
@@ -58,7 +60,9 @@ class SharedMemoryTransport:
         return version
 
 
-def generator_worker(cfg_yaml: str, transport: SharedMemoryTransport, work_q, result_q, status, threads: int) -> None:
+def generator_worker(
+    cfg_yaml: str, transport: SharedMemoryTransport, work_q, result_q, status, threads: int
+) -> None:
     """The generator process: take work (prompts), generate with in-flight weight updates, score,
     send the groups back. ``status`` is a shared array: [busy seconds, generated tokens]."""
     from omegaconf import OmegaConf
@@ -87,11 +91,26 @@ def generator_worker(cfg_yaml: str, transport: SharedMemoryTransport, work_q, re
             return v
 
         result_q.put(("ready", None, None))
-        while True:
+        # work already waiting is decoded in one batch, up to a training batch of prompts (a decode
+        # step costs nearly the same for 32 rows as for 128); results still go back per work item
+        max_prompts = max(1, int(cfg.trainer.batch_size) // int(cfg.trainer.generations_per_prompt))
+        stop = False
+        while not stop:
             item = work_q.get()
             if item is None:
                 break
-            work_id, prompts, group_ids = item
+            items = [item]
+            while sum(len(it[1]) for it in items) < max_prompts:
+                try:
+                    nxt = work_q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                items.append(nxt)
+            prompts = [p for it in items for p in it[1]]
+            group_ids = [g for it in items for g in it[2]]
             weight_update()
             t0 = time.perf_counter()
             groups = gen.generate(
@@ -101,11 +120,17 @@ def generator_worker(cfg_yaml: str, transport: SharedMemoryTransport, work_q, re
                 group_ids=group_ids,
                 weight_update=weight_update,
             )
-            errors = score_groups(task, prompts, groups, cfg)
+            done = []
+            lo = 0
+            for work_id, part, _ in items:
+                hi = lo + len(part)
+                done.append((work_id, groups[lo:hi], score_groups(task, part, groups[lo:hi], cfg)))
+                lo = hi
             dt = time.perf_counter() - t0
             status[0] += dt
             status[1] += sum(len(s.completion_ids) for g in groups for s in g)
-            result_q.put(("groups", work_id, (groups, errors)))
+            for work_id, part_groups, errors in done:
+                result_q.put(("groups", work_id, (part_groups, errors)))
     except Exception:
         result_q.put(("error", None, traceback.format_exc()))
 
@@ -124,7 +149,14 @@ class PipelineGenerator:
         self.status = ctx.Array("d", [0.0, 0.0], lock=False)
         self.proc = ctx.Process(
             target=generator_worker,
-            args=(OmegaConf.to_yaml(cfg, resolve=True), self.transport, self.work_q, self.result_q, self.status, threads),
+            args=(
+                OmegaConf.to_yaml(cfg, resolve=True),
+                self.transport,
+                self.work_q,
+                self.result_q,
+                self.status,
+                threads,
+            ),
             daemon=True,
         )
         self.proc.start()

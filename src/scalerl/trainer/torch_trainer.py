@@ -26,6 +26,9 @@ def loss_params(loss_cfg) -> dict:
 
 
 class TorchTrainer:
+    # a length bucket costs one more (small) forward/backward: worth about this many padded tokens
+    bucket_overhead_tokens = 256
+
     def __init__(
         self, model: nn.Module, precision: Precision, cfg, *, temperature: float, device: torch.device
     ):
@@ -80,6 +83,33 @@ class TorchTrainer:
                 entropy = -(lp.exp() * lp).sum(-1)
         return logp, entropy
 
+    def bucketed_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
+        """:meth:`token_logprobs` without the padding waste: rows are grouped by length into a few
+        buckets, each run only up to its own last trained token, and the results put back in row
+        order (zeros past a row's end, where the mask is 0). The same values as one padded pass:
+        right padding never reaches earlier positions through the causal attention."""
+        need = _trained_lengths(batch)  # target positions [0, need) hold every trained token
+        width = batch.mask.shape[1]
+        buckets = length_buckets(need.tolist(), start=batch.start, overhead=self.bucket_overhead_tokens)
+        if len(buckets) == 1 and buckets[0][1] >= width:
+            return self.token_logprobs(batch, with_entropy=with_entropy)
+        parts, ents, order = [], [], []
+        for rows, m in buckets:
+            sub = _rows_upto(batch, torch.as_tensor(rows, dtype=torch.long, device=batch.mask.device), m)
+            logp, entropy = self.token_logprobs(sub, with_entropy=with_entropy)
+            pad = width - m
+            parts.append(nn.functional.pad(logp, (0, pad)))
+            if with_entropy:
+                ents.append(nn.functional.pad(entropy, (0, pad)))
+            order.extend(rows)
+        inverse = torch.empty(len(order), dtype=torch.long, device=batch.mask.device)
+        inverse[torch.as_tensor(order, dtype=torch.long, device=batch.mask.device)] = torch.arange(
+            len(order), device=batch.mask.device
+        )
+        logp = torch.cat(parts)[inverse]
+        entropy = torch.cat(ents)[inverse] if with_entropy else None
+        return logp, entropy
+
     # ------------------------------------------------------------------ one step
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         mbs = self.tcfg.micro_batch_size
@@ -108,7 +138,7 @@ class TorchTrainer:
         self._zero_grad()
         finite = True
         for mb in self.micro_batches(batch):
-            logp, entropy = self.token_logprobs(mb, with_entropy=True)
+            logp, entropy = self.bucketed_logprobs(mb, with_entropy=True)
             mask = mb.mask[:, mb.start :]
             gen_logp = mb.gen_logp[:, mb.start :]
             loss = algo.policy_loss(
@@ -209,3 +239,63 @@ class TorchTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.nonfinite_total = state.get("nonfinite_total", 0)
+
+
+# ---------------------------------------------------------------------- length buckets
+def _trained_lengths(batch: TrainBatch) -> torch.Tensor:
+    """Per row: one past the last target position with a non-zero mask (at least ``start + 1``)."""
+    m = batch.mask != 0
+    pos = torch.arange(1, m.shape[1] + 1, device=m.device).expand_as(m)
+    last = torch.where(m, pos, torch.zeros_like(pos)).amax(1)
+    return last.clamp_min(batch.start + 1)
+
+
+def length_buckets(lengths: list[int], *, start: int, overhead: int, max_buckets: int = 4):
+    """Split rows into at most ``max_buckets`` groups of similar length: [(row indices, length)].
+
+    Minimises sum(rows x (bucket length - start)) + overhead x buckets over splits of the rows
+    sorted by length (a small dynamic programme over the distinct lengths)."""
+    values = sorted(set(lengths))
+    count = [0] * len(values)
+    where = {v: i for i, v in enumerate(values)}
+    for x in lengths:
+        count[where[x]] += 1
+    n = len(values)
+    cum = [0]
+    for c in count:
+        cum.append(cum[-1] + c)
+    inf = float("inf")
+    # best[k][j]: cost of the rows with the j smallest lengths in k buckets (the last one of length values[j-1])
+    best = [[inf] * (n + 1) for _ in range(max_buckets + 1)]
+    back = [[0] * (n + 1) for _ in range(max_buckets + 1)]
+    best[0][0] = 0.0
+    for k in range(1, max_buckets + 1):
+        for j in range(1, n + 1):
+            w = values[j - 1] - start
+            for i in range(j):
+                c = best[k - 1][i] + (cum[j] - cum[i]) * w + overhead
+                if c < best[k][j]:
+                    best[k][j], back[k][j] = c, i
+    k = min(range(1, max_buckets + 1), key=lambda kk: best[kk][n])
+    edges, j = [], n
+    while k > 0:
+        edges.append((back[k][j], j))
+        j, k = back[k][j], k - 1
+    out = []
+    for i, j in reversed(edges):
+        keep = set(values[i:j])
+        out.append(([r for r, x in enumerate(lengths) if x in keep], values[j - 1]))
+    return out
+
+
+def _rows_upto(batch: TrainBatch, rows: torch.Tensor, width: int) -> TrainBatch:
+    """Rows ``rows`` of ``batch``, cut to target positions [0, width) (input ids [0, width])."""
+    return TrainBatch(
+        input_ids=batch.input_ids[rows, : width + 1],
+        mask=batch.mask[rows, :width],
+        gen_logp=batch.gen_logp[rows, :width],
+        versions=batch.versions[rows, :width],
+        advantages=batch.advantages[rows],
+        group_ids=batch.group_ids[rows],
+        start=batch.start,
+    )

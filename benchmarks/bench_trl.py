@@ -1,0 +1,759 @@
+"""Our RL loop against Hugging Face TRL's GRPOTrainer on the same work, in one invocation.
+
+    python benchmarks/bench_trl.py                      # 3 pairs, default work, ~15-25 min on 2 busy cores
+    python benchmarks/bench_trl.py --pairs 1 --steps 20 # a quick look
+    python benchmarks/bench_trl.py --threads 1          # one torch thread per process (less contention noise)
+
+The same work on both sides (checked, and printed in the report):
+
+* model: the embedded default (tiny Qwen2 + character tokenizer, warm-started, from ``load_policy``),
+  an fp32 copy for each system; task: 4-digit addition, reward ``AdditionTask.score`` (wrapped as a
+  TRL reward function, decoding TRL's completion ids with the special tokens kept, as ours does);
+* the same prompts in the same order (our ``PromptSampler``, TRL's dataset in that order with
+  ``shuffle_dataset=False``), P prompts x G generations per optimiser step, one optimiser step per
+  P x G completions (TRL: ``per_device_train_batch_size = generation_batch_size = P*G``), the same
+  maximum new tokens, temperature 1 without top-k/top-p, the same number of optimiser steps;
+* the same loss: CISPO (TRL ``loss_type="cispo"``, ``epsilon_high`` = our ``eps_max``), token-level
+  aggregation (TRL's CISPO normaliser: the number of completion tokens), advantages ``r - mean(group)``
+  without std scaling (``scale_rewards="none"`` / ``norm=none``), no KL, no filtering
+  (``filter=none``), truncated completions trained on;
+* the same optimiser: AdamW (betas, eps, weight decay of our config), our warm-up schedule and
+  gradient clipping, passed to TRL as ``optimizers=(...)``;
+* the same length control and precision for the speed comparison: ours with
+  ``length_control=none`` (the same hard limit as TRL's ``max_completion_length``) and
+  ``precision=fp32``; TRL fp32 (``bf16=False``);
+* the same number of torch threads per system (``--threads``; default: the machine's cores).
+  Our ``pipeline_rl`` splits them between its generator and trainer processes.
+
+TRL "best" for a CPU: gradient checkpointing off, bf16 off, no logging / evaluation / saving
+inside the steps. TRL "defaults" (one short run, reported, not used for ratios): the same work
+with TRL's own performance defaults (gradient checkpointing on, bf16 on, logging every 10 steps,
+its default AdamW and linear-decay schedule).
+
+Evaluation is identical for every system and excluded from all timings: the weights are copied
+(a few ms) every ``--eval-every`` steps during the run; after the run each copy is evaluated with
+our ``HFGenerator`` on ``--eval-prompts`` held-out prompts x ``--eval-k`` samples, the same
+seeded random stream for every copy. "Time to target" is the training wall time at which the
+pass rate first reaches ``--target`` (linear interpolation between evaluations).
+
+Runs alternate (pair i runs the systems in a rotated order) so machine noise hits all alike; each
+run is a fresh subprocess. Writes ``benchmarks/results/trl_vs_ours.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+SYSTEMS = ("trl", "ours_sync", "ours_pipeline")
+LABEL = {
+    "trl": "TRL GRPOTrainer (best CPU config)",
+    "trl_defaults": "TRL GRPOTrainer (its defaults)",
+    "ours_sync": "ours, async_mode=sync",
+    "ours_pipeline": "ours, async_mode=pipeline_rl (k=8)",
+}
+
+
+# ----------------------------------------------------------------------------------- shared pieces
+def machine_info() -> dict:
+    model = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except Exception:
+        pass
+    import torch
+
+    return {
+        "cpu": model or platform.processor(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def work_overrides(a) -> list[str]:
+    """Our config for the benchmark's work (both systems derive everything from it)."""
+    return [
+        "loss=cispo",
+        "aggregation=token",
+        # the embedded task with 1- to 4-digit problems (the warm-start is the embedded default's:
+        # min_digits and num_val are not part of its cache key); RL lifts the sampled pass rate
+        # by a few points within tens of steps, so "time to target" is measurable in minutes
+        f"task.min_digits={a.min_digits}",
+        f"task.num_val={max(a.eval_prompts, 128)}",
+        "norm=none",
+        "filter=none",
+        "length_control=none",
+        f"length_control.max_new_tokens={a.max_new_tokens}",
+        "precision=fp32",
+        f"trainer.batch_size={a.prompts * a.gens}",
+        f"trainer.generations_per_prompt={a.gens}",
+        f"trainer.total_steps={a.steps}",
+        f"trainer.lr={a.lr}",
+        f"trainer.threads={a.threads}",
+        f"eval.every={a.eval_every}",
+        "checkpoint_every=1000000",
+        "progress=log",
+        f"seed={a.seed}",
+        *a.override,
+    ]
+
+
+def peak_rss_mb() -> tuple[float, float]:
+    """(this process, the largest waited-for child) peak resident set size in MiB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return own, kids
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+class Evaluator:
+    """Held-out pass rate of a weight snapshot: our HFGenerator, fp32, the run's sampling settings,
+    the same seeded stream for every snapshot and every system."""
+
+    def __init__(self, cfg, n_prompts: int, k: int, seed: int = 12345):
+        from scalerl.generator import HFGenerator
+        from scalerl.model.build import load_policy
+        from scalerl.model.precision import Precision
+        from scalerl.task import build_task
+
+        self.task = build_task(cfg)
+        self.val = self.task.val_prompts()[:n_prompts]
+        self.k = k
+        self.seed = seed
+        self.model, self.tok, _ = load_policy(cfg, self.task)
+        self.gen = HFGenerator(
+            self.model,
+            self.tok,
+            Precision("fp32", "fp32"),
+            cfg.length_control,
+            temperature=float(cfg.generator.temperature),
+            seed=seed,
+        )
+
+    def __call__(self, state: dict) -> float:
+        import torch
+
+        with torch.no_grad():
+            self.model.load_state_dict(state)
+        self.gen.rng.manual_seed(self.seed)
+        correct = n = 0
+        for i in range(0, len(self.val), 32):
+            chunk = self.val[i : i + 32]
+            for p, g in zip(chunk, self.gen.generate(chunk, self.k, version=0)):
+                for s in g:
+                    correct += self.task.score(p, s.text)
+                    n += 1
+        return correct / max(1, n)
+
+
+def evaluate_snapshots(cfg, a, snaps) -> list[dict]:
+    ev = Evaluator(cfg, a.eval_prompts, a.eval_k)
+    return [{"step": step, "pass_rate": ev(state)} for step, state in snaps]
+
+
+# ----------------------------------------------------------------------------------- our loop
+def child_ours(a) -> dict:
+    import torch
+    from omegaconf import OmegaConf
+
+    import scalerl.loop.pipeline as pipeline_mod
+    import scalerl.loop.run as run_mod
+    from scalerl.config import compose
+    from scalerl.loop.run import Run
+    from scalerl.tracking import Tracker
+
+    # MLflow off (TRL runs with report_to="none"): the loop gets a disabled tracker
+    run_mod.Tracker = lambda cfg, out_dir, enabled=True: Tracker(cfg, out_dir, enabled=False)
+
+    mode = "sync" if a.system == "ours_sync" else "pipeline_rl"
+    out = tempfile.mkdtemp(prefix=f"bench-{a.system}-")
+    cfg = compose([*work_overrides(a), f"async_mode={mode}", "async_mode.k=8", f"out_dir={out}"])
+    OmegaConf.resolve(cfg)
+    clock: dict = {}
+
+    class ReadyPipeline(pipeline_mod.PipelineGenerator):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            clock["start"] = time.perf_counter()  # the generator process is up: steps begin
+            clock["cpu0"] = time.process_time()
+            clock["gen_pid"] = self.proc.pid
+            clock["gen_cpu0"] = proc_cpu_seconds(self.proc.pid)
+
+        def publish(self, state, version):
+            super().publish(state, version)
+            if version >= cfg.trainer.total_steps:  # the last step: read the generator's CPU time while alive
+                clock["gen_cpu1"] = proc_cpu_seconds(clock["gen_pid"])
+
+    pipeline_mod.PipelineGenerator = ReadyPipeline
+
+    class BenchRun(Run):
+        """The real loop; evaluation replaced by a weight copy, checkpoints and MLflow off."""
+
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.snaps: list = []
+            self.steps_log: list = []
+
+        def eval_metrics(self):
+            self.snaps.append((self.step, {k: v.detach().clone() for k, v in self.trainer.module.state_dict().items()}))
+            return {}
+
+        def checkpoint(self):
+            pass
+
+        def run_sync_or_ppo(self):
+            clock["start"] = time.perf_counter()
+            clock["cpu0"] = time.process_time()
+            return super().run_sync_or_ppo()
+
+        def train_on(self, groups):
+            samples = [s for g in groups for s in g]
+            super().train_on(groups)
+            if self.step == self.total_steps:
+                clock["cpu1"] = time.process_time()
+            self.steps_log.append(
+                {
+                    "t": time.perf_counter(),
+                    "reward": sum(s.reward for s in samples) / len(samples),
+                    "completion_tokens": sum(len(s.completion_ids) for s in samples),
+                    "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
+                    "lag": max([self.step - 1 - v for s in samples for v in s.versions if v >= 0] or [0]),
+                }
+            )
+
+    t0 = time.perf_counter()
+    run = BenchRun(cfg)
+    startup = time.perf_counter() - t0
+    run.run()
+    t_end = run.steps_log[-1]["t"]
+    start = clock["start"]
+    wall = t_end - start
+    own, kids = peak_rss_mb()
+    res = {
+        "startup_s": startup + (start - t0 - startup if mode == "pipeline_rl" else 0.0),
+        "wall_s": wall,
+        "step_times": [s["t"] - start for s in run.steps_log],
+        "rewards": [s["reward"] for s in run.steps_log],
+        "completion_tokens": sum(s["completion_tokens"] for s in run.steps_log),
+        "prompt_tokens": sum(s["prompt_tokens"] for s in run.steps_log),
+        "generated_tokens": run.gen_tokens,
+        "max_policy_lag": max(s["lag"] for s in run.steps_log),
+        "stale_dropped_groups": run.stale_dropped,
+        "cpu_s": (clock["cpu1"] - clock["cpu0"]) + (clock.get("gen_cpu1", 0.0) - clock.get("gen_cpu0", 0.0)),
+        "generator_busy": min(1.0, run.gen_busy / wall),
+        "trainer_busy": min(1.0, run.train_busy / wall),
+        "peak_rss_mb": own + (kids if mode == "pipeline_rl" else 0.0),
+        "peak_rss_detail_mb": {"trainer": own, "generator": kids} if mode == "pipeline_rl" else {"process": own},
+        "n_params": run.n_params,
+        "threads": {"trainer": torch.get_num_threads(), "generator": run.gen_threads if mode == "pipeline_rl" else None},
+    }
+    res["evals"] = evaluate_snapshots(cfg, a, run.snaps)
+    return res
+
+
+# ----------------------------------------------------------------------------------- TRL
+def child_trl(a, defaults: bool) -> dict:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from datasets import Dataset
+    from omegaconf import OmegaConf
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from scalerl.config import compose
+    from scalerl.loop.data import PromptSampler
+    from scalerl.model.build import load_policy, num_params
+    from scalerl.task import Prompt, build_task
+
+    t0 = time.perf_counter()
+    cfg = compose([*work_overrides(a), "async_mode=sync", f"out_dir={tempfile.mkdtemp(prefix='bench-trl-')}"])
+    OmegaConf.resolve(cfg)
+    task = build_task(cfg)
+    model, tok, _ = load_policy(cfg, task)
+    P, G = a.prompts, a.gens
+    prompts = PromptSampler(task.train_prompts(), seed=cfg.seed).next(P * a.steps)
+    ds = Dataset.from_dict({"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts]})
+    eos = tok.eos_token_id
+    prompt_len = {p.text: len(tok(p.text, add_special_tokens=False)["input_ids"]) for p in prompts}
+    log: dict = {"rewards": [], "completion_tokens": 0, "prompt_tokens": 0, "step_t": [], "snaps": []}
+
+    def addition_reward(prompts, completions, completion_ids, answer, **kw):
+        out = []
+        for prompt, ids, ans in zip(prompts, completion_ids, answer):
+            body = ids[:-1] if ids and ids[-1] == eos else ids  # as ours: special tokens kept, eos dropped
+            text = tok.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            out.append(task.score(Prompt(uid=-1, text=prompt, answer=ans), text))
+            log["completion_tokens"] += len(ids)
+            log["prompt_tokens"] += prompt_len[prompt]
+        log["rewards"].append(sum(out) / len(out))
+        return out
+
+    t = cfg.trainer
+    common = dict(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-out-"),
+        per_device_train_batch_size=P * G,
+        generation_batch_size=P * G,
+        gradient_accumulation_steps=1,
+        num_generations=G,
+        max_completion_length=a.max_new_tokens,
+        temperature=float(cfg.generator.temperature),
+        top_k=0,
+        top_p=1.0,
+        learning_rate=float(t.lr),
+        loss_type="cispo",
+        epsilon_high=float(cfg.loss.eps_max),
+        scale_rewards="none",
+        beta=0.0,
+        num_iterations=1,
+        max_steps=a.steps,
+        shuffle_dataset=False,
+        seed=int(cfg.seed),
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        max_grad_norm=float(t.grad_clip),
+        dataloader_num_workers=0,
+    )
+    optimizers = (None, None)
+    if defaults:
+        # TRL's own performance defaults (gradient checkpointing on, bf16 on, logging every 10 steps,
+        # its AdamW and linear-decay schedule); only the work itself is pinned
+        args = GRPOConfig(**common)
+    else:
+        args = GRPOConfig(
+            **common,
+            gradient_checkpointing=False,
+            bf16=False,
+            fp16=False,
+            logging_strategy="no",
+            eval_strategy="no",
+            log_completions=False,
+            disable_dropout=True,
+        )
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=float(t.lr), betas=tuple(t.betas), eps=float(t.adam_eps), weight_decay=float(t.weight_decay)
+        )
+        warm = max(0, int(t.warmup_steps))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        optimizers = (opt, sched)
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args_, state, control, **kw):
+            torch.set_num_threads(a.threads)  # in case anything changed it
+            log["snaps"].append((0, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+            log["start"] = time.perf_counter()
+            log["cpu0"] = time.process_time()
+
+        def on_step_end(self, args_, state, control, **kw):
+            now = time.perf_counter()
+            log["step_t"].append(now)
+            log["cpu1"] = time.process_time()
+            if state.global_step % a.eval_every == 0 or state.global_step == a.steps:
+                log["snaps"].append((state.global_step, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+            log["pause"] = log.get("pause", 0.0) + (time.perf_counter() - now)
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=addition_reward,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        callbacks=[Clock()],
+        optimizers=optimizers,
+    )
+    startup = time.perf_counter() - t0
+    trainer.train()
+    start = log["start"]
+    own, _ = peak_rss_mb()
+    res = {
+        "startup_s": startup,
+        "wall_s": log["step_t"][-1] - start,
+        "cpu_s": log["cpu1"] - log["cpu0"],
+        "step_times": [x - start for x in log["step_t"]],
+        "rewards": log["rewards"],
+        "completion_tokens": log["completion_tokens"],
+        "prompt_tokens": log["prompt_tokens"],
+        "generated_tokens": log["completion_tokens"],
+        "peak_rss_mb": own,
+        "peak_rss_detail_mb": {"process": own},
+        "n_params": num_params(model, exclude_embeddings=True),
+        "threads": {"trainer": torch.get_num_threads()},
+        "trl_config": {
+            k: getattr(args, k)
+            for k in (
+                "per_device_train_batch_size",
+                "generation_batch_size",
+                "steps_per_generation",
+                "gradient_accumulation_steps",
+                "num_generations",
+                "gradient_checkpointing",
+                "bf16",
+                "learning_rate",
+                "logging_steps",
+                "logging_strategy",
+            )
+        },
+    }
+    res["trl_config"] = {k: str(v) for k, v in res["trl_config"].items()}
+    if not defaults:
+        res["evals"] = evaluate_snapshots(cfg, a, log["snaps"])
+    return res
+
+
+# ----------------------------------------------------------------------------------- matmul limit
+def child_matmul(a) -> dict:
+    """Measured fp32 matmul FLOP/s with ``a.threads`` threads: large square GEMMs (the machine's
+    attainable peak) and the model's own shapes (what a step's GEMMs can reach)."""
+    import torch
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+
+    def rate(m, k, n, seconds=1.5):
+        x, w = torch.randn(m, k), torch.randn(k, n)
+        out = torch.empty(m, n)
+        for _ in range(3):
+            torch.matmul(x, w, out=out)
+        best, t_end = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            reps = max(1, int(2e8 // (2 * m * k * n)) or 1)
+            t = time.perf_counter()
+            for _ in range(reps):
+                torch.matmul(x, w, out=out)
+            best = max(best, reps * 2 * m * k * n / (time.perf_counter() - t))
+        return best
+
+    shapes = {
+        "square_1024": (1024, 1024, 1024),
+        "square_2048": (2048, 2048, 2048),
+        # a training step: tokens x hidden -> MLP width (batch 128 x ~53 tokens)
+        "model_train_mlp": (6784, 128, 512),
+        # a decode step: 128 rows x hidden -> MLP width
+        "model_decode_mlp": (128, 128, 512),
+    }
+    out = {name: rate(*s) / 1e9 for name, s in shapes.items()}
+    out["peak_gflops"] = max(out["square_1024"], out["square_2048"])
+    return out
+
+
+# ----------------------------------------------------------------------------------- driver
+def run_child(a, system: str, extra: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "_child", "--system", system, *extra]
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(a.threads))
+    la0 = loadavg()
+    t0 = time.time()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        proc = subprocess.run([*cmd, "--json-out", f.name], env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+            raise RuntimeError(f"{system} run failed (exit {proc.returncode})")
+        res = json.loads(Path(f.name).read_text())
+    res["system"] = system
+    res["loadavg_before"], res["loadavg_after"] = la0, loadavg()
+    res["process_seconds"] = time.time() - t0
+    return res
+
+
+def derive(res: dict, a, peak_gflops: float) -> dict:
+    wall = res["wall_s"]
+    n = res["n_params"]
+    steps = len(res["step_times"])
+    flops = 2.0 * n * res["completion_tokens"] + 6.0 * n * (res["completion_tokens"] + res["prompt_tokens"])
+    d = {
+        "steps": steps,
+        "wall_s": wall,
+        "gen_tok_s": res["generated_tokens"] / wall,
+        "train_tok_s": res["completion_tokens"] / wall,
+        "steps_per_min": 60.0 * steps / wall,
+        "s_per_step_median": statistics.median(
+            b - a_ for a_, b in zip([0.0, *res["step_times"][:-1]], res["step_times"])
+        ),
+        "cpu_s_per_step": res.get("cpu_s", float("nan")) / steps,
+        "model_gflops": flops / wall / 1e9,
+        "mfu": flops / wall / 1e9 / peak_gflops if peak_gflops else float("nan"),
+        "peak_rss_mb": res["peak_rss_mb"],
+        "mean_reward": sum(res["rewards"]) / max(1, len(res["rewards"])),
+    }
+    evals = res.get("evals")
+    if evals:
+        times = [0.0, *res["step_times"]]
+        d["time_to_target_s"], d["steps_to_target"] = time_to_target(evals, times, a.target)
+        d["final_pass_rate"] = evals[-1]["pass_rate"]
+    return d
+
+
+def time_to_target(evals, times, target):
+    """(wall seconds, steps) at which the pass rate first reaches ``target``, interpolated linearly
+    between evaluations; (None, None) if never."""
+    prev = None
+    for e in evals:
+        step, pr = e["step"], e["pass_rate"]
+        t = times[min(step, len(times) - 1)]
+        if pr >= target:
+            if prev is None or prev[2] >= target:
+                return t, float(step)
+            s0, t0, p0 = prev
+            f = (target - p0) / (pr - p0)
+            return t0 + f * (t - t0), s0 + f * (step - s0)
+        prev = (step, t, pr)
+    return None, None
+
+
+def ratio_stats(xs: list[float]) -> dict:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def fmt(x, spec=".2f"):
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
+    peak = matmul["peak_gflops"]
+    by_sys: dict[str, list[dict]] = {s: [] for s in SYSTEMS}
+    for r in runs:
+        by_sys[r["system"]].append(r)
+    derived = {s: [derive(r, a, peak) for r in rs] for s, rs in by_sys.items()}
+    med = {}
+    for s, ds in derived.items():
+        med[s] = {
+            k: statistics.median([d[k] for d in ds if d.get(k) is not None]) if any(d.get(k) is not None for d in ds) else None
+            for k in ds[0]
+        }
+    # per-pair ratios against TRL (pair i: the i-th run of each system)
+    ratios: dict = {}
+    for s in ("ours_sync", "ours_pipeline"):
+        pr = list(zip(derived["trl"], derived[s]))
+        ratios[s] = {
+            "gen_tok_s": ratio_stats([o["gen_tok_s"] / t["gen_tok_s"] for t, o in pr]),
+            "train_tok_s": ratio_stats([o["train_tok_s"] / t["train_tok_s"] for t, o in pr]),
+            "steps_per_min": ratio_stats([o["steps_per_min"] / t["steps_per_min"] for t, o in pr]),
+            "time_to_target_speedup": ratio_stats(
+                [
+                    t["time_to_target_s"] / o["time_to_target_s"]
+                    for t, o in pr
+                    if t.get("time_to_target_s") and o.get("time_to_target_s")
+                ]
+            ),
+        }
+    pipe_vs_sync = ratio_stats(
+        [p["steps_per_min"] / s["steps_per_min"] for s, p in zip(derived["ours_sync"], derived["ours_pipeline"])]
+    )
+    dflt = derive(defaults_run, a, peak) if defaults_run else None
+
+    L = []
+    L.append(f"### TRL GRPOTrainer vs ours ({info['date']}, {info['cpu']}, {info['cores']} cores)\n")
+    L.append(
+        f"Work per optimiser step: {a.prompts} prompts ({a.min_digits}- to 4-digit addition) x {a.gens} generations, "
+        f"max {a.max_new_tokens} new tokens, "
+        f"CISPO (eps_max 5), token aggregation, advantages r - mean(group), lr {a.lr}, AdamW, {a.steps} steps, "
+        f"fp32, no length control beyond the hard limit, {a.threads} torch thread(s) per system "
+        f"(pipeline_rl: split between its generator and trainer). {a.pairs} alternating rounds; "
+        f"load average during the runs: {min(r['loadavg_before'][0] for r in runs):.1f}-"
+        f"{max(r['loadavg_after'][0] for r in runs):.1f} (other jobs on the machine). "
+        f"Held-out pass rate: {a.eval_prompts} prompts x {a.eval_k} samples, our HFGenerator for all, "
+        f"every {a.eval_every} steps, excluded from timings; target {a.target}.\n"
+    )
+    L.append(
+        "| system | gen tok/s | trained tok/s | steps/min | s/step (median) | time to target (s) | steps to target | "
+        "final pass rate | mean reward | model GFLOP/s | of matmul peak | peak RSS (MiB) |"
+    )
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = [(s, med[s]) for s in SYSTEMS] + ([("trl_defaults", dflt)] if dflt else [])
+    for s, m in rows:
+        L.append(
+            f"| {LABEL[s]} | {fmt(m['gen_tok_s'], '.0f')} | {fmt(m['train_tok_s'], '.0f')} | {fmt(m['steps_per_min'], '.1f')} | "
+            f"{fmt(m['s_per_step_median'], '.3f')} | {fmt(m.get('time_to_target_s'), '.1f')} | {fmt(m.get('steps_to_target'), '.1f')} | "
+            f"{fmt(m.get('final_pass_rate'), '.3f')} | {fmt(m['mean_reward'], '.3f')} | {fmt(m['model_gflops'], '.1f')} | "
+            f"{fmt(100 * m['mfu'], '.1f')}% | {fmt(m['peak_rss_mb'], '.0f')} |"
+        )
+    L.append(
+        f"\nMedians over {a.pairs} runs each (TRL defaults: one run of {defaults_run['steps_run'] if defaults_run else 0} steps, "
+        f"not used for ratios). Matmul peak (fp32, {a.threads} thread(s)): {peak:.1f} GFLOP/s "
+        f"(square 1024: {matmul['square_1024']:.1f}, 2048: {matmul['square_2048']:.1f}; the model's shapes: training MLP "
+        f"{matmul['model_train_mlp']:.1f}, decode MLP {matmul['model_decode_mlp']:.1f}). Model FLOPs: 2N per generated "
+        f"token + 6N per trained token (prompt + completion), N = {runs[0]['n_params']:,} non-embedding parameters. "
+        "Peak RSS of pipeline_rl is trainer + generator process.\n"
+    )
+    L.append("Ours / TRL (best), per round: median [min, max]\n")
+    L.append("| system | gen tok/s | trained tok/s | steps/min | time-to-target speed-up |")
+    L.append("|---|---:|---:|---:|---:|")
+    for s in ("ours_sync", "ours_pipeline"):
+        r = ratios[s]
+
+        def c(x):
+            return f"{fmt(x['median'])}x [{fmt(x['min'])}, {fmt(x['max'])}]" if x["n"] else "n/a"
+
+        L.append(
+            f"| {LABEL[s]} | {c(r['gen_tok_s'])} | {c(r['train_tok_s'])} | {c(r['steps_per_min'])} | {c(r['time_to_target_speedup'])} |"
+        )
+    p = med["ours_pipeline"]
+    L.append(
+        f"\npipeline_rl over sync at equal steps: {fmt(pipe_vs_sync['median'])}x steps/min "
+        f"[{fmt(pipe_vs_sync['min'])}, {fmt(pipe_vs_sync['max'])}]; busy fractions (median): sync generator "
+        f"{fmt(med_of(by_sys['ours_sync'], 'generator_busy'))}, trainer {fmt(med_of(by_sys['ours_sync'], 'trainer_busy'))}; "
+        f"pipeline generator {fmt(med_of(by_sys['ours_pipeline'], 'generator_busy'))}, trainer "
+        f"{fmt(med_of(by_sys['ours_pipeline'], 'trainer_busy'))}; pipeline max policy lag "
+        f"{max(r['max_policy_lag'] for r in by_sys['ours_pipeline'])}, stale groups dropped "
+        f"{sum(r['stale_dropped_groups'] for r in by_sys['ours_pipeline'])}. Startup (not timed): "
+        f"TRL {fmt(med_of(by_sys['trl'], 'startup_s'), '.1f')} s, sync {fmt(med_of(by_sys['ours_sync'], 'startup_s'), '.1f')} s, "
+        f"pipeline {fmt(med_of(by_sys['ours_pipeline'], 'startup_s'), '.1f')} s (incl. the generator process).\n"
+    )
+    L.append("Learning per step (same prompts each step): train reward, mean over the runs, every few steps\n")
+    every = max(1, a.steps // 10)
+    idx = list(range(0, a.steps, every))
+    L.append("| step | " + " | ".join(str(i + 1) for i in idx) + " |")
+    L.append("|---|" + "---:|" * len(idx))
+    for s in SYSTEMS:
+        curves = [r["rewards"] for r in by_sys[s]]
+        vals = [statistics.mean(c[i] for c in curves if i < len(c)) for i in idx]
+        L.append(f"| {LABEL[s]} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
+    L.append("\nHeld-out pass rate by step, mean over the runs\n")
+    steps = [e["step"] for e in by_sys["trl"][0]["evals"]]
+    L.append("| step | " + " | ".join(str(x) for x in steps) + " |")
+    L.append("|---|" + "---:|" * len(steps))
+    for s in SYSTEMS:
+        vals = [statistics.mean(r["evals"][j]["pass_rate"] for r in by_sys[s] if j < len(r["evals"])) for j in range(len(steps))]
+        L.append(f"| {LABEL[s]} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    md = "\n".join(L) + "\n"
+    data = {
+        "machine": info,
+        "args": vars(a),
+        "matmul_gflops": matmul,
+        "medians": med,
+        "trl_defaults": dflt,
+        "ratios_vs_trl": ratios,
+        "pipeline_over_sync_steps_per_min": pipe_vs_sync,
+        "runs": [{**r, "derived": derive(r, a, peak)} for r in runs],
+        "trl_defaults_run": defaults_run,
+    }
+    return md, data
+
+
+def med_of(rs, key):
+    xs = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cmd", nargs="?", default="run", choices=["run", "_child"])
+    ap.add_argument("--system", default=None)
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per optimiser step")
+    ap.add_argument("--gens", type=int, default=8, help="generations per prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-5)
+    ap.add_argument("--min-digits", type=int, default=1, help="task.min_digits (task.max_digits stays 4)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-prompts", type=int, default=256)
+    ap.add_argument("--eval-k", type=int, default=4)
+    ap.add_argument("--target", type=float, default=0.62, help="held-out pass rate for 'time to target'")
+    ap.add_argument("--defaults-steps", type=int, default=5, help="steps of the TRL-defaults run (0: skip)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--out", default=str(RESULTS / "trl_vs_ours"))
+    ap.add_argument("--override", action="append", default=[], help="extra config override for both systems")
+    a = ap.parse_args()
+
+    if a.cmd == "_child":
+        import logging
+
+        logging.disable(logging.WARNING)
+        if a.system == "matmul":
+            res = child_matmul(a)
+        elif a.system.startswith("ours"):
+            res = child_ours(a)
+        else:
+            res = child_trl(a, defaults=a.system == "trl_defaults")
+        Path(a.json_out).write_text(json.dumps(res))
+        return
+
+    common = [
+        f"--steps={a.steps}",
+        f"--prompts={a.prompts}",
+        f"--gens={a.gens}",
+        f"--max-new-tokens={a.max_new_tokens}",
+        f"--lr={a.lr}",
+        f"--min-digits={a.min_digits}",
+        f"--threads={a.threads}",
+        f"--seed={a.seed}",
+        f"--eval-every={a.eval_every}",
+        f"--eval-prompts={a.eval_prompts}",
+        f"--eval-k={a.eval_k}",
+        *[f"--override={o}" for o in a.override],
+    ]
+    info = machine_info()
+    print(f"[bench] {info}; load {loadavg()}", flush=True)
+    matmul = run_child(a, "matmul", common)
+    print(f"[bench] matmul GFLOP/s: {json.dumps({k: round(v, 1) for k, v in matmul.items() if isinstance(v, float)})}", flush=True)
+    systems = [s for s in a.systems.split(",") if s]
+    runs = []
+    for i in range(a.pairs):
+        order = systems[i % len(systems) :] + systems[: i % len(systems)]
+        for s in order:
+            r = run_child(a, s, common)
+            d = derive(r, a, matmul["peak_gflops"])
+            print(
+                f"[bench] round {i + 1} {s:14s} {d['wall_s']:6.1f}s  {d['s_per_step_median']:.3f} s/step  "
+                f"gen {d['gen_tok_s']:6.0f} tok/s  train {d['train_tok_s']:6.0f} tok/s  "
+                f"target@{fmt(d.get('time_to_target_s'), '.1f')}s  final pass {fmt(d.get('final_pass_rate'), '.3f')}  "
+                f"rss {d['peak_rss_mb']:.0f} MiB  load {r['loadavg_before'][0]:.1f}",
+                flush=True,
+            )
+            runs.append(r)
+    dflt = None
+    if a.defaults_steps > 0:
+        dargs = [x for x in common if not x.startswith("--steps=")] + [f"--steps={a.defaults_steps}", "--eval-every=1000000"]
+        dflt = run_child(a, "trl_defaults", dargs)
+        dflt["steps_run"] = a.defaults_steps
+        print(f"[bench] TRL defaults: {dflt['wall_s'] / a.defaults_steps:.3f} s/step", flush=True)
+    md, data = report(a, info, matmul, runs, dflt)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(md)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    print(md)
+    print(f"[bench] wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""python sweep.py: run a study (many training runs) and compare its variants by A and B.
+
+    python sweep.py --loo                               # sweeps/loo.yaml: ScaleRL + 8 leave-one-out variants
+    python sweep.py sweeps/loss_comparison.yaml         # any sweep file (or its name: loss_comparison)
+    python sweep.py --loo --dry-run                     # print the plan; launch and write nothing
+    python sweep.py --loo trainer.total_steps=200       # extra overrides for every variant
+    python sweep.py --loo launcher=slurm launcher.partition=gpu launcher.gpus_per_node=8
+    python sweep.py --report loo                        # re-fit and rewrite the report at any time
+
+Exit status: 0 all runs finished, 1 some run failed (the others complete; the report marks it),
+2 a problem with the sweep file or the command line (nothing was launched or written),
+130 interrupted (run the same command again to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from scalerl.sweep.spec import SweepError, display_path
+
+EXIT_FAILED_RUNS = 1
+EXIT_USAGE = 2
+
+
+def sweeps_dir() -> Path:
+    """The shipped sweep files: ``sweeps/`` next to ``conf/`` (the repository root)."""
+    from scalerl.config import conf_dir
+
+    return Path(conf_dir()).parent / "sweeps"
+
+
+def shipped() -> list[str]:
+    d = sweeps_dir()
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def resolve_file(arg: str) -> Path:
+    """A sweep file path, or the name of a shipped sweep (``loo`` -> ``sweeps/loo.yaml``)."""
+    p = Path(arg)
+    if p.is_file():
+        return p
+    if "/" not in arg and not arg.endswith((".yaml", ".yml")):
+        for cand in (Path("sweeps") / f"{arg}.yaml", sweeps_dir() / f"{arg}.yaml"):
+            if cand.is_file():
+                return cand
+        raise SweepError(f"no sweep file or shipped sweep named {arg!r} (shipped: {', '.join(shipped())})")
+    raise SweepError(f"{display_path(p)}: no such sweep file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python sweep.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="shipped sweeps (sweeps/*.yaml): " + ", ".join(shipped()),
+    )
+    p.add_argument(
+        "args",
+        nargs="*",
+        metavar="SWEEP_OR_OVERRIDE",
+        help="a sweep file (or a shipped sweep's name), then overrides for every variant "
+        "(group=option, key=value, launcher=local|slurm, launcher.<key>=...)",
+    )
+    p.add_argument("--loo", action="store_true", help="the leave-one-out study (sweeps/loo.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, one line per run; launch nothing")
+    p.add_argument(
+        "--report", metavar="SWEEP", help="re-fit a launched sweep (name or file) and rewrite its report"
+    )
+    p.add_argument("--out", metavar="DIR", help="sweep folder (default: outputs/sweeps/<name>)")
+    p.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow tracking URI (default: the sweep folder's, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
+    )
+    return p
+
+
+def say(msg: str) -> None:
+    print(f"[sweep] {msg}", file=sys.stderr, flush=True)
+
+
+def _split_args(args, parser) -> tuple[str | None, list[str]]:
+    sweep, overrides = None, []
+    for a in args.args:
+        if sweep is None and not overrides and "=" not in a and not a.startswith("~"):
+            sweep = a
+        else:
+            overrides.append(a)
+    if args.loo:
+        if sweep is not None:
+            raise SweepError(f"give either --loo or a sweep file, not both (got {sweep!r})")
+        sweep = str(resolve_file("loo"))
+    if sweep is None:
+        raise SweepError("give a sweep file or --loo (shipped sweeps: " + ", ".join(shipped()) + ")")
+    return sweep, overrides
+
+
+def _sweep_dir(args, name: str) -> Path:
+    return (Path(args.out) if args.out else Path("outputs") / "sweeps" / name).resolve()
+
+
+def cmd_report(args) -> int:
+    from scalerl.sweep.report import build_report
+    from scalerl.sweep.spec import load_spec
+    from scalerl.sweep.state import load_state
+
+    target = args.report
+    try:
+        name = load_spec(resolve_file(target)).name
+    except SweepError:
+        if Path(target).is_file() or target.endswith((".yaml", ".yml")):
+            raise
+        name = target  # a sweep name without a file: its folder is enough
+    sdir = _sweep_dir(args, name)
+    state = load_state(sdir)
+    state["sweep_dir"] = str(sdir)
+    if args.tracking_uri:
+        from scalerl.sweep.plan import absolute_uri
+
+        state["tracking_uri"] = absolute_uri(args.tracking_uri)
+    t0 = time.time()
+    report = build_report(state)
+    _print_report(report, state, t0)
+    return 0  # the report was written; failed runs are marked in it
+
+
+def _print_report(report, state: dict, t0: float) -> None:
+    print(report.markdown, flush=True)
+    for r in report.failed:
+        say(
+            f"{r['job']}: {r['status']}: {r.get('error') or '(no error message)'}; log: {r.get('log') or '-'}"
+        )
+    say(
+        f"report: {display_path(report.out_dir)}/ (fits.csv, fits.md, scaling_curves.png, linearised.png) and "
+        f"artifacts report/* of MLflow run {report.parent_run_id} (experiment {state['name']!r}, "
+        f"{state['tracking_uri']}) [{time.time() - t0:.1f} s]"
+    )
+
+
+def cmd_run(args, sweep: str, overrides: list[str]) -> int:
+    from scalerl.sweep.plan import make_plan, plan_lines
+    from scalerl.sweep.spec import load_spec
+    from scalerl.sweep.state import read_json
+
+    spec = load_spec(resolve_file(sweep))
+    sdir = _sweep_dir(args, spec.name)
+    stored = read_json(sdir / "sweep.json").get("tracking_uri")  # reading writes nothing
+    plan = make_plan(spec, overrides, sweep_dir=sdir, tracking_uri=args.tracking_uri, stored_uri=stored)
+    lc = plan.launcher
+    from scalerl.sweep.launch import max_parallel
+
+    where = (
+        f"launcher=local (up to {max_parallel(lc)} at once)"
+        if lc["name"] == "local"
+        else f"launcher=slurm (partition {lc.get('partition') or 'default'}, array parallelism {lc['array_parallelism']})"
+    )
+    header = (
+        f"sweep {spec.name}: {len(plan.runs)} runs"
+        + (
+            f" ({len(spec.variants)} variants x {len(spec.seeds)} seeds)"
+            if spec.seeds and len(spec.seeds) > 1
+            else ""
+        )
+        + f", baseline {spec.baseline or '-'}, {where}, folder {display_path(sdir)}, tracking {plan.tracking_uri}"
+    )
+    if args.dry_run:
+        say("dry run: " + header + "; nothing launched or written")
+        print("\n".join(plan_lines(plan)), flush=True)
+        return 0
+    return launch(plan, header)
+
+
+def launch(plan, header: str) -> int:
+    from filelock import FileLock, Timeout
+
+    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(plan.sweep_dir / ".sweep.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise SweepError(
+            f"another `python sweep.py` is running the sweep in {display_path(plan.sweep_dir)}; "
+            "wait for it (or use --out for a separate folder)"
+        ) from None
+    try:
+        return _launch(plan, header)
+    finally:
+        lock.release()
+
+
+def _launch(plan, header: str) -> int:
+    from scalerl.sweep.launch import Launcher, is_finished
+    from scalerl.sweep.report import build_report
+    from scalerl.sweep.state import end_parent, read_json, start_parent
+
+    t0 = time.time()
+    say(header)
+    exp_id, parent = start_parent(plan)
+    say(f"MLflow experiment {plan.spec.name!r} (id {exp_id}), parent run {parent}")
+    todo = []
+    for r in plan.runs:
+        if is_finished(r):
+            say(f"{r.name}: already finished ({r.total_steps} steps in {display_path(r.out_dir)}); skipped")
+        else:
+            todo.append(r)
+    try:
+        Launcher(plan, parent, say=say).run(todo)
+    except KeyboardInterrupt:
+        end_parent(plan.tracking_uri, parent, "KILLED")
+        say("interrupted; run the same command again to resume (finished runs are skipped)")
+        return 130
+    state = read_json(plan.sweep_dir / "sweep.json")
+    try:
+        report = build_report(state)
+    except Exception as e:  # the runs are done and on disk: never lose them to a report problem
+        import traceback
+
+        traceback.print_exc()
+        say(
+            f"the report failed ({type(e).__name__}: {e}); retry with: python sweep.py --report {plan.spec.name}"
+        )
+        end_parent(plan.tracking_uri, parent, "FAILED")
+        return EXIT_FAILED_RUNS
+    end_parent(plan.tracking_uri, parent, "FINISHED")
+    _print_report(report, state, t0)
+    return EXIT_FAILED_RUNS if report.failed else 0
+
+
+def _quiet_logs() -> None:
+    import logging
+    import os
+
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    for noisy in ("mlflow", "alembic", "urllib3", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_logs()
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    try:
+        if args.report:
+            if args.dry_run or args.loo or args.args:
+                raise SweepError("--report takes only a sweep name or file (and --out / --tracking-uri)")
+            return cmd_report(args)
+        sweep, overrides = _split_args(args, parser)
+        return cmd_run(args, sweep, overrides)
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

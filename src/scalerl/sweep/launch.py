@@ -1,0 +1,345 @@
+"""Launching the runs of a sweep with submitit and waiting for them.
+
+* ``launcher=local``: :class:`submitit.LocalExecutor` (explicitly: with ``srun`` on PATH,
+  ``AutoExecutor`` would pick SLURM), at most ``max_parallel`` runs at once (0 = cores / 2).
+* ``launcher=slurm``: :class:`submitit.SlurmExecutor`, one job array (``array_parallelism``),
+  ``max_requeue`` requeues on time limits (preemptions requeue without counting).
+
+A run that fails, is cancelled or hits its time limit for good is reported with its log; the
+others go on. Outcomes are written to ``<sweep dir>/status.json`` as they come in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import submitit
+
+from scalerl.sweep.job import TrainJob
+from scalerl.sweep.plan import Plan, PlannedRun, run_settings
+
+# SLURM states that end a job without a result (submitit: UncompletedJobError after a wait)
+_BAD_STATES = ("CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED")
+# SLURM states of a job that is still going (a relaunch waits for it instead of submitting twice)
+_ACTIVE_STATES = (
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_",
+    "CONFIGURING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+)
+
+
+class _LocalOrphan:
+    """A local job of an earlier launch of this sweep whose driver was killed but whose process
+    still runs: a relaunch waits for it (and takes its result) instead of starting the run twice."""
+
+    def __init__(self, folder: Path, job_id: str):
+        from submitit.local.local import LocalJob
+
+        self.job_id = job_id
+        self._job = LocalJob(folder=folder, job_id=job_id)
+        self.paths = self._job.paths
+
+    @staticmethod
+    def _cmdline(pid: str) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    @classmethod
+    def attach(cls, folder: Path, job_id: str):
+        return cls(folder, job_id) if b"submitit" in cls._cmdline(job_id) else None
+
+    def done(self, force_check: bool = False) -> bool:
+        return b"submitit" not in self._cmdline(self.job_id)
+
+    @property
+    def state(self) -> str:
+        return "FINISHED" if self.done() else "RUNNING"
+
+    def result(self):
+        return self._job.result()
+
+    def cancel(self, check: bool = False) -> None:
+        import signal
+
+        try:
+            os.kill(int(self.job_id), signal.SIGINT)
+        except (OSError, ValueError):
+            pass
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # finished | failed | cancelled | timeout | interrupted | skipped
+    job_id: str = ""
+    log: str = ""  # submitit's stderr file of the job (the traceback is there)
+    stdout: str = ""
+    error: str = ""  # one line
+    seconds: float = 0.0
+    summary: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("summary")
+        return d
+
+
+def summary_of(out_dir: str | Path) -> dict | None:
+    p = Path(out_dir) / "summary.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_finished(run: PlannedRun) -> bool:
+    s = summary_of(run.out_dir)
+    return bool(s) and int(s.get("steps", 0)) >= run.total_steps
+
+
+def max_parallel(launcher: dict) -> int:
+    n = int(launcher.get("max_parallel") or 0)
+    return n if n > 0 else max(1, (os.cpu_count() or 1) // 2)
+
+
+def make_executor(plan: Plan):
+    lc = plan.launcher
+    folder = plan.sweep_dir / "logs"
+    if lc["name"] == "local":
+        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=int(lc.get("max_requeue", 3)))
+        ex.update_parameters(timeout_min=int(lc["timeout_min"]))
+        return ex
+    if lc["name"] == "slurm":
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(lc["max_requeue"]))
+        params = {
+            "job_name": f"scalerl-{plan.spec.name}",
+            "time": int(lc["timeout_min"]),
+            "cpus_per_task": int(lc["cpus_per_task"]),
+            "mem": f"{int(lc['mem_gb'])}GB",
+            "array_parallelism": int(lc["array_parallelism"]),
+        }
+        if lc.get("partition"):
+            params["partition"] = lc["partition"]
+        if int(lc.get("gpus_per_node") or 0) > 0:
+            params["gpus_per_node"] = int(lc["gpus_per_node"])
+        if lc.get("additional_parameters"):
+            params["additional_parameters"] = dict(lc["additional_parameters"])
+        ex.update_parameters(**params)
+        return ex
+    raise ValueError(f"unknown launcher {lc['name']!r}")
+
+
+def _error_line(exc: BaseException) -> str:
+    """The last line of the job's traceback (submitit wraps it in a long message)."""
+    text = str(exc)
+    if "----------------------" in text:
+        parts = text.split("----------------------")
+        if len(parts) >= 3:
+            text = parts[1]
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else type(exc).__name__
+
+
+def _state(job) -> str:
+    try:
+        return str(job.state or "UNKNOWN").upper()
+    except Exception:  # pragma: no cover - accounting hiccup
+        return "UNKNOWN"
+
+
+class Launcher:
+    """Submits the runs of a plan and collects their outcomes."""
+
+    def __init__(self, plan: Plan, parent_run_id: str, *, say=None, poll_s: float = 1.0):
+        self.plan = plan
+        self.parent_run_id = parent_run_id
+        self.say = say or (lambda msg: print(f"[sweep] {msg}", file=sys.stderr, flush=True))
+        self.poll_s = poll_s
+        self.status_path = plan.sweep_dir / "status.json"
+        self.outcomes: dict[str, Outcome] = {}
+        self._status: dict = self._load_status()
+
+    # ------------------------------------------------------------------ status file
+    def _load_status(self) -> dict:
+        try:
+            return json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _record(self, job: str, **fields) -> None:
+        entry = self._status.setdefault(job, {})
+        entry.update(fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        tmp = self.status_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._status, indent=1))
+        os.replace(tmp, self.status_path)
+
+    def _finish(self, out: Outcome) -> None:
+        self.outcomes[out.name] = out
+        self._record(out.name, **out.to_dict())
+        if out.status == "finished":
+            s = out.summary or {}
+            pr = ""
+            if s.get("pass_rate_start") is not None and s.get("pass_rate_final") is not None:
+                pr = f", pass rate {s['pass_rate_start']:.3f} -> {s['pass_rate_final']:.3f}"
+            self.say(f"{out.name}: finished in {out.seconds:.0f} s{pr}")
+        else:
+            self.say(f"{out.name}: {out.status.upper()}: {out.error}; log: {out.log}")
+            self._close_mlflow_run(
+                self.plan.run(out.name), "KILLED" if out.status == "cancelled" else "FAILED"
+            )
+
+    def _close_mlflow_run(self, run: PlannedRun, status: str) -> None:
+        """A job killed from outside (scancel, time limit, OOM) leaves its MLflow run RUNNING: close it.
+        A re-run of the sweep resumes the same MLflow run (and marks it RUNNING again)."""
+        try:
+            info = json.loads((Path(run.out_dir) / "run_info.json").read_text())
+        except (OSError, ValueError):
+            return  # the job failed before it reached MLflow
+        try:
+            from scalerl.sweep.state import client_for
+
+            client = client_for(self.plan.tracking_uri)
+            if client.get_run(info["run_id"]).info.status == "RUNNING":
+                client.set_terminated(info["run_id"], status=status)
+        except Exception as e:  # the report still marks the run
+            self.say(f"{run.name}: could not mark its MLflow run {status} ({type(e).__name__})")
+
+    # ------------------------------------------------------------------ submission
+    def _args(self, run: PlannedRun) -> tuple:
+        settings = run_settings(self.plan.spec.name, run, self.plan.tracking_uri, self.parent_run_id)
+        seed = run.seed if self.plan.spec.seeds is not None else None
+        return (list(run.overrides), settings, seed)
+
+    def _reattach(self, run: PlannedRun):
+        """The job of ``run`` from an earlier launch if it is still running, else None."""
+        entry = self._status.get(run.name) or {}
+        if entry.get("status") != "running" or not entry.get("job_id"):
+            return None
+        folder = self.plan.sweep_dir / "logs"
+        try:
+            if entry.get("launcher") == "slurm":
+                job = submitit.SlurmJob(folder=folder, job_id=str(entry["job_id"]))
+                state = str(job.watcher.get_state(str(entry["job_id"]), mode="force")).upper()
+                return job if state.startswith(_ACTIVE_STATES) else None
+            return _LocalOrphan.attach(folder, str(entry["job_id"]))
+        except Exception:  # no accounting, no such job: start the run again (it resumes)
+            return None
+
+    def _submitted(self, run: PlannedRun, job) -> None:
+        self._record(
+            run.name,
+            launcher=self.plan.launcher["name"],
+            status="running",
+            job_id=str(job.job_id),
+            log=str(job.paths.stderr),
+            stdout=str(job.paths.stdout),
+            error="",
+        )
+        self.say(f"{run.name}: submitted (job {job.job_id}; log {job.paths.stderr})")
+
+    def run(self, runs: list[PlannedRun]) -> dict[str, Outcome]:
+        """Launch ``runs`` and wait for all of them; returns name -> outcome."""
+        if not runs:
+            return {}
+        executor = make_executor(self.plan)
+        fn = TrainJob()
+        pending = list(runs)
+        running: dict[str, tuple[PlannedRun, object, float]] = {}
+        local = self.plan.launcher["name"] == "local"
+        limit = max_parallel(self.plan.launcher) if local else len(runs)
+        for r in list(pending):
+            job = self._reattach(r)
+            if job is not None:
+                pending.remove(r)
+                running[r.name] = (r, job, time.time())
+                self.say(f"{r.name}: still running from an earlier launch (job {job.job_id}); waiting for it")
+        try:
+            if not local and pending:
+                with executor.batch():
+                    jobs = [(r, executor.submit(fn, *self._args(r))) for r in pending]
+                pending = []
+                t0 = time.time()
+                for r, job in jobs:
+                    running[r.name] = (r, job, t0)
+                    self._submitted(r, job)
+            last_force = time.time()
+            while pending or running:
+                while local and pending and len(running) < limit:
+                    r = pending.pop(0)
+                    job = executor.submit(fn, *self._args(r))
+                    running[r.name] = (r, job, time.time())
+                    self._submitted(r, job)
+                force = not local and time.time() - last_force > 10
+                if force:
+                    last_force = time.time()
+                for name in list(running):
+                    r, job, t0 = running[name]
+                    try:
+                        done = job.done(force_check=force)
+                    except Exception:  # accounting hiccup: try again at the next poll
+                        done = False
+                    if done:
+                        del running[name]
+                        self._finish(self._collect(r, job, t0))
+                if pending or running:
+                    time.sleep(self.poll_s)
+        except KeyboardInterrupt:
+            for name, (_, job, _) in running.items():
+                if local:  # local jobs die with us; SLURM jobs keep running on the cluster
+                    try:
+                        job.cancel(check=False)
+                    except Exception:
+                        pass
+                self._record(name, status="interrupted", error="the sweep was interrupted")
+            raise
+        return self.outcomes
+
+    def _collect(self, run: PlannedRun, job, t0: float) -> Outcome:
+        out = Outcome(
+            name=run.name,
+            status="finished",
+            job_id=str(job.job_id),
+            log=str(job.paths.stderr),
+            stdout=str(job.paths.stdout),
+            seconds=time.time() - t0,
+        )
+        state = _state(job)
+        if not job.paths.result_pickle.exists() and state.startswith(_BAD_STATES):
+            # SLURM ended the job without a result (scancel, time limit, OOM): no need to wait
+            out.status = (
+                "timeout"
+                if state.startswith(("TIMEOUT", "DEADLINE"))
+                else ("cancelled" if state.startswith("CANCELLED") else "failed")
+            )
+            out.error = f"job {job.job_id} ended with state {state}"
+            return out
+        if not job.paths.result_pickle.exists() and state == "INTERRUPTED":
+            out.status, out.error = "cancelled", f"job {job.job_id} was killed by a signal"
+            return out
+        try:
+            out.summary = job.result() or {}
+        except submitit.core.utils.FailedJobError as e:  # the training raised (a subclass of the next)
+            out.status, out.error = "failed", _error_line(e)
+        except submitit.core.utils.UncompletedJobError as e:
+            state = _state(job)
+            out.status = (
+                "cancelled"
+                if state.startswith("CANCELLED")
+                else ("timeout" if state.startswith("TIMEOUT") else "failed")
+            )
+            out.error = f"job {job.job_id} did not complete (state {state}): {_error_line(e)}"
+        except Exception as e:  # FailedJobError: the training raised
+            out.status, out.error = "failed", _error_line(e)
+        return out

@@ -1,0 +1,153 @@
+"""The sweep folder and the MLflow parent run.
+
+``<sweep dir>/sweep.json`` holds the plan of the last launch and the MLflow parent run id, so a
+re-run (or ``--report``) reuses the same experiment and parent run; ``status.json`` holds the
+outcome of every job (status, job id, log path, error line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from scalerl.sweep.plan import Plan
+from scalerl.sweep.spec import SweepError
+
+SWEEP_FILE = "sweep.json"
+STATUS_FILE = "status.json"
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_json(path: Path, data: dict) -> None:
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def client_for(uri: str):
+    import logging
+
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.tracking import MlflowClient
+
+    for noisy in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." and the like
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(client, name: str, *, create: bool) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    if not create:
+        return None
+    try:
+        return client.create_experiment(name)
+    except MlflowException:  # created concurrently
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def _parent_exists(client, run_id: str | None, exp_id: str) -> bool:
+    if not run_id:
+        return False
+    try:
+        run = client.get_run(run_id)
+    except Exception:
+        return False
+    return run.info.experiment_id == exp_id and run.info.lifecycle_stage == "active"
+
+
+def start_parent(plan: Plan) -> tuple[str, str]:
+    """(experiment id, parent run id): reuse the sweep folder's parent run when it still exists,
+    else create one. Writes ``sweep.json`` and marks the parent RUNNING."""
+    from mlflow.entities import Param, RunTag
+
+    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+    state = read_json(plan.sweep_dir / SWEEP_FILE)
+    client = client_for(plan.tracking_uri)
+    exp_id = experiment_id(client, plan.spec.name, create=True)
+    spec = plan.spec
+    parent = state.get("parent_run_id") if state.get("tracking_uri") == plan.tracking_uri else None
+    launch_tags = [
+        RunTag("sweep.command_line", " ".join(plan.cli_overrides)[:5000]),
+        RunTag("sweep.launcher", " ".join(plan.launcher_overrides) or "launcher=local"),
+        RunTag("sweep.folder", str(plan.sweep_dir)),
+    ]
+    if _parent_exists(client, parent, exp_id):
+        client.update_run(parent, status="RUNNING")
+        client.log_batch(parent, tags=launch_tags)
+    else:
+        tags = {
+            "sweep": spec.name,
+            "sweep.role": "parent",
+            "sweep.file": spec.path,
+            "host": socket.gethostname(),
+        }
+        if spec.description:
+            tags["mlflow.note.content"] = spec.description
+        run = client.create_run(exp_id, run_name=spec.name, tags=tags)
+        parent = run.info.run_id
+        params = {
+            "sweep.name": spec.name,
+            "sweep.file": spec.path,
+            "sweep.base": " ".join(spec.base),
+            "sweep.seeds": ",".join(map(str, spec.seeds)) if spec.seeds is not None else "config",
+            "sweep.baseline": spec.baseline or "",
+            "sweep.variants": ",".join(spec.variants),
+        }
+        for name, ovs in spec.variants.items():
+            params[f"variant.{name}"] = " ".join(ovs) or "(no overrides)"
+        client.log_batch(
+            parent,
+            params=[Param(k[:250], v[:6000]) for k, v in params.items()],
+            tags=launch_tags,
+        )
+    state.update(
+        {
+            "name": spec.name,
+            "file": spec.path,
+            "description": spec.description,
+            "baseline": spec.baseline,
+            "seeds": spec.seeds,
+            "sweep_dir": str(plan.sweep_dir),
+            "tracking_uri": plan.tracking_uri,
+            "experiment_id": exp_id,
+            "parent_run_id": parent,
+            "launcher": plan.launcher,
+            "cli_overrides": plan.cli_overrides,
+            "scaling": plan.scaling,
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "runs": [r.to_dict() for r in plan.runs],
+        }
+    )
+    write_json(plan.sweep_dir / SWEEP_FILE, state)
+    return exp_id, parent
+
+
+def end_parent(uri: str, parent_run_id: str, status: str = "FINISHED") -> None:
+    try:
+        client_for(uri).set_terminated(parent_run_id, status=status)
+    except Exception as e:  # the report is on disk anyway
+        print(f"[sweep] warning: could not mark the parent run {status}: {type(e).__name__}: {e}", flush=True)
+
+
+def load_state(sweep_dir: Path) -> dict:
+    state = read_json(Path(sweep_dir) / SWEEP_FILE)
+    if not state.get("parent_run_id") or not state.get("runs"):
+        raise SweepError(f"{sweep_dir}: no sweep launched here ({SWEEP_FILE} missing); run the sweep first")
+    return state

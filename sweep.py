@@ -1,0 +1,8 @@
+"""Run a study of many training runs: `python sweep.py --loo` (see `python sweep.py --help`, sweeps/README.md)."""
+
+import sys
+
+from scalerl.sweep.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
