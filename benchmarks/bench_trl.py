@@ -622,7 +622,6 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         L.append(
             f"| {LABEL[s]} | {c(r['gen_tok_s'])} | {c(r['train_tok_s'])} | {c(r['steps_per_min'])} | {c(r['time_to_target_speedup'])} |"
         )
-    p = med["ours_pipeline"]
     L.append(
         f"\npipeline_rl over sync at equal steps: {fmt(pipe_vs_sync['median'])}x steps/min "
         f"[{fmt(pipe_vs_sync['min'])}, {fmt(pipe_vs_sync['max'])}]; busy fractions (median): sync generator "
