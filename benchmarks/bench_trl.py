@@ -227,7 +227,9 @@ def child_ours(a) -> dict:
             self.steps_log: list = []
 
         def eval_metrics(self):
-            self.snaps.append((self.step, {k: v.detach().clone() for k, v in self.trainer.module.state_dict().items()}))
+            self.snaps.append(
+                (self.step, {k: v.detach().clone() for k, v in self.trainer.module.state_dict().items()})
+            )
             return {}
 
         def checkpoint(self):
@@ -275,9 +277,14 @@ def child_ours(a) -> dict:
         "generator_busy": min(1.0, run.gen_busy / wall),
         "trainer_busy": min(1.0, run.train_busy / wall),
         "peak_rss_mb": own + (kids if mode == "pipeline_rl" else 0.0),
-        "peak_rss_detail_mb": {"trainer": own, "generator": kids} if mode == "pipeline_rl" else {"process": own},
+        "peak_rss_detail_mb": {"trainer": own, "generator": kids}
+        if mode == "pipeline_rl"
+        else {"process": own},
         "n_params": run.n_params,
-        "threads": {"trainer": torch.get_num_threads(), "generator": run.gen_threads if mode == "pipeline_rl" else None},
+        "threads": {
+            "trainer": torch.get_num_threads(),
+            "generator": run.gen_threads if mode == "pipeline_rl" else None,
+        },
     }
     res["evals"] = evaluate_snapshots(cfg, a, run.snaps)
     return res
@@ -364,7 +371,11 @@ def child_trl(a, defaults: bool) -> dict:
             disable_dropout=True,
         )
         opt = torch.optim.AdamW(
-            model.parameters(), lr=float(t.lr), betas=tuple(t.betas), eps=float(t.adam_eps), weight_decay=float(t.weight_decay)
+            model.parameters(),
+            lr=float(t.lr),
+            betas=tuple(t.betas),
+            eps=float(t.adam_eps),
+            weight_decay=float(t.weight_decay),
         )
         warm = max(0, int(t.warmup_steps))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
@@ -382,7 +393,9 @@ def child_trl(a, defaults: bool) -> dict:
             log["step_t"].append(now)
             log["cpu1"] = time.process_time()
             if state.global_step % a.eval_every == 0 or state.global_step == a.steps:
-                log["snaps"].append((state.global_step, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+                log["snaps"].append(
+                    (state.global_step, {k: v.detach().clone() for k, v in model.state_dict().items()})
+                )
             log["pause"] = log.get("pause", 0.0) + (time.perf_counter() - now)
 
     trainer = GRPOTrainer(
@@ -552,7 +565,9 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
     med = {}
     for s, ds in derived.items():
         med[s] = {
-            k: statistics.median([d[k] for d in ds if d.get(k) is not None]) if any(d.get(k) is not None for d in ds) else None
+            k: statistics.median([d[k] for d in ds if d.get(k) is not None])
+            if any(d.get(k) is not None for d in ds)
+            else None
             for k in ds[0]
         }
     # per-pair ratios against TRL (pair i: the i-th run of each system)
@@ -572,7 +587,10 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
             ),
         }
     pipe_vs_sync = ratio_stats(
-        [p["steps_per_min"] / s["steps_per_min"] for s, p in zip(derived["ours_sync"], derived["ours_pipeline"])]
+        [
+            p["steps_per_min"] / s["steps_per_min"]
+            for s, p in zip(derived["ours_sync"], derived["ours_pipeline"])
+        ]
     )
     dflt = derive(defaults_run, a, peak) if defaults_run else None
 
@@ -633,7 +651,9 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         f"TRL {fmt(med_of(by_sys['trl'], 'startup_s'), '.1f')} s, sync {fmt(med_of(by_sys['ours_sync'], 'startup_s'), '.1f')} s, "
         f"pipeline {fmt(med_of(by_sys['ours_pipeline'], 'startup_s'), '.1f')} s (incl. the generator process).\n"
     )
-    L.append("Learning per step (same prompts each step): train reward, mean over the runs, every few steps\n")
+    L.append(
+        "Learning per step (same prompts each step): train reward, mean over the runs, every few steps\n"
+    )
     every = max(1, a.steps // 10)
     idx = list(range(0, a.steps, every))
     L.append("| step | " + " | ".join(str(i + 1) for i in idx) + " |")
@@ -647,7 +667,10 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
     L.append("| step | " + " | ".join(str(x) for x in steps) + " |")
     L.append("|---|" + "---:|" * len(steps))
     for s in SYSTEMS:
-        vals = [statistics.mean(r["evals"][j]["pass_rate"] for r in by_sys[s] if j < len(r["evals"])) for j in range(len(steps))]
+        vals = [
+            statistics.mean(r["evals"][j]["pass_rate"] for r in by_sys[s] if j < len(r["evals"]))
+            for j in range(len(steps))
+        ]
         L.append(f"| {LABEL[s]} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
     md = "\n".join(L) + "\n"
     data = {
@@ -723,7 +746,10 @@ def main() -> None:
     info = machine_info()
     print(f"[bench] {info}; load {loadavg()}", flush=True)
     matmul = run_child(a, "matmul", common)
-    print(f"[bench] matmul GFLOP/s: {json.dumps({k: round(v, 1) for k, v in matmul.items() if isinstance(v, float)})}", flush=True)
+    print(
+        f"[bench] matmul GFLOP/s: {json.dumps({k: round(v, 1) for k, v in matmul.items() if isinstance(v, float)})}",
+        flush=True,
+    )
     systems = [s for s in a.systems.split(",") if s]
     runs = []
     for i in range(a.pairs):
@@ -741,7 +767,10 @@ def main() -> None:
             runs.append(r)
     dflt = None
     if a.defaults_steps > 0:
-        dargs = [x for x in common if not x.startswith("--steps=")] + [f"--steps={a.defaults_steps}", "--eval-every=1000000"]
+        dargs = [x for x in common if not x.startswith("--steps=")] + [
+            f"--steps={a.defaults_steps}",
+            "--eval-every=1000000",
+        ]
         dflt = run_child(a, "trl_defaults", dargs)
         dflt["steps_run"] = a.defaults_steps
         print(f"[bench] TRL defaults: {dflt['wall_s'] / a.defaults_steps:.3f} s/step", flush=True)
