@@ -573,7 +573,11 @@ class Run:
         finally:
             self.progress.close()
             if self.is_main:
-                self.tracker.flush()
+                # Only what a checkpoint covers reaches MLflow: a run stopped between checkpoints
+                # (preempted, interrupted, crashed) redoes those steps when it resumes, so writing
+                # them now would duplicate them. A finished run flushed at its last checkpoint.
+                if status == "FINISHED":
+                    self.tracker.flush()
                 if status == "FINISHED" or not isinstance(sys.exc_info()[1], KeyboardInterrupt):
                     self.tracker.end(status)
         summary = {
