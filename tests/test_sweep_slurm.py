@@ -97,7 +97,9 @@ def test_slurm_sweep_reaches_mlflow_and_a_preempted_job_resumes(slurm_cluster, t
         text=True,
     )
     try:
-        _wait_for(lambda: (out / "cispo" / "checkpoint").exists(), 240, "cispo's first checkpoint", proc)
+        # preempt once the first checkpoint is complete (its file is renamed into place when written)
+        ckpt = out / "cispo" / "checkpoint" / "last.pt"
+        _wait_for(ckpt.exists, 240, "cispo's first checkpoint", proc)
         job = _job_id(out, "cispo")
         assert job and "_" in job, job  # an element of the sweep's job array
         subprocess.run(["scancel", job, "--signal", "SIGTERM"], check=True, timeout=20)

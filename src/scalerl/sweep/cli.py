@@ -210,7 +210,10 @@ def _launch(plan, header: str) -> int:
         Launcher(plan, parent, say=say).run(todo)
     except KeyboardInterrupt:
         end_parent(plan.tracking_uri, parent, "KILLED")
-        say("interrupted; run the same command again to resume (finished runs are skipped)")
+        if plan.launcher["name"] == "slurm":
+            say("interrupted; the SLURM jobs keep running: run the same command again to wait for them")
+        else:
+            say("interrupted; run the same command again to resume (finished runs are skipped)")
         return 130
     state = read_json(plan.sweep_dir / "sweep.json")
     try:

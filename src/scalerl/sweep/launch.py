@@ -296,13 +296,16 @@ class Launcher:
                 if pending or running:
                     time.sleep(self.poll_s)
         except KeyboardInterrupt:
-            for name, (_, job, _) in running.items():
-                if local:  # local jobs die with us; SLURM jobs keep running on the cluster
+            # local jobs stop with the sweep (they resume when it is run again); SLURM jobs keep
+            # running on the cluster and stay "running" here, so a re-run waits for them
+            if local:
+                for name, (_, job, _) in running.items():
                     try:
                         job.cancel(check=False)
                     except Exception:
                         pass
-                self._record(name, status="interrupted", error="the sweep was interrupted")
+                    self._record(name, status="interrupted", error="the sweep was interrupted")
+                    self._close_mlflow_run(self.plan.run(name), "KILLED")
             raise
         return self.outcomes
 
