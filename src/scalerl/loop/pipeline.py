@@ -160,9 +160,17 @@ class PipelineGenerator:
             daemon=True,
         )
         self.proc.start()
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Block until the generator process has built its model (it starts in the background, so
+        the trainer can evaluate step 0 meanwhile)."""
+        if self.ready:
+            return
         kind, _, payload = self._get(timeout=600)
         if kind != "ready":
             raise RuntimeError(f"generator process failed to start:\n{payload}")
+        self.ready = True
 
     def _get(self, timeout: float):
         deadline = time.time() + timeout
@@ -194,9 +202,17 @@ class PipelineGenerator:
         return float(self.status[0])
 
     def close(self) -> None:
+        """Stop the generator process. Its last results are drained meanwhile: a process exits only
+        once what it put on a queue has been read (it would otherwise hang here until the timeout)."""
         try:
             self.work_q.put(None)
-            self.proc.join(timeout=10)
+            deadline = time.time() + 10
+            while self.proc.is_alive() and time.time() < deadline:
+                try:
+                    self.result_q.get(timeout=0.1)
+                except queue.Empty:
+                    pass
+            self.proc.join(timeout=1)
         finally:
             if self.proc.is_alive():
                 self.proc.kill()
