@@ -121,6 +121,7 @@ BAD_VALUES = [
     ("trainer.zero_stage=4", "trainer.zero_stage", "0, 1, 2, 3"),
     ("trainer.lr=-0.1", "trainer.lr", "> 0"),
     ("scaling.compute_axis=tokens", "scaling.compute_axis", "flops, device_hours"),
+    ("task.warmstart_slip_prob=1.5", "task.warmstart_slip_prob", "[0, 1]"),
 ]
 
 

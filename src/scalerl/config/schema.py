@@ -119,6 +119,7 @@ class TaskConfig:
     max_digits: int = 4
     warmstart_max_digits: int = 3
     warmstart_hard_frac: float = 0.0  # share of warm-start problems at max_digits
+    warmstart_slip_prob: float = 0.0  # chance a warm-start scratchpad column is off by one
     num_val: int = 128
     num_train: int = 100_000
     # jsonl task (real data): one {"prompt": ..., "answer": ...} per line

@@ -117,6 +117,8 @@ def validate(cfg: DictConfig) -> None:
             t.max_digits >= t.min_digits, "task.max_digits", t.max_digits, f">= min_digits ({t.min_digits})"
         )
         _check(t.warmstart_max_digits >= 1, "task.warmstart_max_digits", t.warmstart_max_digits, ">= 1")
+        for key in ("warmstart_hard_frac", "warmstart_slip_prob"):
+            _check(0.0 <= t[key] <= 1.0, f"task.{key}", t[key], "a number in [0, 1]")
     _check(t.num_val >= 1, "task.num_val", t.num_val, "an integer >= 1")
     _check(t.num_train >= 1, "task.num_train", t.num_train, "an integer >= 1")
     _check(t.verifier_timeout_s > 0, "task.verifier_timeout_s", t.verifier_timeout_s, "> 0")

@@ -17,6 +17,7 @@ def build_task(cfg) -> Task:
             max_digits=t.max_digits,
             warmstart_max_digits=t.warmstart_max_digits,
             warmstart_hard_frac=t.warmstart_hard_frac,
+            warmstart_slip_prob=t.warmstart_slip_prob,
             num_val=t.num_val,
             num_train=t.num_train,
         )

@@ -30,6 +30,7 @@ class AdditionTask:
         max_digits: int = 4,
         warmstart_max_digits: int = 3,
         warmstart_hard_frac: float = 0.0,
+        warmstart_slip_prob: float = 0.0,
         num_val: int = 128,
         num_train: int = 100_000,
     ):
@@ -37,6 +38,7 @@ class AdditionTask:
         self.min_digits, self.max_digits = min_digits, max_digits
         self.ws_max_digits = warmstart_max_digits
         self.ws_hard_frac = warmstart_hard_frac
+        self.ws_slip_prob = warmstart_slip_prob
         self.width = max(max_digits, warmstart_max_digits)
         self.num_val = num_val
         self.num_train = num_train
@@ -64,19 +66,29 @@ class AdditionTask:
         w = self.width
         return Prompt(uid=uid, text=f"{a:0{w}d}+{b:0{w}d}=", answer=f"{a + b:0{w + 1}d}", difficulty=d)
 
-    def scratchpad(self, a: int, b: int) -> str:
+    def scratchpad(self, a: int, b: int, *, slip_prob: float = 0.0, rng: random.Random | None = None) -> str:
+        return self._work(a, b, slip_prob, rng)[0]
+
+    def solution(self, a: int, b: int, *, slip_prob: float = 0.0, rng: random.Random | None = None) -> str:
+        """Scratchpad, ``</think>``, answer. With ``slip_prob`` > 0 each column's partial sum is off by
+        one with that probability, and the carry and the answer follow the slipped value (a
+        consistent but wrong working: the "noisy base model" the warm-start imitates)."""
+        steps, answer = self._work(a, b, slip_prob, rng)
+        return f"{steps}{THINK_END}{answer}"
+
+    def _work(self, a: int, b: int, slip_prob: float, rng: random.Random | None) -> tuple[str, str]:
         w = self.width
         xs, ys = f"{a:0{w}d}", f"{b:0{w}d}"
-        carry, steps = 0, []
+        carry, steps, digits = 0, [], []
         for i in range(w - 1, -1, -1):
             x, y = int(xs[i]), int(ys[i])
             s = x + y + carry
+            if slip_prob > 0 and rng is not None and rng.random() < slip_prob:
+                s = s + 1 if s == 0 or (s < 19 and rng.random() < 0.5) else s - 1
             steps.append(f"{x}+{y}+{carry}={s:02d},")
+            digits.append(str(s % 10))
             carry = s // 10
-        return "".join(steps)
-
-    def solution(self, a: int, b: int) -> str:
-        return f"{self.scratchpad(a, b)}{THINK_END}{a + b:0{self.width + 1}d}"
+        return "".join(steps), str(carry) + "".join(reversed(digits))
 
     # ------------------------------------------------------------------ Task protocol
     def train_prompts(self) -> list[Prompt]:
@@ -105,7 +117,8 @@ class AdditionTask:
                 a, b, d = self._draw(rng, 1, self.ws_max_digits)
             if (a, b) in self._val_pairs:
                 continue
-            out.append((self._prompt(-1, a, b, d).text, self.solution(a, b)))
+            target = self.solution(a, b, slip_prob=self.ws_slip_prob, rng=rng)
+            out.append((self._prompt(-1, a, b, d).text, target))
         return out
 
     def think_tokens_needed(self) -> int:

@@ -1,0 +1,60 @@
+"""The embedded addition task: prompts, answers, verifier, and the noisy warm-start working."""
+
+from __future__ import annotations
+
+import random
+import re
+
+from scalerl.task import AdditionTask, final_answer
+
+STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d\d),")
+
+
+def _check_consistent(task: AdditionTask, prompt: str, solution: str) -> int:
+    """Every column's carry-in is the previous column's carry-out and the answer is the partial
+    sums' digits; returns how many columns are off from the true column sum."""
+    think, answer = solution.split("</think>")
+    steps = STEP.findall(think)
+    assert len(steps) == task.width
+    carry, digits, slips = 0, [], 0
+    for x, y, c, s in steps:
+        assert int(c) == carry
+        slips += int(s) != int(x) + int(y) + int(c)
+        assert abs(int(s) - (int(x) + int(y) + int(c))) <= 1
+        digits.append(s[1])
+        carry = int(s) // 10
+    assert answer == str(carry) + "".join(reversed(digits))
+    return slips
+
+
+def test_clean_solution_is_right_and_scored():
+    task = AdditionTask(min_digits=3, max_digits=4)
+    for p in task.val_prompts()[:50]:
+        a, b = map(int, p.text.rstrip("=").split("+"))
+        sol = task.solution(a, b)
+        assert _check_consistent(task, p.text, sol) == 0
+        assert final_answer(sol) == p.answer == f"{a + b:05d}"
+        assert task.score(p, sol) == 1.0
+        assert task.score(p, sol[:-1] + str((int(sol[-1]) + 1) % 10)) == 0.0
+
+
+def test_slipped_warmstart_is_consistent_and_at_the_configured_rate():
+    task = AdditionTask(warmstart_slip_prob=0.25, warmstart_hard_frac=0.1)
+    rng = random.Random(0)
+    examples = task.warmstart_examples(2000, rng)
+    slips = sum(_check_consistent(task, p, sol) for p, sol in examples)
+    rate = slips / (len(examples) * task.width)
+    assert 0.22 < rate < 0.28
+    wrong = sum(
+        final_answer(sol) != f"{sum(map(int, p.rstrip('=').split('+'))):05d}" for p, sol in examples
+    )
+    assert wrong / len(examples) > 0.5  # a slip anywhere makes the answer wrong
+
+
+def test_clean_warmstart_has_no_slips_and_val_prompts_never_leak():
+    task = AdditionTask(warmstart_hard_frac=0.5)
+    val = {p.text for p in task.val_prompts()}
+    examples = task.warmstart_examples(3000, random.Random(1))
+    assert all(_check_consistent(task, p, sol) == 0 for p, sol in examples)
+    assert not val & {p for p, _ in examples}
+    assert not val & {p.text for p in task.train_prompts()[:5000]}
