@@ -648,8 +648,9 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         f"weight decay 0.01, 5 warm-up steps, clip 1.0), {a.steps} steps, "
         f"fp32, no length control beyond the hard limit, {a.threads} torch thread(s) per system "
         f"(pipeline_rl: split between its generator and trainer). {a.pairs} alternating rounds; "
-        f"load average during the runs: {min(r['loadavg_before'][0] for r in runs):.1f}-"
-        f"{max(r['loadavg_after'][0] for r in runs):.1f} (other jobs on the machine). "
+        f"1-minute load average before/after each run: {min(x for r in runs for x in (r['loadavg_before'][0], r['loadavg_after'][0])):.1f}-"
+        f"{max(x for r in runs for x in (r['loadavg_before'][0], r['loadavg_after'][0])):.1f} (other jobs on the machine; "
+        "per run in the JSON). "
         f"Held-out pass rate: {a.eval_prompts} prompts x {a.eval_k} samples, our HFGenerator for all, "
         f"every {a.eval_every} steps, excluded from timings; target {a.target}.\n"
     )

@@ -45,9 +45,7 @@ def test_slipped_warmstart_is_consistent_and_at_the_configured_rate():
     slips = sum(_check_consistent(task, p, sol) for p, sol in examples)
     rate = slips / (len(examples) * task.width)
     assert 0.22 < rate < 0.28
-    wrong = sum(
-        final_answer(sol) != f"{sum(map(int, p.rstrip('=').split('+'))):05d}" for p, sol in examples
-    )
+    wrong = sum(final_answer(sol) != f"{sum(map(int, p.rstrip('=').split('+'))):05d}" for p, sol in examples)
     assert wrong / len(examples) > 0.5  # a slip anywhere makes the answer wrong
 
 
