@@ -66,6 +66,7 @@ def one_run(seed: int, overrides: list[str], keep_cache: str | None) -> dict:
 
     curve = hist("val/pass_rate")
     unsolved = hist("val/pass_rate_unsolved_at_start")
+    d4 = hist("val/pass_rate_d4")  # the prompts harder than most of the warm-start's (addition task)
     metrics = client.get_run(summary["run_id"]).data.metrics
     ws = json.loads(next(Path(cache).glob("warmstart-*/meta.json")).read_text()) if not keep_cache else {}
     return {
@@ -77,6 +78,7 @@ def one_run(seed: int, overrides: list[str], keep_cache: str | None) -> dict:
         "pass_rate_final": curve[-1][1],
         "gain": curve[-1][1] - curve[0][1],
         "gain_on_unsolved_at_start": unsolved[-1][1] - unsolved[0][1] if unsolved else None,
+        "pass_rate_d4": (d4[0][1], d4[-1][1]) if d4 else None,
         "curve": curve,
         "fit": {k: metrics.get(f"fit/{k}") for k in ("A", "B", "C_mid", "R0", "A_lo", "A_hi")},
         "train_truncation_rate_final": metrics.get("train/truncation_rate"),
@@ -103,16 +105,18 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"# Learning benchmark ({result['date']}, {result['machine']})\n")
     print(
-        "| seed | wall (s) | warm-start (s) | steps | pass@start | pass@end | gain | gain on unsolved-at-start | fit A | fit B |"
+        "| seed | wall (s) | warm-start (s) | steps | pass@start | pass@end | gain | gain on unsolved-at-start "
+        "| 4-digit prompts | fit A | fit B |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         ws = f"{r['warmstart_seconds']:.0f}" if r["warmstart_seconds"] else "cached"
         uns = f"{r['gain_on_unsolved_at_start']:+.3f}" if r["gain_on_unsolved_at_start"] is not None else "-"
         fa, fb = r["fit"]["A"], r["fit"]["B"]
+        d4 = f"{r['pass_rate_d4'][0]:.3f} -> {r['pass_rate_d4'][1]:.3f}" if r["pass_rate_d4"] else "-"
         print(
             f"| {r['seed']} | {r['wall_seconds']:.0f} | {ws} | {r['steps']} | {r['pass_rate_start']:.3f} | "
-            f"{r['pass_rate_final']:.3f} | {r['gain']:+.3f} | {uns} | "
+            f"{r['pass_rate_final']:.3f} | {r['gain']:+.3f} | {uns} | {d4} | "
             f"{fa if fa is None else round(fa, 3)} | {fb if fb is None else round(fb, 2)} |"
         )
     for r in runs:

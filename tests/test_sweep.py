@@ -333,3 +333,21 @@ def test_report_command_rewrites_the_report(tiny_sweep, capsys):
     assert "# Sweep tiny: 3 runs (2 finished, 1 failed)" in out.out
     assert main(["--report", "no_such_sweep", "--out", str(tiny_sweep["root"] / "nowhere")]) == 2
     assert "no sweep launched here" in capsys.readouterr().err
+
+
+def test_report_flags_a_ceiling_the_data_does_not_settle():
+    from scalerl.sweep.report import render_markdown
+
+    def row(job, a_hi):
+        return {
+            "job": job, "seed": 0, "status": "finished", "ok": True, "baseline": job == "base",
+            "A": 0.6, "A_lo": 0.5, "A_hi": a_hi, "B": 1.0, "C_mid": 1e12, "delta_A": 0.0,
+            "exceeds_margin": False, "B_fixed_A": 1.0, "pass_rate_start": 0.1, "pass_rate_final": 0.5,
+        }  # fmt: skip
+
+    state = {"name": "s", "parent_run_id": "p", "tracking_uri": "sqlite:///x.db", "baseline": "base"}
+    md = render_markdown(state, [row("base", 0.7), row("open", 1.0)], None, multi_seed=False)
+    base_line = next(line for line in md.splitlines() if line.startswith("| base "))
+    open_line = next(line for line in md.splitlines() if line.startswith("| open "))
+    assert "has not bent over" in open_line
+    assert "has not bent over" not in base_line

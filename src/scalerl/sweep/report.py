@@ -33,6 +33,10 @@ class Report:
     parent_run_id: str = ""
 
 
+# a fitted ceiling whose interval reaches this is bounded by the pass rate's range, not by the data
+A_CEILING_NOTE = 0.999
+
+
 def _num(v) -> float:
     try:
         f = float(v)
@@ -300,6 +304,8 @@ def render_markdown(state: dict, rows: list[dict], res, *, multi_seed: bool) -> 
             notes.append("baseline")
         if r["status"] == "finished" and not r["ok"]:
             notes.append(f"not fittable: {r['reason']}")
+        if r["ok"] and _num(r.get("A_hi")) >= A_CEILING_NOTE:
+            notes.append("A unsettled: its interval reaches 1 (the curve has not bent over yet; run longer)")
         if r["status"] not in ("finished",) and r.get("error"):
             notes.append(r["error"])
         if r["status"] not in ("finished",) and r.get("log"):
