@@ -83,7 +83,7 @@ def test_default_recipe_trains_and_logs_the_interface(tiny_overrides):
         "length_control": "interruption",
     }.items():
         assert p[group] == option
-    assert p["trainer.lr"] == "0.0001"
+    assert p["trainer.lr"] == "5e-05"
     assert p["precision/body_dtype"].startswith("bf16") and p["precision/head_dtype"] == "fp32"
     assert run.data.tags["git_commit"] is not None and run.data.tags["host"]
     arts = {a.path for a in c.list_artifacts(summary["run_id"])}
