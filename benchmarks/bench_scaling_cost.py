@@ -23,6 +23,7 @@ emulated bf16, and the pipeline generator batching the work waiting for it. Writ
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -206,43 +207,29 @@ def components(a) -> None:
 
             hf._CachedWeights.__init__ = init if not on else orig_cached
 
-        # generator: finished rows leave the batch
-        for on in (False, True, False, True):
-            with_compaction(on)
-            t = cpu(generate_all, 1)
-            rows.append(
-                {
-                    "precision": prec_name,
-                    "component": "generator: finished rows leave the decode batch",
-                    "on": on,
-                    "cpu_s": t / a.batches,
-                }
-            )
-        with_compaction(True)
-        if prec_name != "fp32":
+        def off_on(component: str, switch, fn) -> None:
+            """CPU seconds of ``fn(on)`` with the speed-up off, on, off, on (alternating, so drift
+            hits both), then leave it on."""
             for on in (False, True, False, True):
-                with_cache(on)
-                t = cpu(generate_all, 1)
+                switch(on)
+                t = cpu(functools.partial(fn, on), 1)
                 rows.append(
-                    {
-                        "precision": prec_name,
-                        "component": "generator: emulated-bf16 weights rounded once per version",
-                        "on": on,
-                        "cpu_s": t / a.batches,
-                    }
+                    {"precision": prec_name, "component": component, "on": on, "cpu_s": t / a.batches}
                 )
-            with_cache(True)
-        # pipeline generator: decode the waiting work as one batch instead of chunks of 4 prompts
-        for on in (False, True, False, True):
-            t = cpu(lambda on=on: generate_all(a.prompts if on else 4), 1)
-            rows.append(
-                {
-                    "precision": prec_name,
-                    "component": "pipeline generator: waiting work decoded as one batch (vs chunks of 4 prompts)",
-                    "on": on,
-                    "cpu_s": t / a.batches,
-                }
+            switch(True)
+
+        off_on("generator: finished rows leave the decode batch", with_compaction, lambda on: generate_all())
+        if prec_name != "fp32":
+            off_on(
+                "generator: emulated-bf16 weights rounded once per version",
+                with_cache,
+                lambda on: generate_all(),
             )
+        off_on(
+            "pipeline generator: waiting work decoded as one batch (vs chunks of 4 prompts)",
+            lambda on: None,
+            lambda on: generate_all(a.prompts if on else 4),
+        )
         # trainer: length buckets
         groups_list = generate_all()
         trainer = make_trainer(cfg, model, prec, temperature=1.0, device=torch.device("cpu"))
@@ -265,21 +252,19 @@ def components(a) -> None:
                 trainer.step(b)
 
         plain = TorchTrainer.bucketed_logprobs
-        for on in (False, True, False, True):
+
+        def with_buckets(on):
             trainer.bucketed_logprobs = (
                 (lambda b, with_entropy=False: plain(trainer, b, with_entropy=with_entropy))
                 if on
                 else (lambda b, with_entropy=False: trainer.token_logprobs(b, with_entropy=with_entropy))
             )
-            t = cpu(train_all, 1)
-            rows.append(
-                {
-                    "precision": prec_name,
-                    "component": "trainer: length-bucketed forward/backward (no padding waste)",
-                    "on": on,
-                    "cpu_s": t / a.batches,
-                }
-            )
+
+        off_on(
+            "trainer: length-bucketed forward/backward (no padding waste)",
+            with_buckets,
+            lambda on: train_all(),
+        )
         widths = [tuple(b.input_ids.shape) for b in tbatches]
         print(f"[components] {prec_name}: training batch shapes {widths}", flush=True)
 
