@@ -39,9 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalerl import algo
 from scalerl.trainer.batch import TrainBatch
-from scalerl.trainer.torch_trainer import NonFiniteError, TorchTrainer
+from scalerl.trainer.torch_trainer import TorchTrainer
 
 
 def _free_port() -> int:
@@ -264,28 +263,14 @@ class DeepSpeedTrainer(TorchTrainer):
             return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
         mbs = mbs + [self._empty_batch() for _ in range(n_mb - n_real)]
 
-        acc: dict[str, float] = {"loss": 0.0, "ent_sum": 0.0, "ent_n": 0.0, "diff_sum": 0.0}
-        stats_acc: dict[str, float] = {}
+        acc, stats_acc = self._new_accumulators()
         finite = True
         self.engine.zero_grad()
         for i, mb in enumerate(mbs):
             real = i < n_real
             self.engine.set_gradient_accumulation_boundary(i == n_mb - 1)
             logp, entropy = self.token_logprobs(mb, with_entropy=real)
-            mask = mb.mask[:, mb.start :]
-            gen_logp = mb.gen_logp[:, mb.start :]
-            loss = algo.policy_loss(
-                self.loss_name,
-                logp,
-                gen_logp,
-                mb.advantages,
-                mask,
-                mb.group_ids,
-                self.aggregation,
-                **self.loss_kwargs,
-            )
-            weight = algo.aggregation_weight(self.aggregation, mask, mb.group_ids, totals) if real else 0.0
-            scaled = loss * weight
+            scaled = self._scaled_loss(mb, logp, totals, real=real)
             if not bool(torch.isfinite(scaled)):
                 # every rank's gradient becomes non-finite once DeepSpeed reduces it: the step is
                 # skipped on all ranks alike (0 * NaN is NaN, so every reached parameter is hit)
@@ -294,20 +279,7 @@ class DeepSpeedTrainer(TorchTrainer):
             self.engine.backward(scaled * world, scale_wrt_gas=False)
             if not real or not finite:
                 continue
-            acc["loss"] += float(scaled.detach())
-            with torch.no_grad():
-                st = algo.loss_stats(
-                    self.loss_name, logp.detach(), gen_logp, mb.advantages, mask, **self.loss_kwargs
-                )
-                ntok = float(mask.sum())
-                for k, v in st.items():
-                    if k.endswith("_max"):
-                        stats_acc[k] = max(stats_acc.get(k, -math.inf), v)
-                    else:
-                        stats_acc[k] = stats_acc.get(k, 0.0) + v * ntok
-                acc["ent_sum"] += float((entropy * mask).sum())
-                acc["diff_sum"] += float(((logp.detach() - gen_logp).abs() * mask).sum())
-                acc["ent_n"] += ntok
+            self._accumulate(acc, stats_acc, mb, logp, entropy, scaled)
 
         if world > 1:
             flag = torch.tensor([1 if finite else 0], dtype=torch.int64, device=self.device)
@@ -316,29 +288,7 @@ class DeepSpeedTrainer(TorchTrainer):
             acc, stats_acc = self._merge_stats(acc, stats_acc)
 
         grad_norm = self._engine_step(finite)
-        if not finite or not math.isfinite(grad_norm):
-            self.nonfinite_total += 1
-            self.nonfinite_consecutive += 1
-            if self.nonfinite_consecutive >= self.tcfg.max_nonfinite_steps:
-                raise NonFiniteError(
-                    f"{self.nonfinite_consecutive} consecutive optimiser steps had a non-finite loss or "
-                    f"gradient (trainer.max_nonfinite_steps={self.tcfg.max_nonfinite_steps}); stopping"
-                )
-            return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
-        self.nonfinite_consecutive = 0
-        n = max(acc["ent_n"], 1.0)
-        out = {
-            "train/loss": acc["loss"],
-            "train/grad_norm": grad_norm,
-            "train/lr": self.scheduler.get_last_lr()[0],
-            "train/entropy": acc["ent_sum"] / n,
-            "train/gen_train_logprob_diff": acc["diff_sum"] / n,
-            "train/nonfinite_skipped": float(self.nonfinite_total),
-            "train/step_skipped": 0.0,
-        }
-        for k, v in stats_acc.items():
-            out[f"train/{k}"] = v if k.endswith("_max") else v / n
-        return out
+        return self._step_stats(finite and math.isfinite(grad_norm), grad_norm, acc, stats_acc)
 
     def _engine_step(self, finite: bool) -> float:
         """The optimiser step after the accumulation-boundary backward; returns the gradient norm

@@ -132,48 +132,69 @@ class TorchTrainer:
             "sequences": float((batch.mask.sum(-1) > 0).sum()),
             "groups": float(batch.num_groups),
         }
-        loss_total = 0.0
-        stats_acc: dict[str, float] = {}
-        ent_sum, ent_n, diff_sum = 0.0, 0.0, 0.0
+        acc, stats_acc = self._new_accumulators()
         self._zero_grad()
         finite = True
         for mb in self.micro_batches(batch):
             logp, entropy = self.bucketed_logprobs(mb, with_entropy=True)
-            mask = mb.mask[:, mb.start :]
-            gen_logp = mb.gen_logp[:, mb.start :]
-            loss = algo.policy_loss(
-                self.loss_name,
-                logp,
-                gen_logp,
-                mb.advantages,
-                mask,
-                mb.group_ids,
-                self.aggregation,
-                **self.loss_kwargs,
-            )
-            weight = algo.aggregation_weight(self.aggregation, mask, mb.group_ids, totals)
-            scaled = loss * weight
+            scaled = self._scaled_loss(mb, logp, totals)
             if not torch.isfinite(scaled):
                 finite = False
                 break
             self._backward(scaled)
-            loss_total += float(scaled.detach())
-            with torch.no_grad():
-                st = algo.loss_stats(
-                    self.loss_name, logp.detach(), gen_logp, mb.advantages, mask, **self.loss_kwargs
-                )
-                ntok = float(mask.sum())
-                for k, v in st.items():
-                    if k.endswith("_max"):
-                        stats_acc[k] = max(stats_acc.get(k, -math.inf), v)
-                    else:
-                        stats_acc[k] = stats_acc.get(k, 0.0) + v * ntok
-                ent_sum += float((entropy * mask).sum())
-                diff_sum += float(((logp.detach() - gen_logp).abs() * mask).sum())
-                ent_n += ntok
+            self._accumulate(acc, stats_acc, mb, logp, entropy, scaled)
         grad_norm = self._clip_and_step() if finite else float("nan")
-        if not finite or not math.isfinite(grad_norm):
+        ok = finite and math.isfinite(grad_norm)
+        if not ok:
             self._zero_grad()
+        return self._step_stats(ok, grad_norm, acc, stats_acc)
+
+    # ------------------------------------------------------------------ step pieces (shared with DeepSpeed)
+    @staticmethod
+    def _new_accumulators() -> tuple[dict[str, float], dict[str, float]]:
+        return {"loss": 0.0, "ent_sum": 0.0, "ent_n": 0.0, "diff_sum": 0.0}, {}
+
+    def _scaled_loss(
+        self, mb: TrainBatch, logp: torch.Tensor, totals: dict, real: bool = True
+    ) -> torch.Tensor:
+        """The configured loss on one micro-batch, weighted for its share of the whole batch
+        (``real=False``: a padding micro-batch, weight 0)."""
+        mask = mb.mask[:, mb.start :]
+        loss = algo.policy_loss(
+            self.loss_name,
+            logp,
+            mb.gen_logp[:, mb.start :],
+            mb.advantages,
+            mask,
+            mb.group_ids,
+            self.aggregation,
+            **self.loss_kwargs,
+        )
+        weight = algo.aggregation_weight(self.aggregation, mask, mb.group_ids, totals) if real else 0.0
+        return loss * weight
+
+    def _accumulate(self, acc, stats_acc, mb: TrainBatch, logp, entropy, scaled) -> None:
+        """Add one micro-batch's loss, loss statistics, entropy and generator/trainer mismatch."""
+        mask = mb.mask[:, mb.start :]
+        gen_logp = mb.gen_logp[:, mb.start :]
+        acc["loss"] += float(scaled.detach())
+        with torch.no_grad():
+            st = algo.loss_stats(
+                self.loss_name, logp.detach(), gen_logp, mb.advantages, mask, **self.loss_kwargs
+            )
+            ntok = float(mask.sum())
+            for k, v in st.items():
+                if k.endswith("_max"):
+                    stats_acc[k] = max(stats_acc.get(k, -math.inf), v)
+                else:
+                    stats_acc[k] = stats_acc.get(k, 0.0) + v * ntok
+            acc["ent_sum"] += float((entropy * mask).sum())
+            acc["diff_sum"] += float(((logp.detach() - gen_logp).abs() * mask).sum())
+            acc["ent_n"] += ntok
+
+    def _step_stats(self, ok: bool, grad_norm: float, acc: dict, stats_acc: dict) -> dict[str, float]:
+        """The step's statistics; a skipped (non-finite) step is counted, and too many in a row raise."""
+        if not ok:
             self.nonfinite_total += 1
             self.nonfinite_consecutive += 1
             if self.nonfinite_consecutive >= self.tcfg.max_nonfinite_steps:
@@ -183,13 +204,13 @@ class TorchTrainer:
                 )
             return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
         self.nonfinite_consecutive = 0
-        n = max(ent_n, 1.0)
+        n = max(acc["ent_n"], 1.0)
         out = {
-            "train/loss": loss_total,
+            "train/loss": acc["loss"],
             "train/grad_norm": grad_norm,
             "train/lr": self.scheduler.get_last_lr()[0],
-            "train/entropy": ent_sum / n,
-            "train/gen_train_logprob_diff": diff_sum / n,
+            "train/entropy": acc["ent_sum"] / n,
+            "train/gen_train_logprob_diff": acc["diff_sum"] / n,
             "train/nonfinite_skipped": float(self.nonfinite_total),
             "train/step_skipped": 0.0,
         }
