@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from mlflow_server import free_port, start_server, stop_server
 from test_sweep import REPO, TINY_BASE, write_sweep
 
 pytestmark = pytest.mark.browser
@@ -56,68 +54,15 @@ def _require_browser():
         pytest.skip(reason)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    """A real `mlflow server` on 127.0.0.1 (its own process group, stopped as a group)."""
-    port = _free_port()
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
-    log = (tmp_path / "mlflow-server.log").open("w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'server.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,  # setsid: the server and its workers form one process group
-    )
-    url = f"http://127.0.0.1:{port}"
+    """A real `mlflow server` on 127.0.0.1; yields its URL."""
+    port = free_port()
+    proc = start_server(tmp_path, port)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
-                    f"mlflow server did not come up:\n{(tmp_path / 'mlflow-server.log').read_text()[-3000:]}"
-                )
-            time.sleep(0.5)
-        yield url
+        yield f"http://127.0.0.1:{port}"
     finally:
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        log.close()
+        stop_server(proc)
 
 
 def _metric_cells(page, name: str) -> list[str]:

@@ -2,69 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
-import pytest
 from mlflow.tracking import MlflowClient
+from mlflow_server import free_port, start_server, stop_server
 
 from scalerl.config import compose
 from scalerl.tracking import SENTINEL, Tracker
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(tmp_path, port: int) -> subprocess.Popen:
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'srv.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    stop_server(proc)
-    pytest.fail("mlflow server did not start")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
 
 
 def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
@@ -84,7 +28,7 @@ def test_server_that_goes_away_loses_no_metrics(tmp_path):
             tr.log(s, {"train/reward": 0.1 * s})
             tr.log_step_done(s)
         assert tr.flush()
-        stop_server(proc)  # the server goes away mid-run
+        stop_server(proc, graceful=False)  # the server goes away mid-run
         for s in range(3, 6):
             tr.log(s, {"train/reward": 0.1 * s})
             tr.log_step_done(s)
@@ -98,7 +42,7 @@ def test_server_that_goes_away_loses_no_metrics(tmp_path):
         assert steps(client, run_id, "train/reward") == [0, 1, 2, 3, 4, 5]
         assert steps(client, run_id, SENTINEL) == [0, 1, 2, 3, 4, 5]
     finally:
-        stop_server(proc)
+        stop_server(proc, graceful=False)
 
 
 def test_resume_rewrites_only_what_the_store_lacks(tmp_path):
