@@ -1,6 +1,6 @@
 """The rollout generator: behaviour log-probs, length control, in-flight weight updates, seeding.
 
-A tiny random Qwen2 model with the char tokenizer. To make eos / ``</think>`` likely, certain or
+A tiny random Qwen2 model (GPT-2 too, for the log-prob checks) with the char tokenizer. To make eos / ``</think>`` likely, certain or
 impossible, the LM head gets a bias (the real model, with edited weights; no mocks).
 """
 
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+from torch.nn.utils import parametrize
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers.pytorch_utils import Conv1D
 
 from scalerl.generator import HFGenerator, Sample, make_generator
 from scalerl.model.precision import Precision
@@ -42,19 +44,31 @@ class LC:
     phrase: str = ""
 
 
-def make_model(seed: int = 0, bias: dict[int, float] | None = None) -> Qwen2ForCausalLM:
+def make_model(seed: int = 0, bias: dict[int, float] | None = None, arch: str = "qwen2") -> torch.nn.Module:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=len(TOK),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    model = Qwen2ForCausalLM(cfg).eval()
+    if arch == "gpt2":
+        gcfg = GPT2Config(
+            vocab_size=len(TOK),
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_inner=128,
+            n_positions=256,
+            tie_word_embeddings=False,
+        )
+        model = GPT2LMHeadModel(gcfg).eval()
+    else:
+        cfg = Qwen2Config(
+            vocab_size=len(TOK),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
+        model = Qwen2ForCausalLM(cfg).eval()
     if bias:
         b = torch.zeros(len(TOK))
         for token, value in bias.items():
@@ -104,9 +118,10 @@ def flat(groups: list[list[Sample]]) -> list[Sample]:
 
 
 # ---------------------------------------------------------------------------- behaviour log-probs
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_logprobs_match_full_forward_fp32(temperature):
-    model = make_model(bias={EOS: 2.5})
+def test_logprobs_match_full_forward_fp32(temperature, arch):
+    model = make_model(bias={EOS: 2.5}, arch=arch)
     prec = Precision()
     gen = HFGenerator(model, TOK, prec, LC(max_new_tokens=16), temperature=temperature, seed=1)
     groups = gen.generate(SAME_LEN, 4, version=7, group_ids=[10, 11, 12])
@@ -130,19 +145,24 @@ def test_logprobs_match_full_forward_fp32(temperature):
     assert len({s.num_tokens for s in samples}) > 2
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 @pytest.mark.parametrize("head", ["bf16", "fp32"])
-def test_bf16_emulated_logprobs_close(head):
-    model = make_model(bias={EOS: 2.5})
+def test_bf16_emulated_logprobs_close(head, arch):
+    model = make_model(bias={EOS: 2.5}, arch=arch)
     prec = Precision(body="bf16", head=head, impl="emulated")
     gen = HFGenerator(model, TOK, prec, LC(max_new_tokens=16), seed=1)
     groups = gen.generate(SAME_LEN, 4, version=0)
     assert max_logprob_error(model, prec, groups) < 0.05
+    # every linear layer of the body rounds its weights (GPT-2's are transformers' Conv1D)
+    linears = [m for m in model.get_decoder().modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
+    assert len(linears) >= 8 and all(parametrize.is_parametrized(m, "weight") for m in linears)
 
 
-def test_left_padded_prompts_match_unbatched_forward():
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_left_padded_prompts_match_unbatched_forward(arch):
     """Variable-length prompts (left padding + mask + position_ids) give each row the log-probs
     of its own unpadded sequence, including forced tokens fed through the padded batch."""
-    model = make_model(bias={EOS: 1.5, THINK_END: -30.0})
+    model = make_model(bias={EOS: 1.5, THINK_END: -30.0}, arch=arch)
     prec = Precision()
     lc = LC("interruption", 40, 3, 6, answer_budget=5, phrase=PHRASE)
     gen = HFGenerator(model, TOK, prec, lc, seed=2)

@@ -1,7 +1,7 @@
 """Build or load the policy, and the supervised warm-start that stands in for a pretrained base.
 
 ``model.name_or_path=None`` (the embedded default): a randomly initialised transformers model
-(Qwen2 or Llama architecture) from the config's sizes and the local character tokenizer, then a
+(GPT-2, Qwen2 or Llama architecture) from the config's sizes and the local character tokenizer, then a
 short supervised warm-start on the task, cached on disk keyed by everything it depends on.
 ``model.name_or_path=<path or hub name>``: ``from_pretrained`` on the same code path.
 """
@@ -35,27 +35,49 @@ def num_params(model: torch.nn.Module, *, exclude_embeddings: bool = False) -> i
 
 def build_model(mcfg, vocab_size: int, *, seed: int, pad_token_id: int, eos_token_id: int) -> PreTrainedModel:
     """A randomly initialised causal LM of architecture ``mcfg.arch`` and the configured sizes."""
-    if mcfg.arch == "qwen2":
-        from transformers import Qwen2Config as Cfg
-        from transformers import Qwen2ForCausalLM as Model
-    elif mcfg.arch == "llama":
-        from transformers import LlamaConfig as Cfg
-        from transformers import LlamaForCausalLM as Model
-    else:
-        raise ValueError(f"model.arch={mcfg.arch!r}: must be one of qwen2, llama")
-    config = Cfg(
-        vocab_size=vocab_size,
-        hidden_size=mcfg.hidden_size,
-        num_hidden_layers=mcfg.num_layers,
-        num_attention_heads=mcfg.num_heads,
-        num_key_value_heads=mcfg.num_kv_heads,
-        intermediate_size=mcfg.intermediate_size,
-        max_position_embeddings=mcfg.max_position_embeddings,
-        tie_word_embeddings=mcfg.tie_word_embeddings,
-        pad_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
-        bos_token_id=eos_token_id,
+    common = dict(
+        vocab_size=vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=eos_token_id
     )
+    if mcfg.arch == "gpt2":
+        from transformers import GPT2Config as Cfg
+        from transformers import GPT2LMHeadModel as Model
+
+        if mcfg.num_kv_heads != mcfg.num_heads:
+            raise ValueError(
+                f"model.num_kv_heads={mcfg.num_kv_heads}: gpt2 has no grouped-query attention, must equal model.num_heads={mcfg.num_heads}"
+            )
+        config = Cfg(
+            n_embd=mcfg.hidden_size,
+            n_layer=mcfg.num_layers,
+            n_head=mcfg.num_heads,
+            n_inner=mcfg.intermediate_size,
+            n_positions=mcfg.max_position_embeddings,
+            tie_word_embeddings=mcfg.tie_word_embeddings,
+            # no dropout: the trainer's log-probs must be those the generator sampled from
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
+    elif mcfg.arch in ("qwen2", "llama"):
+        if mcfg.arch == "qwen2":
+            from transformers import Qwen2Config as Cfg
+            from transformers import Qwen2ForCausalLM as Model
+        else:
+            from transformers import LlamaConfig as Cfg
+            from transformers import LlamaForCausalLM as Model
+        config = Cfg(
+            hidden_size=mcfg.hidden_size,
+            num_hidden_layers=mcfg.num_layers,
+            num_attention_heads=mcfg.num_heads,
+            num_key_value_heads=mcfg.num_kv_heads,
+            intermediate_size=mcfg.intermediate_size,
+            max_position_embeddings=mcfg.max_position_embeddings,
+            tie_word_embeddings=mcfg.tie_word_embeddings,
+            **common,
+        )
+    else:
+        raise ValueError(f"model.arch={mcfg.arch!r}: must be one of gpt2, qwen2, llama")
     torch.manual_seed(seed)
     model = Model(config)
     model.config.use_cache = True

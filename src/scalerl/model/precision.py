@@ -133,14 +133,16 @@ class Precision:
     @staticmethod
     def _emulate(body: nn.Module, dtype: torch.dtype) -> None:
         from torch.nn.utils import parametrize
+        from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
 
+        linear = (nn.Linear, Conv1D)
         for module in body.modules():
             params = [n for n, _ in module.named_parameters(recurse=False)]
             if not params:
                 continue
-            if "weight" in params and isinstance(module, (nn.Linear, nn.Embedding)):
+            if "weight" in params and isinstance(module, (*linear, nn.Embedding)):
                 parametrize.register_parametrization(module, "weight", _RoundedWeight(dtype))
-            if isinstance(module, nn.Linear):
+            if isinstance(module, linear):
                 module.register_forward_pre_hook(_round_input_hook(dtype))
             module.register_forward_hook(_round_output_hook(dtype))
 
