@@ -6,7 +6,7 @@
 
 The same work on both sides (checked, and printed in the report):
 
-* model: the embedded default (tiny Qwen2 + character tokenizer, warm-started, from ``load_policy``),
+* model: the embedded default (tiny GPT-2 + character tokenizer, warm-started, from ``load_policy``),
   an fp32 copy for each system; task: 4-digit addition, reward ``AdditionTask.score`` (wrapped as a
   TRL reward function, decoding TRL's completion ids with the special tokens kept, as ours does);
 * the same prompts in the same order (our ``PromptSampler``, TRL's dataset in that order with

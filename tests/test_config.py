@@ -122,6 +122,8 @@ BAD_VALUES = [
     ("trainer.lr=-0.1", "trainer.lr", "> 0"),
     ("scaling.compute_axis=tokens", "scaling.compute_axis", "flops, device_hours"),
     ("task.warmstart_slip_prob=1.5", "task.warmstart_slip_prob", "[0, 1]"),
+    ("model.arch=gpt3", "model.arch", "one of gpt2, qwen2, llama"),
+    ("model.arch=gpt2 model.num_kv_heads=2", "model.num_kv_heads", "equal to num_heads (4)"),
 ]
 
 

@@ -93,7 +93,7 @@ class ModelConfig:
 
     name: str = MISSING
     name_or_path: Optional[str] = None  # a local path or hub name; None = build from the fields below
-    arch: str = "qwen2"
+    arch: str = "gpt2"
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4

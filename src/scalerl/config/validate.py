@@ -107,6 +107,13 @@ def validate(cfg: DictConfig) -> None:
             m.num_kv_heads,
             f"a divisor of num_heads ({m.num_heads})",
         )
+        if m.arch == "gpt2":
+            _check(
+                m.num_kv_heads == m.num_heads,
+                "model.num_kv_heads",
+                m.num_kv_heads,
+                f"equal to num_heads ({m.num_heads}): gpt2 has no grouped-query attention",
+            )
     _check(m.warmstart_steps >= 0, "model.warmstart_steps", m.warmstart_steps, ">= 0")
 
     t = cfg.task

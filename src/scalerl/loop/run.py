@@ -118,17 +118,19 @@ class Run:
             torch.cuda.set_device(self.device)
         self.is_main = self.rank == 0
         cores = os.cpu_count() or 1
-        threads = cfg.trainer.threads or max(1, cores // max(1, self.world))
+        threads = total_threads = cfg.trainer.threads or max(1, cores // max(1, self.world))
         if self.mode == "pipeline_rl" and self.device.type == "cpu":
             self.gen_threads = max(1, threads // 2)
             threads = max(1, threads - self.gen_threads)
         else:
             self.gen_threads = threads
-        set_threads(threads)
-
         self.task = build_task(cfg)
         self.val = self.task.val_prompts()[: cfg.eval.num_prompts]
+        # the warm-start (on first use) has the process's whole share of the cores; the pipeline
+        # generator, which takes half of them later, does not run yet
+        set_threads(total_threads)
         self.model, self.tokenizer, self.precision = build_policy(cfg, self.task, self.device)
+        set_threads(threads)
         self.n_params = num_params(self.model, exclude_embeddings=True)
         self.n_params_all = num_params(self.model)  # counted before ZeRO-3 partitions the parameters
         self.trainer = make_trainer(
