@@ -99,9 +99,9 @@ def work_overrides(a) -> list[str]:
     return [
         "loss=cispo",
         "aggregation=token",
-        # the embedded task with 1- to 4-digit problems (the warm-start is the embedded default's:
-        # min_digits and num_val are not part of its cache key); RL lifts the sampled pass rate
-        # by a few points within tens of steps, so "time to target" is measurable in minutes
+        # the embedded task (the warm-start is the embedded default's: min_digits and num_val are
+        # not part of its cache key); at the default lr RL lifts the sampled pass rate from about
+        # 0.17 to 0.4 within 25-30 steps, so "time to target" is measurable in minutes
         f"task.min_digits={a.min_digits}",
         f"task.num_val={max(a.eval_prompts, 128)}",
         "norm=none",
@@ -750,12 +750,12 @@ def main() -> None:
     ap.add_argument("--system", default=None)
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--prompts", type=int, default=16, help="prompts per optimiser step")
     ap.add_argument("--gens", type=int, default=8, help="generations per prompt")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-5)
-    ap.add_argument("--min-digits", type=int, default=1, help="task.min_digits (task.max_digits stays 4)")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--min-digits", type=int, default=3, help="task.min_digits (task.max_digits stays 4)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -767,7 +767,7 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=3)
     ap.add_argument("--eval-prompts", type=int, default=256)
     ap.add_argument("--eval-k", type=int, default=4)
-    ap.add_argument("--target", type=float, default=0.61, help="held-out pass rate for 'time to target'")
+    ap.add_argument("--target", type=float, default=0.35, help="held-out pass rate for 'time to target'")
     ap.add_argument("--defaults-steps", type=int, default=3, help="steps of the TRL-defaults run (0: skip)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--out", default=str(RESULTS / "trl_vs_ours"))

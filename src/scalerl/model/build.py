@@ -1,8 +1,8 @@
 """Build or load the policy, and the supervised warm-start that stands in for a pretrained base.
 
 ``model.name_or_path=None`` (the embedded default): a randomly initialised transformers model
-(GPT-2, Qwen2 or Llama architecture) from the config's sizes and the local character tokenizer, then a
-short supervised warm-start on the task, cached on disk keyed by everything it depends on.
+(GPT-2, Qwen2 or Llama architecture) from the config's sizes and the local character tokenizer,
+then a short supervised warm-start on the task, cached on disk keyed by everything it depends on.
 ``model.name_or_path=<path or hub name>``: ``from_pretrained`` on the same code path.
 """
 
@@ -27,9 +27,11 @@ WARMSTART_VERSION = 2  # bump when the warm-start procedure changes, to invalida
 
 
 def num_params(model: torch.nn.Module, *, exclude_embeddings: bool = False) -> int:
+    """Parameter count; ``exclude_embeddings``: without the token (and GPT-2's position) embedding
+    tables, which are looked up, not multiplied (the N of the 2N / 6N FLOPs per token)."""
     n = sum(p.numel() for p in model.parameters())
     if exclude_embeddings:
-        n -= model.get_input_embeddings().weight.numel()
+        n -= sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
     return n
 
 
