@@ -349,5 +349,5 @@ def test_report_flags_a_ceiling_the_data_does_not_settle():
     md = render_markdown(state, [row("base", 0.7), row("open", 1.0)], None, multi_seed=False)
     base_line = next(line for line in md.splitlines() if line.startswith("| base "))
     open_line = next(line for line in md.splitlines() if line.startswith("| open "))
-    assert "has not bent over" in open_line
-    assert "has not bent over" not in base_line
+    assert "cannot rule out a ceiling of 1" in open_line
+    assert "A unsettled" not in base_line
