@@ -305,7 +305,9 @@ def render_markdown(state: dict, rows: list[dict], res, *, multi_seed: bool) -> 
         if r["status"] == "finished" and not r["ok"]:
             notes.append(f"not fittable: {r['reason']}")
         if r["ok"] and _num(r.get("A_hi")) >= A_CEILING_NOTE:
-            notes.append("A unsettled: its interval reaches 1, so the data cannot rule out a ceiling of 1 (run longer)")
+            notes.append(
+                "A unsettled: its interval reaches 1, so the data cannot rule out a ceiling of 1 (run longer)"
+            )
         if r["status"] not in ("finished",) and r.get("error"):
             notes.append(r["error"])
         if r["status"] not in ("finished",) and r.get("log"):
