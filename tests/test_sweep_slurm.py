@@ -6,6 +6,7 @@ Needs ``SLURM_CONF`` (see tests/slurm_fixture.py): skipped without it, failed wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,6 +25,25 @@ def _env() -> dict:
     env.pop("MLFLOW_TRACKING_URI", None)
     env["MLFLOW_DISABLE_TELEMETRY"] = "true"
     return env
+
+
+@contextlib.contextmanager
+def _sweep_in_background(f: Path, out: Path, uri: str, partition: str, cwd: Path):
+    """``python sweep.py f launcher=slurm ...`` running while the test acts on its jobs; killed on
+    the way out if still running."""
+    proc = subprocess.Popen(
+        _sweep_cmd(f, out, uri, partition),
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _sweep_cmd(f: Path, out: Path, uri: str, partition: str) -> list[str]:
@@ -88,15 +108,7 @@ def test_slurm_sweep_reaches_mlflow_and_a_preempted_job_resumes(slurm_cluster, t
         baseline="cispo",
     )
     out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = subprocess.Popen(
-        _sweep_cmd(f, out, uri, slurm_cluster.partition),
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with _sweep_in_background(f, out, uri, slurm_cluster.partition, tmp_path) as proc:
         # preempt once the first checkpoint is complete (its file is renamed into place when written)
         ckpt = out / "cispo" / "checkpoint" / "last.pt"
         _wait_for(ckpt.exists, 240, "cispo's first checkpoint", proc)
@@ -105,9 +117,6 @@ def test_slurm_sweep_reaches_mlflow_and_a_preempted_job_resumes(slurm_cluster, t
         subprocess.run(["scancel", job, "--signal", "SIGTERM"], check=True, timeout=20)
         subprocess.run(["scancel", job, "--signal", "USR2"], check=True, timeout=20)
         rc, stdout, stderr = _finish(proc, 300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert rc == 0, stderr[-3000:]
 
     client = _client(uri)
@@ -143,23 +152,12 @@ def test_slurm_cancelled_job_is_reported_not_waited_for(slurm_cluster, tmp_path,
         base=TINY_BASE,
     )
     out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = subprocess.Popen(
-        _sweep_cmd(f, out, uri, slurm_cluster.partition),
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with _sweep_in_background(f, out, uri, slurm_cluster.partition, tmp_path) as proc:
         _wait_for(lambda: (out / "long" / "run_info.json").exists(), 240, "the long run to start", proc)
         job = _job_id(out, "long")
         t0 = time.monotonic()
         subprocess.run(["scancel", job], check=True, timeout=20)
         rc, stdout, stderr = _finish(proc, 240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert rc == 1, stderr[-3000:]  # a run did not finish; the sweep says so and ends
     log = json.loads((out / "status.json").read_text())["long"]["log"]
     assert f"long: CANCELLED: job {job} ended with state CANCELLED" in stderr and f"log: {log}" in stderr
