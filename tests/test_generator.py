@@ -1,7 +1,8 @@
 """The rollout generator: behaviour log-probs, length control, in-flight weight updates, seeding.
 
-A tiny random Qwen2 model (GPT-2 too, for the log-prob checks) with the char tokenizer. To make eos / ``</think>`` likely, certain or
-impossible, the LM head gets a bias (the real model, with edited weights; no mocks).
+A tiny random Qwen2 model (GPT-2 too, for the log-prob checks), built by ``build_model`` as a run
+builds it, with the char tokenizer. To make eos / ``</think>`` likely, certain or impossible, the LM
+head gets a bias (the real model, with edited weights; no mocks).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 from omegaconf import OmegaConf
+from test_model import tiny_model_cfg
 from torch.nn.utils import parametrize
-from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache
 from transformers.pytorch_utils import Conv1D
 
 from scalerl.generator import HFGenerator, Sample, make_generator
+from scalerl.model.build import build_model
 from scalerl.model.precision import Precision
 from scalerl.model.tokenizer import build_char_tokenizer
 
@@ -45,30 +48,9 @@ class LC:
 
 
 def make_model(seed: int = 0, bias: dict[int, float] | None = None, arch: str = "qwen2") -> torch.nn.Module:
-    torch.manual_seed(seed)
-    if arch == "gpt2":
-        gcfg = GPT2Config(
-            vocab_size=len(TOK),
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            n_inner=128,
-            n_positions=256,
-            tie_word_embeddings=False,
-        )
-        model = GPT2LMHeadModel(gcfg).eval()
-    else:
-        cfg = Qwen2Config(
-            vocab_size=len(TOK),
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=256,
-            tie_word_embeddings=False,
-        )
-        model = Qwen2ForCausalLM(cfg).eval()
+    """The model ``model.arch=arch`` builds (:func:`build_model`), at test size."""
+    mcfg = tiny_model_cfg(arch, hidden_size=64, intermediate_size=128, max_position_embeddings=256)
+    model = build_model(mcfg, len(TOK), seed=seed, pad_token_id=TOK.pad_token_id, eos_token_id=EOS).eval()
     if bias:
         b = torch.zeros(len(TOK))
         for token, value in bias.items():
