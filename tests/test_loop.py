@@ -178,6 +178,21 @@ def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
     assert 0 < busy["perf/generator_busy"] <= 1 and 0 < busy["perf/trainer_busy"] <= 1
 
 
+def test_generator_process_is_forked_with_its_imports_done():
+    """pipeline_rl's generator process comes from a fork server that imported torch, transformers
+    and scalerl while the trainer was still building (a spawned process would import them anew)."""
+    from scalerl.loop import pipeline
+
+    pipeline.prestart()
+    ctx = pipeline.process_context()
+    assert ctx.get_start_method() == "forkserver"
+    check = "import sys; sys.exit(0 if {'transformers', 'scalerl.loop.run'} <= set(sys.modules) else 3)"
+    proc = ctx.Process(target=exec, args=(check,))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0, "the forked process had to import transformers and scalerl itself"
+
+
 # ---------------------------------------------------------------------- filters
 def test_zero_variance_groups_never_reach_the_loss(tiny_overrides):
     run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=3"])

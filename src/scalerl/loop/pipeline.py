@@ -60,6 +60,38 @@ class SharedMemoryTransport:
         return version
 
 
+# imported once, by the fork server, before the generator process is forked from it
+_PRELOAD = ["scalerl.loop.run", "scalerl.generator", "scalerl.generator.hf", "scalerl.task"]
+
+
+def process_context():
+    """The multiprocessing context of the generator process.
+
+    ``forkserver`` where the platform has it: a fork server started early (:func:`prestart`)
+    imports torch, transformers and scalerl (about 5 s on one core) while the trainer builds its
+    model and evaluates step 0, and the generator process is then forked from it, its imports done.
+    The server is a fresh single-threaded process (no OpenMP pool, no CUDA context), which is what
+    makes forking from it safe. Elsewhere (Windows): ``spawn``, which imports everything anew.
+    """
+    import torch.multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def prestart() -> None:
+    """Start the fork server now, so its imports overlap with the caller's setup (a no-op if it is
+    running already or the platform has no fork server)."""
+    ctx = process_context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def generator_worker(
     cfg_yaml: str, transport: SharedMemoryTransport, work_q, result_q, status, threads: int
 ) -> None:
@@ -139,10 +171,9 @@ class PipelineGenerator:
     """Trainer-side handle on the generator process."""
 
     def __init__(self, cfg, trainer_state: dict[str, torch.Tensor], version: int, threads: int):
-        import torch.multiprocessing as mp
         from omegaconf import OmegaConf
 
-        ctx = mp.get_context("spawn")
+        ctx = process_context()
         self.transport = SharedMemoryTransport(trainer_state, ctx, version)
         self.work_q = ctx.Queue()
         self.result_q = ctx.Queue()

@@ -124,6 +124,10 @@ class Run:
             threads = max(1, threads - self.gen_threads)
         else:
             self.gen_threads = threads
+        if self.mode == "pipeline_rl":
+            from scalerl.loop import pipeline
+
+            pipeline.prestart()  # the generator process's imports overlap with the model build below
         self.task = build_task(cfg)
         self.val = self.task.val_prompts()[: cfg.eval.num_prompts]
         # the warm-start (on first use) has the process's whole share of the cores; the pipeline
