@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -333,6 +334,65 @@ def test_resume_after_sigkill_continues_the_same_run_without_gaps(tmp_path, mlfl
         assert steps == expected, (key, steps)
     assert [s for s, _ in history(mlflow_uri, run_id, "val/pass_rate")] == [0, 2, 4, 6, 8, 10, 12, 14]
     assert c.get_run(run_id).info.status == "FINISHED"
+
+
+def _descendants(pid: int) -> set[int]:
+    """Process ids of ``pid``'s children, their children, ... (from /proc)."""
+    parent_of = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent_of[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {c for c, p in parent_of.items() if p in frontier} - found
+        found |= frontier
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkilled_pipeline_run_leaves_no_process_behind(tmp_path, mlflow_uri):
+    """`kill -9` of a pipeline_rl run's own process (not its group): the generator process, the
+    fork server and multiprocessing's helpers all end by themselves."""
+    out = tmp_path / "run"
+    args = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *[o for o in __import__("conftest").TINY if not o.startswith("trainer.total_steps")],
+        "async_mode=pipeline_rl",
+        "trainer.total_steps=10000",
+        f"out_dir={out}",
+        f"tracking.uri={mlflow_uri}",
+        "tracking.experiment=orphans",
+    ]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.time() + 240
+        while not (out / "checkpoint" / "last.pt").is_file():  # steps are running: the generator is up
+            assert proc.poll() is None and time.time() < deadline, "the run did not reach a checkpoint"
+            time.sleep(0.2)
+        helpers = _descendants(proc.pid)
+        assert len(helpers) >= 2, helpers  # at least the fork server and the generator process
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.time() + 60
+        while any(_running(p) for p in helpers) and time.time() < deadline:
+            time.sleep(0.5)
+        left = [p for p in helpers if _running(p)]
+        assert not left, f"processes left behind: {left}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_finished_run_is_not_run_again(tiny_overrides):

@@ -92,11 +92,43 @@ def prestart() -> None:
         forkserver.ensure_running()
 
 
+def _alive(pid: int) -> bool:
+    if os.name != "posix":  # os.kill(pid, 0) would terminate it on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def generator_device(trainer_device: torch.device) -> torch.device:
+    """Where the generator process decodes: the CPU next to a CPU trainer; on CUDA a GPU of its own
+    when there is a second one (PipelineRL's split), else the trainer's GPU, shared."""
+    if trainer_device.type != "cuda":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count > 1:
+        return torch.device("cuda", ((trainer_device.index or 0) + 1) % count)
+    return trainer_device
+
+
 def generator_worker(
-    cfg_yaml: str, transport: SharedMemoryTransport, work_q, result_q, status, threads: int
+    cfg_yaml: str,
+    transport: SharedMemoryTransport,
+    work_q,
+    result_q,
+    status,
+    threads: int,
+    owner: int,
+    device: str = "cpu",
 ) -> None:
     """The generator process: take work (prompts), generate with in-flight weight updates, score,
-    send the groups back. ``status`` is a shared array: [busy seconds, generated tokens]."""
+    send the groups back. ``status`` is a shared array: [busy seconds, generated tokens]; ``owner``
+    is the trainer's process id (the generator stops when it is gone); ``device``: where to decode
+    (:func:`generator_device`)."""
     from omegaconf import OmegaConf
 
     torch.set_num_threads(max(1, threads))
@@ -108,7 +140,9 @@ def generator_worker(
 
         cfg = OmegaConf.create(cfg_yaml)
         task = build_task(cfg)
-        device = torch.device("cpu")
+        device = torch.device(device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         model, tokenizer, precision = build_policy(cfg, task, device)
         model.eval()
         version = transport.poll(model, -1)
@@ -122,13 +156,23 @@ def generator_worker(
                 state["version"] = v
             return v
 
+        def next_item():
+            """The next piece of work; None to stop, also once the run's process is gone (killed
+            with SIGKILL, say: no work will ever come, and nothing else would end this process)."""
+            while True:
+                try:
+                    return work_q.get(timeout=1.0)
+                except queue.Empty:
+                    if not _alive(owner):
+                        return None
+
         result_q.put(("ready", None, None))
         # work already waiting is decoded in one batch, up to a training batch of prompts (a decode
         # step costs nearly the same for 32 rows as for 128); results still go back per work item
         max_prompts = max(1, int(cfg.trainer.batch_size) // int(cfg.trainer.generations_per_prompt))
         stop = False
         while not stop:
-            item = work_q.get()
+            item = next_item()
             if item is None:
                 break
             items = [item]
@@ -170,7 +214,14 @@ def generator_worker(
 class PipelineGenerator:
     """Trainer-side handle on the generator process."""
 
-    def __init__(self, cfg, trainer_state: dict[str, torch.Tensor], version: int, threads: int):
+    def __init__(
+        self,
+        cfg,
+        trainer_state: dict[str, torch.Tensor],
+        version: int,
+        threads: int,
+        device: torch.device | str = "cpu",
+    ):
         from omegaconf import OmegaConf
 
         ctx = process_context()
@@ -187,6 +238,8 @@ class PipelineGenerator:
                 self.result_q,
                 self.status,
                 threads,
+                os.getpid(),
+                str(device),
             ),
             daemon=True,
         )

@@ -175,8 +175,15 @@ class Run:
         self.zero_variance_dropped = 0
         self.stale_dropped = 0
         self.verifier_errors = 0
-        self.devices = max(1, self.world) * (1 if self.device.type == "cpu" else 1) + (
-            1 if self.mode == "pipeline_rl" and self.device.type == "cuda" else 0
+        # the pipeline generator decodes on a GPU of its own where there is one (then it counts as a
+        # device); on a CPU it shares the machine's cores, on one GPU the trainer's GPU
+        self.gen_device = self.device
+        if self.mode == "pipeline_rl":
+            from scalerl.loop.pipeline import generator_device
+
+            self.gen_device = generator_device(self.device)
+        self.devices = max(1, self.world) + (
+            1 if self.gen_device.type == "cuda" and self.gen_device != self.device else 0
         )
 
     # ------------------------------------------------------------------ compute
@@ -505,7 +512,9 @@ class Run:
         """Spawn the pipeline_rl generator process (it loads in the background)."""
         from scalerl.loop.pipeline import PipelineGenerator
 
-        return PipelineGenerator(self.cfg, self.trainer.weights_for_generator(), self.step, self.gen_threads)
+        return PipelineGenerator(
+            self.cfg, self.trainer.weights_for_generator(), self.step, self.gen_threads, self.gen_device
+        )
 
     def run_pipeline(self, gen) -> None:
         gen.wait_ready()
