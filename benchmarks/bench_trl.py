@@ -37,8 +37,9 @@ seeded random stream for every copy. "Time to target" is the training wall time 
 pass rate first reaches ``--target`` (linear interpolation between evaluations).
 
 Timings start when a system is ready for its first step: for TRL at ``on_train_begin``, for ours
-once the model is built (``pipeline_rl``: once its generator process has imported and built its
-model, a one-time 5-6 s here). This one-time setup is reported as "startup" for every system.
+once the model is built (``pipeline_rl``: once its generator process has built its model too; it
+is forked from a fork server that did the imports meanwhile, and is ready about 0.4 s after the
+fork here). This one-time setup is reported as "startup" for every system.
 
 Runs alternate (pair i runs the systems in a rotated order) so machine noise hits all alike; each
 run is a fresh subprocess. Writes ``benchmarks/results/trl_vs_ours.{md,json}``.

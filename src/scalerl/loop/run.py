@@ -509,7 +509,7 @@ class Run:
                 self.train_on(groups[j * self.P : (j + 1) * self.P])
 
     def start_generator(self):
-        """Spawn the pipeline_rl generator process (it loads in the background)."""
+        """Start the pipeline_rl generator process (it loads in the background)."""
         from scalerl.loop.pipeline import PipelineGenerator
 
         return PipelineGenerator(
