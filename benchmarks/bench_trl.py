@@ -714,8 +714,8 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         f"{max(r['max_policy_lag'] for r in by_sys['ours_pipeline'])}, stale groups dropped "
         f"{sum(r['stale_dropped_groups'] for r in by_sys['ours_pipeline'])}. Startup (not timed): "
         f"TRL {fmt(med_of(by_sys['trl'], 'startup_s'), '.1f')} s, sync {fmt(med_of(by_sys['ours_sync'], 'startup_s'), '.1f')} s, "
-        f"pipeline {fmt(med_of(by_sys['ours_pipeline'], 'startup_s'), '.1f')} s (incl. the generator process's "
-        f"{fmt(med_of(by_sys['ours_pipeline'], 'generator_startup_s'), '.1f')} s to import and build its model; timings "
+        f"pipeline {fmt(med_of(by_sys['ours_pipeline'], 'startup_s'), '.1f')} s (incl. the generator process, ready "
+        f"{fmt(med_of(by_sys['ours_pipeline'], 'generator_startup_s'), '.1f')} s after it was started; timings "
         "start once it is ready, as they start for the others once their models are built).\n"
     )
     L.append(
