@@ -225,9 +225,9 @@ def child_ours(a) -> dict:
             clock["gen_pid"] = self.proc.pid
 
         def wait_ready(self):
-            # the clock starts once the generator process has imported and built its model, as it
-            # starts for the others once their models are built: one-time setup is not timed for
-            # any system (it is reported as startup)
+            # the clock starts once the generator process is ready (its model built), as it starts
+            # for the others once their models are built: one-time setup is not timed for any
+            # system (it is reported as startup)
             super().wait_ready()
             clock["start"] = time.perf_counter()
             clock["cpu0"] = time.process_time()
