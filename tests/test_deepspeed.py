@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import descendants
 
 pytest.importorskip("deepspeed")
 
@@ -376,25 +377,8 @@ def _torchrun(args: list[str], tmp_path: Path, **kw) -> subprocess.Popen:
     )
 
 
-def _descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (torchrun starts its workers in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out.extend(kids)
-        todo.extend(kids)
-    return out
-
-
 def _sigkill_tree(proc: subprocess.Popen) -> None:
-    for pid in [proc.pid, *_descendants(proc.pid)]:
+    for pid in [proc.pid, *descendants(proc.pid)]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from procs import descendants, running
 
 from scalerl.config import compose
 from scalerl.loop import Run, RunError, train
@@ -336,29 +337,6 @@ def test_resume_after_sigkill_continues_the_same_run_without_gaps(tmp_path, mlfl
     assert c.get_run(run_id).info.status == "FINISHED"
 
 
-def _descendants(pid: int) -> set[int]:
-    """Process ids of ``pid``'s children, their children, ... (from /proc)."""
-    parent_of = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parent_of[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {c for c, p in parent_of.items() if p in frontier} - found
-        found |= frontier
-    return found
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_sigkilled_pipeline_run_leaves_no_process_behind(tmp_path, mlflow_uri):
     """`kill -9` of a pipeline_rl run's own process (not its group): the generator process, the
     fork server and multiprocessing's helpers all end by themselves."""
@@ -381,14 +359,14 @@ def test_sigkilled_pipeline_run_leaves_no_process_behind(tmp_path, mlflow_uri):
         while not (out / "checkpoint" / "last.pt").is_file():  # steps are running: the generator is up
             assert proc.poll() is None and time.time() < deadline, "the run did not reach a checkpoint"
             time.sleep(0.2)
-        helpers = _descendants(proc.pid)
+        helpers = descendants(proc.pid)
         assert len(helpers) >= 2, helpers  # at least the fork server and the generator process
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.time() + 60
-        while any(_running(p) for p in helpers) and time.time() < deadline:
+        while any(running(p) for p in helpers) and time.time() < deadline:
             time.sleep(0.5)
-        left = [p for p in helpers if _running(p)]
+        left = [p for p in helpers if running(p)]
         assert not left, f"processes left behind: {left}"
     finally:
         with contextlib.suppress(ProcessLookupError):

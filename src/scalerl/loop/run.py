@@ -124,10 +124,14 @@ class Run:
             threads = max(1, threads - self.gen_threads)
         else:
             self.gen_threads = threads
+        # the pipeline generator decodes on a GPU of its own where there is one (then it counts as a
+        # device); on a CPU it shares the machine's cores, on one GPU the trainer's GPU
+        self.gen_device = self.device
         if self.mode == "pipeline_rl":
             from scalerl.loop import pipeline
 
             pipeline.prestart()  # the generator process's imports overlap with the model build below
+            self.gen_device = pipeline.generator_device(self.device)
         self.task = build_task(cfg)
         self.val = self.task.val_prompts()[: cfg.eval.num_prompts]
         # the warm-start (on first use) has the process's whole share of the cores; the pipeline
@@ -175,13 +179,6 @@ class Run:
         self.zero_variance_dropped = 0
         self.stale_dropped = 0
         self.verifier_errors = 0
-        # the pipeline generator decodes on a GPU of its own where there is one (then it counts as a
-        # device); on a CPU it shares the machine's cores, on one GPU the trainer's GPU
-        self.gen_device = self.device
-        if self.mode == "pipeline_rl":
-            from scalerl.loop.pipeline import generator_device
-
-            self.gen_device = generator_device(self.device)
         self.devices = max(1, self.world) + (
             1 if self.gen_device.type == "cuda" and self.gen_device != self.device else 0
         )
