@@ -30,7 +30,17 @@ import pytest
 import torch
 from procs import descendants
 
-pytest.importorskip("deepspeed")
+# The in-process tests here run DeepSpeed on the CPU (gloo), also where there is a GPU: DeepSpeed picks
+# its accelerator once per process, when it is imported. (Runs in child processes use the GPU there.)
+_ds_acc = os.environ.get("DS_ACCELERATOR")
+os.environ["DS_ACCELERATOR"] = "cpu"
+try:
+    pytest.importorskip("deepspeed")
+finally:
+    if _ds_acc is None:
+        del os.environ["DS_ACCELERATOR"]
+    else:
+        os.environ["DS_ACCELERATOR"] = _ds_acc
 
 pytestmark = pytest.mark.deepspeed
 
@@ -79,10 +89,13 @@ def _free_port() -> int:
 
 def _env(tmp_path: Path) -> dict:
     """Environment for a child run: no rank variables inherited, one thread, an empty extension dir."""
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    # DS_ACCELERATOR too: a DeepSpeedTrainer on the CPU in this process set it; a child chooses for its
+    # own trainer.device
+    env = {k: v for k, v in os.environ.items() if k not in (*_RANK_VARS, "DS_ACCELERATOR")}
     ext = tmp_path / "torch_extensions"
     ext.mkdir(exist_ok=True)
-    env.update(OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=str(REPO / "src"))
+    path = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
+    env.update(OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(ext), PYTHONPATH=path)
     return env
 
 
@@ -239,7 +252,13 @@ def test_zero_stage_trains_and_resumes(stage, ds_process, tiny_overrides):
     over = merged(
         tiny_overrides,
         EASY,
-        ["trainer=deepspeed", f"trainer.zero_stage={stage}", "async_mode=sync", "trainer.total_steps=2"],
+        [
+            "trainer=deepspeed",
+            f"trainer.zero_stage={stage}",
+            "async_mode=sync",
+            "trainer.total_steps=2",
+            "trainer.device=cpu",  # DeepSpeed's accelerator in this process (above)
+        ],
     )
     uri, experiment = _tracking(over)
     summary, start, end = _run_in_process(over)
@@ -404,7 +423,8 @@ def test_two_ranks_step_equals_torch_on_whole_batch(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for case, res in ranks[0].items():
         assert res["update"] > 1e-4, case
-        assert res["diff"] <= 1e-6, f"{case}: 2 ranks vs torch on the whole batch: max |diff| {res['diff']:g}"
+        # a few float32 ulps of a weight near 2 (2.4e-7 each): measured up to 1.1e-6 on a 16-core CPU
+        assert res["diff"] <= 2e-6, f"{case}: 2 ranks vs torch on the whole batch: max |diff| {res['diff']:g}"
         for key in ("loss", "grad_norm", "entropy"):
             assert res[key][0] == pytest.approx(res[key][1], rel=1e-5, abs=1e-6), (case, key)
         assert ranks[1][case]["digest"] == res["digest"], f"{case}: the ranks' weights differ"
@@ -432,6 +452,7 @@ def test_two_ranks_run_sigkill_resume(tiny_overrides, tmp_path):
             "trainer.total_steps=4",
             "eval.every=2",
             "checkpoint_every=2",
+            "trainer.device=cpu",  # two ranks on gloo, also on a machine with one GPU
         ],
     )
     uri, experiment = _tracking(over)

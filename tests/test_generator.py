@@ -76,7 +76,8 @@ VAR_LEN = [Prompt(0, "1+2="), Prompt(1, "123+4567="), Prompt(2, "45+6=")]
 def full_logprobs(model, precision, prompt_ids, completion_ids, temperature=1.0) -> torch.Tensor:
     """Log-probs of the completion under one non-cached forward pass of prompt + completion."""
     ids = torch.tensor([prompt_ids + completion_ids])
-    hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
+    with precision.autocast(model):
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
     p = len(prompt_ids)
     logp = precision.log_softmax(
         precision.logits(model, hidden[p - 1 : p - 1 + len(completion_ids)]), temperature
@@ -138,6 +139,29 @@ def test_bf16_emulated_logprobs_close(head, arch):
     # every linear layer of the body rounds its weights (GPT-2's are transformers' Conv1D)
     linears = [m for m in model.get_decoder().modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
     assert len(linears) >= 8 and all(parametrize.is_parametrized(m, "weight") for m in linears)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_native_bf16_master_weights_and_inference_copy(arch):
+    """precision.impl=native (the CUDA default; real bf16 kernels, here on the CPU). A trained model
+    keeps fp32 master weights and runs its body under autocast; an inference-only copy (the pipeline
+    generator process's) holds bf16 weights. Both decode with log-probs that a full forward
+    reproduces, and they compute the same function up to bf16 rounding."""
+    prec = Precision(body="bf16", head="fp32", impl="native")
+    master = prec.prepare(make_model(bias={EOS: 2.5}, arch=arch))
+    copy_ = prec.prepare(make_model(bias={EOS: 2.5}, arch=arch), master_weights=False)
+    assert {p.dtype for p in master.parameters()} == {torch.float32}
+    assert {p.dtype for p in copy_.get_decoder().parameters()} == {torch.bfloat16}
+    assert copy_.lm_head.weight.dtype == torch.float32  # the fp32 head
+    for model in (master, copy_):
+        groups = HFGenerator(model, TOK, prec, LC(max_new_tokens=12), seed=1).generate(SAME_LEN, 3, version=0)
+        assert max_logprob_error(model, prec, groups) < 0.05
+    s = flat(groups)[0]
+    a = full_logprobs(master, prec, s.prompt_ids, s.completion_ids)
+    b = full_logprobs(copy_, prec, s.prompt_ids, s.completion_ids)
+    fp32 = full_logprobs(make_model(bias={EOS: 2.5}, arch=arch), Precision(), s.prompt_ids, s.completion_ids)
+    assert (a - b).abs().max() < 0.05
+    assert (a - fp32).abs().max() > 1e-5  # the master-weight model really computed in bf16
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])

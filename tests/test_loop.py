@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 from procs import descendants, running
 
@@ -196,6 +197,34 @@ def test_generator_process_is_forked_with_its_imports_done():
 
 
 # ---------------------------------------------------------------------- filters
+def test_native_bf16_updates_fp32_master_weights(tiny_overrides):
+    """precision.impl=native (the CUDA default, here on the CPU): bf16 kernels, fp32 master weights.
+    At lr 1e-6 every update is far below what a bf16 weight can hold (its spacing near 0.02 is 1.2e-4):
+    on bf16 parameters AdamW's steps would round away; on the fp32 masters they land."""
+    over = [
+        *tiny_overrides,
+        "async_mode=sync",
+        "precision.impl=native",
+        "trainer.lr=1e-6",
+        "trainer.warmup_steps=0",
+        "trainer.total_steps=2",
+        "model.warmstart_steps=150",
+        "task.min_digits=1",
+        "task.max_digits=1",
+        "task.warmstart_max_digits=1",
+    ]
+    run = make_run(over)
+    start = {k: v.clone() for k, v in run.trainer.module.state_dict().items()}
+    summary = run.run()
+    assert summary["steps"] == 2
+    end = run.trainer.module.state_dict()
+    assert all(v.dtype == torch.float32 for v in end.values() if v.is_floating_point())
+    moved = [k for k in end if end[k].is_floating_point() and not torch.equal(end[k], start[k])]
+    assert moved, "no weight moved"
+    step = max(float((end[k] - start[k]).abs().max()) for k in moved)
+    assert 0 < step < 1e-5
+
+
 def test_zero_variance_groups_never_reach_the_loss(tiny_overrides):
     run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=3"])
     seen = []

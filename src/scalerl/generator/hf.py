@@ -150,13 +150,14 @@ class HFGenerator:
 
     def _logprobs(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
         body = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
-        out = body(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-        )
+        with self.precision.autocast(self.model):
+            out = body(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
         logits = self.precision.logits(self.model, out.last_hidden_state[:, -1])
         temperature = self.temperature if self.temperature > 0 else 1.0
         return self.precision.log_softmax(logits, temperature)

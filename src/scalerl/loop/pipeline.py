@@ -109,10 +109,9 @@ def generator_device(trainer_device: torch.device) -> torch.device:
     when there is a second one (PipelineRL's split), else the trainer's GPU, shared."""
     if trainer_device.type != "cuda":
         return torch.device("cpu")
+    index = torch.cuda.current_device() if trainer_device.index is None else trainer_device.index
     count = torch.cuda.device_count()
-    if count > 1:
-        return torch.device("cuda", ((trainer_device.index or 0) + 1) % count)
-    return trainer_device
+    return torch.device("cuda", (index + 1) % count if count > 1 else index)
 
 
 def generator_worker(
@@ -143,7 +142,7 @@ def generator_worker(
         device = torch.device(device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        model, tokenizer, precision = build_policy(cfg, task, device)
+        model, tokenizer, precision = build_policy(cfg, task, device, trained=False)
         model.eval()
         version = transport.poll(model, -1)
         version = 0 if version is None else version

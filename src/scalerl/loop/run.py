@@ -52,12 +52,13 @@ def pick_device(cfg) -> torch.device:
     return torch.device(want)
 
 
-def build_policy(cfg, task, device: torch.device):
-    """(model, tokenizer, precision): the policy on ``device``, prepared for the precision setting."""
+def build_policy(cfg, task, device: torch.device, *, trained: bool = True):
+    """(model, tokenizer, precision): the policy on ``device``, prepared for the precision setting;
+    ``trained=False`` for an inference-only copy (no fp32 master weights under native bf16)."""
     model, tokenizer, _ = load_policy(cfg, task)
     precision = Precision.for_device(cfg.precision.body, cfg.precision.head, device, impl=cfg.precision.impl)
     model.to(device)
-    precision.prepare(model)
+    precision.prepare(model, master_weights=trained)
     return model, tokenizer, precision
 
 
@@ -114,7 +115,14 @@ class Run:
             )
         self.P = int(cfg.trainer.batch_size) // (self.G * self.world)  # prompts per step on this rank
         if self.device.type == "cuda" and self.world > 1:
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            if local >= torch.cuda.device_count():
+                raise RunError(
+                    f"trainer.device=cuda: process LOCAL_RANK={local} needs a GPU of its own, and this node "
+                    f"has {torch.cuda.device_count()}; start at most that many processes per node, or use "
+                    "trainer.device=cpu"
+                )
+            self.device = torch.device("cuda", local)
             torch.cuda.set_device(self.device)
         self.is_main = self.rank == 0
         cores = os.cpu_count() or 1
@@ -400,7 +408,15 @@ class Run:
             "data/zero_variance_dropped": float(self.zero_variance_dropped),
             "data/stale_dropped": float(self.stale_dropped),
             "data/verifier_errors": float(self.verifier_errors),
+            **self.device_memory_metrics(),
         }
+
+    def device_memory_metrics(self) -> dict[str, float]:
+        """The trainer's peak GPU memory so far (torch's allocator; the pipeline generator's process is
+        not counted): what decides whether a bigger batch or model fits."""
+        if self.device.type != "cuda":
+            return {}
+        return {"perf/gpu_mem_peak_gb": torch.cuda.max_memory_allocated(self.device) / 2**30}
 
     # ------------------------------------------------------------------ one optimiser step
     def train_on(self, groups: list[list]) -> None:

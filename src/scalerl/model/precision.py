@@ -6,8 +6,11 @@ thing on both sides, as in the paper.
 
 Two implementations of reduced precision:
 
-* ``native``: the body's parameters are cast to bf16/fp16 and the kernels run in that dtype
-  (what a GPU does; the default on CUDA).
+* ``native``: the kernels run in bf16/fp16 (the default on CUDA). A model that is trained keeps
+  fp32 master weights and runs its body under ``torch.autocast`` in the body dtype (mixed-precision
+  training: AdamW updating bf16 weights would round away every update smaller than 2^-9 of a
+  weight, most of them at the paper's learning rate of 5e-7); an inference-only copy (the pipeline
+  generator's process) has its body's parameters cast to the body dtype.
 * ``emulated``: parameters stay fp32 (master weights) and every linear / embedding / norm layer
   rounds its weight, input and output to the low-precision dtype, accumulating in fp32 like a
   tensor-core GEMM. CPUs without native bf16 (this project's CI machines) run native bf16 about
@@ -17,6 +20,7 @@ Two implementations of reduced precision:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -101,34 +105,45 @@ class Precision:
         return {"precision/body_dtype": eff(self.body), "precision/head_dtype": eff(self.head)}
 
     # ------------------------------------------------------------------ model preparation
-    def prepare(self, model: nn.Module) -> nn.Module:
+    def prepare(self, model: nn.Module, *, master_weights: bool = True) -> nn.Module:
         """Make ``model`` (a transformers causal LM) compute its body in the body dtype.
 
-        The LM head is left in fp32 (native) or unrounded; :meth:`logits` applies the head dtype.
-        Idempotent: a model is prepared once.
+        ``master_weights``: the model is trained (the trainer's, which the sync generator and the
+        evaluation share); natively its parameters stay fp32 and its body runs under
+        :meth:`autocast`. Without, an inference-only model's body is cast to the body dtype. The LM
+        head's parameters stay fp32 unless cast for an inference-only ``head`` below fp32;
+        :meth:`logits` computes the head in the head dtype. Idempotent: a model is prepared once.
         """
         if getattr(model, "_scalerl_precision", None) is not None:
             return model
         body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         head = model.get_output_embeddings()
+        cast = self.impl == "native" and not master_weights
         if self.body != "fp32":
-            if self.impl == "native":
-                body.to(self.body_dtype)
-            else:
+            if self.impl != "native":
                 self._emulate(body, self.body_dtype)
-        if self.head != "fp32" and self.impl == "native":
+            elif master_weights:
+                model._scalerl_autocast = self.body_dtype
+            else:
+                body.to(self.body_dtype)
+        if self.head != "fp32" and cast:
             head.to(self.head_dtype)
-        if (
-            getattr(model.config, "tie_word_embeddings", False)
-            and self.body != self.head
-            and self.impl == "native"
-        ):
+        if getattr(model.config, "tie_word_embeddings", False) and self.body != self.head and cast:
             raise ValueError(
                 "precision: a model with tied embeddings cannot hold body and head in different dtypes "
                 "natively; use untied embeddings or precision.impl=emulated"
             )
         model._scalerl_precision = self
         return model
+
+    @staticmethod
+    def autocast(model: nn.Module) -> contextlib.AbstractContextManager:
+        """The context to run the body's forward in (not the head's: :meth:`logits` sets its dtype):
+        ``torch.autocast`` in the body dtype for a native model with fp32 master weights."""
+        dtype = getattr(model, "_scalerl_autocast", None)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
 
     @staticmethod
     def _emulate(body: nn.Module, dtype: torch.dtype) -> None:
@@ -152,9 +167,10 @@ class Precision:
         head = model.get_output_embeddings()
         if self.head == "fp32":
             return nn.functional.linear(hidden.float(), head.weight.float(), _maybe_float(head.bias))
-        if self.impl == "native":
-            return head(hidden.to(self.head_dtype))
         d = self.head_dtype
+        if self.impl == "native":  # the head's weight is fp32 in a model with master weights
+            bias = None if head.bias is None else head.bias.to(d)
+            return nn.functional.linear(hidden.to(d), head.weight.to(d), bias)
         w = round_to(head.weight, d)
         return round_to(nn.functional.linear(round_to(hidden.float(), d), w, head.bias), d)
 

@@ -144,10 +144,19 @@ class _EngineForward(nn.Module):
 class DeepSpeedTrainer(TorchTrainer):
     # ------------------------------------------------------------------ setup
     def _build_optimizer(self) -> None:
+        if self.device.type == "cpu":  # else DeepSpeed picks CUDA wherever there is a GPU
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         try:
             import deepspeed
+            from deepspeed.accelerator import get_accelerator
         except ImportError as e:  # pragma: no cover - depends on the extra
             raise RuntimeError("trainer=deepspeed needs the extra: pip install -e '.[deepspeed]'") from e
+        chosen = get_accelerator().device_name()
+        if chosen != self.device.type:
+            raise RuntimeError(
+                f"trainer=deepspeed on {self.device.type}: DeepSpeed uses its {chosen!r} accelerator in this "
+                f"process (set DS_ACCELERATOR={self.device.type} before deepspeed is imported)"
+            )
         init_distributed(self.device)
         t = self.tcfg
         self.zero_stage = int(t.zero_stage)

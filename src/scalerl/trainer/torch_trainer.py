@@ -70,7 +70,8 @@ class TorchTrainer:
         """Log-prob of every target token from position ``batch.start`` on, under the precision policy."""
         model = self.module
         body = model.get_decoder()
-        hidden = body(input_ids=batch.input_ids[:, :-1], use_cache=False).last_hidden_state
+        with self.precision.autocast(model):
+            hidden = body(input_ids=batch.input_ids[:, :-1], use_cache=False).last_hidden_state
         hidden = hidden[:, batch.start :]
         logits = self.precision.logits(model, hidden)
         logp_all = self.precision.log_softmax(logits, self.temperature)
