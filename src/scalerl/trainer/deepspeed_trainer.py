@@ -64,10 +64,28 @@ def _skip_shm_comm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def import_deepspeed(device: torch.device):
+    """The ``deepspeed`` module, on ``device``'s accelerator. DeepSpeed picks its accelerator once per
+    process, when it is imported (CUDA wherever there is a GPU), so a CPU trainer asks for the CPU first."""
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+    except ImportError as e:  # pragma: no cover - depends on the extra
+        raise RuntimeError("trainer=deepspeed needs the extra: pip install -e '.[deepspeed]'") from e
+    chosen = get_accelerator().device_name()
+    if chosen != device.type:
+        raise RuntimeError(
+            f"trainer=deepspeed on {device.type}: DeepSpeed uses its {chosen!r} accelerator in this "
+            f"process (set DS_ACCELERATOR={device.type} before deepspeed is imported)"
+        )
+    return deepspeed
+
+
 def init_distributed(device: torch.device) -> None:
     """Initialise torch.distributed for DeepSpeed (single process: without a launcher)."""
-    import deepspeed
-
+    deepspeed = import_deepspeed(device)
     if "RANK" not in os.environ:
         os.environ.update(
             {
@@ -79,7 +97,6 @@ def init_distributed(device: torch.device) -> None:
             }
         )
     if device.type == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
         _skip_shm_comm_op()
     # DeepSpeed's ZeRO calls these torch.distributed functions on every step
     warnings.filterwarnings(
@@ -144,19 +161,7 @@ class _EngineForward(nn.Module):
 class DeepSpeedTrainer(TorchTrainer):
     # ------------------------------------------------------------------ setup
     def _build_optimizer(self) -> None:
-        if self.device.type == "cpu":  # else DeepSpeed picks CUDA wherever there is a GPU
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        try:
-            import deepspeed
-            from deepspeed.accelerator import get_accelerator
-        except ImportError as e:  # pragma: no cover - depends on the extra
-            raise RuntimeError("trainer=deepspeed needs the extra: pip install -e '.[deepspeed]'") from e
-        chosen = get_accelerator().device_name()
-        if chosen != self.device.type:
-            raise RuntimeError(
-                f"trainer=deepspeed on {self.device.type}: DeepSpeed uses its {chosen!r} accelerator in this "
-                f"process (set DS_ACCELERATOR={self.device.type} before deepspeed is imported)"
-            )
+        deepspeed = import_deepspeed(self.device)
         init_distributed(self.device)
         t = self.tcfg
         self.zero_stage = int(t.zero_stage)
