@@ -137,13 +137,18 @@ SYNTH = [
     "trainer.generations_per_prompt=4",
     "trainer.warmup_steps=0",
     "trainer.lr=1e-3",
+    # Adam's first step is about lr x sign(g) where |g| >> eps: with eps 1e-8 a gradient element near
+    # 1e-8 moves its weight by up to lr, in a direction that float rounding decides. With 1e-4 the
+    # step stays smooth in the gradient, so equal gradients (to rounding) give equal weights
+    "trainer.adam_eps=1e-4",
     "trainer.threads=1",
 ]
 
 
 def synthetic(cfg, seed: int = 0):
     """(model, precision, batch): a random tiny policy and 4 groups x 4 sequences of random tokens with
-    unequal completion lengths; behaviour log-probs are the policy's own (importance ratios 1)."""
+    unequal completion lengths, each group's rows sharing their prompt (so ``trainer.share_prompts``
+    runs it once); behaviour log-probs are the policy's own (importance ratios 1)."""
     from scalerl.model.build import build_model
     from scalerl.model.precision import Precision
     from scalerl.trainer import TorchTrainer, TrainBatch
@@ -155,6 +160,7 @@ def synthetic(cfg, seed: int = 0):
     groups, per, length, prompt = 4, 4, 24, 6
     n = groups * per
     ids = torch.randint(2, 40, (n, length), generator=g)
+    ids[:, :prompt] = ids[::per, :prompt].repeat_interleave(per, 0)
     mask = torch.zeros(n, length - 1)
     for i, c in enumerate(torch.randint(3, length - prompt, (n,), generator=g).tolist()):
         mask[i, prompt - 1 : prompt - 1 + c] = 1.0
@@ -335,17 +341,13 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     cpu = torch.device("cpu")
     init_distributed(cpu)
     rank = dist.get_rank()
-    out = {}
-    # rank 0 trains on 3 groups (3 micro-batches), rank 1 on 1 group (1 micro-batch + 2 empty ones)
-    cases = [(0, "token"), (2, "sample"), (3, "prompt")]  # (ZeRO-1: the run test below)
-    for stage, agg in cases:
-        over = [*SYNTH, "precision=fp32", "trainer.micro_batch_size=4", f"aggregation={agg}"]
-        cfg_t = compose([*over, "trainer=torch"])
-        model, precision, batch = synthetic(cfg_t)
+
+    def against_torch(cfg_t, cfg_d, model, precision, batch):
+        # one step of torch on the whole batch and of DeepSpeed on this rank's share: rank 0 trains
+        # on 3 groups (3 micro-batches), rank 1 on 1 group (1 micro-batch + 2 empty ones)
         ref_tr = make_trainer(cfg_t, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
         ref_stats = ref_tr.step(batch)
         ref = ref_tr.module.state_dict()
-        cfg_d = compose([*over, "trainer=deepspeed", f"trainer.zero_stage={stage}"])
         ds = make_trainer(cfg_d, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
         share = batch.slice_groups(0, 3) if rank == 0 else batch.slice_groups(3, 4)
         stats = ds.step(share)
@@ -357,6 +359,16 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             "grad_norm": [stats["train/grad_norm"], ref_stats["train/grad_norm"]],
             "entropy": [stats["train/entropy"], ref_stats["train/entropy"]],
         }
+        return ds, share, res
+
+    out = {}
+    cases = [(0, "token"), (2, "sample"), (3, "prompt")]  # (ZeRO-1: the run test below)
+    for stage, agg in cases:
+        over = [*SYNTH, "precision=fp32", "trainer.micro_batch_size=4", f"aggregation={agg}"]
+        cfg_t = compose([*over, "trainer=torch"])
+        cfg_d = compose([*over, "trainer=deepspeed", f"trainer.zero_stage={stage}"])
+        model, precision, batch = synthetic(cfg_t)
+        ds, share, res = against_torch(cfg_t, cfg_d, model, precision, batch)
         if stage in (0, 3):  # a non-finite loss on rank 1 only: both ranks skip, weights unchanged
             before = ds.weights_digest()
             bad = copy.deepcopy(share)
@@ -368,6 +380,17 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             res["after_nan"] = ds.step(share)["train/step_skipped"]
         res["digest"] = ds.weights_digest()
         out[f"{stage}-{agg}"] = res
+        if stage == 3:
+            # rank 1's group gets a distinct prompt per row, so only rank 0 could share prompts (two
+            # model calls, each gathering the ZeRO-3 parameters collectively): the ranks must agree
+            # on one path per micro-batch, or the step hangs
+            mixed = copy.deepcopy(batch)
+            rows = mixed.group_ids == 3
+            g = torch.Generator().manual_seed(7)
+            mixed.input_ids[rows, : mixed.start] = torch.randint(2, 40, (int(rows.sum()), mixed.start), generator=g)
+            ds, _, res = against_torch(cfg_t, cfg_d, model, precision, mixed)
+            res["digest"] = ds.weights_digest()
+            out["3-mixed-prompts"] = res
     with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
         json.dump(out, f)
     """

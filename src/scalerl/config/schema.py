@@ -146,6 +146,7 @@ class TrainerConfig:
     batch_size: int = 128  # sequences per optimiser step = prompts x generations
     generations_per_prompt: int = 8
     micro_batch_size: int = 0  # sequences per forward/backward; 0 = whole batch
+    share_prompts: bool = True  # compute a prompt's positions once per group, not once per sample
     lr: float = 1e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adam_eps: float = 1e-8

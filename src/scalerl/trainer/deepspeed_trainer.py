@@ -230,24 +230,26 @@ class DeepSpeedTrainer(TorchTrainer):
     def module(self):
         return self.engine.module.policy
 
-    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
-        return self.engine(super().token_logprobs, batch, with_entropy=with_entropy)
+    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False, share: bool | None = None):
+        return self.engine(super().token_logprobs, batch, with_entropy=with_entropy, share=share)
 
     # ------------------------------------------------------------------ one step
     def _empty_batch(self) -> TrainBatch:
         """A one-row batch with no trained token: a forward/backward with zero loss and gradient, for a
-        rank that has fewer micro-batches than another (the passes are collective under ZeRO)."""
+        rank that has fewer micro-batches than another (the passes are collective under ZeRO).
+        Two rows with one shared prompt token, so that it can share prompts as the other ranks'
+        micro-batches do (the ranks agree on it)."""
         pad = 0
-        ids = torch.full((1, 2), pad, dtype=torch.long, device=self.device)
-        zeros = torch.zeros((1, 1), device=self.device)
+        ids = torch.full((2, 3), pad, dtype=torch.long, device=self.device)
+        zeros = torch.zeros((2, 2), device=self.device)
         return TrainBatch(
             input_ids=ids,
             mask=zeros,
             gen_logp=zeros.clone(),
-            versions=torch.full((1, 1), -1, dtype=torch.long, device=self.device),
-            advantages=torch.zeros(1, device=self.device),
-            group_ids=torch.zeros(1, dtype=torch.long, device=self.device),
-            start=0,
+            versions=torch.full((2, 2), -1, dtype=torch.long, device=self.device),
+            advantages=torch.zeros(2, device=self.device),
+            group_ids=torch.zeros(2, dtype=torch.long, device=self.device),
+            start=1,
         )
 
     def step(self, batch: TrainBatch | None) -> dict[str, float]:
@@ -277,13 +279,21 @@ class DeepSpeedTrainer(TorchTrainer):
             return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
         mbs = mbs + [self._empty_batch() for _ in range(n_mb - n_real)]
 
+        share = [self.can_share_prompts(mb) for mb in mbs]
+        if world > 1:
+            # sharing calls the model twice per micro-batch: under ZeRO-3 each call gathers the
+            # parameters collectively, so every rank takes the same path (shared where all can)
+            flags = torch.tensor(share, dtype=torch.int64, device=self.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+            share = [bool(f) for f in flags.tolist()]
+
         acc, stats_acc = self._new_accumulators()
         finite = True
         self.engine.zero_grad()
         for i, mb in enumerate(mbs):
             real = i < n_real
             self.engine.set_gradient_accumulation_boundary(i == n_mb - 1)
-            logp, entropy = self.token_logprobs(mb, with_entropy=real)
+            logp, entropy = self.token_logprobs(mb, with_entropy=real, share=share[i])
             scaled = self._scaled_loss(mb, logp, totals, real=real)
             if not bool(torch.isfinite(scaled)):
                 # every rank's gradient becomes non-finite once DeepSpeed reduces it: the step is

@@ -66,13 +66,16 @@ class TorchTrainer:
         return self.model
 
     # ------------------------------------------------------------------ log-probs
-    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
-        """Log-prob of every target token from position ``batch.start`` on, under the precision policy."""
+    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False, share: bool | None = None):
+        """Log-prob of every target token from position ``batch.start`` on, under the precision policy.
+
+        ``share``: whether prompts go through the model once per group (:meth:`hidden_states`);
+        None: :meth:`can_share_prompts`."""
         model = self.module
-        body = model.get_decoder()
+        if share is None:
+            share = self.can_share_prompts(batch)
         with self.precision.autocast(model):
-            hidden = body(input_ids=batch.input_ids[:, :-1], use_cache=False).last_hidden_state
-        hidden = hidden[:, batch.start :]
+            hidden = self.hidden_states(model.get_decoder(), batch, share=share)
         logits = self.precision.logits(model, hidden)
         logp_all = self.precision.log_softmax(logits, self.temperature)
         targets = batch.input_ids[:, batch.start + 1 :]
@@ -83,6 +86,34 @@ class TorchTrainer:
                 lp = logp_all.float()
                 entropy = -(lp.exp() * lp).sum(-1)
         return logp, entropy
+
+    def can_share_prompts(self, batch: TrainBatch) -> bool:
+        """``trainer.share_prompts`` is on and some rows of ``batch`` share their first ``start`` tokens."""
+        ids, s = batch.input_ids, batch.start
+        if not (self.tcfg.share_prompts and 0 < s < ids.shape[1] - 1 and ids.shape[0] > 1):
+            return False
+        return torch.unique(ids[:, :s], dim=0).shape[0] < ids.shape[0]
+
+    @staticmethod
+    def hidden_states(body: nn.Module, batch: TrainBatch, *, share: bool) -> torch.Tensor:
+        """The body's last hidden states at target positions [start, L-1), the ones that predict
+        completion tokens.
+
+        ``share``: the positions before ``start`` (every row's prompt, or its first ``min prompt
+        length - 1`` tokens) are computed once per distinct prefix, not once per sample: the G
+        samples of a group share their prompt. The prefix's KV cache is repeated for its rows (the
+        backward sums their gradients back into it) and the rest of each row attends to it. The
+        same values as one pass over every row, since causal attention never lets a prefix
+        position see what follows it; with G=8 and the embedded task's 10-token prompts, 16% fewer
+        positions go through the model. Two calls of ``body`` instead of one (ZeRO-3 ranks must
+        agree on which)."""
+        ids, s = batch.input_ids, batch.start
+        if share:
+            prefixes, rows = torch.unique(ids[:, :s], dim=0, return_inverse=True)
+            cache = body(input_ids=prefixes, use_cache=True).past_key_values
+            cache.reorder_cache(rows)  # one copy of its prefix's keys and values per row
+            return body(input_ids=ids[:, s:-1], past_key_values=cache, use_cache=False).last_hidden_state
+        return body(input_ids=ids[:, :-1], use_cache=False).last_hidden_state[:, s:]
 
     def bucketed_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
         """:meth:`token_logprobs` without the padding waste: rows are grouped by length into a few

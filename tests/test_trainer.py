@@ -1,0 +1,134 @@
+"""The trainer's forward: a group's shared prompt goes through the model once (``trainer.share_prompts``)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from test_model import tiny_model_cfg
+
+from scalerl.model.build import build_model
+from scalerl.model.precision import Precision
+from scalerl.trainer import TorchTrainer, TrainBatch
+
+VOCAB = 40
+
+
+def grouped_batch(seed: int = 0, groups: int = 3, per: int = 4, prompt_lens=(5, 7, 6), length: int = 22):
+    """``groups`` prompts of unequal lengths, each shared by its ``per`` rows, then completions of
+    unequal lengths, right-padded with 0; behaviour log-probs are random."""
+    g = torch.Generator().manual_seed(seed)
+    n = groups * per
+    ids = torch.zeros(n, length, dtype=torch.long)
+    mask = torch.zeros(n, length - 1)
+    for gi in range(groups):
+        p = prompt_lens[gi]
+        prompt = torch.randint(2, VOCAB, (p,), generator=g)
+        for j in range(per):
+            r = gi * per + j
+            c = int(torch.randint(2, length - p + 1, (1,), generator=g))
+            ids[r, :p] = prompt
+            ids[r, p : p + c] = torch.randint(2, VOCAB, (c,), generator=g)
+            mask[r, p - 1 : p - 1 + c] = 1.0
+    return TrainBatch(
+        input_ids=ids,
+        mask=mask,
+        gen_logp=-torch.rand(n, length - 1, generator=g) * mask,
+        versions=torch.zeros(n, length - 1, dtype=torch.long),
+        advantages=torch.randn(n, generator=g),
+        group_ids=torch.arange(groups).repeat_interleave(per),
+        start=min(prompt_lens) - 1,
+    )
+
+
+def trainer_cfg(share: bool):
+    return OmegaConf.create(
+        {
+            "trainer": {
+                "lr": 1e-3,
+                "betas": [0.9, 0.95],
+                "adam_eps": 1e-8,
+                "weight_decay": 0.0,
+                "warmup_steps": 0,
+                "grad_clip": 0.0,
+                "max_nonfinite_steps": 5,
+                "micro_batch_size": 0,
+                "generations_per_prompt": 4,
+                "share_prompts": share,
+            },
+            "loss": {"name": "cispo", "eps_max": 4.0},
+            "aggregation": {"name": "prompt"},
+        }
+    )
+
+
+def positions_through(body: torch.nn.Module) -> list[int]:
+    """A list that records how many token positions each call of ``body`` is given."""
+    seen: list[int] = []
+    body.register_forward_pre_hook(lambda m, args, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2", "llama"])
+@pytest.mark.parametrize("body", ["fp32", "bf16"])
+def test_shared_prompts_give_the_same_logprobs_and_gradients_from_fewer_positions(arch, body):
+    torch.manual_seed(0)
+    model = build_model(tiny_model_cfg(arch), VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
+    precision = Precision.for_device(body, "fp32", "cpu", impl="emulated")
+    precision.prepare(model)
+    batch = grouped_batch()
+    out = {}
+    for share in (False, True):
+        tr = TorchTrainer(copy.deepcopy(model), precision, trainer_cfg(share), temperature=1.0, device="cpu")
+        seen = positions_through(tr.module.get_decoder())
+        logp, entropy = tr.token_logprobs(batch, with_entropy=True)
+        (logp * batch.mask[:, batch.start :] * batch.advantages[:, None]).sum().backward()
+        grads = {k: p.grad.clone() for k, p in tr.module.named_parameters() if p.grad is not None}
+        out[share] = (logp.detach(), entropy, grads, seen)
+
+    n, length = batch.input_ids.shape
+    s = batch.start
+    # one pass over every row, against each group's first s positions once and the rest per row
+    assert out[False][3] == [n * (length - 1)]
+    assert out[True][3] == [3 * s, n * (length - 1 - s)]
+    assert torch.allclose(out[True][0], out[False][0], atol=2e-5), (out[True][0] - out[False][0]).abs().max()
+    assert torch.allclose(out[True][1], out[False][1], atol=2e-5)
+    g0, g1 = out[False][2], out[True][2]
+    assert g0.keys() == g1.keys() and len(g0) > 0
+    for k in g0:
+        err = float((g1[k] - g0[k]).norm() / g0[k].norm().clamp_min(1e-12))
+        assert err < 1e-4, (k, err)
+
+
+def test_rows_with_different_prompts_take_one_pass():
+    """Nothing to share (every row's prefix differs): the plain pass, once."""
+    model = build_model(tiny_model_cfg("gpt2"), VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
+    precision = Precision.for_device("fp32", "fp32", "cpu")
+    batch = grouped_batch(groups=4, per=1, prompt_lens=(5, 7, 6, 5))
+    tr = TorchTrainer(model, precision, trainer_cfg(True), temperature=1.0, device="cpu")
+    seen = positions_through(tr.module.get_decoder())
+    tr.token_logprobs(batch)
+    assert seen == [batch.input_ids.numel() - batch.input_ids.shape[0]]
+
+
+def test_a_step_with_shared_prompts_lands_on_the_same_weights():
+    """A whole optimiser step (loss, length buckets, AdamW) with and without sharing."""
+    model = build_model(tiny_model_cfg("gpt2"), VOCAB, seed=1, pad_token_id=0, eos_token_id=1)
+    precision = Precision.for_device("fp32", "fp32", "cpu")
+    batch = grouped_batch(seed=1)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    after, stats = {}, {}
+    for share in (False, True):
+        tr = TorchTrainer(copy.deepcopy(model), precision, trainer_cfg(share), temperature=1.0, device="cpu")
+        stats[share] = tr.step(batch)
+        after[share] = tr.module.state_dict()
+    assert stats[True]["train/step_skipped"] == 0.0
+    assert stats[True]["train/loss"] == pytest.approx(stats[False]["train/loss"], rel=1e-5, abs=1e-7)
+    moved = max(float((after[False][k] - start[k]).abs().max()) for k in start)
+    assert moved > 1e-4
+    diff = max(float((after[True][k] - after[False][k]).abs().max()) for k in start)
+    # Adam's first step is about lr x sign(gradient): a wrong gradient moves weights by the step size
+    # (1e-3); rounding differences only move the few whose gradient is near Adam's eps
+    assert diff < 1e-5, diff
