@@ -132,3 +132,18 @@ def test_a_step_with_shared_prompts_lands_on_the_same_weights():
     # Adam's first step is about lr x sign(gradient): a wrong gradient moves weights by the step size
     # (1e-3); rounding differences only move the few whose gradient is near Adam's eps
     assert diff < 1e-5, diff
+
+
+def test_a_model_that_returns_no_cache_is_a_clear_error():
+    """Gradient checkpointing turns the KV cache off in training: sharing says what to do instead."""
+    model = build_model(tiny_model_cfg("gpt2"), VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
+    model.gradient_checkpointing_enable()
+    tr = TorchTrainer(
+        model.train(),
+        Precision.for_device("fp32", "fp32", "cpu"),
+        trainer_cfg(True),
+        temperature=1.0,
+        device="cpu",
+    )
+    with pytest.raises(RuntimeError, match="set trainer.share_prompts=false"):
+        tr.token_logprobs(grouped_batch())

@@ -235,10 +235,10 @@ class DeepSpeedTrainer(TorchTrainer):
 
     # ------------------------------------------------------------------ one step
     def _empty_batch(self) -> TrainBatch:
-        """A one-row batch with no trained token: a forward/backward with zero loss and gradient, for a
-        rank that has fewer micro-batches than another (the passes are collective under ZeRO).
-        Two rows with one shared prompt token, so that it can share prompts as the other ranks'
-        micro-batches do (the ranks agree on it)."""
+        """A batch with no trained token: a forward/backward with zero loss and gradient, for a rank
+        that has fewer micro-batches than another (the passes are collective under ZeRO). Two rows
+        that share a one-token prompt, so that it can share prompts as the other ranks' micro-batches
+        do (the ranks agree on it)."""
         pad = 0
         ids = torch.full((2, 3), pad, dtype=torch.long, device=self.device)
         zeros = torch.zeros((2, 2), device=self.device)

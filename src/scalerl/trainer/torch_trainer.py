@@ -111,6 +111,11 @@ class TorchTrainer:
         if share:
             prefixes, rows = torch.unique(ids[:, :s], dim=0, return_inverse=True)
             cache = body(input_ids=prefixes, use_cache=True).past_key_values
+            if cache is None:
+                raise RuntimeError(
+                    f"trainer.share_prompts=true needs {type(body).__name__} to return its KV cache "
+                    "(use_cache); set trainer.share_prompts=false"
+                )
             cache.reorder_cache(rows)  # one copy of its prefix's keys and values per row
             return body(input_ids=ids[:, s:-1], past_key_values=cache, use_cache=False).last_hidden_state
         return body(input_ids=ids[:, :-1], use_cache=False).last_hidden_state[:, s:]
