@@ -15,8 +15,9 @@ them). Writes ``benchmarks/results/scaling_cost.{md,json}``.
 
 ``components``: the speed-ups of the loop measured in isolation on the same real batches, each
 switched off and on in one process (CPU seconds, so other jobs on the machine matter less):
-length-bucketed training, finished rows leaving the decode batch, rounded weights cached under
-emulated bf16, and the pipeline generator batching the work waiting for it. Writes
+length-bucketed training, a group's prompt computed once in training (``trainer.share_prompts``),
+finished rows leaving the decode batch, rounded weights cached under emulated bf16, and the
+pipeline generator batching the work waiting for it. Writes
 ``benchmarks/results/components.{md,json}``.
 """
 
@@ -263,6 +264,15 @@ def components(a) -> None:
         off_on(
             "trainer: length-bucketed forward/backward (no padding waste)",
             with_buckets,
+            lambda on: train_all(),
+        )
+
+        def with_shared_prompts(on):
+            trainer.tcfg.share_prompts = on
+
+        off_on(
+            "trainer: a group's prompt through the model once (trainer.share_prompts)",
+            with_shared_prompts,
             lambda on: train_all(),
         )
         widths = [tuple(b.input_ids.shape) for b in tbatches]
