@@ -230,8 +230,8 @@ class DeepSpeedTrainer(TorchTrainer):
     def module(self):
         return self.engine.module.policy
 
-    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False, share: bool | None = None):
-        return self.engine(super().token_logprobs, batch, with_entropy=with_entropy, share=share)
+    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False, prefixes="auto"):
+        return self.engine(super().token_logprobs, batch, with_entropy=with_entropy, prefixes=prefixes)
 
     # ------------------------------------------------------------------ one step
     def _empty_batch(self) -> TrainBatch:
@@ -279,13 +279,13 @@ class DeepSpeedTrainer(TorchTrainer):
             return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
         mbs = mbs + [self._empty_batch() for _ in range(n_mb - n_real)]
 
-        share = [self.can_share_prompts(mb) for mb in mbs]
+        prefixes = [self.shared_prefixes(mb) for mb in mbs]
         if world > 1:
             # sharing calls the model twice per micro-batch: under ZeRO-3 each call gathers the
             # parameters collectively, so every rank takes the same path (shared where all can)
-            flags = torch.tensor(share, dtype=torch.int64, device=self.device)
+            flags = torch.tensor([p is not None for p in prefixes], dtype=torch.int64, device=self.device)
             dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-            share = [bool(f) for f in flags.tolist()]
+            prefixes = [p if f else None for p, f in zip(prefixes, flags.tolist())]
 
         acc, stats_acc = self._new_accumulators()
         finite = True
@@ -293,7 +293,7 @@ class DeepSpeedTrainer(TorchTrainer):
         for i, mb in enumerate(mbs):
             real = i < n_real
             self.engine.set_gradient_accumulation_boundary(i == n_mb - 1)
-            logp, entropy = self.token_logprobs(mb, with_entropy=real, share=share[i])
+            logp, entropy = self.token_logprobs(mb, with_entropy=real, prefixes=prefixes[i])
             scaled = self._scaled_loss(mb, logp, totals, real=real)
             if not bool(torch.isfinite(scaled)):
                 # every rank's gradient becomes non-finite once DeepSpeed reduces it: the step is

@@ -66,16 +66,16 @@ class TorchTrainer:
         return self.model
 
     # ------------------------------------------------------------------ log-probs
-    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False, share: bool | None = None):
+    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False, prefixes="auto"):
         """Log-prob of every target token from position ``batch.start`` on, under the precision policy.
 
-        ``share``: whether prompts go through the model once per group (:meth:`hidden_states`);
-        None: :meth:`can_share_prompts`."""
+        ``prefixes``: the rows' shared prompt prefixes for :meth:`hidden_states` (None: one plain
+        pass); ``"auto"``: :meth:`shared_prefixes`."""
         model = self.module
-        if share is None:
-            share = self.can_share_prompts(batch)
+        if isinstance(prefixes, str):
+            prefixes = self.shared_prefixes(batch)
         with self.precision.autocast(model):
-            hidden = self.hidden_states(model.get_decoder(), batch, share=share)
+            hidden = self.hidden_states(model.get_decoder(), batch, prefixes)
         logits = self.precision.logits(model, hidden)
         logp_all = self.precision.log_softmax(logits, self.temperature)
         targets = batch.input_ids[:, batch.start + 1 :]
@@ -87,30 +87,34 @@ class TorchTrainer:
                 entropy = -(lp.exp() * lp).sum(-1)
         return logp, entropy
 
-    def can_share_prompts(self, batch: TrainBatch) -> bool:
-        """``trainer.share_prompts`` is on and some rows of ``batch`` share their first ``start`` tokens."""
+    def shared_prefixes(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(the distinct first ``start`` tokens of the rows, each row's index into them) when
+        ``trainer.share_prompts`` is on and some rows share them; else None."""
         ids, s = batch.input_ids, batch.start
         if not (self.tcfg.share_prompts and 0 < s < ids.shape[1] - 1 and ids.shape[0] > 1):
-            return False
-        return torch.unique(ids[:, :s], dim=0).shape[0] < ids.shape[0]
+            return None
+        prefixes, rows = torch.unique(ids[:, :s], dim=0, return_inverse=True)
+        return (prefixes, rows) if prefixes.shape[0] < ids.shape[0] else None
 
     @staticmethod
-    def hidden_states(body: nn.Module, batch: TrainBatch, *, share: bool) -> torch.Tensor:
+    def hidden_states(
+        body: nn.Module, batch: TrainBatch, prefixes: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
         """The body's last hidden states at target positions [start, L-1), the ones that predict
         completion tokens.
 
-        ``share``: the positions before ``start`` (every row's prompt, or its first ``min prompt
-        length - 1`` tokens) are computed once per distinct prefix, not once per sample: the G
-        samples of a group share their prompt. The prefix's KV cache is repeated for its rows (the
-        backward sums their gradients back into it) and the rest of each row attends to it. The
-        same values as one pass over every row, since causal attention never lets a prefix
-        position see what follows it; with G=8 and the embedded task's 10-token prompts, 16% fewer
-        positions go through the model. Two calls of ``body`` instead of one (ZeRO-3 ranks must
-        agree on which)."""
+        With ``prefixes`` (:meth:`shared_prefixes`) the positions before ``start`` (every row's
+        prompt, or its first ``min prompt length - 1`` tokens) are computed once per distinct
+        prefix, not once per sample: the G samples of a group share their prompt. The prefix's KV
+        cache is repeated for its rows (the backward sums their gradients back into it) and the
+        rest of each row attends to it. The same values as one pass over every row, since causal
+        attention never lets a prefix position see what follows it; with G=8 and the embedded
+        task's 10-token prompts, 16% fewer positions go through the model. Two calls of ``body``
+        instead of one (ZeRO-3 ranks must agree on which)."""
         ids, s = batch.input_ids, batch.start
-        if share:
-            prefixes, rows = torch.unique(ids[:, :s], dim=0, return_inverse=True)
-            cache = body(input_ids=prefixes, use_cache=True).past_key_values
+        if prefixes is not None:
+            distinct, rows = prefixes
+            cache = body(input_ids=distinct, use_cache=True).past_key_values
             if cache is None:
                 raise RuntimeError(
                     f"trainer.share_prompts=true needs {type(body).__name__} to return its KV cache "
