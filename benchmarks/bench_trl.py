@@ -3,6 +3,7 @@
     python benchmarks/bench_trl.py                      # 3 pairs, default work, ~15-25 min on 2 busy cores
     python benchmarks/bench_trl.py --pairs 1 --steps 20 # a quick look
     python benchmarks/bench_trl.py --threads 1          # one torch thread per process (less contention noise)
+    python benchmarks/bench_trl.py --systems ours_sync,ours_pipeline   # a subset (ratios need trl)
 
 The same work on both sides (checked, and printed in the report):
 
@@ -608,9 +609,9 @@ def fmt(x, spec=".2f"):
 
 def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
     peak = matmul["peak_gflops"]
-    by_sys: dict[str, list[dict]] = {s: [] for s in SYSTEMS}
-    for r in runs:
-        by_sys[r["system"]].append(r)
+    # the systems that ran (--systems may name a subset): tables and ratios cover those
+    present = [s for s in SYSTEMS if any(r["system"] == s for r in runs)]
+    by_sys = {s: [r for r in runs if r["system"] == s] for s in present}
     derived = {s: [derive(r, a, peak) for r in rs] for s, rs in by_sys.items()}
     med = {}
     for s, ds in derived.items():
@@ -622,7 +623,7 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         }
     # per-pair ratios against TRL (pair i: the i-th run of each system)
     ratios: dict = {}
-    for s in ("ours_sync", "ours_pipeline"):
+    for s in [x for x in ("ours_sync", "ours_pipeline") if x in present and "trl" in present]:
         pr = list(zip(derived["trl"], derived[s]))
         ratios[s] = {
             "gen_tok_s": ratio_stats([o["gen_tok_s"] / t["gen_tok_s"] for t, o in pr]),
@@ -647,7 +648,7 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
     pipe_vs_sync = ratio_stats(
         [
             p["steps_per_min"] / s["steps_per_min"]
-            for s, p in zip(derived["ours_sync"], derived["ours_pipeline"])
+            for s, p in zip(derived.get("ours_sync", []), derived.get("ours_pipeline", []))
         ]
     )
     dflt = derive(defaults_run, a, peak) if defaults_run else None
@@ -673,7 +674,7 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         "model GFLOP/s | of matmul peak | peak RSS (MiB) |"
     )
     L.append("|---|" + "---:|" * 15)
-    rows = [(s, med[s]) for s in SYSTEMS] + ([("trl_defaults", dflt)] if dflt else [])
+    rows = [(s, med[s]) for s in present] + ([("trl_defaults", dflt)] if dflt else [])
     for s, m in rows:
         L.append(
             f"| {LABEL[s]} | {fmt(m['gen_tok_s'], '.0f')} | {fmt(m['train_tok_s'], '.0f')} | {fmt(m['steps_per_min'], '.1f')} | "
@@ -690,13 +691,13 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         f"token + 6N per trained token (prompt + completion), N = {runs[0]['n_params']:,} non-embedding parameters. "
         "Peak RSS of pipeline_rl is trainer + generator process.\n"
     )
-    L.append("Ours / TRL (best), per round: median [min, max]\n")
-    L.append(
-        "| system | gen tok/s | trained tok/s | steps/min | CPU s/step (TRL / ours) | time-to-target speed-up | same, fit |"
-    )
-    L.append("|---|---:|---:|---:|---:|---:|---:|")
-    for s in ("ours_sync", "ours_pipeline"):
-        r = ratios[s]
+    if ratios:
+        L.append("Ours / TRL (best), per round: median [min, max]\n")
+        L.append(
+            "| system | gen tok/s | trained tok/s | steps/min | CPU s/step (TRL / ours) | time-to-target speed-up | same, fit |"
+        )
+        L.append("|---|---:|---:|---:|---:|---:|---:|")
+    for s, r in ratios.items():
 
         def c(x):
             return f"{fmt(x['median'])}x [{fmt(x['min'])}, {fmt(x['max'])}]" if x["n"] else "n/a"
@@ -705,19 +706,34 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
             f"| {LABEL[s]} | {c(r['gen_tok_s'])} | {c(r['train_tok_s'])} | {c(r['steps_per_min'])} | {c(r['cpu_per_step'])} | "
             f"{c(r['time_to_target_speedup'])} | {c(r['fit_time_to_target_speedup'])} |"
         )
-    L.append(
-        f"\npipeline_rl over sync at equal steps: {fmt(pipe_vs_sync['median'])}x steps/min "
-        f"[{fmt(pipe_vs_sync['min'])}, {fmt(pipe_vs_sync['max'])}]; busy fractions (median): sync generator "
-        f"{fmt(med_of(by_sys['ours_sync'], 'generator_busy'))}, trainer {fmt(med_of(by_sys['ours_sync'], 'trainer_busy'))}; "
-        f"pipeline generator {fmt(med_of(by_sys['ours_pipeline'], 'generator_busy'))}, trainer "
-        f"{fmt(med_of(by_sys['ours_pipeline'], 'trainer_busy'))}; pipeline max policy lag "
-        f"{max(r['max_policy_lag'] for r in by_sys['ours_pipeline'])}, stale groups dropped "
-        f"{sum(r['stale_dropped_groups'] for r in by_sys['ours_pipeline'])}. Startup (not timed): "
-        f"TRL {fmt(med_of(by_sys['trl'], 'startup_s'), '.1f')} s, sync {fmt(med_of(by_sys['ours_sync'], 'startup_s'), '.1f')} s, "
-        f"pipeline {fmt(med_of(by_sys['ours_pipeline'], 'startup_s'), '.1f')} s (incl. the generator process, ready "
-        f"{fmt(med_of(by_sys['ours_pipeline'], 'generator_startup_s'), '.1f')} s after it was started; timings "
-        "start once it is ready, as they start for the others once their models are built).\n"
-    )
+    sync, pipe = by_sys.get("ours_sync", []), by_sys.get("ours_pipeline", [])
+    notes = []
+    if pipe_vs_sync["n"]:
+        notes.append(
+            f"pipeline_rl over sync at equal steps: {fmt(pipe_vs_sync['median'])}x steps/min "
+            f"[{fmt(pipe_vs_sync['min'])}, {fmt(pipe_vs_sync['max'])}]"
+        )
+    if sync:
+        notes.append(
+            f"busy fractions (median): sync generator {fmt(med_of(sync, 'generator_busy'))}, "
+            f"trainer {fmt(med_of(sync, 'trainer_busy'))}"
+        )
+    if pipe:
+        notes.append(
+            f"pipeline generator {fmt(med_of(pipe, 'generator_busy'))}, trainer "
+            f"{fmt(med_of(pipe, 'trainer_busy'))}; pipeline max policy lag "
+            f"{max(r['max_policy_lag'] for r in pipe)}, stale groups dropped "
+            f"{sum(r['stale_dropped_groups'] for r in pipe)}"
+        )
+    startup = {"trl": "TRL", "ours_sync": "sync", "ours_pipeline": "pipeline"}
+    started = ", ".join(f"{startup[s]} {fmt(med_of(by_sys[s], 'startup_s'), '.1f')} s" for s in present)
+    if pipe:
+        started += (
+            f" (incl. the generator process, ready {fmt(med_of(pipe, 'generator_startup_s'), '.1f')} s after it "
+            "was started; timings start once it is ready, as they start for the others once their models are built)"
+        )
+    lead = "; ".join(notes)
+    L.append(f"\n{lead + '. ' if lead else ''}Startup (not timed): {started}.\n")
     L.append(
         "Learning per step (same prompts each step): train reward, mean over the runs, every few steps\n"
     )
@@ -725,15 +741,15 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
     idx = list(range(0, a.steps, every))
     L.append("| step | " + " | ".join(str(i + 1) for i in idx) + " |")
     L.append("|---|" + "---:|" * len(idx))
-    for s in SYSTEMS:
+    for s in present:
         curves = [r["rewards"] for r in by_sys[s]]
         vals = [statistics.mean(c[i] for c in curves if i < len(c)) for i in idx]
         L.append(f"| {LABEL[s]} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
     L.append("\nHeld-out pass rate by step, mean over the runs\n")
-    steps = [e["step"] for e in by_sys["trl"][0]["evals"]]
+    steps = [e["step"] for e in by_sys[present[0]][0]["evals"]]
     L.append("| step | " + " | ".join(str(x) for x in steps) + " |")
     L.append("|---|" + "---:|" * len(steps))
-    for s in SYSTEMS:
+    for s in present:
         vals = [
             statistics.mean(r["evals"][j]["pass_rate"] for r in by_sys[s] if j < len(r["evals"]))
             for j in range(len(steps))
@@ -788,6 +804,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "trl_vs_ours"))
     ap.add_argument("--override", action="append", default=[], help="extra config override for both systems")
     a = ap.parse_args()
+    systems = [s for s in a.systems.split(",") if s]
+    if not systems or any(s not in SYSTEMS for s in systems):
+        ap.error(f"--systems {a.systems!r}: a comma-separated list of {', '.join(SYSTEMS)}")
 
     if a.cmd == "report":  # re-render the tables of an earlier run from its JSON
         data = json.loads(Path(a.out).with_suffix(".json").read_text())
@@ -832,7 +851,6 @@ def main() -> None:
         f"[bench] matmul GFLOP/s: {json.dumps({k: round(v, 1) for k, v in matmul.items() if isinstance(v, float)})}",
         flush=True,
     )
-    systems = [s for s in a.systems.split(",") if s]
     runs = []
     for i in range(a.pairs):
         order = systems[i % len(systems) :] + systems[: i % len(systems)]
