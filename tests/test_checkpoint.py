@@ -1,0 +1,108 @@
+"""Checkpoints load no code and survive truncation and corruption."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from scalerl.tracking import Checkpointer, CheckpointError, UnsafeCheckpointError, rng_state, set_rng_state
+
+
+class _Payload:
+    """Pickling this object makes the unpickler call os.system: what a crafted checkpoint does."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_carrying_code_is_refused_and_runs_nothing(tmp_path):
+    ck = Checkpointer(tmp_path)
+    ck.dir.mkdir(parents=True)
+    marker = tmp_path / "pwned"
+    torch.save({"step": 3, "evil": _Payload(str(marker))}, ck.path)
+    with pytest.raises(UnsafeCheckpointError) as e:
+        ck.load()
+    assert not marker.exists()
+    msg = str(e.value)
+    assert "\n" not in msg and str(ck.path) in msg and "refused" in msg
+    # even with a good previous checkpoint beside it, a refused one is an error, not skipped
+    torch.save({"step": 2}, ck.previous)
+    with pytest.raises(UnsafeCheckpointError):
+        ck.load()
+    assert not marker.exists()
+
+
+def test_a_plain_pickle_is_refused_too(tmp_path):
+    ck = Checkpointer(tmp_path)
+    ck.dir.mkdir(parents=True)
+    marker = tmp_path / "pwned"
+    ck.path.write_bytes(pickle.dumps({"x": _Payload(str(marker))}))
+    with pytest.raises(CheckpointError):
+        ck.load()
+    assert not marker.exists()
+
+
+def test_truncated_latest_falls_back_to_the_previous_one(tmp_path, caplog):
+    ck = Checkpointer(tmp_path)
+    ck.save({"step": 10, "w": torch.arange(1000.0)})
+    ck.save({"step": 20, "w": torch.arange(1000.0) + 1})
+    assert ck.load()["step"] == 20
+    data = ck.path.read_bytes()
+    ck.path.write_bytes(data[: len(data) // 2])  # a crash or a full disk mid-copy
+    with caplog.at_level("WARNING", logger="scalerl"):
+        st = ck.load()
+    assert st["step"] == 10 and torch.equal(st["w"], torch.arange(1000.0))
+    assert "truncated or corrupt" in caplog.text
+
+
+def test_corrupt_checkpoint_without_a_previous_one_is_one_line(tmp_path):
+    ck = Checkpointer(tmp_path)
+    ck.dir.mkdir(parents=True)
+    ck.path.write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(CheckpointError) as e:
+        ck.load()
+    assert "\n" not in str(e.value) and "corrupt" in str(e.value)
+
+
+def test_saving_keeps_the_previous_checkpoint_and_leaves_no_temporary_file(tmp_path):
+    ck = Checkpointer(tmp_path)
+    for step in range(3):
+        ck.save({"step": step})
+    assert torch.load(ck.previous, weights_only=True)["step"] == 1
+    assert sorted(p.name for p in ck.dir.iterdir()) == ["last.pt", "previous.pt"]
+
+
+def test_a_failed_save_leaves_the_last_checkpoint_and_no_temporary_file(tmp_path):
+    ck = Checkpointer(tmp_path)
+    ck.save({"step": 1})
+    with pytest.raises(Exception):
+        ck.save({"step": 2, "bad": _Unpicklable()})
+    assert ck.load()["step"] == 1
+    assert sorted(p.name for p in ck.dir.iterdir()) == ["last.pt", "previous.pt"]
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise OSError(28, "No space left on device")
+
+
+def test_rng_states_round_trip_through_a_safe_checkpoint(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    ck = Checkpointer(tmp_path)
+    ck.save({"rng": rng_state()})
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    set_rng_state(ck.load()["rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
