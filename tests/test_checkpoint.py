@@ -83,7 +83,7 @@ def test_saving_keeps_the_previous_checkpoint_and_leaves_no_temporary_file(tmp_p
 def test_a_failed_save_leaves_the_last_checkpoint_and_no_temporary_file(tmp_path):
     ck = Checkpointer(tmp_path)
     ck.save({"step": 1})
-    with pytest.raises(Exception):
+    with pytest.raises(OSError):
         ck.save({"step": 2, "bad": _Unpicklable()})
     assert ck.load()["step"] == 1
     assert sorted(p.name for p in ck.dir.iterdir()) == ["last.pt", "previous.pt"]
