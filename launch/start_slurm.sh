@@ -203,6 +203,8 @@ write_file "$CONF" 0644 <<EOF
 ClusterName=$CLUSTER
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
+# every daemon binds the loopback address it is given, not all interfaces
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
@@ -263,6 +265,7 @@ AuthInfo=socket=$MUNGE_SOCK
 DbdHost=$NODE
 DbdAddr=127.0.0.1
 DbdPort=$DBD_PORT
+CommunicationParameters=NoInAddrAny
 SlurmUser=root
 PidFile=$RUN/slurmdbd.pid
 LogFile=$LOG/slurmdbd.log

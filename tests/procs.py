@@ -34,3 +34,33 @@ def running(pid: int) -> bool:
         return _stat_fields(pid)[0] != "Z"
     except OSError:
         return False
+
+
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """The (address, port) of every TCP socket ``pid`` listens on (from /proc/net/tcp and tcp6;
+    IPv4 addresses dotted, IPv6 ones as 32 hex digits, all-zero for "every interface")."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = fd.readlink().as_posix()
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            f = line.split()
+            local, state, inode = f[1], f[3], f[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr, hexport = local.split(":")
+            if len(hexaddr) == 8:  # IPv4, little-endian
+                addr = ".".join(str(int(hexaddr[i : i + 2], 16)) for i in (6, 4, 2, 0))
+            else:
+                addr = hexaddr
+            out.append((addr, int(hexport, 16)))
+    return out

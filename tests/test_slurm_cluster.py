@@ -189,3 +189,17 @@ def test_checkpointable_job_is_requeued_and_resumes(slurm_cluster, tmp_path):
     )
     log = job_log(job)
     assert "this job is preempted" in log and "Requeued job" in log, log
+
+
+@pytest.mark.slurm
+def test_every_daemon_listens_on_loopback_only(slurm_cluster):
+    from procs import listening_addresses
+
+    run_dir = slurm_cluster.conf.parent.parent / "run"
+    seen = {}
+    for name in ("slurmctld", "slurmd", "slurmdbd", "mariadbd"):
+        pid = int((run_dir / f"{name}.pid").read_text().strip())
+        seen[name] = listening_addresses(pid)
+    assert all(seen.values()), f"a daemon listens on nothing: {seen}"
+    for name, addrs in seen.items():
+        assert {a for a, _ in addrs} == {"127.0.0.1"}, f"{name} listens on {addrs}"
