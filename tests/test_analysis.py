@@ -121,14 +121,14 @@ def test_cli_compare(store):
     assert {"loss", "precision"} <= set(rows[0]) and "out_dir" not in rows[0] and "trainer.lr" not in rows[0]
     for r in rows[:3]:
         truth = RUNS[r["run_name"]][0]
-        a = float(r["A [CI]"].split()[0])
+        a = float(r["A [90% CI]"].split()[0])
         assert abs(a - truth.A) < 0.03, r
-        lo, hi = (float(v) for v in r["A [CI]"].split("[")[1].rstrip("]").split(","))
+        lo, hi = (float(v) for v in r["A [90% CI]"].split("[")[1].rstrip("]").split(","))
         assert lo <= a <= hi
         assert abs(float(r["B"]) / truth.B - 1) < 0.35, r
     assert "unfittable" in rows[3]["note"] and "points" in rows[3]["note"]
     assert "baseline" in rows[0]["note"]
-    assert rows[1]["exceeds_margin"] == "yes"  # dapo: delta A = -0.05 vs base
+    assert rows[1]["abs(ΔA) > 0.02"] == "yes"  # dapo: delta A = -0.05 vs base
     # device_hours run: C_mid in device-hours, not FLOPs.
     bf16 = next(r for r in rows if r["run_name"] == "bf16")
     assert float(bf16["C_mid"]) == pytest.approx(1.5e18 / FLOPS_PER_DEVICE_HOUR, rel=0.2)
@@ -141,7 +141,7 @@ def test_cli_compare(store):
     for name in ("base", "dapo", "bf16"):
         run = client.get_run(store["ids"][name])
         m = run.data.metrics
-        table_a = float(next(r for r in rows if r["run_name"] == name)["A [CI]"].split()[0])
+        table_a = float(next(r for r in rows if r["run_name"] == name)["A [90% CI]"].split()[0])
         assert m["fit/A"] == pytest.approx(table_a, abs=6e-4)
         assert m["fit/ok"] == 1.0 and m["fit/A_lo"] <= m["fit/A"] <= m["fit/A_hi"]
         assert "fit/B_fixed_A" in m and "fit/pred_mae" in m
@@ -195,7 +195,10 @@ def test_fit_experiment_rows(store, tmp_path):
     assert by["dapo"]["variant"] == "loss=dapo, precision=fp32_head"
 
     md = rows_to_markdown(rows)
-    assert md.startswith("| run_name | loss | precision | A [CI] |") and md.count("\n") == len(rows) + 2
+    assert (
+        md.startswith("| run_name | loss | precision | status | A [90% CI] |")
+        and md.count("\n") == len(rows) + 2
+    )
     path = rows_to_csv(rows, tmp_path / "rows.csv")
     with path.open() as fh:
         back = list(csv.DictReader(fh))
