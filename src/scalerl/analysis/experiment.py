@@ -316,7 +316,7 @@ def analyse_runs(
         row = {
             "run_id": r.run_id,
             "run_name": r.run_name,
-            "status": r.status,
+            "status": r.status.lower(),
             "variant": names[r.run_id],
             **{k: r.params.get(k, "") for k in differing},
             "compute_axis": r.compute_axis,
