@@ -97,7 +97,7 @@ def _labels(res: ExperimentResult) -> dict[str, str]:
     out = {}
     for r in res.runs:
         v = next(row["variant"] for row in res.rows if row["run_id"] == r.run_id)
-        out[r.run_id] = r.run_name if v in ("", r.run_name) or "=" in v else f"{r.run_name} ({v})"
+        out[r.run_id] = r.run_name if v in ("", r.run_name) else f"{r.run_name} ({v})"
     return out
 
 
