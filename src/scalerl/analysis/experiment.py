@@ -181,7 +181,9 @@ def choose_baseline(
     named = [r for r in runs if "baseline" in (names[r.run_id], r.run_name)]
     hits = [r for r in named if fits[r.run_id].ok]
     if hits:
-        return made(names[hits[0].run_id], f"run {hits[0].run_name!r} is named baseline")
+        r = hits[0]
+        why = "its variant is named baseline" if names[r.run_id] == "baseline" else "a run is named baseline"
+        return made(names[r.run_id], f"{why} (run {r.run_name!r})")
     if named:
         skipped = f" (run {named[0].run_name!r} is named baseline but could not be fitted: {fits[named[0].run_id].reason})"
     keys = [k for k in differing if k not in SEED_KEYS]
