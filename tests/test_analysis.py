@@ -251,18 +251,22 @@ def test_cli_never_chooses_an_unfittable_baseline(store, capsys):
     client, rng = store["client"], np.random.default_rng(1)
     eid = client.create_experiment("choice", artifact_location=str(store["tmp"] / "choice"))
     # named "baseline" and the leave-one-out centre, but two evaluations only: not fittable
-    _log_run(client, eid, "baseline", [0, 10], [0.0, 1e17], [0.15, 0.2], {"loss": "cispo"})
-    for name, loss, truth in (("a", "dapo", RUNS["dapo"][0]), ("b", "gspo", RUNS["base"][0])):
+    recipe = {"loss": "cispo", "precision": "fp32_head"}
+    _log_run(client, eid, "baseline", [0, 10], [0.0, 1e17], [0.15, 0.2], recipe)
+    for name, change, truth in (
+        ("a", {"loss": "dapo"}, RUNS["dapo"][0]),
+        ("b", {"precision": "bf16"}, RUNS["base"][0]),
+    ):
         c, y = sample_run(truth, rng, reach=6.0, trials=2048, n_points=20)
-        _log_run(client, eid, name, np.arange(c.size), c, y, {"loss": loss})
+        _log_run(client, eid, name, np.arange(c.size), c, y, {**recipe, **change})
     rc, cap, rows = _fit_cli(store, capsys, "choice")
     assert rc == 0
     (line,) = [ln for ln in cap.err.splitlines() if ln.startswith("baseline:")]
     assert line.startswith(
-        "baseline: variant 'loss=dapo' (1 run, 1 fitted): the first-started fitted run, 'a'"
+        "baseline: variant 'loss=dapo, precision=fp32_head' (1 run, 1 fitted): the first-started fitted run, 'a'"
     )
-    assert "run 'baseline' is named baseline but could not be fitted" in line
-    assert "leave-one-out centre loss=cispo could not be fitted" in line and "set --baseline" in line
+    assert "run 'baseline' is named baseline but could not be fitted" in line and "set --baseline" in line
+    assert "leave-one-out centre loss=cispo, precision=fp32_head could not be fitted" in line
     assert rows["a"]["baseline"] == "True" and rows["baseline"]["baseline"] == "False"
     assert float(rows["b"]["delta_A"]) == pytest.approx(float(rows["b"]["A"]) - float(rows["a"]["A"]))
     assert rows["baseline"]["delta_A"] == "nan"  # unfitted: no delta

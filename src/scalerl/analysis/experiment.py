@@ -137,7 +137,7 @@ def choose_baseline(
 
     Not given: among *fitted* runs only, in this order: a run or variant named "baseline"; in a
     leave-one-out layout (3+ runs) the variant whose runs take the most common value of every
-    differing recipe param; else the first fitted run (runs come ordered by start time). No
+    differing recipe param (a value more common than any other); else the first fitted run (runs come ordered by start time). No
     fitted run: no baseline.
     """
 
@@ -188,10 +188,12 @@ def choose_baseline(
         skipped = f" (run {named[0].run_name!r} is named baseline but could not be fitted: {fits[named[0].run_id].reason})"
     keys = [k for k in differing if k not in SEED_KEYS]
     if keys and len(runs) >= 3:
-        mode = {k: Counter(r.params.get(k) for r in runs).most_common(1)[0][0] for k in keys}
+        top = {k: Counter(r.params.get(k) for r in runs).most_common(2) for k in keys}
+        mode = {k: t[0][0] for k, t in top.items()}
+        clear = all(len(t) == 1 or t[0][1] > t[1][1] for t in top.values())  # no ties
         centre = [r for r in runs if all(r.params.get(k) == mode[k] for k in keys)]
         variants = {names[r.run_id] for r in centre}
-        if len(variants) == 1:
+        if clear and len(variants) == 1:
             ok = [r for r in centre if fits[r.run_id].ok]
             values = ", ".join(f"{k}={mode[k]}" for k in keys)
             if ok:
