@@ -121,14 +121,14 @@ def test_cli_compare(store):
     assert {"loss", "precision"} <= set(rows[0]) and "out_dir" not in rows[0] and "trainer.lr" not in rows[0]
     for r in rows[:3]:
         truth = RUNS[r["run_name"]][0]
-        a = float(r["A [CI]"].split()[0])
+        a = float(r["A [90% CI]"].split()[0])
         assert abs(a - truth.A) < 0.03, r
-        lo, hi = (float(v) for v in r["A [CI]"].split("[")[1].rstrip("]").split(","))
+        lo, hi = (float(v) for v in r["A [90% CI]"].split("[")[1].rstrip("]").split(","))
         assert lo <= a <= hi
         assert abs(float(r["B"]) / truth.B - 1) < 0.35, r
     assert "unfittable" in rows[3]["note"] and "points" in rows[3]["note"]
     assert "baseline" in rows[0]["note"]
-    assert rows[1]["exceeds_margin"] == "yes"  # dapo: delta A = -0.05 vs base
+    assert rows[1]["abs(ΔA) > 0.02"] == "yes"  # dapo: delta A = -0.05 vs base
     # device_hours run: C_mid in device-hours, not FLOPs.
     bf16 = next(r for r in rows if r["run_name"] == "bf16")
     assert float(bf16["C_mid"]) == pytest.approx(1.5e18 / FLOPS_PER_DEVICE_HOUR, rel=0.2)
@@ -141,7 +141,7 @@ def test_cli_compare(store):
     for name in ("base", "dapo", "bf16"):
         run = client.get_run(store["ids"][name])
         m = run.data.metrics
-        table_a = float(next(r for r in rows if r["run_name"] == name)["A [CI]"].split()[0])
+        table_a = float(next(r for r in rows if r["run_name"] == name)["A [90% CI]"].split()[0])
         assert m["fit/A"] == pytest.approx(table_a, abs=6e-4)
         assert m["fit/ok"] == 1.0 and m["fit/A_lo"] <= m["fit/A"] <= m["fit/A_hi"]
         assert "fit/B_fixed_A" in m and "fit/pred_mae" in m
@@ -195,7 +195,10 @@ def test_fit_experiment_rows(store, tmp_path):
     assert by["dapo"]["variant"] == "loss=dapo, precision=fp32_head"
 
     md = rows_to_markdown(rows)
-    assert md.startswith("| run_name | loss | precision | A [CI] |") and md.count("\n") == len(rows) + 2
+    assert (
+        md.startswith("| run_name | loss | precision | status | A [90% CI] |")
+        and md.count("\n") == len(rows) + 2
+    )
     path = rows_to_csv(rows, tmp_path / "rows.csv")
     with path.open() as fh:
         back = list(csv.DictReader(fh))
@@ -219,3 +222,72 @@ def test_load_runs_pairs_by_step(store):
     assert run.compute[-1] == pytest.approx(6 * 1.5e18 / FLOPS_PER_DEVICE_HOUR)
     running = load_runs(store["client"], EXPERIMENT, include_running=True)
     assert any(r.status == RunStatus.to_string(RunStatus.RUNNING) for r in running)
+
+
+def _fit_cli(store, capsys, experiment, *extra):
+    from scalerl.analysis.__main__ import main
+
+    out = store["tmp"] / f"out-{experiment}"
+    args = ["fit", "--tracking-uri", store["uri"], "--experiment", experiment, "--out", str(out)]
+    rc = main([*args, "--bootstrap", "0", "--no-write-back", *extra])
+    cap = capsys.readouterr()
+    rows = {r["run_name"]: r for r in csv.DictReader((out / "fits.csv").open())} if rc == 0 else {}
+    return rc, cap, rows
+
+
+def test_cli_says_which_baseline_it_chose(store, capsys):
+    rc, cap, rows = _fit_cli(store, capsys, EXPERIMENT)
+    assert rc == 0
+    line = [ln for ln in cap.err.splitlines() if ln.startswith("baseline:")]
+    assert line == [
+        "baseline: variant 'loss=cispo, precision=fp32_head' (1 run, 1 fitted): the leave-one-out centre, "
+        "with the most common value of every differing param (loss=cispo, precision=fp32_head)"
+    ]
+    assert rows["base"]["baseline"] == "True" and float(rows["base"]["delta_A"]) == 0.0
+    assert "baseline variant 'loss=cispo, precision=fp32_head'" in cap.out  # the table's legend says it too
+
+
+def test_cli_never_chooses_an_unfittable_baseline(store, capsys):
+    client, rng = store["client"], np.random.default_rng(1)
+    eid = client.create_experiment("choice", artifact_location=str(store["tmp"] / "choice"))
+    # named "baseline" and the leave-one-out centre, but two evaluations only: not fittable
+    recipe = {"loss": "cispo", "precision": "fp32_head"}
+    _log_run(client, eid, "baseline", [0, 10], [0.0, 1e17], [0.15, 0.2], recipe)
+    for name, change, truth in (
+        ("a", {"loss": "dapo"}, RUNS["dapo"][0]),
+        ("b", {"precision": "bf16"}, RUNS["base"][0]),
+    ):
+        c, y = sample_run(truth, rng, reach=6.0, trials=2048, n_points=20)
+        _log_run(client, eid, name, np.arange(c.size), c, y, {**recipe, **change})
+    rc, cap, rows = _fit_cli(store, capsys, "choice")
+    assert rc == 0
+    (line,) = [ln for ln in cap.err.splitlines() if ln.startswith("baseline:")]
+    assert line.startswith(
+        "baseline: variant 'loss=dapo, precision=fp32_head' (1 run, 1 fitted): the first-started fitted run, 'a'"
+    )
+    assert "run 'baseline' is named baseline but could not be fitted" in line and "set --baseline" in line
+    assert "leave-one-out centre loss=cispo, precision=fp32_head could not be fitted" in line
+    assert rows["a"]["baseline"] == "True" and rows["baseline"]["baseline"] == "False"
+    assert float(rows["b"]["delta_A"]) == pytest.approx(float(rows["b"]["A"]) - float(rows["a"]["A"]))
+    assert rows["baseline"]["delta_A"] == "nan"  # unfitted: no delta
+
+    # asked for by name: kept, and the deltas stay empty rather than measured against another run
+    rc, cap, rows = _fit_cli(store, capsys, "choice", "--baseline", "baseline")
+    assert rc == 0 and "baseline:" not in cap.err
+    assert "none of its runs could be fitted, so delta_A and delta_B are empty" in cap.out
+    assert all(r["delta_A"] == "nan" for r in rows.values()) and rows["baseline"]["baseline"] == "True"
+
+    # a name that is no run: one line, exit 2
+    rc, cap, _ = _fit_cli(store, capsys, "choice", "--baseline", "nope")
+    assert rc == 2 and cap.err.count("\n") == 1
+    assert cap.err.startswith(
+        "error: baseline 'nope' (--baseline): no run id, run name or variant of that name"
+    )
+
+    # nothing fittable at all: says there is no baseline
+    eid = client.create_experiment("unfittable", artifact_location=str(store["tmp"] / "unfittable"))
+    for name in ("x", "y"):
+        _log_run(client, eid, name, [0, 10], [0.0, 1e17], [0.15, 0.2], {"loss": name})
+    rc, cap, rows = _fit_cli(store, capsys, "unfittable")
+    assert rc == 0 and "no baseline: no run could be fitted" in cap.err
+    assert not any(r["baseline"] == "True" for r in rows.values())

@@ -269,7 +269,8 @@ def test_sweep_runs_are_children_of_a_parent_run_with_the_report(tiny_sweep):
         else:
             assert m["fit/ok"] == 0.0 and math.isnan(m["fit/A"])
     md = (tiny_sweep["out"] / "report" / "fits.md").read_text()
-    assert "| variant | status | A [90% CI] | B | C_mid | ΔA vs baseline |" in md
+    assert md.startswith("# Sweep tiny: 3 runs") and "| run_name | loss |" in md
+    assert "| status | A [90% CI] | B | C_mid | R0 | points |" in md
     assert md in res.stdout  # the table is printed too
     assert parent.data.metrics["sweep/runs_finished"] == 2 and parent.data.metrics["sweep/runs_failed"] == 1
 
@@ -336,18 +337,146 @@ def test_report_command_rewrites_the_report(tiny_sweep, capsys):
 
 
 def test_report_flags_a_ceiling_the_data_does_not_settle():
-    from scalerl.sweep.report import render_markdown
+    from scalerl.analysis import rows_to_markdown
 
-    def row(job, a_hi):
+    def row(name, a_hi):
         return {
-            "job": job, "seed": 0, "status": "finished", "ok": True, "baseline": job == "base",
+            "run_name": name, "status": "finished", "ok": True, "baseline": name == "base",
             "A": 0.6, "A_lo": 0.5, "A_hi": a_hi, "B": 1.0, "C_mid": 1e12, "delta_A": 0.0,
             "exceeds_margin": False, "B_fixed_A": 1.0, "pass_rate_start": 0.1, "pass_rate_final": 0.5,
         }  # fmt: skip
 
-    state = {"name": "s", "parent_run_id": "p", "tracking_uri": "sqlite:///x.db", "baseline": "base"}
-    md = render_markdown(state, [row("base", 0.7), row("open", 1.0)], None, multi_seed=False)
+    md = rows_to_markdown([row("base", 0.7), row("open", 1.0)])
     base_line = next(line for line in md.splitlines() if line.startswith("| base "))
     open_line = next(line for line in md.splitlines() if line.startswith("| open "))
     assert "cannot rule out a ceiling of 1" in open_line
     assert "A unsettled" not in base_line
+
+
+# ----------------------------------------------------------------------------- one report pipeline
+SYN_SWEEP = {  # variant -> (true curve, params the run logs); "broken" never reaches MLflow
+    "base": ((0.15, 0.62, 1.9, 2.0e18), {"loss": "cispo", "precision": "fp32_head"}),
+    "dapo": ((0.15, 0.55, 1.5, 2.5e18), {"loss": "dapo", "precision": "fp32_head"}),
+    "bf16": ((0.15, 0.60, 2.4, 1.5e18), {"loss": "cispo", "precision": "bf16"}),
+}
+
+
+@pytest.fixture
+def synthetic_sweep(tmp_path):
+    """A sweep launched for real (plan, parent run, sweep.json) whose child runs are synthetic
+    curves logged into a real sqlite MLflow store the way training runs log them, 2 seeds each,
+    plus a planned variant that failed before reaching MLflow."""
+    import time
+
+    import numpy as np
+    from mlflow.entities import Metric, Param, RunTag
+
+    from scalerl.scaling.synthetic import TrueCurve, sample_run
+    from scalerl.sweep.state import client_for, start_parent
+
+    f = write_sweep(
+        tmp_path / "syn.yaml",
+        {"base": [], "dapo": ["loss=dapo"], "bf16": ["precision=bf16"], "broken": BROKEN},
+        name="syn",
+        base=["trainer.total_steps=30", "scaling.bootstrap=40"],
+        seeds=[0, 1],
+        baseline="base",
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sdir = tmp_path / "out"
+    plan = make_plan(load_spec(f), [], sweep_dir=sdir, tracking_uri=uri)
+    exp_id, parent = start_parent(plan)
+    client = client_for(uri)
+    rng = np.random.default_rng(0)
+    ids = {}
+    for run in plan.runs:
+        if run.variant == "broken":
+            continue
+        truth, params = SYN_SWEEP[run.variant]
+        c, y = sample_run(TrueCurve(*truth), rng, reach=6.0, trials=2048, n_points=30)
+        tags = {"mlflow.parentRunId": parent, "sweep": "syn", "variant": run.variant, "seed": str(run.seed)}
+        r = client.create_run(exp_id, run_name=run.name, tags=tags)
+        ts = int(time.time() * 1000)
+        ms = [Metric("val/pass_rate", float(v), ts, i) for i, v in enumerate(y)]
+        ms += [Metric("compute/flops", float(v), ts, i) for i, v in enumerate(c)]
+        ps = [Param(k, v) for k, v in {**params, "seed": str(run.seed), "out_dir": run.out_dir}.items()]
+        client.log_batch(r.info.run_id, metrics=ms, params=ps, tags=[RunTag("mlflow.runName", run.name)])
+        client.set_terminated(r.info.run_id)
+        Path(run.out_dir).mkdir(parents=True)
+        summary = {"steps": run.total_steps, "pass_rate_start": y[0], "pass_rate_final": y[-1]}
+        (Path(run.out_dir) / "summary.json").write_text(json.dumps(summary))
+        ids[run.name] = r.info.run_id
+    return {"file": f, "uri": uri, "out": sdir, "ids": ids, "client": client, "parent": parent}
+
+
+COMPARED = (
+    "baseline",
+    "ok",
+    "A",
+    "A_lo",
+    "A_hi",
+    "B",
+    "C_mid",
+    "delta_A",
+    "delta_B",
+    "exceeds_margin",
+    "B_fixed_A",
+)
+
+
+def test_sweep_report_and_analysis_cli_give_the_same_table(synthetic_sweep, capsys):
+    """The same runs through `python sweep.py --report` and `python -m scalerl.analysis compare`
+    (no --baseline: it takes the baseline the sweep declared): the same fits, and the same delta A
+    and delta B against the same baseline variant, the mean over its two seeds."""
+    from scalerl.analysis.__main__ import main as analysis_main
+
+    sw = synthetic_sweep
+    assert main(["--report", str(sw["file"]), "--out", str(sw["out"])]) == 0
+    capsys.readouterr()
+    sweep_list = list(csv.DictReader((sw["out"] / "report" / "fits.csv").open()))
+    assert [r["job"] for r in sweep_list] == [
+        f"{v}-seed{s}" for v in ("base", "dapo", "bf16", "broken") for s in (0, 1)
+    ]
+    sweep_rows = {r["run_id"]: r for r in sweep_list if r["run_id"]}
+    rc = analysis_main(
+        ["compare", "--tracking-uri", sw["uri"], "--experiment", "syn", "--out", str(sw["out"] / "cli"),
+         "--bootstrap", "40"]
+    )  # fmt: skip
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "baseline: variant 'base' (2 runs, 2 fitted): given by sweep 'syn'" in out.err
+    cli_rows = {r["run_id"]: r for r in csv.DictReader((sw["out"] / "cli" / "fits.csv").open())}
+
+    assert set(cli_rows) == set(sw["ids"].values()) == set(sweep_rows)
+    for rid, cli in cli_rows.items():
+        assert {k: sweep_rows[rid][k] for k in COMPARED} == {k: cli[k] for k in COMPARED}, cli["run_name"]
+    by_name = {r["run_name"]: r for r in cli_rows.values()}
+    base_a = (float(by_name["base-seed0"]["A"]) + float(by_name["base-seed1"]["A"])) / 2
+    base_b = (float(by_name["base-seed0"]["B"]) + float(by_name["base-seed1"]["B"])) / 2
+    for r in by_name.values():
+        assert r["baseline"] == str(r["run_name"].startswith("base-"))
+        assert float(r["delta_A"]) == pytest.approx(float(r["A"]) - base_a, abs=1e-12)
+        assert float(r["delta_B"]) == pytest.approx(float(r["B"]) - base_b, abs=1e-12)
+    assert float(by_name["dapo-seed0"]["delta_A"]) < -0.03  # true A 0.55 against 0.62
+    # the sweep's own rows: the failed variant listed (unfitted), the Markdown tables identical
+    broken = sweep_list[-1]
+    assert broken["status"] == "not started" and broken["ok"] == "False" and broken["variant"] == "broken"
+    sweep_md = (sw["out"] / "report" / "fits.md").read_text()
+    cli_md = (sw["out"] / "cli" / "fits.md").read_text()
+    for name in by_name:
+        line = next(ln for ln in sweep_md.splitlines() if ln.startswith(f"| {name} "))
+        assert line in cli_md.splitlines(), line
+    # the fit/* metrics written back are the table's
+    m = sw["client"].get_run(sw["ids"]["dapo-seed1"]).data.metrics
+    assert m["fit/delta_A"] == pytest.approx(float(by_name["dapo-seed1"]["delta_A"]), abs=1e-12)
+    assert m["fit/delta_B"] == pytest.approx(float(by_name["dapo-seed1"]["delta_B"]), abs=1e-12)
+    assert m["fit/exceeds_margin"] == 1.0
+
+    # --baseline by run name: that run's variant, both seeds, the same numbers
+    rc = analysis_main(
+        ["fit", "--tracking-uri", sw["uri"], "--experiment", "syn", "--out", str(sw["out"] / "cli2"),
+         "--bootstrap", "40", "--baseline", "base-seed1", "--no-write-back"]
+    )  # fmt: skip
+    assert rc == 0 and "baseline:" not in capsys.readouterr().err  # given: nothing to explain
+    again = {r["run_id"]: r for r in csv.DictReader((sw["out"] / "cli2" / "fits.csv").open())}
+    assert {k: r["delta_A"] for k, r in again.items()} == {k: r["delta_A"] for k, r in cli_rows.items()}

@@ -1,32 +1,42 @@
 """Analysis of finished (or running) training runs: sigmoid fits of every run in an MLflow
-experiment, recipe comparison tables, plots, and write-back of ``fit/*`` metrics.
+experiment, recipe comparison tables against a baseline variant, plots, and write-back of
+``fit/*`` metrics.
 
 Command line: ``python -m scalerl.analysis fit|compare --experiment NAME ...`` (see analysis/README.md).
-Library: :func:`fit_experiment` (rows for the sweep report), :func:`rows_to_markdown`,
-:func:`rows_to_csv`; :func:`analyse_runs` for the fits themselves.
+Library: :func:`report` (the one report pipeline: table, files, plots, write-back; the analysis CLI
+and the sweep report both call it), :func:`fit_experiment` (rows only), :func:`analyse_runs` (the
+fits and comparison), :func:`rows_to_markdown`, :func:`rows_to_csv`.
 """
 
 from scalerl.analysis.experiment import (
     MARGIN_A,
+    Baseline,
     ExperimentResult,
     analyse_runs,
+    choose_baseline,
     differing_params,
     fit_experiment,
     rows_to_csv,
     rows_to_markdown,
 )
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, load_runs, make_client, resolve_tracking_uri
+from scalerl.analysis.reporting import FitOptions, Report, report
 
 __all__ = [
     "MARGIN_A",
     "AnalysisError",
+    "Baseline",
     "ExperimentResult",
+    "FitOptions",
+    "Report",
     "RunData",
     "analyse_runs",
+    "choose_baseline",
     "differing_params",
     "fit_experiment",
     "load_runs",
     "make_client",
+    "report",
     "resolve_tracking_uri",
     "rows_to_csv",
     "rows_to_markdown",

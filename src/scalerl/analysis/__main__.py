@@ -1,30 +1,25 @@
 """``python -m scalerl.analysis fit|compare``: sigmoid fits of the runs of an MLflow experiment.
 
-fit      per-run fits (with bootstrap CIs and the half-budget prediction check), the table,
-         per-run plots, and write-back of ``fit/*`` metrics + ``scaling_curve.png`` to each run.
+fit      per-run fits (with bootstrap CIs and the half-budget prediction check), the table
+         (delta A and delta B against the baseline variant), per-run plots, and write-back of
+         ``fit/*`` metrics + ``scaling_curve.png`` to each run.
 compare  all of ``fit``, plus the comparison plots: every run's curve on one figure and the
          linearised leave-one-out plot (B refitted with A fixed to the sweep mean).
+
+The same report as ``python sweep.py`` writes for a sweep (both call scalerl.analysis.report).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
-from scalerl.analysis.experiment import (
-    MARGIN_A,
-    ExperimentResult,
-    analyse_runs,
-    rows_to_csv,
-    rows_to_markdown,
-)
-from scalerl.analysis.mlflow_io import AnalysisError, load_runs, make_client, resolve_tracking_uri, write_back
+from scalerl.analysis.experiment import MARGIN_A, baseline_argument, rows_to_markdown
+from scalerl.analysis.mlflow_io import AnalysisError, load_runs, make_client, resolve_tracking_uri
+from scalerl.analysis.reporting import FitOptions, report, safe_name
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS
 
 
@@ -59,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--extrapolate", type=float, default=2.0, help="plots extend fits to this x the budget"
     )
     common.add_argument(
-        "--baseline", default=None, help="run id / run name / variant of the reference run for delta A"
+        "--baseline",
+        default=None,
+        help="run id, run name or variant: its variant (all its seeds) is the reference of delta A and "
+        "delta B (default: the baseline the runs' sweep declared, else a fitted run named 'baseline', "
+        "else the leave-one-out centre, else the first fitted run; the choice is printed)",
     )
     common.add_argument(
         "--margin", type=float, default=MARGIN_A, help="|delta A| above this is flagged (0.02)"
@@ -82,95 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "run"
-
-
-def _axis_label(res: ExperimentResult) -> str:
-    axes = {r.compute_axis for r in res.runs}
-    return {"flops": "compute (FLOPs)", "device_hours": "compute (device-hours)"}.get(
-        axes.pop() if len(axes) == 1 else "", "compute"
-    )
-
-
-def _labels(res: ExperimentResult) -> dict[str, str]:
-    out = {}
-    for r in res.runs:
-        v = next(row["variant"] for row in res.rows if row["run_id"] == r.run_id)
-        out[r.run_id] = r.run_name if v in ("", r.run_name) else f"{r.run_name} ({v})"
-    return out
-
-
-def _write_outputs(res: ExperimentResult, args, out: Path, *, comparison: bool) -> dict[str, Path]:
-    from scalerl.scaling.plot import plot_fit, plot_linearised
-
-    out.mkdir(parents=True, exist_ok=True)
-    xlabel = _axis_label(res)
-    labels = _labels(res)
-    paths: dict[str, Path] = {}
-    for r in res.runs:
-        p = out / "runs" / _safe(f"{r.run_name}-{r.run_id[:8]}") / "scaling_curve.png"
-        plot_fit(
-            p,
-            [(labels[r.run_id], res.fits[r.run_id])],
-            extrapolate=args.extrapolate,
-            title=f"{r.run_name}: sigmoid fit",
-            xlabel=xlabel,
-        )
-        paths[r.run_id] = p
-    if comparison:
-        order = [row["run_id"] for row in res.rows]
-        plot_fit(
-            out / "scaling_curves.png",
-            [(labels[i], res.fits[i]) for i in order],
-            extrapolate=args.extrapolate,
-            title="All runs: sigmoid fits",
-            xlabel=xlabel,
-        )
-        lin = [(labels[i], res.fixed_fits[i]) for i in order if i in res.fixed_fits and res.fixed_fits[i].ok]
-        title = f"Linearised, A fixed to the mean {res.A_mean:.3f}: slope = B"
-        if not lin:
-            lin = [(labels[i], res.fits[i]) for i in order if res.fits[i].ok]
-            title = "Linearised fits: slope = B"
-        plot_linearised(out / "linearised.png", lin, title=title, xlabel=xlabel)
-        if res.pooled_fits:
-            plot_fit(
-                out / "pooled_curves.png",
-                list(res.pooled_fits.items()),
-                extrapolate=args.extrapolate,
-                title="Seeds pooled per recipe",
-                xlabel=xlabel,
-            )
-    rows_to_csv(res.rows, out / "fits.csv")
-    (out / "fits.md").write_text(rows_to_markdown(res.rows))
-    (out / "fits.json").write_text(json.dumps(res.rows, indent=1, default=str, allow_nan=True))
-    if res.pooled_rows:
-        rows_to_csv(res.pooled_rows, out / "pooled_fits.csv")
-    return paths
-
-
-def _write_back(client, res: ExperimentResult, plots: dict[str, Path], args) -> int:
-    by_id = {row["run_id"]: row for row in res.rows}
-    n = 0
-    for r in res.runs:
-        fit = res.fits[r.run_id]
-        row = by_id[r.run_id]
-        metrics = fit.to_metrics("fit/")
-        for key in ("delta_A", "A_fixed", "B_fixed_A", "C_mid_fixed_A", "pred_mae", "pred_err_last"):
-            v = row.get(key, math.nan)
-            metrics[f"fit/{key}"] = float(v) if isinstance(v, (int, float)) else math.nan
-        tags = {
-            "fit.method": args.method,
-            "fit.min_compute_frac": f"{args.min_compute_frac:g}",
-            "fit.variant": row["variant"],
-            "fit.reason": fit.reason or "ok",
-            "fit.summary": fit.summary(),
-        }
-        write_back(client, r, metrics, tags=tags, artifact=plots.get(r.run_id))
-        n += 1
-    return n
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     t0 = time.perf_counter()
@@ -189,55 +99,50 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    res = analyse_runs(
-        runs,
+    where = f"runs {','.join(run_ids)}" if run_ids else f"experiment {args.experiment!r}"
+    out = Path(args.out) if args.out else Path("outputs") / "analysis" / safe_name(args.experiment)
+    baseline, given_by = baseline_argument(client, runs, args.baseline)
+    options = FitOptions(
         method=args.method,
         min_compute_frac=args.min_compute_frac,
         bootstrap=args.bootstrap,
         level=args.level,
-        baseline=args.baseline,
         margin=args.margin,
+        extrapolate=args.extrapolate,
         pool_seeds=args.pool_seeds,
         seed=args.seed,
     )
-    out = Path(args.out) if args.out else Path("outputs") / "analysis" / _safe(args.experiment)
-    plots = _write_outputs(res, args, out, comparison=args.command == "compare")
-    n_back = 0
-    if not args.no_write_back:
-        n_back = _write_back(client, res, plots, args)
-
-    where = f"runs {','.join(run_ids)}" if run_ids else f"experiment {args.experiment!r}"
-    print(f"# Scaling fits: {where} ({len(runs)} runs, tracking {uri})")
-    print(
-        f"method={args.method}, min_compute_frac={args.min_compute_frac:g}, "
-        f"{args.level:.0%} bootstrap CIs ({args.bootstrap} resamples), sorted by A\n"
-    )
-    print(rows_to_markdown(res.rows))
-    if res.baseline:
-        base = next(r for r in res.rows if r["run_id"] == res.baseline)
-        print(
-            f"delta_A is against the baseline {base['run_name']} ({base['variant']}); "
-            f"'exceeds_margin' = |delta_A| > {args.margin:g}."
+    try:
+        rep = report(
+            runs,
+            out,
+            baseline=baseline,
+            baseline_given_by=given_by,
+            options=options,
+            client=None if args.no_write_back else client,
+            comparison=args.command == "compare",
+            name=args.experiment if not run_ids else "Selected runs",
+            title=f"# Scaling fits: {where} ({len(runs)} runs, tracking {uri})",
         )
-    if math.isfinite(res.A_mean):
-        print(f"B_fixed_A: B refitted with A fixed to the mean A over fitted runs ({res.A_mean:.3f}).")
-    print(
-        "pred_*: fit on the first half of the compute, error of its prediction on the observed second half "
-        "(mean abs error, and signed error at the last evaluation)."
-    )
-    for r in res.runs:
+    except AnalysisError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not args.baseline:
+        print(rep.baseline.describe(), file=sys.stderr)
+    print(rep.markdown, end="")
+    for r in runs:
         for note in r.notes:
             print(f"note: {r.run_name}: {note}")
-    if res.pooled_rows:
+    if rep.result.pooled_rows:
         print("\n## Seeds pooled per recipe\n")
-        print(rows_to_markdown(res.pooled_rows))
+        print(rows_to_markdown(rep.result.pooled_rows, level=args.level, margin=args.margin))
     print(
         f"\nwrote {out}/ (fits.csv, fits.md, fits.json, runs/*/scaling_curve.png"
         + (", scaling_curves.png, linearised.png" if args.command == "compare" else "")
         + ")"
     )
-    if n_back:
-        print(f"wrote fit/* metrics and scaling_curve.png back to {n_back} runs")
+    if rep.written_back:
+        print(f"wrote fit/* metrics and scaling_curve.png back to {rep.written_back} runs")
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 

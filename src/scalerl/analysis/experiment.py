@@ -3,8 +3,11 @@
 Row keys (one dict per run, sorted by A, unfittable runs last):
 ``run_id, run_name, status, variant, <each recipe param that differs between runs>, compute_axis,
 ok, reason, A, A_lo, A_hi, B, B_lo, B_hi, C_mid, C_mid_lo, C_mid_hi, R0, n_points, n_excluded,
-n_evals, budget, baseline, delta_A, exceeds_margin, A_fixed, B_fixed_A, C_mid_fixed_A,
-pred_n, pred_mae, pred_err_last``.
+n_evals, budget, pass_rate_start, pass_rate_final, baseline, delta_A, delta_B, exceeds_margin,
+A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last``.
+
+The baseline is a variant (all its runs, i.e. its seeds): ``delta_A = A - mean A`` and
+``delta_B = B - mean B`` over its fitted runs (:func:`choose_baseline`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl.analysis.mlflow_io import RunData, load_runs
+from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, SigmoidFit, fit_fixed_A, fit_sigmoid, fit_sigmoid_runs
 
 RECIPE_GROUPS = ("loss", "async_mode", "precision", "aggregation", "norm", "filter", "length_control")
@@ -39,6 +42,8 @@ IGNORED_PARAMS = (
 SEED_KEYS = ("seed",)
 VARIANT_KEYS = ("scalerl.variant", "variant", "sweep.variant")
 """Tags or params that name a run's variant in a sweep (first found wins)."""
+SAME_RECIPE = "(one recipe)"
+"""The variant name of runs that name no variant when no recipe param differs between them."""
 
 
 @dataclass
@@ -52,7 +57,7 @@ class ExperimentResult:
     half_fits: dict[str, SigmoidFit] = field(default_factory=dict)
     """run_id -> fit on the first half of the compute (prediction check)."""
     differing: list[str] = field(default_factory=list)
-    baseline: str | None = None
+    baseline: Baseline | None = None
     A_mean: float = math.nan
     pooled_rows: list[dict] = field(default_factory=list)
     pooled_fits: dict[str, SigmoidFit] = field(default_factory=dict)
@@ -84,25 +89,128 @@ def _variant_name(run: RunData, differing: list[str]) -> str:
         if k in run.params:
             return run.params[k]
     parts = [f"{k}={run.params.get(k, '-')}" for k in differing if k not in SEED_KEYS]
-    return ", ".join(parts) if parts else "baseline"
+    return ", ".join(parts) if parts else SAME_RECIPE
 
 
-def _pick_baseline(runs: list[RunData], names: dict[str, str], differing: list[str], baseline: str | None):
+@dataclass
+class Baseline:
+    """The reference of ``delta_A`` / ``delta_B``: one variant (all its runs, i.e. its seeds).
+    ``A``, ``B``: the means over its fitted runs (NaN when none was fitted, and then every
+    ``delta_A`` / ``delta_B`` is NaN). ``why``: one line saying how it was chosen."""
+
+    variant: str | None
+    run_ids: list[str] = field(default_factory=list)
+    fitted: int = 0
+    A: float = math.nan
+    B: float = math.nan
+    why: str = ""
+    given: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.fitted > 0
+
+    def describe(self) -> str:
+        """One line: which variant (and runs) the baseline is, and why."""
+        if self.variant is None:
+            return f"no baseline: {self.why}"
+        runs = f"{len(self.run_ids)} run{'s' if len(self.run_ids) != 1 else ''}, {self.fitted} fitted"
+        return f"baseline: variant {self.variant!r} ({runs}): {self.why}"
+
+
+def choose_baseline(
+    runs: Sequence[RunData],
+    fits: dict[str, SigmoidFit],
+    names: dict[str, str],
+    differing: list[str],
+    baseline: str | None = None,
+    *,
+    given_by: str = "--baseline",
+    other_variants: Sequence[str] = (),
+) -> Baseline:
+    """The baseline variant.
+
+    ``baseline`` given (a run id, run name or variant name; ``given_by`` says who gave it, e.g. a
+    sweep file): that run's variant, fitted or not (an unfitted one leaves the deltas empty, never
+    replaced by another run). A name found in none of the runs nor ``other_variants`` (variants
+    of runs that have no data, e.g. a sweep's failed jobs) raises :class:`AnalysisError`.
+
+    Not given: among *fitted* runs only, in this order: a run or variant named "baseline"; in a
+    leave-one-out layout (3+ runs) the variant whose runs take the most common value of every
+    differing recipe param (a value more common than any other); else the first fitted run (runs come ordered by start time). No
+    fitted run: no baseline.
+    """
+
+    def made(variant: str, why: str, given: bool = False) -> Baseline:
+        ids = [r.run_id for r in runs if names[r.run_id] == variant]
+        ok = [fits[i] for i in ids if fits[i].ok]
+        return Baseline(
+            variant=variant,
+            run_ids=ids,
+            fitted=len(ok),
+            A=float(np.mean([f.A for f in ok])) if ok else math.nan,
+            B=float(np.mean([f.B for f in ok])) if ok else math.nan,
+            why=why,
+            given=given,
+        )
+
     if baseline:
         for r in runs:
             if baseline in (r.run_id, r.run_name, names[r.run_id]):
-                return r.run_id
-        return None
-    for r in runs:
-        if names[r.run_id] == "baseline" or r.run_name == "baseline":
-            return r.run_id
-    # A leave-one-out sweep: the baseline takes the most common value on every axis.
+                how = "" if baseline == names[r.run_id] else f" (the variant of run {baseline!r})"
+                b = made(names[r.run_id], f"given by {given_by}{how}", given=True)
+                if not b.ok:
+                    b.why += "; none of its runs could be fitted, so delta_A and delta_B are empty"
+                return b
+        if baseline in other_variants:
+            return Baseline(
+                variant=baseline,
+                why=f"given by {given_by}; none of its runs has data to fit, so delta_A and delta_B are empty",
+                given=True,
+            )
+        known = sorted({names[r.run_id] for r in runs} | set(other_variants))
+        raise AnalysisError(
+            f"baseline {baseline!r} ({given_by}): no run id, run name or variant of that name among the "
+            f"{len(runs)} runs (variants: {', '.join(known) or 'none'})"
+        )
+
+    fitted = [r for r in runs if fits[r.run_id].ok]
+    if not fitted:
+        return Baseline(None, why="no run could be fitted, so delta_A and delta_B are empty")
+    skipped = ""
+    named = [r for r in runs if "baseline" in (names[r.run_id], r.run_name)]
+    hits = [r for r in named if fits[r.run_id].ok]
+    if hits:
+        r = hits[0]
+        why = "its variant is named baseline" if names[r.run_id] == "baseline" else "a run is named baseline"
+        return made(names[r.run_id], f"{why} (run {r.run_name!r})")
+    if named:
+        skipped = f" (run {named[0].run_name!r} is named baseline but could not be fitted: {fits[named[0].run_id].reason})"
     keys = [k for k in differing if k not in SEED_KEYS]
-    if not keys or len(runs) < 3:
-        return None
-    mode = {k: Counter(r.params.get(k) for r in runs).most_common(1)[0][0] for k in keys}
-    hits = [r.run_id for r in runs if all(r.params.get(k) == mode[k] for k in keys)]
-    return hits[0] if len(hits) == 1 else None
+    if keys and len(runs) >= 3:
+        top = {k: Counter(r.params.get(k) for r in runs).most_common(2) for k in keys}
+        mode = {k: t[0][0] for k, t in top.items()}
+        clear = all(len(t) == 1 or t[0][1] > t[1][1] for t in top.values())  # no ties
+        centre = [r for r in runs if all(r.params.get(k) == mode[k] for k in keys)]
+        variants = {names[r.run_id] for r in centre}
+        if clear and len(variants) == 1:
+            ok = [r for r in centre if fits[r.run_id].ok]
+            values = ", ".join(f"{k}={mode[k]}" for k in keys)
+            if ok:
+                return made(
+                    names[ok[0].run_id],
+                    f"the leave-one-out centre, with the most common value of every differing param "
+                    f"({values}){skipped}",
+                )
+            skipped += (
+                f" (the leave-one-out centre {values} could not be fitted: {fits[centre[0].run_id].reason})"
+            )
+    first = fitted[0]
+    return made(
+        names[first.run_id],
+        f"the first-started fitted run, {first.run_name!r}: no fitted run is named baseline and there "
+        f"is no leave-one-out centre{skipped}; set {given_by} to choose",
+    )
 
 
 def _half_check(run: RunData, *, method, min_compute_frac) -> tuple[SigmoidFit | None, dict]:
@@ -168,13 +276,22 @@ def analyse_runs(
     bootstrap: int = 200,
     level: float = 0.9,
     baseline: str | None = None,
+    baseline_given_by: str = "--baseline",
+    other_variants: Sequence[str] = (),
     margin: float = MARGIN_A,
     fixed_A: bool = True,
     predict_check: bool = True,
     pool_seeds: bool = False,
     seed: int = 0,
+    sort: bool = True,
 ) -> ExperimentResult:
-    """Fit every run and build the comparison rows (see the module docstring for the keys)."""
+    """Fit every run and build the comparison rows (see the module docstring for the keys).
+
+    ``delta_A = A - A(baseline)`` and ``delta_B = B - B(baseline)``, where ``A(baseline)``,
+    ``B(baseline)`` are the means over the fitted runs of the baseline *variant* (all its seeds);
+    see :func:`choose_baseline` for ``baseline``, ``baseline_given_by`` and ``other_variants``.
+    ``exceeds_margin``: ``|delta_A| > margin``. Rows are sorted by A (unfittable last) unless
+    ``sort`` is false (then in the order of ``runs``)."""
     runs = list(runs)
     differing = differing_params(runs)
     names = {r.run_id: _variant_name(r, differing) for r in runs}
@@ -199,16 +316,19 @@ def analyse_runs(
         if r.compute.size == 0:
             fit.reason = "no val/pass_rate evaluations paired with compute"
         fits[r.run_id] = fit
+        order = np.argsort(r.steps, kind="stable")
         row = {
             "run_id": r.run_id,
             "run_name": r.run_name,
-            "status": r.status,
+            "status": r.status.lower(),
             "variant": names[r.run_id],
             **{k: r.params.get(k, "") for k in differing},
             "compute_axis": r.compute_axis,
             **_fit_row(fit),
             "n_evals": int(r.compute.size),
             "budget": budget,
+            "pass_rate_start": float(r.reward[order[0]]) if r.reward.size else math.nan,
+            "pass_rate_final": float(r.reward[order[-1]]) if r.reward.size else math.nan,
         }
         if predict_check:
             hf, pred = _half_check(r, method=method, min_compute_frac=min_compute_frac)
@@ -217,19 +337,22 @@ def analyse_runs(
             row.update(pred)
         rows.append(row)
 
-    base_id = _pick_baseline(runs, names, differing, baseline)
-    base_fit = fits.get(base_id) if base_id else None
+    base = choose_baseline(
+        runs, fits, names, differing, baseline, given_by=baseline_given_by, other_variants=other_variants
+    )
     ok_a = [f.A for f in fits.values() if f.ok]
     a_mean = float(np.mean(ok_a)) if ok_a else math.nan
     fixed_fits: dict[str, SigmoidFit] = {}
     for row in rows:
         rid = row["run_id"]
-        row["baseline"] = rid == base_id
-        if base_fit is not None and base_fit.ok and row["ok"]:
-            row["delta_A"] = row["A"] - base_fit.A
+        row["baseline"] = base.variant is not None and row["variant"] == base.variant
+        if base.ok and row["ok"]:
+            row["delta_A"] = row["A"] - base.A
+            row["delta_B"] = row["B"] - base.B
             row["exceeds_margin"] = abs(row["delta_A"]) > margin
         else:
             row["delta_A"] = math.nan
+            row["delta_B"] = math.nan
             row["exceeds_margin"] = False
         row["A_fixed"] = a_mean
         row["B_fixed_A"] = math.nan
@@ -241,7 +364,8 @@ def analyse_runs(
             if ff.ok:
                 row["B_fixed_A"] = ff.B
                 row["C_mid_fixed_A"] = ff.C_mid
-    rows.sort(key=_sort_key)
+    if sort:
+        rows.sort(key=_sort_key)
     res = ExperimentResult(
         rows=rows,
         runs=runs,
@@ -249,7 +373,7 @@ def analyse_runs(
         fixed_fits=fixed_fits,
         half_fits=half_fits,
         differing=differing,
-        baseline=base_id,
+        baseline=base,
         A_mean=a_mean,
     )
     if pool_seeds:
@@ -312,8 +436,8 @@ def fit_experiment(
 ) -> list[dict]:
     """Fit the runs of an MLflow experiment (by name) or a list of run ids / loaded runs and
     return the report rows, sorted by A (see the module docstring).  ``baseline``: run id, run
-    name or variant name of the reference run for ``delta_A`` (default: a run tagged/named
-    "baseline", else in a leave-one-out sweep the run with the most common value on every axis).
+    name or variant name; its variant is the reference of ``delta_A``/``delta_B`` (default: the
+    baseline the runs' sweep declared, else :func:`choose_baseline`'s rules).
     ``exceeds_margin``: ``|delta_A| > margin`` (the paper's 0.02)."""
     if isinstance(experiment_or_runs, str):
         runs = load_runs(client, experiment_or_runs, include_running=include_running)
@@ -321,6 +445,7 @@ def fit_experiment(
         runs = list(experiment_or_runs)
     else:
         runs = load_runs(client, run_ids=list(experiment_or_runs))
+    baseline, given_by = baseline_argument(client, runs, baseline)
     return analyse_runs(
         runs,
         method=method,
@@ -328,6 +453,7 @@ def fit_experiment(
         bootstrap=bootstrap,
         level=level,
         baseline=baseline,
+        baseline_given_by=given_by,
         margin=margin,
         fixed_A=fixed_A,
         predict_check=predict_check,
@@ -335,12 +461,72 @@ def fit_experiment(
     ).rows
 
 
+def baseline_argument(client, runs: Sequence[RunData], baseline: str | None) -> tuple[str | None, str]:
+    """(baseline, who gave it) for :func:`analyse_runs`: ``baseline`` as given (``--baseline``);
+    else the baseline variant the runs' sweep declared (param ``sweep.baseline`` of the parent run
+    they all share), so the analysis of a sweep's runs measures deltas against the same variant as
+    the sweep report; else ``(None, "--baseline")`` (chosen by :func:`choose_baseline`)."""
+    if baseline:
+        return baseline, "--baseline"
+    declared = declared_baseline(client, runs)
+    if declared:
+        return declared
+    return None, "--baseline"
+
+
 # ------------------------------------------------------------------------------------------------
 # Output
 # ------------------------------------------------------------------------------------------------
 
 _FLOAT3 = {"A", "A_lo", "A_hi", "R0", "delta_A", "A_fixed", "pred_mae", "pred_err_last"}
-_FLOAT2 = {"B", "B_lo", "B_hi", "B_fixed_A"}
+_FLOAT2 = {"B", "B_lo", "B_hi", "B_fixed_A", "delta_B"}
+_SIGNED = {"delta_A", "delta_B", "pred_err_last"}
+A_UNSETTLED = 0.999
+"""A fitted ceiling whose interval reaches this is bounded by the pass rate's range, not the data."""
+FIT_KEYS = (
+    "run_id",
+    "run_name",
+    "status",
+    "variant",
+    "compute_axis",
+    "ok",
+    "reason",
+    "A",
+    "A_lo",
+    "A_hi",
+    "B",
+    "B_lo",
+    "B_hi",
+    "C_mid",
+    "C_mid_lo",
+    "C_mid_hi",
+    "R0",
+    "n_points",
+    "n_excluded",
+    "n_evals",
+    "budget",
+    "pass_rate_start",
+    "pass_rate_final",
+    "baseline",
+    "delta_A",
+    "delta_B",
+    "exceeds_margin",
+    "A_fixed",
+    "B_fixed_A",
+    "C_mid_fixed_A",
+    "pred_n",
+    "pred_mae",
+    "pred_err_last",
+    "n_runs",
+    "run_ids",
+)
+"""Row keys that are not recipe params (everything else in a row is a table column of its own)."""
+EXTRA_KEYS = ("job", "seed", "overrides", "steps", "log", "error")
+"""Row keys a sweep adds (see :mod:`scalerl.sweep.report`); ``seed`` is shown when it differs."""
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _fmt(key: str, v) -> str:
@@ -349,93 +535,111 @@ def _fmt(key: str, v) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return ""
-        if key in _FLOAT3:
-            return f"{v:+.3f}" if key in ("delta_A", "pred_err_last") else f"{v:.3f}"
-        if key in _FLOAT2:
-            return f"{v:.2f}"
-        return f"{v:.4g}"
-    return str(v).replace("|", "/")
+        spec = ".3f" if key in _FLOAT3 else ".2f" if key in _FLOAT2 else ".4g"
+        return format(v, ("+" if key in _SIGNED else "") + spec)
+    return str(v).replace("|", "/").replace("\n", " ")
 
 
-def default_columns(rows: Sequence[dict]) -> list[str]:
-    """run, variant columns, A [CI], B, C_mid, R0, points, comparison and prediction columns."""
+def default_columns(rows: Sequence[dict], *, level: float = 0.9, margin: float = MARGIN_A) -> list[str]:
+    """run name, variant (when runs name one), the recipe params that differ, status, A [CI], B,
+    C_mid, R0, points, the baseline comparison, B at the mean A, the prediction check, the pass
+    rate at the start and the end, and a note; columns with nothing to show are left out."""
     if not rows:
         return []
-    fixed = [
-        "run_id",
-        "run_name",
-        "status",
-        "variant",
-        "compute_axis",
-        "ok",
-        "reason",
-        "A",
-        "A_lo",
-        "A_hi",
-        "B",
-        "B_lo",
-        "B_hi",
-        "C_mid",
-        "C_mid_lo",
-        "C_mid_hi",
-        "R0",
-        "n_points",
-        "n_excluded",
-        "n_evals",
-        "budget",
-        "baseline",
-        "delta_A",
-        "exceeds_margin",
-        "A_fixed",
-        "B_fixed_A",
-        "C_mid_fixed_A",
-        "pred_n",
-        "pred_mae",
-        "pred_err_last",
-        "n_runs",
-        "run_ids",
-    ]
-    recipe = [k for k in rows[0] if k not in fixed]
-    cols = ["run_name"] + recipe + ["A [CI]", "B", "C_mid", "R0", "points"]
-    if any(isinstance(r.get("delta_A"), float) and math.isfinite(r["delta_A"]) for r in rows):
-        cols += ["delta_A", "exceeds_margin"]
-    if any(isinstance(r.get("B_fixed_A"), float) and math.isfinite(r["B_fixed_A"]) for r in rows):
+    skip = set(FIT_KEYS) | set(EXTRA_KEYS)
+    recipe: list[str] = []
+    for r in rows:
+        recipe += [k for k in r if k not in skip and k not in recipe]
+    name = "run_name" if "run_name" in rows[0] else "variant"
+    cols = [name]
+    if name == "run_name" and any(
+        r.get("variant") not in ("", None, r.get("run_name")) and "=" not in str(r.get("variant"))
+        for r in rows
+    ):
+        cols.append("variant")
+    if "seed" not in recipe and len({str(r.get("seed", "")) for r in rows}) > 1:
+        cols.append("seed")
+    cols += recipe
+    if "status" in rows[0]:
+        cols.append("status")
+    cols += [f"A [{level:.0%} CI]", "B", "C_mid", "R0", "points"]
+    if any(_finite(r.get("delta_A")) for r in rows):
+        cols += ["delta_A", "delta_B", "exceeds_margin"]
+    if any(_finite(r.get("B_fixed_A")) for r in rows):
         cols += ["B_fixed_A"]
     if any("pred_mae" in r for r in rows):
         cols += ["pred_mae", "pred_err_last"]
+    if any(_finite(r.get("pass_rate_start")) for r in rows):
+        cols += ["pass rate start → final"]
     cols += ["note"]
-    if "run_name" not in rows[0]:
-        cols[0] = "variant"
     return cols
 
 
+def _header(col: str, rows: Sequence[dict], margin: float) -> str:
+    if col == "B_fixed_A":
+        a = next((r.get("A_fixed") for r in rows if _finite(r.get("A_fixed"))), math.nan)
+        return f"B @ A={a:.3f}"
+    return {"delta_A": "ΔA", "delta_B": "ΔB", "exceeds_margin": f"abs(ΔA) > {margin:g}"}.get(col, col)
+
+
+def row_notes(row: dict) -> list[str]:
+    """The note column: baseline, why a run was not fitted, an unsettled ceiling, a sweep job's error
+    and log."""
+    notes = []
+    if row.get("baseline"):
+        notes.append("baseline")
+    fitted_status = str(row.get("status", "finished")).lower() in ("finished", "running")
+    if not row.get("ok") and row.get("reason") and fitted_status:
+        notes.append(f"unfittable: {row['reason']}")
+    if row.get("ok") and _finite(row.get("A_hi")) and row["A_hi"] >= A_UNSETTLED:
+        notes.append(
+            "A unsettled: its interval reaches 1, so the data cannot rule out a ceiling of 1 (run longer)"
+        )
+    if not fitted_status:
+        if row.get("error"):
+            notes.append(str(row["error"]))
+        if row.get("log"):
+            notes.append(f"log: {row['log']}")
+    return notes
+
+
 def _cell(row: dict, col: str) -> str:
-    if col == "A [CI]":
+    if col.startswith("A [") and col.endswith("CI]"):
         if not row.get("ok"):
             return ""
         s = f"{row['A']:.3f}"
-        if math.isfinite(row.get("A_lo", math.nan)):
+        if _finite(row.get("A_lo")):
             s += f" [{row['A_lo']:.3f}, {row['A_hi']:.3f}]"
         return s
+    if col in ("B", "C_mid", "R0") and not row.get("ok"):
+        return ""
     if col == "points":
+        if "n_points" not in row:
+            return ""
         return f"{row.get('n_points', 0)}/{row.get('n_evals', row.get('n_points', 0))}"
+    if col == "exceeds_margin":
+        return ("yes" if row.get("exceeds_margin") else "no") if _finite(row.get("delta_A")) else ""
+    if col == "pass rate start → final":
+        a, b = row.get("pass_rate_start"), row.get("pass_rate_final")
+        return f"{a:.3f} → {b:.3f}" if _finite(a) and _finite(b) else ""
     if col == "note":
-        notes = []
-        if row.get("baseline"):
-            notes.append("baseline")
-        if not row.get("ok"):
-            notes.append(f"unfittable: {row.get('reason', '')}")
-        return "; ".join(notes).replace("|", "/")
+        return "; ".join(row_notes(row)).replace("|", "/").replace("\n", " ")
     return _fmt(col, row.get(col, ""))
 
 
-def rows_to_markdown(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+def rows_to_markdown(
+    rows: Sequence[dict],
+    columns: Sequence[str] | None = None,
+    *,
+    level: float = 0.9,
+    margin: float = MARGIN_A,
+) -> str:
     """A Markdown table of the rows (default columns: :func:`default_columns`)."""
     rows = list(rows)
     if not rows:
         return "(no runs)\n"
-    cols = list(columns) if columns else default_columns(rows)
-    head = [c if c != "B_fixed_A" else f"B @ A={rows[0].get('A_fixed', math.nan):.3f}" for c in cols]
+    cols = list(columns) if columns else default_columns(rows, level=level, margin=margin)
+    head = [_header(c, rows, margin) for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:
         lines.append("| " + " | ".join(_cell(r, c) for c in cols) + " |")

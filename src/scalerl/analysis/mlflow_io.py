@@ -152,3 +152,21 @@ def write_back(
     client.log_batch(run.run_id, metrics=ms, tags=ts_tags)
     if artifact is not None:
         client.log_artifact(run.run_id, str(artifact))
+
+
+def declared_baseline(client, runs: list[RunData]) -> tuple[str, str] | None:
+    """(variant, who declared it) when all ``runs`` are children of one sweep parent run whose
+    param ``sweep.baseline`` names the baseline variant; else None."""
+    parents = {r.tags.get("mlflow.parentRunId") for r in runs}
+    if len(parents) != 1 or None in parents:
+        return None
+    parent = parents.pop()
+    try:
+        run = client.get_run(parent)
+    except Exception:  # a parent run that is gone declares nothing
+        return None
+    variant = run.data.params.get("sweep.baseline", "")
+    if not variant:
+        return None
+    sweep = run.data.params.get("sweep.name") or run.info.run_name or parent[:8]
+    return variant, f"sweep {sweep!r} (param sweep.baseline of its parent run {parent[:8]})"
