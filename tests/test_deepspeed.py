@@ -89,7 +89,7 @@ def _free_port() -> int:
 
 def _env(tmp_path: Path) -> dict:
     """Environment for a child run: no rank variables inherited, one thread, an empty extension dir."""
-    # DS_ACCELERATOR too: a DeepSpeedTrainer on the CPU in this process set it; a child chooses for its
+    # DS_ACCELERATOR too: a DeepSpeed trainer on the CPU in this process set it; a child chooses for its
     # own trainer.device
     env = {k: v for k, v in os.environ.items() if k not in (*_RANK_VARS, "DS_ACCELERATOR")}
     ext = tmp_path / "torch_extensions"
@@ -119,7 +119,7 @@ def _runs(uri: str, experiment: str) -> list:
 
 
 def _digest(state: dict) -> str:
-    """As DeepSpeedTrainer.weights_digest."""
+    """As DeepSpeedEngine.weights_digest."""
     h = hashlib.sha256()
     for k, v in sorted(state.items()):
         h.update(k.encode())
@@ -151,7 +151,7 @@ def synthetic(cfg, seed: int = 0):
     runs it once); behaviour log-probs are the policy's own (importance ratios 1)."""
     from scalerl.model.build import build_model
     from scalerl.model.precision import Precision
-    from scalerl.trainer import TorchTrainer, TrainBatch
+    from scalerl.trainer import TorchEngine, TrainBatch, Trainer
 
     model = build_model(cfg.model, vocab_size=40, seed=seed, pad_token_id=0, eos_token_id=1)
     precision = Precision.for_device(cfg.precision.body, cfg.precision.head, "cpu", impl=cfg.precision.impl)
@@ -174,9 +174,8 @@ def synthetic(cfg, seed: int = 0):
         start=prompt - 1,
     )
     with torch.no_grad():
-        logp, _ = TorchTrainer(
-            copy.deepcopy(model), precision, cfg, temperature=1.0, device="cpu"
-        ).token_logprobs(batch)
+        ref = TorchEngine(copy.deepcopy(model), cfg.trainer, torch.device("cpu"))
+        logp, _ = Trainer(ref, precision, cfg, temperature=1.0).token_logprobs(batch)
     batch.gen_logp[:, batch.start :] = logp * batch.mask[:, batch.start :]
     return model, precision, batch
 
@@ -216,7 +215,7 @@ def test_steps_equal_torch(stage, precision, ds_process):
         ref_stats = torch_tr.step(batch)
         ref = {k: v.detach().clone() for k, v in torch_tr.module.state_dict().items()}
         stats = ds.step(batch)
-        got = ds.weights_for_generator()
+        got = ds.policy_weights().tensors()
 
         assert stats["train/step_skipped"] == 0.0
         for k in ("train/loss", "train/grad_norm", "train/entropy", "train/is_ratio_mean", "train/lr"):
@@ -246,9 +245,9 @@ def _run_in_process(overrides: list[str], *, resume: bool = False):
     if resume:
         assert run.restore()
         run.restore = lambda: True  # restored once, here, so that the start weights can be read
-    start = run.trainer.weights_for_generator()
+    start = run.trainer.policy_weights().tensors()
     summary = run.run()
-    return summary, start, run.trainer.weights_for_generator()
+    return summary, start, run.trainer.policy_weights().tensors()
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -335,7 +334,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     from test_deepspeed import SYNTH, synthetic
     from scalerl.config import compose
     from scalerl.trainer import make_trainer
-    from scalerl.trainer.deepspeed_trainer import init_distributed
+    from scalerl.trainer.deepspeed_engine import init_distributed
 
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
@@ -351,7 +350,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
         ds = make_trainer(cfg_d, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
         share = batch.slice_groups(0, 3) if rank == 0 else batch.slice_groups(3, 4)
         stats = ds.step(share)
-        got = ds.weights_for_generator()
+        got = ds.policy_weights().tensors()
         res = {
             "diff": max(float((got[k] - ref[k]).abs().max()) for k in ref),
             "update": max(float((ref[k] - model.state_dict()[k]).abs().max()) for k in ref),
@@ -370,15 +369,15 @@ TWO_RANK_SCRIPT = textwrap.dedent(
         model, precision, batch = synthetic(cfg_t)
         ds, share, res = against_torch(cfg_t, cfg_d, model, precision, batch)
         if stage in (0, 3):  # a non-finite loss on rank 1 only: both ranks skip, weights unchanged
-            before = ds.weights_digest()
+            before = ds.engine.weights_digest()
             bad = copy.deepcopy(share)
             if rank == 1:
                 bad.advantages[0] = float("nan")
             skipped = ds.step(bad)
             res["nan_step"] = skipped
-            res["nan_unchanged"] = ds.weights_digest() == before
+            res["nan_unchanged"] = ds.engine.weights_digest() == before
             res["after_nan"] = ds.step(share)["train/step_skipped"]
-        res["digest"] = ds.weights_digest()
+        res["digest"] = ds.engine.weights_digest()
         out[f"{stage}-{agg}"] = res
         if stage == 3:
             # rank 1's group gets a distinct prompt per row, so only rank 0 could share prompts (two
@@ -389,7 +388,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             g = torch.Generator().manual_seed(7)
             mixed.input_ids[rows, : mixed.start] = torch.randint(2, 40, (int(rows.sum()), mixed.start), generator=g)
             ds, _, res = against_torch(cfg_t, cfg_d, model, precision, mixed)
-            res["digest"] = ds.weights_digest()
+            res["digest"] = ds.engine.weights_digest()
             out["3-mixed-prompts"] = res
     with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
         json.dump(out, f)
