@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from procs import descendants
+from test_trainer_contract import LENGTH, PROMPT, SHORT
 
 # The in-process tests here run DeepSpeed on the CPU (gloo), also where there is a GPU: DeepSpeed picks
 # its accelerator once per process, when it is imported. (Runs in child processes use the GPU there.)
@@ -332,6 +333,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     sys.path.insert(0, sys.argv[2])
     from test_deepspeed import SYNTH, synthetic
+    from test_trainer_contract import bucketed_batch, with_own_logprobs
     from scalerl.config import compose
     from scalerl.trainer import make_trainer
     from scalerl.trainer.deepspeed_engine import init_distributed
@@ -341,13 +343,19 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     init_distributed(cpu)
     rank = dist.get_rank()
 
-    def against_torch(cfg_t, cfg_d, model, precision, batch):
+    def against_torch(cfg_t, cfg_d, model, precision, batch, overhead=None):
         # one step of torch on the whole batch and of DeepSpeed on this rank's share: rank 0 trains
-        # on 3 groups (3 micro-batches), rank 1 on 1 group (1 micro-batch + 2 empty ones)
+        # on 3 groups (3 micro-batches), rank 1 on 1 group (1 micro-batch + 2 of padding passes)
         ref_tr = make_trainer(cfg_t, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
         ref_stats = ref_tr.step(batch)
         ref = ref_tr.module.state_dict()
         ds = make_trainer(cfg_d, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
+        if overhead is not None:
+            ds.bucket_overhead_tokens = overhead
+        seen = []  # positions through the body, per call
+        ds.module.get_decoder().register_forward_pre_hook(
+            lambda m, args, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True
+        )
         share = batch.slice_groups(0, 3) if rank == 0 else batch.slice_groups(3, 4)
         stats = ds.step(share)
         got = ds.policy_weights().tensors()
@@ -357,6 +365,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             "loss": [stats["train/loss"], ref_stats["train/loss"]],
             "grad_norm": [stats["train/grad_norm"], ref_stats["train/grad_norm"]],
             "entropy": [stats["train/entropy"], ref_stats["train/entropy"]],
+            "positions": seen,
         }
         return ds, share, res
 
@@ -390,6 +399,14 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             ds, _, res = against_torch(cfg_t, cfg_d, model, precision, mixed)
             res["digest"] = ds.engine.weights_digest()
             out["3-mixed-prompts"] = res
+            # rows of very different lengths on rank 0 only (two length buckets in each of its
+            # micro-batches), and rank 1's rows with a prompt each: the ranks agree on a plan of
+            # passes, rank 1 filling it with padding passes
+            uneven = bucketed_batch(lambda r: r < 12 and r % 2 == 0, distinct=(3,))
+            uneven = with_own_logprobs(uneven, model, precision, cfg_t)
+            ds, _, res = against_torch(cfg_t, cfg_d, model, precision, uneven, overhead=16)
+            res["digest"] = ds.engine.weights_digest()
+            out["3-buckets-on-one-rank"] = res
     with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
         json.dump(out, f)
     """
@@ -459,6 +476,16 @@ def test_two_ranks_step_equals_torch_on_whole_batch(tmp_path):
                 assert r[case]["nan_step"]["train/nonfinite_skipped"] == 1.0, case
                 assert r[case]["nan_unchanged"], case
                 assert r[case]["after_nan"] == 0.0, case
+    # length buckets under ZeRO-3 on rank 0 only: per micro-batch a short and a long pass (2 rows each),
+    # each its prompt once (s positions) where every rank's pass can share; rank 1's real pass (4 rows,
+    # a prompt each: no sharing, so rank 0's first pass does not share either), then padding passes
+    # (2 rows sharing a 1-token prompt, 1 position each after it)
+    s, short, long = PROMPT - 1, SHORT - 1, LENGTH - 1
+    assert ranks[0]["3-buckets-on-one-rank"]["positions"] == [
+        *[2 * short, s, 2 * (long - s)],
+        *[s, 2 * (short - s), s, 2 * (long - s)] * 2,
+    ]
+    assert ranks[1]["3-buckets-on-one-rank"]["positions"] == [4 * short, 1, 2, *[1, 2, 1, 2] * 2]
 
 
 def test_two_ranks_run_sigkill_resume(tiny_overrides, tmp_path):

@@ -194,9 +194,14 @@ class Trainer:
         return out
 
     def _micro_batch_logprobs(self, passes: list[_Pass], shared: list[bool], with_entropy: bool):
-        """(log-probs, entropy) of a micro-batch's rows from its ``passes`` (None, None without any),
-        and the sum of the padding passes' log-probs (``shared`` holds a flag per pass, real ones
-        first: run the shared prompts separately; padding passes fill the rest), or None."""
+        """(log-probs, entropy, padding) of a micro-batch from its ``passes`` and padding passes
+        (``shared``: a flag per pass, real ones first: run the shared prompts separately; padding
+        passes fill the rest).
+
+        The padding passes' output enters the log-probs with weight 0; without real passes,
+        (None, None, the sum of the padding passes' log-probs). Either way exactly one returned
+        tensor needs a gradient: ZeRO-3 runs a backward hook per such output of a forward, and the
+        ranks' hooks must match."""
         outs = [
             self._logprobs(p.batch, with_entropy, p.prefixes if share else None)
             for p, share in zip(passes, shared)
@@ -209,7 +214,8 @@ class Trainer:
         if not passes:
             return None, None, pad
         if passes[0].rows is None:
-            return (*outs[0], pad)
+            logp, entropy = outs[0]
+            return (logp if pad is None else logp + pad * 0.0), entropy, None
         width = passes[0].width
         device = passes[0].batch.mask.device
         parts, ents, order = [], [], []
@@ -225,7 +231,7 @@ class Trainer:
         )
         logp = torch.cat(parts)[inverse]
         entropy = torch.cat(ents)[inverse] if with_entropy else None
-        return logp, entropy, pad
+        return (logp if pad is None else logp + pad * 0.0), entropy, None
 
     def _padding_batch(self) -> tuple[TrainBatch, tuple[torch.Tensor, torch.Tensor]]:
         """A batch with no trained token for a padding pass, and its shared prefix: two rows of
@@ -310,8 +316,8 @@ class Trainer:
                     # is skipped on all ranks alike (0 * NaN is NaN, so every reached parameter is hit)
                     finite = False
                     loss = loss * float("nan")
-            if pad is not None:  # padding passes: weight 0, but their backward runs
-                loss = pad * 0.0 if loss is None else loss + pad * 0.0
+            if mb is None:  # padding passes only: weight 0, but their backward runs
+                loss = pad * 0.0
             eng.backward(loss * self.world if self.world > 1 else loss)
             if mb is not None and finite:
                 self._accumulate(acc, stats_acc, mb, logp, entropy, scaled)
