@@ -4,9 +4,10 @@
 * Short runs under each stage train (finite loss and gradient norm, weights move) and resume from
   the engine checkpoint with continuous MLflow steps.
 * Two processes (torchrun): a step on unequal shares of a batch equals one trainer=torch step on the
-  whole batch (gradient averaging, global aggregation denominators, padded micro-batches), a
-  non-finite loss on one rank is skipped by both; a real run trains, keeps the ranks' weights
-  identical, and resumes after SIGKILL into the same MLflow run.
+  whole batch (gradient averaging, global aggregation denominators, padded micro-batches; under
+  ZeRO-3 also with shared prompts on one rank only and with length buckets on one rank only, the
+  ranks agreeing on a plan of passes), a non-finite loss on one rank is skipped by both; a real run
+  trains, keeps the ranks' weights identical, and resumes after SIGKILL into the same MLflow run.
 * pipeline_rl with ZeRO-3: the generator process gets gathered weights.
 * Nothing is JIT-compiled (TORCH_EXTENSIONS_DIR stays empty).
 """

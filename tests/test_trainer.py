@@ -149,3 +149,21 @@ def test_a_model_that_returns_no_cache_is_a_clear_error():
     )
     with pytest.raises(RuntimeError, match="set trainer.share_prompts=false"):
         tr.token_logprobs(grouped_batch())
+
+
+def test_merge_stats_combines_ranks_by_kind():
+    """The one cross-rank statistics merge (trainer step and loop): sums, maxima, weighted means, keys
+    only some ranks have; one rank's statistics come back as they are."""
+    from scalerl.distributed import merge_stats
+
+    parts = [
+        {"n": 2.0, "ratio_max": 1.5, "mean": 1.0, "lag": 4.0},
+        {"n": 3.0, "ratio_max": 1.2, "mean": 4.0, "lag": 0.0, "only_here_max": 7.0},
+    ]
+    weights = [{"mean": 1.0, "lag": 3.0}, {"mean": 3.0, "lag": 0.0}]
+    got = merge_stats(parts, weights=weights, summed={"n"}, maxed={"lag_peak"})
+    assert got == {"n": 5.0, "ratio_max": 1.5, "mean": (1.0 + 12.0) / 4, "lag": 4.0, "only_here_max": 7.0}
+    assert merge_stats(parts, summed={"n"})["mean"] == 2.5  # unweighted: the plain mean
+    assert merge_stats([{"x": 0.1}, {"x": 0.3}], weights=[{"x": 0.0}, {"x": 0.0}]) == {"x": 0.0}
+    one = {"mean": 0.1 + 0.2, "n": 3.0}
+    assert merge_stats([one], weights=[{"mean": 3.0}], summed={"n"}) == one

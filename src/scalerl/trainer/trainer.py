@@ -114,7 +114,8 @@ class Trainer:
     def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
         """Log-prob (and entropy) of every target token from position ``batch.start`` on, under the
         precision policy, in one pass (shared prompts run once where :meth:`shared_prefixes` finds
-        them)."""
+        them). Not collective: under ZeRO-3 with several ranks, only where every rank calls it on a
+        batch that takes the same path."""
         return self.engine.forward(self._logprobs, batch, with_entropy, self.shared_prefixes(batch))
 
     def _logprobs(self, batch: TrainBatch, with_entropy: bool, prefixes):
