@@ -309,18 +309,17 @@ class Trainer:
             mb = mbs[i] if i < len(mbs) else None
             eng.set_accumulation_boundary(i == n_mb - 1)
             logp, entropy, pad = eng.forward(self._micro_batch_logprobs, passes[i], shared[i], True)
-            scaled = loss = None
-            if mb is not None:
-                scaled = loss = self._scaled_loss(mb, logp, totals)
-                if not bool(torch.isfinite(loss)):
-                    # every rank's gradient becomes non-finite once the engine averages it: the step
-                    # is skipped on all ranks alike (0 * NaN is NaN, so every reached parameter is hit)
-                    finite = False
-                    loss = loss * float("nan")
             if mb is None:  # padding passes only: weight 0, but their backward runs
-                loss = pad * 0.0
+                eng.backward(pad * 0.0)
+                continue
+            scaled = loss = self._scaled_loss(mb, logp, totals)
+            if not bool(torch.isfinite(loss)):
+                # every rank's gradient becomes non-finite once the engine averages it: the step is
+                # skipped on all ranks alike (0 * NaN is NaN, so every reached parameter is hit)
+                finite = False
+                loss = loss * float("nan")
             eng.backward(loss * self.world if self.world > 1 else loss)
-            if mb is not None and finite:
+            if finite:
                 self._accumulate(acc, stats_acc, mb, logp, entropy, scaled)
         if self.world > 1:
             finite = bool(eng.all_reduce([1.0 if finite else 0.0], "min")[0])
