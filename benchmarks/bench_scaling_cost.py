@@ -158,7 +158,6 @@ def components(a) -> None:
     from scalerl.model.precision import Precision
     from scalerl.task import build_task
     from scalerl.trainer import collate, make_trainer
-    from scalerl.trainer.torch_trainer import TorchTrainer
 
     torch.set_num_threads(1)
     ns = argparse.Namespace(
@@ -252,14 +251,8 @@ def components(a) -> None:
                 trainer.optimizer.load_state_dict(opt_state)
                 trainer.step(b)
 
-        plain = TorchTrainer.bucketed_logprobs
-
         def with_buckets(on):
-            trainer.bucketed_logprobs = (
-                (lambda b, with_entropy=False: plain(trainer, b, with_entropy=with_entropy))
-                if on
-                else (lambda b, with_entropy=False: trainer.token_logprobs(b, with_entropy=with_entropy))
-            )
+            trainer.bucket_lengths = on
 
         off_on(
             "trainer: length-bucketed forward/backward (no padding waste)",

@@ -4,9 +4,10 @@
 * Short runs under each stage train (finite loss and gradient norm, weights move) and resume from
   the engine checkpoint with continuous MLflow steps.
 * Two processes (torchrun): a step on unequal shares of a batch equals one trainer=torch step on the
-  whole batch (gradient averaging, global aggregation denominators, padded micro-batches), a
-  non-finite loss on one rank is skipped by both; a real run trains, keeps the ranks' weights
-  identical, and resumes after SIGKILL into the same MLflow run.
+  whole batch (gradient averaging, global aggregation denominators, padded micro-batches; under
+  ZeRO-3 also with shared prompts on one rank only and with length buckets on one rank only, the
+  ranks agreeing on a plan of passes), a non-finite loss on one rank is skipped by both; a real run
+  trains, keeps the ranks' weights identical, and resumes after SIGKILL into the same MLflow run.
 * pipeline_rl with ZeRO-3: the generator process gets gathered weights.
 * Nothing is JIT-compiled (TORCH_EXTENSIONS_DIR stays empty).
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 from procs import descendants
+from test_trainer_contract import LENGTH, PROMPT, SHORT
 
 # The in-process tests here run DeepSpeed on the CPU (gloo), also where there is a GPU: DeepSpeed picks
 # its accelerator once per process, when it is imported. (Runs in child processes use the GPU there.)
@@ -89,7 +91,7 @@ def _free_port() -> int:
 
 def _env(tmp_path: Path) -> dict:
     """Environment for a child run: no rank variables inherited, one thread, an empty extension dir."""
-    # DS_ACCELERATOR too: a DeepSpeedTrainer on the CPU in this process set it; a child chooses for its
+    # DS_ACCELERATOR too: a DeepSpeed trainer on the CPU in this process set it; a child chooses for its
     # own trainer.device
     env = {k: v for k, v in os.environ.items() if k not in (*_RANK_VARS, "DS_ACCELERATOR")}
     ext = tmp_path / "torch_extensions"
@@ -119,7 +121,7 @@ def _runs(uri: str, experiment: str) -> list:
 
 
 def _digest(state: dict) -> str:
-    """As DeepSpeedTrainer.weights_digest."""
+    """As DeepSpeedEngine.weights_digest."""
     h = hashlib.sha256()
     for k, v in sorted(state.items()):
         h.update(k.encode())
@@ -151,7 +153,7 @@ def synthetic(cfg, seed: int = 0):
     runs it once); behaviour log-probs are the policy's own (importance ratios 1)."""
     from scalerl.model.build import build_model
     from scalerl.model.precision import Precision
-    from scalerl.trainer import TorchTrainer, TrainBatch
+    from scalerl.trainer import TorchEngine, TrainBatch, Trainer
 
     model = build_model(cfg.model, vocab_size=40, seed=seed, pad_token_id=0, eos_token_id=1)
     precision = Precision.for_device(cfg.precision.body, cfg.precision.head, "cpu", impl=cfg.precision.impl)
@@ -174,9 +176,8 @@ def synthetic(cfg, seed: int = 0):
         start=prompt - 1,
     )
     with torch.no_grad():
-        logp, _ = TorchTrainer(
-            copy.deepcopy(model), precision, cfg, temperature=1.0, device="cpu"
-        ).token_logprobs(batch)
+        ref = TorchEngine(copy.deepcopy(model), cfg.trainer, torch.device("cpu"))
+        logp, _ = Trainer(ref, precision, cfg, temperature=1.0).token_logprobs(batch)
     batch.gen_logp[:, batch.start :] = logp * batch.mask[:, batch.start :]
     return model, precision, batch
 
@@ -216,7 +217,7 @@ def test_steps_equal_torch(stage, precision, ds_process):
         ref_stats = torch_tr.step(batch)
         ref = {k: v.detach().clone() for k, v in torch_tr.module.state_dict().items()}
         stats = ds.step(batch)
-        got = ds.weights_for_generator()
+        got = ds.policy_weights().tensors()
 
         assert stats["train/step_skipped"] == 0.0
         for k in ("train/loss", "train/grad_norm", "train/entropy", "train/is_ratio_mean", "train/lr"):
@@ -246,9 +247,9 @@ def _run_in_process(overrides: list[str], *, resume: bool = False):
     if resume:
         assert run.restore()
         run.restore = lambda: True  # restored once, here, so that the start weights can be read
-    start = run.trainer.weights_for_generator()
+    start = run.trainer.policy_weights().tensors()
     summary = run.run()
-    return summary, start, run.trainer.weights_for_generator()
+    return summary, start, run.trainer.policy_weights().tensors()
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -333,31 +334,39 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     sys.path.insert(0, sys.argv[2])
     from test_deepspeed import SYNTH, synthetic
+    from test_trainer_contract import bucketed_batch, with_own_logprobs
     from scalerl.config import compose
     from scalerl.trainer import make_trainer
-    from scalerl.trainer.deepspeed_trainer import init_distributed
+    from scalerl.trainer.deepspeed_engine import init_distributed
 
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
     init_distributed(cpu)
     rank = dist.get_rank()
 
-    def against_torch(cfg_t, cfg_d, model, precision, batch):
+    def against_torch(cfg_t, cfg_d, model, precision, batch, overhead=None):
         # one step of torch on the whole batch and of DeepSpeed on this rank's share: rank 0 trains
-        # on 3 groups (3 micro-batches), rank 1 on 1 group (1 micro-batch + 2 empty ones)
+        # on 3 groups (3 micro-batches), rank 1 on 1 group (1 micro-batch + 2 of padding passes)
         ref_tr = make_trainer(cfg_t, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
         ref_stats = ref_tr.step(batch)
         ref = ref_tr.module.state_dict()
         ds = make_trainer(cfg_d, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
+        if overhead is not None:
+            ds.bucket_overhead_tokens = overhead
+        seen = []  # positions through the body, per call
+        ds.module.get_decoder().register_forward_pre_hook(
+            lambda m, args, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True
+        )
         share = batch.slice_groups(0, 3) if rank == 0 else batch.slice_groups(3, 4)
         stats = ds.step(share)
-        got = ds.weights_for_generator()
+        got = ds.policy_weights().tensors()
         res = {
             "diff": max(float((got[k] - ref[k]).abs().max()) for k in ref),
             "update": max(float((ref[k] - model.state_dict()[k]).abs().max()) for k in ref),
             "loss": [stats["train/loss"], ref_stats["train/loss"]],
             "grad_norm": [stats["train/grad_norm"], ref_stats["train/grad_norm"]],
             "entropy": [stats["train/entropy"], ref_stats["train/entropy"]],
+            "positions": seen,
         }
         return ds, share, res
 
@@ -370,15 +379,15 @@ TWO_RANK_SCRIPT = textwrap.dedent(
         model, precision, batch = synthetic(cfg_t)
         ds, share, res = against_torch(cfg_t, cfg_d, model, precision, batch)
         if stage in (0, 3):  # a non-finite loss on rank 1 only: both ranks skip, weights unchanged
-            before = ds.weights_digest()
+            before = ds.engine.weights_digest()
             bad = copy.deepcopy(share)
             if rank == 1:
                 bad.advantages[0] = float("nan")
             skipped = ds.step(bad)
             res["nan_step"] = skipped
-            res["nan_unchanged"] = ds.weights_digest() == before
+            res["nan_unchanged"] = ds.engine.weights_digest() == before
             res["after_nan"] = ds.step(share)["train/step_skipped"]
-        res["digest"] = ds.weights_digest()
+        res["digest"] = ds.engine.weights_digest()
         out[f"{stage}-{agg}"] = res
         if stage == 3:
             # rank 1's group gets a distinct prompt per row, so only rank 0 could share prompts (two
@@ -389,8 +398,16 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             g = torch.Generator().manual_seed(7)
             mixed.input_ids[rows, : mixed.start] = torch.randint(2, 40, (int(rows.sum()), mixed.start), generator=g)
             ds, _, res = against_torch(cfg_t, cfg_d, model, precision, mixed)
-            res["digest"] = ds.weights_digest()
+            res["digest"] = ds.engine.weights_digest()
             out["3-mixed-prompts"] = res
+            # rows of very different lengths on rank 0 only (two length buckets in each of its
+            # micro-batches), and rank 1's rows with a prompt each: the ranks agree on a plan of
+            # passes, rank 1 filling it with padding passes
+            uneven = bucketed_batch(lambda r: r < 12 and r % 2 == 0, distinct=(3,))
+            uneven = with_own_logprobs(uneven, model, precision, cfg_t)
+            ds, _, res = against_torch(cfg_t, cfg_d, model, precision, uneven, overhead=16)
+            res["digest"] = ds.engine.weights_digest()
+            out["3-buckets-on-one-rank"] = res
     with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
         json.dump(out, f)
     """
@@ -460,6 +477,16 @@ def test_two_ranks_step_equals_torch_on_whole_batch(tmp_path):
                 assert r[case]["nan_step"]["train/nonfinite_skipped"] == 1.0, case
                 assert r[case]["nan_unchanged"], case
                 assert r[case]["after_nan"] == 0.0, case
+    # length buckets under ZeRO-3 on rank 0 only: per micro-batch a short and a long pass (2 rows each),
+    # each its prompt once (s positions) where every rank's pass can share; rank 1's real pass (4 rows,
+    # a prompt each: no sharing, so rank 0's first pass does not share either), then padding passes
+    # (2 rows sharing a 1-token prompt, 1 position each after it)
+    s, short, long = PROMPT - 1, SHORT - 1, LENGTH - 1
+    assert ranks[0]["3-buckets-on-one-rank"]["positions"] == [
+        *[2 * short, s, 2 * (long - s)],
+        *[s, 2 * (short - s), s, 2 * (long - s)] * 2,
+    ]
+    assert ranks[1]["3-buckets-on-one-rank"]["positions"] == [4 * short, 1, 2, *[1, 2, 1, 2] * 2]
 
 
 def test_two_ranks_run_sigkill_resume(tiny_overrides, tmp_path):

@@ -11,9 +11,10 @@ from test_model import tiny_model_cfg
 
 from scalerl.model.build import build_model
 from scalerl.model.precision import Precision
-from scalerl.trainer import TorchTrainer, TrainBatch
+from scalerl.trainer import TrainBatch, make_trainer
 
 VOCAB = 40
+CPU = torch.device("cpu")
 
 
 def grouped_batch(seed: int = 0, groups: int = 3, per: int = 4, prompt_lens=(5, 7, 6), length: int = 22):
@@ -47,6 +48,7 @@ def trainer_cfg(share: bool):
     return OmegaConf.create(
         {
             "trainer": {
+                "name": "torch",
                 "lr": 1e-3,
                 "betas": [0.9, 0.95],
                 "adam_eps": 1e-8,
@@ -81,7 +83,7 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients_from_fewer_position
     batch = grouped_batch()
     out = {}
     for share in (False, True):
-        tr = TorchTrainer(copy.deepcopy(model), precision, trainer_cfg(share), temperature=1.0, device="cpu")
+        tr = make_trainer(trainer_cfg(share), copy.deepcopy(model), precision, temperature=1.0, device=CPU)
         seen = positions_through(tr.module.get_decoder())
         logp, entropy = tr.token_logprobs(batch, with_entropy=True)
         (logp * batch.mask[:, batch.start :] * batch.advantages[:, None]).sum().backward()
@@ -107,7 +109,7 @@ def test_rows_with_different_prompts_take_one_pass():
     model = build_model(tiny_model_cfg("gpt2"), VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
     precision = Precision.for_device("fp32", "fp32", "cpu")
     batch = grouped_batch(groups=4, per=1, prompt_lens=(5, 7, 6, 5))
-    tr = TorchTrainer(model, precision, trainer_cfg(True), temperature=1.0, device="cpu")
+    tr = make_trainer(trainer_cfg(True), model, precision, temperature=1.0, device=CPU)
     seen = positions_through(tr.module.get_decoder())
     tr.token_logprobs(batch)
     assert seen == [batch.input_ids.numel() - batch.input_ids.shape[0]]
@@ -121,7 +123,7 @@ def test_a_step_with_shared_prompts_lands_on_the_same_weights():
     start = {k: v.clone() for k, v in model.state_dict().items()}
     after, stats = {}, {}
     for share in (False, True):
-        tr = TorchTrainer(copy.deepcopy(model), precision, trainer_cfg(share), temperature=1.0, device="cpu")
+        tr = make_trainer(trainer_cfg(share), copy.deepcopy(model), precision, temperature=1.0, device=CPU)
         stats[share] = tr.step(batch)
         after[share] = tr.module.state_dict()
     assert stats[True]["train/step_skipped"] == 0.0
@@ -138,12 +140,30 @@ def test_a_model_that_returns_no_cache_is_a_clear_error():
     """Gradient checkpointing turns the KV cache off in training: sharing says what to do instead."""
     model = build_model(tiny_model_cfg("gpt2"), VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
     model.gradient_checkpointing_enable()
-    tr = TorchTrainer(
+    tr = make_trainer(
+        trainer_cfg(True),
         model.train(),
         Precision.for_device("fp32", "fp32", "cpu"),
-        trainer_cfg(True),
         temperature=1.0,
-        device="cpu",
+        device=CPU,
     )
     with pytest.raises(RuntimeError, match="set trainer.share_prompts=false"):
         tr.token_logprobs(grouped_batch())
+
+
+def test_merge_stats_combines_ranks_by_kind():
+    """The one cross-rank statistics merge (trainer step and loop): sums, maxima, weighted means, keys
+    only some ranks have; one rank's statistics come back as they are."""
+    from scalerl.distributed import merge_stats
+
+    parts = [
+        {"n": 2.0, "ratio_max": 1.5, "mean": 1.0, "lag": 4.0},
+        {"n": 3.0, "ratio_max": 1.2, "mean": 4.0, "lag": 0.0, "only_here_max": 7.0},
+    ]
+    weights = [{"mean": 1.0, "lag": 3.0}, {"mean": 3.0, "lag": 0.0}]
+    got = merge_stats(parts, weights=weights, summed={"n"}, maxed={"lag_peak"})
+    assert got == {"n": 5.0, "ratio_max": 1.5, "mean": (1.0 + 12.0) / 4, "lag": 4.0, "only_here_max": 7.0}
+    assert merge_stats(parts, summed={"n"})["mean"] == 2.5  # unweighted: the plain mean
+    assert merge_stats([{"x": 0.1}, {"x": 0.3}], weights=[{"x": 0.0}, {"x": 0.0}]) == {"x": 0.0}
+    one = {"mean": 0.1 + 0.2, "n": 3.0}
+    assert merge_stats([one], weights=[{"mean": 3.0}], summed={"n"}) == one

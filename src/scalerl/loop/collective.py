@@ -14,35 +14,9 @@ import torch
 import torch.distributed as dist
 
 from scalerl import algo
+from scalerl.distributed import collective_device, gather_objects, global_sum, merge_stats, world_size
 
-
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _device() -> torch.device:
-    """Where collective tensors live: NCCL only moves CUDA tensors."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def gather_objects(obj) -> list:
-    """``[obj of rank 0, obj of rank 1, ...]`` (picklable objects)."""
-    n = world_size()
-    if n == 1:
-        return [obj]
-    out: list = [None] * n
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def global_sum(x: float) -> float:
-    if world_size() == 1:
-        return float(x)
-    t = torch.tensor([float(x)], dtype=torch.float64, device=_device())
-    dist.all_reduce(t)
-    return float(t.item())
+__all__ = ["gather_objects", "global_advantages", "global_sum", "reduce_step", "world_size"]
 
 
 def global_advantages(
@@ -58,7 +32,9 @@ def global_advantages(
     adv = algo.compute_advantages(rewards, group_ids, "none", eps=eps)
     a = adv.double()
     m = torch.tensor(
-        [float(a.numel()), float(a.sum()), float((a * a).sum())], dtype=torch.float64, device=_device()
+        [float(a.numel()), float(a.sum()), float((a * a).sum())],
+        dtype=torch.float64,
+        device=collective_device(),
     )
     dist.all_reduce(m)
     n, s, ss = m.tolist()
@@ -87,16 +63,8 @@ def reduce_step(
     if world_size() == 1:
         return dict(stats), dict(counts)
     parts = gather_objects((stats, counts, samples, lags))
-    out: dict[str, float] = {}
-    for k in stats:
-        vals = [(p[0][k], p[2], p[3]) for p in parts if k in p[0]]
-        if k in _SUM:
-            out[k] = float(sum(v for v, _, _ in vals))
-        elif k in _MAX or k.endswith("_max"):
-            out[k] = float(max(v for v, _, _ in vals))
-        else:
-            w = [(v, (nl if k in _BY_LAGS else ns)) for v, ns, nl in vals]
-            total = sum(n for _, n in w)
-            out[k] = float(sum(v * n for v, n in w) / total) if total else 0.0
-    summed = {k: float(sum(p[1][k] for p in parts)) for k in counts}
-    return out, summed
+    weights = [{k: (nl if k in _BY_LAGS else ns) for k in st} for st, _, ns, nl in parts]
+    out = merge_stats([p[0] for p in parts], weights=weights, summed=_SUM, maxed=_MAX)
+    out = {k: out[k] for k in stats}  # this rank's keys (the same on every rank)
+    summed = merge_stats([p[1] for p in parts], summed=counts.keys())
+    return out, {k: summed[k] for k in counts}

@@ -229,14 +229,11 @@ class Run:
 
     def checkpoint(self) -> None:
         self._tick()
-        tag = None
-        if hasattr(self.trainer, "save_engine_checkpoint"):
-            # collective: every rank writes its shard of the engine, and its own RNG streams
-            tag = f"step_{self.step:08d}"
-            own = {"rng": rng_state(), "generator_rng": _gen_rng(self.generator)}
-            self.trainer.save_engine_checkpoint(
-                str(self.out_dir / "checkpoint" / "engine"), tag=tag, rank_state=own
-            )
+        # collective: every rank writes its shard of the engine (if it keeps one), and its own RNG streams
+        own = {"rng": rng_state(), "generator_rng": _gen_rng(self.generator)}
+        tag = self.trainer.save_engine_checkpoint(
+            str(self.out_dir / "checkpoint" / "engine"), f"step_{self.step:08d}", own
+        )
         if self.is_main:
             self.ckpt.save({**self.state(), "engine_tag": tag})
             self.tracker.flush()
@@ -247,9 +244,10 @@ class Run:
         st = self.ckpt.load()
         self.trainer.load_state_dict(st["trainer"])
         own = None
-        if hasattr(self.trainer, "load_engine_checkpoint"):
-            tag = st.get("engine_tag") or "last"
-            own = self.trainer.load_engine_checkpoint(str(self.out_dir / "checkpoint" / "engine"), tag=tag)
+        if st.get("engine_tag"):
+            own = self.trainer.load_engine_checkpoint(
+                str(self.out_dir / "checkpoint" / "engine"), st["engine_tag"]
+            )
         set_rng_state(st["rng"])
         self.sampler.load_state_dict(st["sampler"])
         self.tracker_tr.load_state_dict(st["pass_rate_tracker"])
@@ -277,7 +275,7 @@ class Run:
         K = int(self.cfg.eval.samples_per_prompt)
         model = self.trainer.module
         model.eval()
-        ctx = self.trainer.gathered() if hasattr(self.trainer, "gathered") else _null()
+        ctx = self.trainer.gathered()
         if not self.is_main:  # several trainer processes: rank 0 evaluates; under ZeRO-3 the
             with ctx:  # gather is collective, so every rank enters it
                 pass
@@ -510,7 +508,7 @@ class Run:
             prompts = self.sampler.next(self.P * n_batches)
             t0 = time.perf_counter()
             self.trainer.module.eval()
-            ctx = self.trainer.gathered() if hasattr(self.trainer, "gathered") else _null()
+            ctx = self.trainer.gathered()
             with ctx:
                 groups = self.generator.generate(
                     prompts, self.G, version=self.step, group_ids=self.new_group_ids(len(prompts))
@@ -526,7 +524,7 @@ class Run:
         from scalerl.loop.pipeline import PipelineGenerator
 
         return PipelineGenerator(
-            self.cfg, self.trainer.weights_for_generator(), self.step, self.gen_threads, self.gen_device
+            self.cfg, self.trainer.policy_weights().tensors(), self.step, self.gen_threads, self.gen_device
         )
 
     def run_pipeline(self, gen) -> None:
@@ -560,7 +558,7 @@ class Run:
             batch, buffer = buffer[: self.P], buffer[self.P :]
             self.gen_busy = self._gen_busy0 + gen.busy_seconds - busy0
             self.train_on(batch)
-            gen.publish(self.trainer.weights_for_generator(), self.step)
+            gen.publish(self.trainer.policy_weights().tensors(), self.step)
 
     # ------------------------------------------------------------------ main
     def run(self) -> dict:
@@ -696,14 +694,6 @@ def _set_gen_rng(gen, state) -> None:
 def _mean(xs) -> float:
     xs = [float(x) for x in xs]
     return sum(xs) / len(xs) if xs else 0.0
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def train(cfg: DictConfig) -> dict:

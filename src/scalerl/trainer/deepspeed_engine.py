@@ -1,23 +1,14 @@
-"""DeepSpeed trainer: ZeRO stages 0-3 over torch.distributed (gloo on CPU, NCCL on GPUs).
+"""The DeepSpeed engine: ZeRO stages 0-3 over torch.distributed (gloo on CPU, NCCL on GPUs).
 
-Same loss, precision and statistics as :class:`TorchTrainer`; DeepSpeed owns gradient averaging
-across processes, the optimiser step (a torch AdamW handed in, so no DeepSpeed C++ op is compiled)
-and, for ZeRO-3, the partitioning of parameters. One process needs no launcher (the rank variables
-are set here); more processes come from ``torchrun`` or the ``deepspeed`` launcher, which set them.
+DeepSpeed owns gradient averaging across processes, the optimiser step (the torch AdamW of
+:func:`build_optimizer` handed in, so no DeepSpeed C++ op is compiled) and, for ZeRO-3, the
+partitioning of parameters; the trainer step itself (:class:`scalerl.trainer.Trainer`) is the same
+as for plain PyTorch. One process needs no launcher (the rank variables are set here); more
+processes come from ``torchrun`` or the ``deepspeed`` launcher, which set them.
 
-Several processes (data parallel): each rank trains on its own groups. The step is made to equal
-one optimiser step on the union of all ranks' groups:
-
-* the aggregation denominators (tokens, sequences or groups of the whole step) are summed over the
-  ranks, and each rank's loss is multiplied by the world size, because DeepSpeed *averages*
-  gradients: the averaged gradient is then that of the global ``prompt``/``sample``/``token`` mean;
-* every rank runs the same number of forward/backward passes (ZeRO-2/3 communicate in them): a rank
-  with fewer micro-batches, or none (all its groups filtered out), runs empty ones (zero loss);
-* a non-finite loss on any rank makes every rank's gradient non-finite (the local loss is poisoned
-  with NaN, and the finite flag is all-reduced), so every rank skips the same step: ZeRO-1/2/3 skip
-  a step whose global gradient norm is not finite; for ZeRO-0 the trainer checks the averaged
-  gradient itself (the same on every rank) and does not call ``step``;
-* the statistics returned are those of the whole step (summed or token-weighted over the ranks).
+A non-finite step is skipped on every rank: the trainer poisons the local loss with NaN, so every
+rank's averaged gradient is non-finite; ZeRO-1/2/3 skip a step whose global gradient norm is not
+finite, and for ZeRO-0 this engine checks the averaged gradient itself (the same on every rank).
 
 Extra DeepSpeed settings can be merged into the generated config from the environment:
 ``SCALERL_DS_CONFIG='{"zero_optimization": {"stage3_param_persistence_threshold": 0}}'``.
@@ -39,8 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalerl.trainer.batch import TrainBatch
-from scalerl.trainer.torch_trainer import TorchTrainer
+from scalerl.trainer.engine import Engine, build_optimizer
 
 
 def _free_port() -> int:
@@ -116,10 +106,6 @@ def _deep_update(base: dict, extra: dict) -> dict:
     return base
 
 
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
 class _HeadAsModule:
     """The precision policy, with the LM head computed *as the head module's forward*.
 
@@ -158,31 +144,22 @@ class _EngineForward(nn.Module):
         return fn(*args, **kwargs)
 
 
-class DeepSpeedTrainer(TorchTrainer):
-    # ------------------------------------------------------------------ setup
-    def _build_optimizer(self) -> None:
-        deepspeed = import_deepspeed(self.device)
-        init_distributed(self.device)
-        t = self.tcfg
-        self.zero_stage = int(t.zero_stage)
-        self.world = _world()
+class DeepSpeedEngine(Engine):
+    name = "deepspeed"
+
+    def __init__(self, model: nn.Module, tcfg, device: torch.device):
+        deepspeed = import_deepspeed(device)
+        init_distributed(device)
+        self.device = device
+        self.zero_stage = int(tcfg.zero_stage)
+        self.world = dist.get_world_size()
         self.rank = dist.get_rank()
-        optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=t.lr,
-            betas=tuple(t.betas),
-            eps=t.adam_eps,
-            weight_decay=t.weight_decay,
-        )
-        warm = max(0, t.warmup_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-        )
+        optimizer, scheduler = build_optimizer(model.parameters(), tcfg)
         zero: dict = {"stage": self.zero_stage}
         if self.zero_stage > 0:
             # DeepSpeed's default buckets hold 5e8 elements (2 GB in fp32, allocated and cleared on
             # the first step: seconds on a CPU); a bucket never needs to exceed the model
-            n = sum(p.numel() for p in self.model.parameters())
+            n = sum(p.numel() for p in model.parameters())
             bucket = int(min(5e8, max(n, 1e5)))
             zero.update(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
         if self.zero_stage == 3:
@@ -191,10 +168,10 @@ class DeepSpeedTrainer(TorchTrainer):
             # DeepSpeed would otherwise replace torch.nn.functional.linear process-wide
             zero["memory_efficient_linear"] = False
         ds_config = {
-            # one optimiser step per engine.step(); micro-batching is ours (TorchTrainer.micro_batches)
+            # one optimiser step per engine.step(); micro-batching is the trainer's
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
-            "gradient_clipping": float(t.grad_clip) if t.grad_clip > 0 else 0.0,
+            "gradient_clipping": float(tcfg.grad_clip) if tcfg.grad_clip > 0 else 0.0,
             "zero_optimization": zero,
             "zero_allow_untested_optimizer": True,
             "bf16": {"enabled": False},  # precision is applied by scalerl.model.precision
@@ -207,10 +184,9 @@ class DeepSpeedTrainer(TorchTrainer):
             _deep_update(ds_config, json.loads(extra))
         self.ds_config = ds_config
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=_EngineForward(self.model), optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+            model=_EngineForward(model), optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )
         if self.zero_stage == 3:
-            self.precision = _HeadAsModule(self.precision)
             self._register_parametrized_weights()
 
     def _register_parametrized_weights(self) -> None:
@@ -227,103 +203,32 @@ class DeepSpeedTrainer(TorchTrainer):
                 deepspeed.zero.register_external_parameter(module, plist[name].original)
 
     @property
-    def module(self):
+    def module(self) -> nn.Module:
         return self.engine.module.policy
 
-    def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False, prefixes="auto"):
-        return self.engine(super().token_logprobs, batch, with_entropy=with_entropy, prefixes=prefixes)
+    def adapt_precision(self, precision):
+        return _HeadAsModule(precision) if self.zero_stage == 3 else precision
 
-    # ------------------------------------------------------------------ one step
-    def _empty_batch(self) -> TrainBatch:
-        """A batch with no trained token: a forward/backward with zero loss and gradient, for a rank
-        that has fewer micro-batches than another (the passes are collective under ZeRO). Two rows
-        that share a one-token prompt, so that it can share prompts as the other ranks' micro-batches
-        do (the ranks agree on it)."""
-        pad = 0
-        ids = torch.full((2, 3), pad, dtype=torch.long, device=self.device)
-        zeros = torch.zeros((2, 2), device=self.device)
-        return TrainBatch(
-            input_ids=ids,
-            mask=zeros,
-            gen_logp=zeros.clone(),
-            versions=torch.full((2, 2), -1, dtype=torch.long, device=self.device),
-            advantages=torch.zeros(2, device=self.device),
-            group_ids=torch.zeros(2, dtype=torch.long, device=self.device),
-            start=1,
-        )
+    # ------------------------------------------------------------------ forward / backward / step
+    def forward(self, fn, *args, **kwargs):
+        return self.engine(fn, *args, **kwargs)
 
-    def step(self, batch: TrainBatch | None) -> dict[str, float]:
-        """One optimiser step; ``batch`` is this rank's share (None: nothing left on this rank).
-
-        Collective: with several processes every rank must call it at the same step.
-        """
-        self.module.train()
-        world = self.world
-        mbs = []
-        local = [0.0, 0.0, 0.0]
-        if batch is not None and batch.num_sequences:
-            batch = batch.to(self.device)
-            mbs = self.micro_batches(batch)
-            local = [float(batch.mask.sum()), float((batch.mask.sum(-1) > 0).sum()), float(batch.num_groups)]
-        n_real = len(mbs)
-        n_mb = n_real
-        if world > 1:
-            sums = torch.tensor(local, dtype=torch.float64, device=self.device)
-            dist.all_reduce(sums)
-            local = sums.tolist()
-            most = torch.tensor([n_real], dtype=torch.int64, device=self.device)
-            dist.all_reduce(most, op=dist.ReduceOp.MAX)
-            n_mb = int(most.item())
-        totals = {"tokens": local[0], "sequences": local[1], "groups": local[2]}
-        if n_mb == 0:  # nothing to train on any rank
-            return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
-        mbs = mbs + [self._empty_batch() for _ in range(n_mb - n_real)]
-
-        prefixes = [self.shared_prefixes(mb) for mb in mbs]
-        if world > 1:
-            # sharing calls the model twice per micro-batch: under ZeRO-3 each call gathers the
-            # parameters collectively, so every rank takes the same path (shared where all can)
-            flags = torch.tensor([p is not None for p in prefixes], dtype=torch.int64, device=self.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-            prefixes = [p if f else None for p, f in zip(prefixes, flags.tolist())]
-
-        acc, stats_acc = self._new_accumulators()
-        finite = True
+    def zero_grad(self) -> None:
         self.engine.zero_grad()
-        for i, mb in enumerate(mbs):
-            real = i < n_real
-            self.engine.set_gradient_accumulation_boundary(i == n_mb - 1)
-            logp, entropy = self.token_logprobs(mb, with_entropy=real, prefixes=prefixes[i])
-            scaled = self._scaled_loss(mb, logp, totals, real=real)
-            if not bool(torch.isfinite(scaled)):
-                # every rank's gradient becomes non-finite once DeepSpeed reduces it: the step is
-                # skipped on all ranks alike (0 * NaN is NaN, so every reached parameter is hit)
-                finite = False
-                scaled = scaled * float("nan")
-            self.engine.backward(scaled * world, scale_wrt_gas=False)
-            if not real or not finite:
-                continue
-            self._accumulate(acc, stats_acc, mb, logp, entropy, scaled)
 
-        if world > 1:
-            flag = torch.tensor([1 if finite else 0], dtype=torch.int64, device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            finite = bool(flag.item())
-            acc, stats_acc = self._merge_stats(acc, stats_acc)
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
 
-        grad_norm = self._engine_step(finite)
-        return self._step_stats(finite and math.isfinite(grad_norm), grad_norm, acc, stats_acc)
+    def set_accumulation_boundary(self, last: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(last)
 
-    def _engine_step(self, finite: bool) -> float:
-        """The optimiser step after the accumulation-boundary backward; returns the gradient norm
-        before clipping (non-finite: the step was skipped, on every rank)."""
+    def clip_and_step(self, finite: bool) -> float:
         if self.zero_stage == 0:
             # ZeRO-0 has no overflow check of its own; the gradients are averaged now, the same on
             # every rank, so this decision is too
             grads = [p.grad for p in self.module.parameters() if p.grad is not None]
             norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
             if not finite or not math.isfinite(norm):
-                self.engine.zero_grad()
                 return norm if not math.isfinite(norm) else float("nan")
             self.engine.step()
             return norm
@@ -334,20 +239,6 @@ class DeepSpeedTrainer(TorchTrainer):
         if not finite and math.isfinite(norm):  # pragma: no cover - the NaN poisoning makes this impossible
             raise RuntimeError("DeepSpeed applied a step whose loss was not finite")
         return norm
-
-    @staticmethod
-    def _merge_stats(acc: dict, stats_acc: dict) -> tuple[dict, dict]:
-        parts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (acc, stats_acc))
-        acc = {k: sum(p[0][k] for p in parts) for k in acc}
-        merged: dict[str, float] = {}
-        for _, st in parts:
-            for k, v in st.items():
-                if k.endswith("_max"):
-                    merged[k] = max(merged.get(k, -math.inf), v)
-                else:
-                    merged[k] = merged.get(k, 0.0) + v
-        return acc, merged
 
     # ------------------------------------------------------------------ ZeRO-3 whole weights
     def gathered(self):
@@ -378,24 +269,14 @@ class DeepSpeedTrainer(TorchTrainer):
             finally:
                 offload._register_deepspeed_module(offload.module)
 
-    def weights_for_generator(self) -> dict[str, torch.Tensor]:
-        """The full model weights (CPU copies); under ZeRO-3 gathered first (collective)."""
-        ctx = contextlib.nullcontext()
-        if self.zero_stage == 3:
-            import deepspeed
-
-            ctx = deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
-        with ctx:
-            return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
-
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         # model and optimiser live in the engine checkpoint (partitioned under ZeRO), which every
         # rank writes; nothing here may be collective, since only rank 0 calls this
-        return {"nonfinite_total": self.nonfinite_total, "engine": True}
+        return {"engine": True}
 
     def load_state_dict(self, state: dict) -> None:
-        self.nonfinite_total = state.get("nonfinite_total", 0)
+        pass
 
     def weights_digest(self) -> str:
         """SHA-256 over this rank's whole weights (``state_dict`` names and bytes, sorted by name).
@@ -418,19 +299,17 @@ class DeepSpeedTrainer(TorchTrainer):
                 h.update(v.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
-    def save_engine_checkpoint(self, path: str, tag: str, rank_state: dict | None = None) -> None:
+    def save_checkpoint(self, path: str, tag: str, rank_state: dict | None = None) -> str:
         """Every rank writes its part of the engine checkpoint ``path/tag`` and its own
         ``scalerl_rank_NNNNN.pt`` (``rank_state``, e.g. its RNG streams, plus the digest of its
         weights); collective. Ranks whose weights differ are a bug: it raises. The previous tag is
-        kept (the run's main checkpoint refers to it until it is replaced), older ones are deleted."""
+        kept (the run's main checkpoint refers to it until it is replaced), older ones are deleted.
+        Returns ``tag``."""
         root = Path(path)
         latest = root / "latest"
         previous = latest.read_text().strip() if latest.is_file() else None
         digest = self.weights_digest()
-        digests = [digest]
-        if self.world > 1:
-            digests = [None] * self.world
-            dist.all_gather_object(digests, digest)
+        digests = self.gather_objects(digest)
         if len(set(digests)) > 1:
             raise RuntimeError(f"the trainer processes' weights differ (digests by rank: {digests})")
         self.engine.save_checkpoint(str(root), tag=tag)
@@ -444,8 +323,9 @@ class DeepSpeedTrainer(TorchTrainer):
             for d in root.iterdir():
                 if d.is_dir() and d.name not in (tag, previous):
                     shutil.rmtree(d, ignore_errors=True)
+        return tag
 
-    def load_engine_checkpoint(self, path: str, tag: str) -> dict | None:
+    def load_checkpoint(self, path: str, tag: str) -> dict | None:
         """Load the engine checkpoint ``path/tag``; returns this rank's ``rank_state`` (or None)."""
         load_path, _ = self.engine.load_checkpoint(path, tag=tag)
         if load_path is None:
