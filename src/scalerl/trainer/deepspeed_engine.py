@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scalerl.storage import load_safe, save_atomic
 from scalerl.trainer.engine import Engine, build_optimizer
 
 
@@ -313,10 +314,9 @@ class DeepSpeedEngine(Engine):
         if len(set(digests)) > 1:
             raise RuntimeError(f"the trainer processes' weights differ (digests by rank: {digests})")
         self.engine.save_checkpoint(str(root), tag=tag)
-        dest = root / tag / f"scalerl_rank_{self.rank:05d}.pt"
-        tmp = dest.with_suffix(f".tmp{os.getpid()}")
-        torch.save({**(rank_state or {}), "weights_digest": digest}, tmp)
-        os.replace(tmp, dest)
+        save_atomic(
+            {**(rank_state or {}), "weights_digest": digest}, root / tag / f"scalerl_rank_{self.rank:05d}.pt"
+        )
         if self.world > 1:
             dist.barrier()
         if self.rank == 0:
@@ -331,4 +331,4 @@ class DeepSpeedEngine(Engine):
         if load_path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint {tag!r} under {path}")
         own = Path(path) / tag / f"scalerl_rank_{self.rank:05d}.pt"
-        return torch.load(own, map_location="cpu", weights_only=False) if own.is_file() else None
+        return load_safe(own) if own.is_file() else None

@@ -1,0 +1,63 @@
+"""Files that hold no code: tensors and plain Python values (numbers, strings, lists, tuples, dicts),
+written atomically and loaded with ``torch.load(weights_only=True)``, so a crafted file cannot run
+code when it is loaded."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message is one line for the user."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint holding objects other than tensors and plain values: refused, never skipped."""
+
+
+def save_atomic(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, fsync, rename into place (the temporary
+    file is removed when the save fails, e.g. on a full disk)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        torch.save(obj, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # the rename itself reaches the disk
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # pragma: no cover - directories cannot be fsynced on some systems
+        pass
+
+
+def load_safe(path: Path) -> dict:
+    """A checkpoint file's contents, loaded without running any code; CheckpointError (one line)
+    if it is unreadable, truncated, not a checkpoint, or holds objects other than tensors and plain
+    values."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsafeCheckpointError(
+            f"checkpoint {path} holds objects other than tensors and plain values, refused "
+            f"(loading it could run code): {first[:200]}"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {first[:200]}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} is not a scalerl checkpoint (a {type(state).__name__})")
+    return state
