@@ -418,7 +418,7 @@ class DeepSpeedTrainer(TorchTrainer):
                 h.update(v.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
 
-    def save_engine_checkpoint(self, path: str, tag: str, rank_state: dict | None = None) -> None:
+    def save_engine_checkpoint(self, path: str, tag: str, rank_state: dict | None = None) -> str:
         """Every rank writes its part of the engine checkpoint ``path/tag`` and its own
         ``scalerl_rank_NNNNN.pt`` (``rank_state``, e.g. its RNG streams, plus the digest of its
         weights); collective. Ranks whose weights differ are a bug: it raises. The previous tag is
@@ -444,9 +444,12 @@ class DeepSpeedTrainer(TorchTrainer):
             for d in root.iterdir():
                 if d.is_dir() and d.name not in (tag, previous):
                     shutil.rmtree(d, ignore_errors=True)
+        return tag
 
-    def load_engine_checkpoint(self, path: str, tag: str) -> dict | None:
-        """Load the engine checkpoint ``path/tag``; returns this rank's ``rank_state`` (or None)."""
+    def load_engine_checkpoint(self, path: str, tag: str | None) -> dict | None:
+        """Load the engine checkpoint ``path/tag`` (None: the latest); returns this rank's
+        ``rank_state`` (or None)."""
+        tag = tag or "last"
         load_path, _ = self.engine.load_checkpoint(path, tag=tag)
         if load_path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint {tag!r} under {path}")

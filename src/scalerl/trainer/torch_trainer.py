@@ -6,6 +6,7 @@ linear warm-up to a constant learning rate (paper Sec. 2: constant LR after 100 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 
 from scalerl import algo
 from scalerl.model.precision import Precision
+from scalerl.model.weights import PolicyWeights
 from scalerl.trainer.batch import TrainBatch
 
 
@@ -43,6 +45,7 @@ class TorchTrainer:
         self.device = device
         self.nonfinite_total = 0
         self.nonfinite_consecutive = 0
+        self.world, self.rank = 1, 0  # trainer processes, and this one's rank
         self._build_optimizer()
 
     # ------------------------------------------------------------------ setup
@@ -160,12 +163,15 @@ class TorchTrainer:
         gpm = max(1, mbs // self.tcfg.generations_per_prompt)
         return [batch.slice_groups(lo, min(G, lo + gpm)) for lo in range(0, G, gpm)]
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser step on ``batch``; returns training statistics.
+    def step(self, batch: TrainBatch | None) -> dict[str, float]:
+        """One optimiser step on ``batch``; returns training statistics (None: nothing to train on,
+        the step is skipped).
 
         A non-finite loss or gradient skips the step (counted); ``max_nonfinite_steps`` consecutive
         ones raise :class:`NonFiniteError`.
         """
+        if batch is None or not batch.num_sequences:
+            return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
         self.module.train()
         batch = batch.to(self.device)
         totals = {
@@ -283,7 +289,22 @@ class TorchTrainer:
         self.scheduler.step()
         return norm
 
-    # ------------------------------------------------------------------ state
+    # ------------------------------------------------------------------ weights and checkpoints
+    def gathered(self):
+        """Context in which every parameter is whole (the plain torch module always is)."""
+        return contextlib.nullcontext()
+
+    def policy_weights(self) -> PolicyWeights:
+        """The policy's weights, by reference, for a generator."""
+        return PolicyWeights(self.module, self.gathered)
+
+    def save_engine_checkpoint(self, path: str, tag: str, rank_state: dict | None = None) -> str | None:
+        """Nothing to write: the whole trainer state is in :meth:`state_dict`."""
+        return None
+
+    def load_engine_checkpoint(self, path: str, tag: str | None) -> dict | None:
+        return None
+
     def weights_for_generator(self) -> dict[str, torch.Tensor]:
         """The full model weights (fp32, CPU) to hand to a generator."""
         return {k: v.detach() for k, v in self.module.state_dict().items()}

@@ -1,0 +1,471 @@
+"""One training run, end to end: the loop behind ``python train.py``.
+
+    task -> policy (+ warm-start) -> trainer, generator -> async mode (rollouts, rewards)
+         -> prepare_batch (filters, advantages) -> trainer step -> new weights to the generator
+         -> evaluation, live scaling fit, MLflow logging, checkpoints
+
+Components are built once (:func:`build`); :func:`train` is the loop. Everything a run counts is
+one :class:`~scalerl.loop.state.RunState`, saved in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from scalerl import algo
+from scalerl.generator import Generator, make_generator
+from scalerl.loop.batch import prepare_batch, step_statistics
+from scalerl.loop.data import PromptSampler
+from scalerl.loop.errors import RunError
+from scalerl.loop.evaluate import evaluate
+from scalerl.loop.modes import MODES, AsyncMode, Placement, Rollouts
+from scalerl.loop.progress import Progress
+from scalerl.loop.state import Clock, RunState
+from scalerl.model.build import build_policy, num_params
+from scalerl.task import build_task
+from scalerl.tracking import Checkpointer, Tracker, rng_state, set_rng_state
+from scalerl.trainer import NonFiniteError, make_trainer
+
+log = logging.getLogger("scalerl")
+
+
+@dataclass
+class Components:
+    """Everything a run is built from (once, by :func:`build`)."""
+
+    cfg: DictConfig
+    out_dir: Path
+    task: Any
+    val: list  # validation prompts
+    tokenizer: Any
+    precision: Any
+    trainer: Any
+    generator: Generator  # in this process, over the trainer's module: evaluation (and sync/ppo rollouts)
+    source: AsyncMode  # the groups of each optimiser step
+    sampler: PromptSampler
+    pass_rates: algo.PassRateTracker  # no-positive-resampling history
+    tracker: Tracker
+    ckpt: Checkpointer
+    state: RunState
+    placement: Placement
+    device: torch.device
+    devices: int  # devices the run holds (for compute/device_hours)
+    n_params: int  # without embeddings (the N of the FLOPs)
+    n_params_all: int
+    last_pass_rate: float = float("nan")
+
+    @property
+    def is_main(self) -> bool:
+        return self.trainer.rank == 0
+
+
+# ---------------------------------------------------------------------- the loop
+def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Components | None = None) -> dict:
+    """Run (or resume) the training run described by ``cfg``; returns its summary.
+
+    ``tracker``: where metrics go (default: MLflow as configured, on rank 0). ``components``: the
+    run's parts, already built by :func:`build` from the same ``cfg``."""
+    _quiet_logging()
+    OmegaConf.resolve(cfg)
+    finished = _finished_summary(cfg)
+    if finished is not None:
+        return finished
+    run = components if components is not None else build(cfg, tracker=tracker)
+    st, total = run.state, int(cfg.trainer.total_steps)
+    start_tracking(run, restore(run))
+    clock = Clock(st)
+    progress = Progress(cfg, total, st.step, enabled=run.is_main)
+    status, interrupted = "FAILED", False
+    try:
+        hand_over_weights(run)
+        if not st.evals:  # step 0, before any update
+            log_step(run, 0, {**evaluation(run, clock, progress), **compute_metrics(run, clock)})
+        while st.step < total:
+            groups = run.source.next_groups()
+            record_pass_rates(run.pass_rates, groups)
+            t0 = time.perf_counter()
+            prepared = prepare_batch(
+                groups,
+                version=st.step,
+                zero_variance=bool(cfg.filter.zero_variance),
+                norm=cfg.norm.name,
+                pad_id=run.tokenizer.pad_token_id,
+            )
+            trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
+            st.train_busy += time.perf_counter() - t0
+            stats, counts = step_statistics(prepared, trainer_stats)
+            count_step(run, prepared.counts, counts)
+            st.step += 1
+            hand_over_weights(run)
+            if st.step % cfg.eval.every == 0 or st.step == total:
+                stats.update(evaluation(run, clock, progress))
+            stats.update(compute_metrics(run, clock))
+            log_step(run, st.step, stats)
+            progress.update(st.step, stats, run.last_pass_rate)
+            if st.step % cfg.checkpoint_every == 0 or st.step == total:
+                checkpoint(run, clock)
+        final_fit(run)
+        checkpoint(run, clock)
+        status = "FINISHED"
+    except NonFiniteError as e:
+        checkpoint_safe(run, clock)
+        raise RunError(f"{e}; the last good checkpoint is in {run.ckpt.path}") from None
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        run.source.close()
+        progress.close()
+        end_tracking(run, status, interrupted)
+    return write_summary(run)
+
+
+# ---------------------------------------------------------------------- building
+def pick_device(cfg) -> torch.device:
+    want = cfg.trainer.device
+    if want == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if want == "cuda" and not torch.cuda.is_available():
+        raise RunError("trainer.device=cuda but no CUDA device is available")
+    return torch.device(want)
+
+
+def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
+    """Build a run's components from its (resolved) config."""
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode = MODES[cfg.async_mode.name]
+    G = int(cfg.trainer.generations_per_prompt)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = pick_device(cfg)
+    if world > 1 and cfg.trainer.name != "deepspeed":
+        raise RunError(
+            f"{world} trainer processes need trainer=deepspeed (trainer=torch runs in one process)"
+        )
+    if int(cfg.trainer.batch_size) % (G * world):
+        raise RunError(
+            f"trainer.batch_size={cfg.trainer.batch_size} must be a multiple of trainer.generations_per_prompt x "
+            f"processes = {G} x {world}: each process generates and trains on its share of the batch"
+        )
+    if device.type == "cuda" and world > 1:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise RunError(
+                f"trainer.device=cuda: process LOCAL_RANK={local} needs a GPU of its own, and this node "
+                f"has {torch.cuda.device_count()}; start at most that many processes per node, or use "
+                "trainer.device=cpu"
+            )
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    threads = cfg.trainer.threads or max(1, (os.cpu_count() or 1) // max(1, world))
+    placement = mode.place(cfg, device, world, threads)
+    task = build_task(cfg)
+    # the warm-start (on first use) has the process's whole share of the cores; a generator
+    # process that takes some of them later does not run yet
+    torch.set_num_threads(max(1, threads))
+    model, tokenizer, precision = build_policy(cfg, task, device)
+    torch.set_num_threads(max(1, placement.trainer_threads))
+    n_params, n_params_all = num_params(model, exclude_embeddings=True), num_params(model)  # before ZeRO-3
+    trainer = make_trainer(cfg, model, precision, temperature=cfg.generator.temperature, device=device)
+    generator = make_generator(cfg, trainer.module, tokenizer, precision, device, seed=cfg.seed + 7919 * rank)
+    pass_rates = algo.PassRateTracker(cfg.filter.pass_rate_threshold)
+    sampler = PromptSampler(
+        task.train_prompts(),
+        seed=cfg.seed,
+        retired=pass_rates if cfg.filter.no_positive_resampling else None,
+        rank=rank,
+        world=world,
+    )
+    state = RunState()
+    rollouts = Rollouts(
+        cfg=cfg,
+        task=task,
+        sampler=sampler,
+        generator=generator,
+        gathered=trainer.gathered,
+        state=state,
+        prompts_per_step=int(cfg.trainer.batch_size) // (G * world),
+        group_size=G,
+        total_steps=int(cfg.trainer.total_steps),
+        placement=placement,
+    )
+    gen_device = placement.generator_device
+    return Components(
+        cfg=cfg,
+        out_dir=out_dir,
+        task=task,
+        val=task.val_prompts()[: cfg.eval.num_prompts],
+        tokenizer=tokenizer,
+        precision=precision,
+        trainer=trainer,
+        generator=generator,
+        source=mode(rollouts),
+        sampler=sampler,
+        pass_rates=pass_rates,
+        tracker=tracker if tracker is not None else Tracker(cfg, out_dir, enabled=rank == 0),
+        ckpt=Checkpointer(out_dir),
+        state=state,
+        placement=placement,
+        device=device,
+        devices=max(1, world) + (1 if gen_device.type == "cuda" and gen_device != device else 0),
+        n_params=n_params,
+        n_params_all=n_params_all,
+    )
+
+
+# ---------------------------------------------------------------------- the steps of the loop
+def hand_over_weights(run: Components) -> None:
+    """The trainer's weights at ``state.step`` to the async mode (and so to every generator); a
+    generator whose version does not follow stops the run."""
+    step = run.state.step
+    run.source.load_weights(run.trainer.policy_weights(), step)
+    if run.generator.version != step:
+        raise RunError(
+            f"{type(run.generator).__name__}.load_weights did not take the trainer's weights of step {step} "
+            f"(its version is {run.generator.version}): it would generate from other weights than the trainer's"
+        )
+
+
+def record_pass_rates(pass_rates: algo.PassRateTracker, groups: list[list]) -> None:
+    """No-positive-resampling history (paper Sec. 3.2), of every rank's groups (collective)."""
+    from scalerl.loop import collective
+
+    history = [([s.prompt_uid for s in g], [float(s.correct) for s in g]) for g in groups]
+    for part in collective.gather_objects(history):
+        for uids, correct in part:
+            pass_rates.update(uids, correct)
+
+
+def count_step(run: Components, own: dict, counts: dict) -> None:
+    """Add one step's counts (summed over ranks) to the run state."""
+    st = run.state
+    st.zero_variance_dropped += int(counts["dropped"])
+    st.gen_tokens += int(counts["gen_tokens"]) - int(own["gen_tokens"])  # other ranks' (own: at generation)
+    st.flops += 2.0 * run.n_params * counts["gen_tokens"] + 6.0 * run.n_params * counts["trained_tokens"]
+
+
+def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, float]:
+    """Evaluate, record the point (compute, pass rate) and refit every ``scaling.refit_every``
+    evaluations."""
+    cfg, st = run.cfg, run.state
+    clock.tick()
+    metrics = evaluate(
+        cfg, run.task, run.val, run.generator, run.trainer.gathered, st, run.tracker, main=run.is_main
+    )
+    clock.tick()
+    if not metrics:  # not rank 0 (which evaluates)
+        return {}
+    st.evals.append(
+        {
+            "step": st.step,
+            "pass_rate": metrics["val/pass_rate"],
+            "flops": st.flops,
+            "device_hours": device_hours(run),
+        }
+    )
+    n_evals = len(st.evals)
+    if n_evals >= 4 and n_evals % cfg.scaling.refit_every == 0:
+        metrics.update(fit_metrics(run))
+    run.last_pass_rate = metrics["val/pass_rate"]
+    fit_a = metrics.get("fit/A", float("nan"))
+    progress.write(
+        f"step {st.step}/{cfg.trainer.total_steps}: val/pass_rate={metrics['val/pass_rate']:.3f}"
+        + (f" fit/A={fit_a:.3f}" if fit_a == fit_a else "")
+    )
+    return metrics
+
+
+def fit_metrics(run: Components, final: bool = False) -> dict[str, float]:
+    """The live scaling fit over the evaluations so far (``final``: with the curve's figure)."""
+    from scalerl.scaling import live
+
+    s = run.cfg.scaling
+    compute = [e[s.compute_axis] for e in run.state.evals]
+    reward = [e["pass_rate"] for e in run.state.evals]
+    try:
+        if final:
+            png = run.out_dir / "scaling_curve.png"
+            _, metrics = live.final_report(
+                compute,
+                reward,
+                out_png=str(png),
+                extrapolate=s.extrapolate,
+                method=s.method,
+                min_compute_frac=s.min_compute_frac,
+                bootstrap=s.bootstrap,
+            )
+            if png.is_file():
+                run.tracker.log_artifact_file(png)
+        else:
+            _, metrics = live.fit_metrics(
+                compute, reward, method=s.method, min_compute_frac=s.min_compute_frac, bootstrap=s.bootstrap
+            )
+    except Exception as e:  # a fit must never kill a run
+        log.warning("scaling fit failed: %s", e)
+        return {}
+    return metrics
+
+
+def final_fit(run: Components) -> None:
+    if run.is_main and len(run.state.evals) >= 4:
+        final = fit_metrics(run, final=True)
+        if final:
+            run.tracker.log(run.state.step, final)
+
+
+def device_hours(run: Components) -> float:
+    return run.state.elapsed * run.devices / 3600.0
+
+
+def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
+    """Compute, throughput and counters: one value per step, shared by train and val metrics."""
+    st = run.state
+    wall = max(clock.tick(), 1e-9)
+    out = {
+        "compute/flops": st.flops,
+        "compute/device_hours": device_hours(run),
+        "perf/generator_busy": min(1.0, st.gen_busy / wall),
+        "perf/trainer_busy": min(1.0, st.train_busy / wall),
+        "perf/tokens_per_s": st.gen_tokens / wall,
+        "data/prompts_retired": float(len(run.pass_rates)),
+        "data/zero_variance_dropped": float(st.zero_variance_dropped),
+        "data/stale_dropped": float(st.stale_dropped),
+        "data/verifier_errors": float(st.verifier_errors),
+    }
+    if run.device.type == "cuda":  # the trainer's peak GPU memory (the pipeline generator's is not counted)
+        out["perf/gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(run.device) / 2**30
+    return out
+
+
+def log_step(run: Components, step: int, metrics: dict[str, float]) -> None:
+    run.tracker.log(step, metrics)
+    run.tracker.log_step_done(step)
+
+
+# ---------------------------------------------------------------------- checkpoints and tracking
+def _engine_dir(run: Components) -> str:
+    return str(run.out_dir / "checkpoint" / "engine")
+
+
+def checkpoint(run: Components, clock: Clock) -> None:
+    """Every rank writes its part of the trainer's engine (if it has one; collective); rank 0 the
+    run checkpoint, then sends the metrics it covers to MLflow."""
+    clock.tick()
+    st = run.state
+    own = {"rng": rng_state(), "generator_rng": run.generator.rng_state()}  # this rank's own streams
+    tag = run.trainer.save_engine_checkpoint(_engine_dir(run), tag=f"step_{st.step:08d}", rank_state=own)
+    if run.is_main:
+        run.ckpt.save(
+            {
+                "step": st.step,
+                "state": st.state_dict(),
+                "trainer": run.trainer.state_dict(),
+                "rng": rng_state(),
+                "generator_rng": run.generator.rng_state(),
+                "sampler": run.sampler.state_dict(),
+                "pass_rate_tracker": run.pass_rates.state_dict(),
+                "run_id": run.tracker.run_id,
+                "pending_metrics": run.tracker.pending_state(),
+                "engine_tag": tag,
+            }
+        )
+        run.tracker.flush()
+
+
+def checkpoint_safe(run: Components, clock: Clock) -> None:
+    """After repeated non-finite steps the weights were never updated with them: keep a checkpoint."""
+    try:
+        checkpoint(run, clock)
+    except Exception as e:  # pragma: no cover
+        log.warning("could not write a checkpoint: %s", e)
+
+
+def restore(run: Components) -> tuple[str, list] | None:
+    """Load the run checkpoint if there is one; returns (MLflow run id, metrics pending at it)."""
+    if not run.ckpt.exists():
+        return None
+    ck = run.ckpt.load()
+    run.trainer.load_state_dict(ck["trainer"])
+    own = run.trainer.load_engine_checkpoint(_engine_dir(run), tag=ck["engine_tag"])
+    set_rng_state(ck["rng"])
+    run.sampler.load_state_dict(ck["sampler"])
+    run.pass_rates.load_state_dict(ck["pass_rate_tracker"])
+    run.state.load_state_dict(ck["state"])
+    run.generator.set_rng_state(ck["generator_rng"])
+    if own:  # this rank's own RNG streams (the run checkpoint holds rank 0's)
+        set_rng_state(own["rng"])
+        run.generator.set_rng_state(own["generator_rng"])
+    return ck["run_id"], ck["pending_metrics"]
+
+
+def start_tracking(run: Components, resumed: tuple[str, list] | None) -> None:
+    if not run.is_main:
+        return
+    extra = {
+        **run.precision.describe(),
+        "model/params_non_embedding": str(run.n_params),
+        "model/params": str(run.n_params_all),
+        "compute/devices": str(run.devices),
+        "device": str(run.device),
+    }
+    run.tracker.start(resumed[0] if resumed else None, extra)
+    if resumed:
+        run.tracker.restore_pending(resumed[1])
+        log.info("resumed %s at step %d (MLflow run %s)", run.out_dir, run.state.step, run.tracker.run_id)
+
+
+def end_tracking(run: Components, status: str, interrupted: bool) -> None:
+    """Only what a checkpoint covers reaches MLflow: a run stopped between checkpoints (preempted,
+    interrupted, crashed) redoes those steps when it resumes, so writing them now would duplicate
+    them. A finished run flushed at its last checkpoint. An interrupted run stays RUNNING."""
+    if not run.is_main:
+        return
+    if status == "FINISHED":
+        run.tracker.flush()
+    if status == "FINISHED" or not interrupted:
+        run.tracker.end(status)
+
+
+def write_summary(run: Components) -> dict:
+    st = run.state
+    summary = {
+        "run_id": run.tracker.run_id,
+        "out_dir": str(run.out_dir),
+        "steps": st.step,
+        "evals": st.evals,
+        "pass_rate_start": st.evals[0]["pass_rate"] if st.evals else None,
+        "pass_rate_final": st.evals[-1]["pass_rate"] if st.evals else None,
+        "wall_seconds": st.elapsed,
+        "metrics_unflushed": len(run.tracker.pending),
+    }
+    if run.is_main:
+        tmp = run.out_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1))
+        os.replace(tmp, run.out_dir / "summary.json")
+    return summary
+
+
+def _quiet_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    for noisy in ("alembic", "mlflow", "urllib3", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _finished_summary(cfg) -> dict | None:
+    done = Path(cfg.out_dir) / "summary.json"
+    if done.is_file():
+        summary = json.loads(done.read_text())
+        if summary.get("steps", 0) >= cfg.trainer.total_steps:
+            log.info("run in %s already finished (%d steps); nothing to do", cfg.out_dir, summary["steps"])
+            return summary
+    return None
