@@ -90,22 +90,7 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
         if not st.evals:  # step 0, before any update
             log_step(run, 0, {**evaluation(run, clock, progress), **compute_metrics(run, clock)})
         while st.step < total:
-            groups = run.source.next_groups()
-            record_pass_rates(run.pass_rates, groups)
-            t0 = time.perf_counter()
-            prepared = prepare_batch(
-                groups,
-                version=st.step,
-                zero_variance=bool(cfg.filter.zero_variance),
-                norm=cfg.norm.name,
-                pad_id=run.tokenizer.pad_token_id,
-            )
-            trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
-            st.train_busy += time.perf_counter() - t0
-            stats, counts = step_statistics(prepared, trainer_stats)
-            count_step(run, prepared.counts, counts)
-            st.step += 1
-            hand_over_weights(run)
+            _, stats = train_step(run)
             if st.step % cfg.eval.every == 0 or st.step == total:
                 stats.update(evaluation(run, clock, progress))
             stats.update(compute_metrics(run, clock))
@@ -224,6 +209,30 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
 
 
 # ---------------------------------------------------------------------- the steps of the loop
+def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
+    """One optimiser step: the next groups from the async mode -> :func:`prepare_batch` -> the
+    trainer's step -> the new weights to the generator. Returns (the groups, the step's statistics
+    over all ranks)."""
+    st, cfg = run.state, run.cfg
+    groups = run.source.next_groups()
+    record_pass_rates(run.pass_rates, groups)
+    t0 = time.perf_counter()
+    prepared = prepare_batch(
+        groups,
+        version=st.step,
+        zero_variance=bool(cfg.filter.zero_variance),
+        norm=cfg.norm.name,
+        pad_id=run.tokenizer.pad_token_id,
+    )
+    trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
+    st.train_busy += time.perf_counter() - t0
+    stats, counts = step_statistics(prepared, trainer_stats)
+    count_step(run, prepared.counts, counts)
+    st.step += 1
+    hand_over_weights(run)
+    return groups, stats
+
+
 def hand_over_weights(run: Components) -> None:
     """The trainer's weights at ``state.step`` to the async mode (and so to every generator); a
     generator whose version does not follow stops the run."""
