@@ -202,14 +202,14 @@ def evaluate_snapshots(cfg, a, snaps) -> list[dict]:
 # ----------------------------------------------------------------------------------- our loop
 def child_ours(a) -> dict:
     """Our loop's components (:func:`scalerl.loop.build`) and its optimiser step
-    (:func:`scalerl.loop.train.train_step`); evaluation replaced by a weight snapshot (scored
+    (:func:`scalerl.loop.run.train_step`); evaluation replaced by a weight snapshot (scored
     after the timed run, like every system's), checkpoints and MLflow off."""
     import torch
     from omegaconf import OmegaConf
 
     from scalerl.config import compose
     from scalerl.loop import build
-    from scalerl.loop.train import hand_over_weights, train_step
+    from scalerl.loop.run import hand_over_weights, train_step
     from scalerl.tracking import Tracker
 
     mode = "sync" if a.system == "ours_sync" else "pipeline_rl"

@@ -239,7 +239,7 @@ def _run_in_process(overrides: list[str], *, resume: bool = False):
 
     from scalerl.config import compose
     from scalerl.loop import build, train
-    from scalerl.loop.train import restore
+    from scalerl.loop.run import restore
 
     cfg = compose(overrides)
     OmegaConf.resolve(cfg)

@@ -1,6 +1,6 @@
 """The training loop: async modes, rollouts -> filters -> advantages -> trainer -> tracking."""
 
 from scalerl.loop.errors import RunError
-from scalerl.loop.train import build, train
+from scalerl.loop.run import build, train
 
 __all__ = ["RunError", "build", "train"]

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalerl import algo
 from scalerl.generator import Generator, make_generator
+from scalerl.loop import collective
 from scalerl.loop.batch import prepare_batch, step_statistics
 from scalerl.loop.data import PromptSampler
 from scalerl.loop.errors import RunError
@@ -247,8 +248,6 @@ def hand_over_weights(run: Components) -> None:
 
 def record_pass_rates(pass_rates: algo.PassRateTracker, groups: list[list]) -> None:
     """No-positive-resampling history (paper Sec. 3.2), of every rank's groups (collective)."""
-    from scalerl.loop import collective
-
     history = [([s.prompt_uid for s in g], [float(s.correct) for s in g]) for g in groups]
     for part in collective.gather_objects(history):
         for uids, correct in part:
