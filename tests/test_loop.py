@@ -568,3 +568,25 @@ def test_a_saved_model_loads_by_path_on_the_same_code_path(tiny_overrides, tmp_p
     # the warm-started weights were loaded, not a fresh init: same pass rate at step 0 as the source model
     src = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2", f"out_dir={tmp_path / 'src'}"]))
     assert summary["evals"][0]["pass_rate"] == src["evals"][0]["pass_rate"]
+
+
+# ---------------------------------------------------------------------- run state and async modes
+def test_run_state_round_trips_through_a_checkpoint(tmp_path):
+    from scalerl.loop.state import RunState
+
+    st = RunState(step=7, flops=1.5e9, gen_tokens=123, zero_variance_dropped=4, stale_dropped=2)
+    st.evals.append({"step": 4, "pass_rate": 0.5, "flops": 1e9, "device_hours": 0.01})
+    st.step0_solved = {3: 0.0, 11: 0.5}
+    assert st.new_group_ids(3) == [0, 1, 2] and st.next_group_id == 3
+    torch.save({"state": st.state_dict()}, tmp_path / "ck.pt")
+    back = RunState()
+    back.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=False)["state"])
+    assert back == st
+
+
+def test_every_async_mode_option_has_its_class():
+    from scalerl.loop.modes import MODES
+
+    options = {p.stem for p in (ROOT / "conf" / "async_mode").glob("*.yaml")}
+    assert set(MODES) == options
+    assert all(MODES[name].name == name for name in MODES)
