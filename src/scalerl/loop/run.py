@@ -115,6 +115,30 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     return write_summary(run)
 
 
+def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
+    """One optimiser step: the next groups from the async mode -> :func:`prepare_batch` -> the
+    trainer's step -> the new weights to the generator. Returns (the groups, the step's statistics
+    over all ranks)."""
+    st, cfg = run.state, run.cfg
+    groups = run.source.next_groups()
+    record_pass_rates(run.pass_rates, groups)
+    t0 = time.perf_counter()
+    prepared = prepare_batch(
+        groups,
+        version=st.step,
+        zero_variance=bool(cfg.filter.zero_variance),
+        norm=cfg.norm.name,
+        pad_id=run.tokenizer.pad_token_id,
+    )
+    trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
+    st.train_busy += time.perf_counter() - t0
+    stats, counts = step_statistics(prepared, trainer_stats)
+    count_step(run, prepared.counts, counts)
+    st.step += 1
+    hand_over_weights(run)
+    return groups, stats
+
+
 # ---------------------------------------------------------------------- building
 def pick_device(cfg) -> torch.device:
     want = cfg.trainer.device
@@ -210,30 +234,6 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
 
 
 # ---------------------------------------------------------------------- the steps of the loop
-def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
-    """One optimiser step: the next groups from the async mode -> :func:`prepare_batch` -> the
-    trainer's step -> the new weights to the generator. Returns (the groups, the step's statistics
-    over all ranks)."""
-    st, cfg = run.state, run.cfg
-    groups = run.source.next_groups()
-    record_pass_rates(run.pass_rates, groups)
-    t0 = time.perf_counter()
-    prepared = prepare_batch(
-        groups,
-        version=st.step,
-        zero_variance=bool(cfg.filter.zero_variance),
-        norm=cfg.norm.name,
-        pad_id=run.tokenizer.pad_token_id,
-    )
-    trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
-    st.train_busy += time.perf_counter() - t0
-    stats, counts = step_statistics(prepared, trainer_stats)
-    count_step(run, prepared.counts, counts)
-    st.step += 1
-    hand_over_weights(run)
-    return groups, stats
-
-
 def hand_over_weights(run: Components) -> None:
     """The trainer's weights at ``state.step`` to the async mode (and so to every generator); a
     generator whose version does not follow stops the run."""
