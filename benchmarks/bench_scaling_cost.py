@@ -186,7 +186,7 @@ def components(a) -> None:
         batches = [sampler.next(a.prompts) for _ in range(a.batches)]
 
         def generate_all(chunk=a.prompts):
-            gen.rng.manual_seed(0)
+            gen.manual_seed(0)
             out = []
             for pr in batches:
                 groups = []

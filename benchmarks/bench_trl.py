@@ -68,7 +68,7 @@ LABEL = {
     "trl": "TRL GRPOTrainer (best CPU config)",
     "trl_defaults": "TRL GRPOTrainer (its defaults)",
     "ours_sync": "ours, async_mode=sync",
-    "ours_pipeline": "ours, async_mode=pipeline_rl (k=8)",
+    "ours_pipeline": "ours, async_mode=pipeline_rl (max_lag=8)",
 }
 
 
@@ -180,7 +180,7 @@ class Evaluator:
 
         with torch.no_grad():
             self.model.load_state_dict(state)
-        self.gen.rng.manual_seed(self.seed)
+        self.gen.manual_seed(self.seed)
         correct = n = 0
         for i in range(0, len(self.val), 32):
             chunk = self.val[i : i + 32]
@@ -201,107 +201,85 @@ def evaluate_snapshots(cfg, a, snaps) -> list[dict]:
 
 # ----------------------------------------------------------------------------------- our loop
 def child_ours(a) -> dict:
+    """Our loop's components (:func:`scalerl.loop.build`) and its optimiser step
+    (:func:`scalerl.loop.run.train_step`); evaluation replaced by a weight snapshot (scored
+    after the timed run, like every system's), checkpoints and MLflow off."""
     import torch
     from omegaconf import OmegaConf
 
-    import scalerl.loop.pipeline as pipeline_mod
-    import scalerl.loop.run as run_mod
     from scalerl.config import compose
-    from scalerl.loop.run import Run
+    from scalerl.loop import build
+    from scalerl.loop.run import hand_over_weights, train_step
     from scalerl.tracking import Tracker
-
-    # MLflow off (TRL runs with report_to="none"): the loop gets a disabled tracker
-    run_mod.Tracker = lambda cfg, out_dir, enabled=True: Tracker(cfg, out_dir, enabled=False)
 
     mode = "sync" if a.system == "ours_sync" else "pipeline_rl"
     out = tempfile.mkdtemp(prefix=f"bench-{a.system}-")
-    cfg = compose([*work_overrides(a), f"async_mode={mode}", "async_mode.k=8", f"out_dir={out}"])
+    lag = ["async_mode.max_lag=8"] if mode == "pipeline_rl" else []
+    cfg = compose([*work_overrides(a), f"async_mode={mode}", *lag, f"out_dir={out}"])
     OmegaConf.resolve(cfg)
-    clock: dict = {}
+    total = int(cfg.trainer.total_steps)
+    snaps: list = []
+    steps_log: list = []
 
-    class ReadyPipeline(pipeline_mod.PipelineGenerator):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            clock["spawned"] = time.perf_counter()
-            clock["gen_pid"] = self.proc.pid
+    t0 = time.perf_counter()
+    # MLflow off (TRL runs with report_to="none"): the loop gets a disabled tracker
+    run = build(cfg, tracker=Tracker(cfg, Path(out), enabled=False))
+    # each round samples differently (the prompts, model and warm-start stay the same)
+    run.generator.manual_seed(1_000_003 * (a.sample_seed + 1) + cfg.seed)
+    hand_over_weights(run)  # pipeline_rl: starts the generator process with the weights
+    spawned = time.perf_counter()
+    st = run.state
 
-        def wait_ready(self):
-            # the clock starts once the generator process is ready (its model built), as it starts
-            # for the others once their models are built: one-time setup is not timed for any
-            # system (it is reported as startup)
-            super().wait_ready()
-            clock["start"] = time.perf_counter()
-            clock["cpu0"] = time.process_time()
-            clock["gen_cpu0"] = proc_cpu_seconds(self.proc.pid)
+    def snapshot() -> None:
+        snaps.append((st.step, {k: v.detach().clone() for k, v in run.trainer.module.state_dict().items()}))
 
-        def publish(self, state, version):
-            super().publish(state, version)
-            if version >= cfg.trainer.total_steps:  # the last step: read the generator's CPU time while alive
-                clock["gen_cpu1"] = proc_cpu_seconds(clock["gen_pid"])
-
-    pipeline_mod.PipelineGenerator = ReadyPipeline
-
-    class BenchRun(Run):
-        """The real loop; evaluation replaced by a weight copy, checkpoints and MLflow off."""
-
-        def __init__(self, cfg):
-            super().__init__(cfg)
-            # each round samples differently (the prompts, model and warm-start stay the same)
-            self.generator.rng.manual_seed(1_000_003 * (a.sample_seed + 1) + cfg.seed)
-            self.snaps: list = []
-            self.steps_log: list = []
-
-        def eval_metrics(self):
-            self.snaps.append(
-                (self.step, {k: v.detach().clone() for k, v in self.trainer.module.state_dict().items()})
-            )
-            return {}
-
-        def checkpoint(self):
-            pass
-
-        def run_sync_or_ppo(self):
-            clock["start"] = time.perf_counter()
-            clock["cpu0"] = time.process_time()
-            return super().run_sync_or_ppo()
-
-        def train_on(self, groups):
+    snapshot()  # step 0
+    gen_pid = None
+    if mode == "pipeline_rl":
+        # the clock starts once the generator process is ready (its model built), as it starts
+        # for the others once their models are built: one-time setup is not timed for any
+        # system (it is reported as startup)
+        run.source.process.wait_ready()
+        gen_pid = run.source.process.proc.pid
+    start = time.perf_counter()
+    startup = start - t0 if mode == "pipeline_rl" else spawned - t0
+    cpu0 = time.process_time()
+    gen_cpu0 = proc_cpu_seconds(gen_pid) if gen_pid else 0.0
+    try:
+        while st.step < total:
+            groups, _ = train_step(run)
+            if st.step % cfg.eval.every == 0 or st.step == total:
+                snapshot()
             samples = [s for g in groups for s in g]
-            super().train_on(groups)
-            if self.step == self.total_steps:
-                clock["cpu1"] = time.process_time()
-            self.steps_log.append(
+            steps_log.append(
                 {
                     "t": time.perf_counter(),
                     "reward": sum(s.reward for s in samples) / len(samples),
                     "completion_tokens": sum(len(s.completion_ids) for s in samples),
                     "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
-                    "lag": max([self.step - 1 - v for s in samples for v in s.versions if v >= 0] or [0]),
+                    "lag": max([st.step - 1 - v for s in samples for v in s.versions if v >= 0] or [0]),
                 }
             )
-
-    t0 = time.perf_counter()
-    run = BenchRun(cfg)
-    startup = time.perf_counter() - t0
-    run.run()
-    t_end = run.steps_log[-1]["t"]
-    start = clock["start"]
-    wall = t_end - start
+        cpu1 = time.process_time()
+        gen_cpu1 = proc_cpu_seconds(gen_pid) if gen_pid else 0.0  # read while the generator is alive
+    finally:
+        run.source.close()
+    wall = steps_log[-1]["t"] - start
     own, kids = peak_rss_mb()
     res = {
-        "startup_s": startup + (start - t0 - startup if mode == "pipeline_rl" else 0.0),
-        "generator_startup_s": start - clock["spawned"] if mode == "pipeline_rl" else None,
+        "startup_s": startup,
+        "generator_startup_s": start - spawned if mode == "pipeline_rl" else None,
         "wall_s": wall,
-        "step_times": [s["t"] - start for s in run.steps_log],
-        "rewards": [s["reward"] for s in run.steps_log],
-        "completion_tokens": sum(s["completion_tokens"] for s in run.steps_log),
-        "prompt_tokens": sum(s["prompt_tokens"] for s in run.steps_log),
-        "generated_tokens": run.gen_tokens,
-        "max_policy_lag": max(s["lag"] for s in run.steps_log),
-        "stale_dropped_groups": run.stale_dropped,
-        "cpu_s": (clock["cpu1"] - clock["cpu0"]) + (clock.get("gen_cpu1", 0.0) - clock.get("gen_cpu0", 0.0)),
-        "generator_busy": min(1.0, run.gen_busy / wall),
-        "trainer_busy": min(1.0, run.train_busy / wall),
+        "step_times": [s["t"] - start for s in steps_log],
+        "rewards": [s["reward"] for s in steps_log],
+        "completion_tokens": sum(s["completion_tokens"] for s in steps_log),
+        "prompt_tokens": sum(s["prompt_tokens"] for s in steps_log),
+        "generated_tokens": st.gen_tokens,
+        "max_policy_lag": max(s["lag"] for s in steps_log),
+        "stale_dropped_groups": st.stale_dropped,
+        "cpu_s": (cpu1 - cpu0) + (gen_cpu1 - gen_cpu0),
+        "generator_busy": min(1.0, st.gen_busy / wall),
+        "trainer_busy": min(1.0, st.train_busy / wall),
         "peak_rss_mb": own + (kids if mode == "pipeline_rl" else 0.0),
         "peak_rss_detail_mb": {"trainer": own, "generator": kids}
         if mode == "pipeline_rl"
@@ -309,10 +287,10 @@ def child_ours(a) -> dict:
         "n_params": run.n_params,
         "threads": {
             "trainer": torch.get_num_threads(),
-            "generator": run.gen_threads if mode == "pipeline_rl" else None,
+            "generator": run.placement.generator_threads if mode == "pipeline_rl" else None,
         },
     }
-    res["evals"] = evaluate_snapshots(cfg, a, run.snaps)
+    res["evals"] = evaluate_snapshots(cfg, a, snaps)
     return res
 
 

@@ -35,7 +35,7 @@ def test_defaults_are_the_scalerl_recipe():
     cfg = compose([])
     for group, option in DEFAULTS.items():
         assert cfg[group].name == option
-    assert cfg.async_mode.k == 8
+    assert cfg.async_mode.max_lag == 8
     assert cfg.loss.eps_max == 5.0
     assert cfg.precision.body == "bf16" and cfg.precision.head == "fp32"
     assert cfg.filter.zero_variance and cfg.filter.no_positive_resampling
@@ -46,7 +46,7 @@ def test_paper_hyperparameters_in_option_files():
     assert compose(["loss=dapo"]).loss.eps_high == 0.26
     assert compose(["loss=grpo"]).loss.eps_low == compose(["loss=grpo"]).loss.eps_high == 0.2
     assert compose(["loss=gspo"]).loss.eps_high == pytest.approx(5e-3)
-    assert compose(["async_mode=ppo_off_policy"]).async_mode.k == 8
+    assert compose(["async_mode=ppo_off_policy"]).async_mode.minibatches == 8
     assert compose(["precision=bf16"]).precision.head == "bf16"
     lp = compose(["length_control=length_penalty"]).length_control
     assert lp.l_max > lp.l_cache > 0
@@ -111,7 +111,8 @@ def test_unknown_key_is_an_error(tmp_path):
 BAD_VALUES = [
     ("loss.eps_max=-1", "loss.eps_max", "> 0"),
     ("loss=dapo loss.eps_low=1.5", "loss.eps_low", "(0, 1)"),
-    ("async_mode.k=0", "async_mode.k", ">= 1"),
+    ("async_mode.max_lag=0", "async_mode.max_lag", ">= 1"),
+    ("async_mode=ppo_off_policy async_mode.minibatches=0", "async_mode.minibatches", ">= 1"),
     ("trainer.batch_size=30", "trainer.batch_size", "multiple of trainer.generations_per_prompt"),
     ("precision.body=fp8", "precision.body", "one of fp32, bf16, fp16"),
     ("precision.head=int4", "precision.head", "one of fp32, bf16, fp16"),

@@ -239,16 +239,16 @@ def _run_in_process(overrides: list[str], *, resume: bool = False):
     from omegaconf import OmegaConf
 
     from scalerl.config import compose
-    from scalerl.loop.run import Run
+    from scalerl.loop import build, train
+    from scalerl.loop.run import restore
 
     cfg = compose(overrides)
     OmegaConf.resolve(cfg)
-    run = Run(cfg)
-    if resume:
-        assert run.restore()
-        run.restore = lambda: True  # restored once, here, so that the start weights can be read
+    run = build(cfg)
+    if resume:  # restored here to read the start weights; train restores the same state again
+        assert restore(run) is not None
     start = run.trainer.policy_weights().tensors()
-    summary = run.run()
+    summary = train(cfg, components=run)
     return summary, start, run.trainer.policy_weights().tensors()
 
 
@@ -299,7 +299,7 @@ def test_pipeline_rl_zero3(tiny_overrides, tmp_path):
     over = merged(
         tiny_overrides,
         EASY,
-        ["trainer=deepspeed", "trainer.zero_stage=3", "async_mode=pipeline_rl", "async_mode.k=2"],
+        ["trainer=deepspeed", "trainer.zero_stage=3", "async_mode=pipeline_rl", "async_mode.max_lag=2"],
     )
     uri, _ = _tracking(over)
     proc = subprocess.run(

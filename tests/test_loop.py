@@ -16,8 +16,13 @@ import torch
 from mlflow.tracking import MlflowClient
 from procs import descendants, running
 
+from scalerl import algo
 from scalerl.config import compose
-from scalerl.loop import Run, RunError, train
+from scalerl.generator import GENERATORS, HFGenerator, Sample
+from scalerl.loop import RunError, build, train
+from scalerl.loop.batch import prepare_batch
+from scalerl.loop.data import PromptSampler
+from scalerl.task import build_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,12 +57,13 @@ def uri_of(overrides: list[str]) -> str:
     return next(o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri="))
 
 
-def make_run(overrides: list[str]) -> Run:
+def make_run(overrides: list[str]):
+    """(config, the run's components built from it): a real run that has not started."""
     cfg = compose(overrides)
     from omegaconf import OmegaConf
 
     OmegaConf.resolve(cfg)
-    return Run(cfg)
+    return cfg, build(cfg)
 
 
 # ---------------------------------------------------------------------- the default recipe
@@ -104,8 +110,8 @@ OPTION_RUNS = {
     "loss=grpo": [],
     "loss=gspo": [],
     "async_mode=sync": [],
-    "async_mode=ppo_off_policy": ["async_mode.k=2"],
-    "async_mode=pipeline_rl": ["async_mode.k=2"],
+    "async_mode=ppo_off_policy": ["async_mode.minibatches=2"],
+    "async_mode=pipeline_rl": ["async_mode.max_lag=2"],
     "precision=fp32_head": [],
     "precision=bf16": [],
     "precision=fp32": [],
@@ -141,7 +147,7 @@ def test_every_option_trains(option, tiny_overrides):
     assert summary["steps"] == 4 and len(summary["evals"]) == 3
     lag = [v for _, v in history(uri, summary["run_id"], "train/policy_lag_max")]
     if option.startswith("async_mode=ppo_off_policy"):
-        assert lag == [0.0, 1.0, 0.0, 1.0]  # k=2 minibatches per generation
+        assert lag == [0.0, 1.0, 0.0, 1.0]  # 2 minibatches per generation
     elif option.startswith("async_mode=sync"):
         assert lag == [0.0] * 4
     if option == "filter=none":
@@ -164,7 +170,7 @@ def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
     overrides = [
         *tiny_overrides,
         "async_mode=pipeline_rl",
-        f"async_mode.k={k}",
+        f"async_mode.max_lag={k}",
         "trainer.total_steps=8",
         "eval.every=4",
         "generator.chunk_prompts=8",
@@ -189,7 +195,7 @@ def test_generator_process_is_forked_with_its_imports_done():
     pipeline.prestart()
     ctx = pipeline.process_context()
     assert ctx.get_start_method() == "forkserver"
-    check = "import sys; sys.exit(0 if {'transformers', 'scalerl.loop.run'} <= set(sys.modules) else 3)"
+    check = "import sys; sys.exit(0 if {'transformers', 'scalerl.task.score'} <= set(sys.modules) else 3)"
     proc = ctx.Process(target=exec, args=(check,))
     proc.start()
     proc.join(120)
@@ -213,9 +219,9 @@ def test_native_bf16_updates_fp32_master_weights(tiny_overrides):
         "task.max_digits=1",
         "task.warmstart_max_digits=1",
     ]
-    run = make_run(over)
+    cfg, run = make_run(over)
     start = {k: v.clone() for k, v in run.trainer.module.state_dict().items()}
-    summary = run.run()
+    summary = train(cfg, components=run)
     assert summary["steps"] == 2
     end = run.trainer.module.state_dict()
     assert all(v.dtype == torch.float32 for v in end.values() if v.is_floating_point())
@@ -225,84 +231,99 @@ def test_native_bf16_updates_fp32_master_weights(tiny_overrides):
     assert 0 < step < 1e-5
 
 
-def test_zero_variance_groups_never_reach_the_loss(tiny_overrides):
-    run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=3"])
-    seen = []
-    step = run.trainer.step
-
-    def spy(batch):
-        seen.append(batch)
-        return step(batch)
-
-    run.trainer.step = spy
-    dropped_before = []
-    train_on = run.train_on
-
-    def spy_train_on(groups):
-        dropped_before.append(sum(len({s.reward for s in g}) == 1 for g in groups))
-        return train_on(groups)
-
-    run.train_on = spy_train_on
-    run.run()
-    assert sum(dropped_before) > 0, "the test needs some zero-variance groups"
-    for batch in seen:
-        # every group in a trained batch has non-identical rewards, hence a non-zero advantage
-        for g in range(batch.num_groups):
-            adv = batch.advantages[batch.group_ids == g]
-            assert adv.abs().max() > 0
-    assert run.zero_variance_dropped == sum(dropped_before)
-
-
-def test_retired_prompts_are_never_sampled_again(tiny_overrides):
-    run = make_run(
-        [
-            *tiny_overrides,
-            *SYNC,
-            "task.num_train=16",
-            "trainer.total_steps=10",
-            "filter.pass_rate_threshold=0.5",
-            "trainer.batch_size=16",
-        ]
+def sample(uid: int, group: int, reward: float, n_tokens: int = 3, version: int = 0) -> Sample:
+    return Sample(
+        prompt_uid=uid,
+        group_id=group,
+        prompt_ids=[1, 2],
+        completion_ids=[3] * n_tokens,
+        logprobs=[-0.5] * n_tokens,
+        versions=[version] * n_tokens,
+        loss_mask=[1] * n_tokens,
+        text="",
+        truncated=False,
+        interrupted=False,
+        think_tokens=0,
+        reward=reward,
     )
-    sampled = []  # (step, uids)
-    nxt = run.sampler.next
 
-    def spy(n):
-        out = nxt(n)
-        sampled.append((run.step, {p.uid for p in out}, set(run.tracker_tr.retired_uids())))
-        return out
 
-    run.sampler.next = spy
-    run.run()
-    retired = run.tracker_tr.retired_uids()
-    assert retired, "the test needs some retired prompts"
-    for _, uids, retired_then in sampled:
-        assert not (uids & retired_then)
+def test_zero_variance_groups_never_reach_the_batch():
+    rewards = [[1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1], [0.5, 0.5, 0.5, 0.5]]
+    groups = [[sample(g, g, r) for r in rs] for g, rs in enumerate(rewards)]
+    for s_ in (s_ for g in groups for s_ in g):
+        s_.correct = s_.reward
+    prepared = prepare_batch(groups, version=0, zero_variance=True, norm="batch", pad_id=0)
+    assert prepared.train and prepared.stats["data/zero_variance_dropped_step"] == 3
+    assert prepared.counts["dropped"] == 3 and prepared.stats["train/groups_trained"] == 2
+    batch = prepared.batch
+    assert batch.num_groups == 2 and batch.num_sequences == 8
+    for g in range(batch.num_groups):  # each trained group has a non-zero advantage
+        assert batch.advantages[batch.group_ids == g].abs().max() > 0
+    # without the filter every group is trained on, the zero-variance ones with advantage 0
+    kept = prepare_batch(groups, version=0, zero_variance=False, norm="batch", pad_id=0)
+    assert kept.batch.num_groups == 5 and "data/zero_variance_dropped_step" not in kept.stats
+    # every group filtered out: no batch, the step is skipped and says so
+    none = prepare_batch([groups[0], groups[2]], version=0, zero_variance=True, norm="batch", pad_id=0)
+    assert not none.train and none.batch is None and none.stats["train/step_skipped"] == 1.0
+
+
+def test_policy_lag_statistics_of_a_batch():
+    groups = [
+        [sample(0, 0, 1.0, version=3), sample(0, 0, 0.0, version=5)],
+        [sample(1, 1, 1.0, version=5)] * 2,
+    ]
+    for s_ in (s_ for g in groups for s_ in g):
+        s_.correct = s_.reward
+    st = prepare_batch(groups, version=6, zero_variance=True, norm="batch", pad_id=0).stats
+    assert st["train/policy_lag_max"] == 3.0 and st["train/versions_in_batch"] == 2.0
+    assert st["train/policy_lag_mean"] == pytest.approx((3 * 3 + 9 * 1) / 12)
+
+
+def test_zero_variance_counter_adds_up_the_steps(tiny_overrides):
+    """The run's data/zero_variance_dropped is the sum of the groups dropped at each step."""
+    summary = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3"]))
+    uri = uri_of(tiny_overrides)
+    per_step = [v for _, v in history(uri, summary["run_id"], "data/zero_variance_dropped_step")]
+    total = history(uri, summary["run_id"], "data/zero_variance_dropped")
+    assert len(per_step) == 3 and sum(per_step) > 0, "the test needs some zero-variance groups"
+    assert total[-1] == (3, sum(per_step))
+
+
+def test_retired_prompts_are_never_sampled_again():
+    cfg = compose(["task.num_train=16"])
+    prompts = build_task(cfg).train_prompts()
+    rates = algo.PassRateTracker(0.5)
+    sampler = PromptSampler(prompts, seed=0, retired=rates)
+    for step in range(12):
+        batch = sampler.next(4)
+        retired_then = set(rates.retired_uids())
+        assert not ({p.uid for p in batch} & retired_then), step
+        # every other prompt is solved each time it is seen: those retire
+        for p in batch:
+            rates.update([p.uid] * 4, [float(p.uid % 2 == 0)] * 4)
+    retired = set(rates.retired_uids())
+    assert retired and retired == {p.uid for p in prompts if p.uid % 2 == 0}
+    # the sampler's position is part of the checkpoint: a restored one continues identically
+    again = PromptSampler(prompts, seed=0, retired=rates)
+    again.load_state_dict(sampler.state_dict())
+    assert [p.uid for p in again.next(5)] == [p.uid for p in sampler.next(5)]
 
 
 def test_interruption_inserts_the_phrase_and_respects_budgets(tiny_overrides):
-    run = make_run(
+    """The run's own generator (the warm-started model, the configured length control)."""
+    cfg, run = make_run(
         [
             *tiny_overrides,
             *SYNC,
-            "trainer.total_steps=2",
             "length_control.think_budget_min=6",
             "length_control.think_budget_max=10",
             "length_control.answer_budget=3",
         ]
     )
-    groups_seen = []
-    gen = run.generator.generate
-
-    def spy(*a, **kw):
-        out = gen(*a, **kw)
-        groups_seen.extend(out)
-        return out
-
-    run.generator.generate = spy
-    run.run()
-    samples = [s for g in groups_seen for s in g]
-    phrase_ids = run.tokenizer(run.cfg.length_control.phrase, add_special_tokens=False).input_ids
+    groups = run.generator.generate(run.sampler.next(8), 4, version=0)
+    samples = [s for g in groups for s in g]
+    phrase_ids = run.tokenizer(cfg.length_control.phrase, add_special_tokens=False).input_ids
     interrupted = [s for s in samples if s.interrupted]
     assert interrupted, "a 6-10 token budget must interrupt the ~36-token scratchpad"
     for s in interrupted:
@@ -312,7 +333,24 @@ def test_interruption_inserts_the_phrase_and_respects_budgets(tiny_overrides):
         assert s.versions[i : i + len(phrase_ids)] == [-1] * len(phrase_ids)
         answer = s.completion_ids[i + len(phrase_ids) :]
         assert len(answer) <= 3
-        assert run.cfg.length_control.phrase in s.text
+        assert cfg.length_control.phrase in s.text
+
+
+class IgnoresWeights(HFGenerator):
+    """A generator that keeps sampling from the weights it was built with."""
+
+    def load_weights(self, weights, version):
+        pass
+
+
+def test_a_generator_that_ignores_new_weights_stops_the_run(tiny_overrides, monkeypatch):
+    """generator=hf implemented by a class that ignores new weights: the run stops at the first
+    step, naming it, instead of generating from stale weights."""
+    monkeypatch.setitem(GENERATORS, "hf", IgnoresWeights)
+    with pytest.raises(
+        RunError, match=r"IgnoresWeights\.load_weights did not take the trainer's weights of step 1"
+    ):
+        train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
 
 
 # ---------------------------------------------------------------------- reliability
@@ -410,7 +448,7 @@ def test_finished_run_is_not_run_again(tiny_overrides):
 
 
 def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_overrides):
-    run = make_run(
+    cfg, run = make_run(
         [
             *tiny_overrides,
             *SYNC,
@@ -419,13 +457,11 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_overrides):
             "filter.zero_variance=false",
         ]
     )
-    import torch
-
     with torch.no_grad():
         for p in run.trainer.module.parameters():
             p.fill_(float("nan"))  # a model whose every loss is non-finite
     with pytest.raises(RunError, match="3 consecutive optimiser steps had a non-finite"):
-        run.run()
+        train(cfg, components=run)
     uri = uri_of(tiny_overrides)
     skipped = [v for _, v in history(uri, run.tracker.run_id, "train/step_skipped")]
     assert skipped[:2] == [1.0, 1.0]
@@ -433,7 +469,7 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_overrides):
 
 
 def test_a_verifier_that_raises_scores_zero_and_is_counted(tiny_overrides):
-    run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=2"])
+    cfg, run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=2"])
     calls = {"n": 0}
     score = run.task.score
 
@@ -443,8 +479,8 @@ def test_a_verifier_that_raises_scores_zero_and_is_counted(tiny_overrides):
             raise ValueError("verifier crashed")
         return score(prompt, completion)
 
-    run.task.score = flaky
-    summary = run.run()
+    run.task.score = flaky  # the run's task object, with a verifier that fails every third call
+    summary = train(cfg, components=run)
     assert summary["steps"] == 2
     metrics = MlflowClient(uri_of(tiny_overrides)).get_run(summary["run_id"]).data.metrics
     assert metrics["data/verifier_errors"] == calls["n"] // 3
@@ -532,3 +568,25 @@ def test_a_saved_model_loads_by_path_on_the_same_code_path(tiny_overrides, tmp_p
     # the warm-started weights were loaded, not a fresh init: same pass rate at step 0 as the source model
     src = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2", f"out_dir={tmp_path / 'src'}"]))
     assert summary["evals"][0]["pass_rate"] == src["evals"][0]["pass_rate"]
+
+
+# ---------------------------------------------------------------------- run state and async modes
+def test_run_state_round_trips_through_a_checkpoint(tmp_path):
+    from scalerl.loop.state import RunState
+
+    st = RunState(step=7, flops=1.5e9, gen_tokens=123, zero_variance_dropped=4, stale_dropped=2)
+    st.evals.append({"step": 4, "pass_rate": 0.5, "flops": 1e9, "device_hours": 0.01})
+    st.step0_solved = {3: 0.0, 11: 0.5}
+    assert st.new_group_ids(3) == [0, 1, 2] and st.next_group_id == 3
+    torch.save({"state": st.state_dict()}, tmp_path / "ck.pt")
+    back = RunState()
+    back.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=False)["state"])
+    assert back == st
+
+
+def test_every_async_mode_option_has_its_class():
+    from scalerl.loop.modes import MODES
+
+    options = {p.stem for p in (ROOT / "conf" / "async_mode").glob("*.yaml")}
+    assert set(MODES) == options
+    assert all(MODES[name].name == name for name in MODES)

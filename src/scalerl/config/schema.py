@@ -31,9 +31,10 @@ class AsyncModeConfig:
     """Off-policy / asynchronous setup (paper Sec. 3.1)."""
 
     name: str = MISSING
-    k: int = 1  # max policy lag (pipeline_rl) or minibatches per generation (ppo_off_policy)
-    # pipeline_rl only: how many groups the generator may hold finished and unconsumed,
-    # in batches (bounds staleness when the trainer is the slower side).
+    minibatches: int = 8  # ppo_off_policy: batches generated with one policy, one optimiser step each
+    max_lag: int = 8  # pipeline_rl: most versions the trainer may be ahead of the data it trains on
+    # pipeline_rl: how many groups the generator may hold finished and unconsumed, in batches
+    # (bounds staleness when the trainer is the slower side).
     max_buffered_batches: float = 1.0
 
 

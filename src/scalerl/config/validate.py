@@ -55,7 +55,8 @@ def validate(cfg: DictConfig) -> None:
 
     am = cfg.async_mode
     _one_of("async_mode.name", am.name, ASYNC_MODES)
-    _check(am.k >= 1, "async_mode.k", am.k, "an integer >= 1")
+    _check(am.minibatches >= 1, "async_mode.minibatches", am.minibatches, "an integer >= 1")
+    _check(am.max_lag >= 1, "async_mode.max_lag", am.max_lag, "an integer >= 1")
     _check(am.max_buffered_batches > 0, "async_mode.max_buffered_batches", am.max_buffered_batches, "> 0")
 
     _one_of("precision.body", cfg.precision.body, DTYPES)

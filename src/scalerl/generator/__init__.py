@@ -1,8 +1,9 @@
 """Rollout generation: batched sampling with behaviour log-probs, policy versions and length control.
 
-``hf`` (:class:`HFGenerator`) samples over the transformers model itself, with in-flight weight
-updates between decode steps. ``vllm`` (:mod:`scalerl.generator.vllm_gen`) is the GPU option,
-imported only when chosen.
+Every generator implements :class:`~scalerl.generator.base.Generator`. ``hf``
+(:class:`HFGenerator`) samples over the transformers model itself, with in-flight weight updates
+between decode steps. ``vllm`` (:class:`~scalerl.generator.vllm_gen.VLLMGenerator`) runs a vLLM
+engine; vLLM itself is imported only when one is built.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from typing import Any
 
 import torch
 
+from scalerl.generator.base import Generator
 from scalerl.generator.hf import HFGenerator
 from scalerl.generator.sample import Sample
+from scalerl.generator.vllm_gen import VLLMGenerator
 from scalerl.model.precision import Precision
 
-__all__ = ["HFGenerator", "Sample", "make_generator"]
+# generator.name -> class; each takes (model, tokenizer, precision, length_control, *, temperature, device, seed)
+GENERATORS: dict[str, type[Generator]] = {"hf": HFGenerator, "vllm": VLLMGenerator}
+
+__all__ = ["GENERATORS", "Generator", "HFGenerator", "Sample", "make_generator"]
 
 
 def make_generator(
@@ -25,18 +31,18 @@ def make_generator(
     precision: Precision,
     device: torch.device | str = "cpu",
     seed: int = 0,
-):
-    """The generator named by ``cfg.generator.name`` (``hf`` or ``vllm``)."""
+) -> Generator:
+    """The generator named by ``cfg.generator.name``, over ``model``."""
     name = cfg.generator.name
-    temperature = float(cfg.generator.temperature)
-    if name == "hf":
-        return HFGenerator(
-            model, tokenizer, precision, cfg.length_control, temperature=temperature, device=device, seed=seed
-        )
-    if name == "vllm":
-        from scalerl.generator.vllm_gen import VLLMGenerator
-
-        return VLLMGenerator(
-            model, tokenizer, precision, cfg.length_control, temperature=temperature, device=device, seed=seed
-        )
-    raise ValueError(f"unknown generator {name!r} (expected 'hf' or 'vllm')")
+    cls = GENERATORS.get(name)
+    if cls is None:
+        raise ValueError(f"generator.name={name!r}: must be one of {', '.join(GENERATORS)}")
+    return cls(
+        model,
+        tokenizer,
+        precision,
+        cfg.length_control,
+        temperature=float(cfg.generator.temperature),
+        device=device,
+        seed=seed,
+    )

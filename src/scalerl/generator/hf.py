@@ -28,8 +28,10 @@ from typing import Any
 
 import torch
 
+from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
 from scalerl.model.precision import Precision
+from scalerl.model.weights import PolicyWeights
 
 LENGTH_CONTROLS = ("interruption", "length_penalty", "none")
 
@@ -39,7 +41,7 @@ def _field(cfg: Any, name: str, default: Any) -> Any:
     return default if value is None else value
 
 
-class HFGenerator:
+class HFGenerator(Generator):
     """Sample ``n`` completions per prompt from a transformers model, recording behaviour log-probs.
 
     Length control, per sequence (``length_control.name``):
@@ -55,6 +57,10 @@ class HFGenerator:
 
     ``temperature <= 0`` means greedy decoding; the recorded log-probs are then those at
     temperature 1.
+
+    Weights: a generator built over the trainer's own module samples from it directly
+    (:meth:`load_weights` then records the version only); one built over a model of its own copies
+    the new weights into it.
     """
 
     def __init__(
@@ -104,6 +110,24 @@ class HFGenerator:
 
         self.seed = seed
         self.rng = torch.Generator(device=self.device)
+        self.rng.manual_seed(seed)
+        self.version = 0
+
+    # ------------------------------------------------------------------ Generator interface
+    def load_weights(self, weights: PolicyWeights, version: int) -> None:
+        if weights.module is not self.model:
+            tensors = weights.tensors()
+            with torch.no_grad():
+                self.model.load_state_dict(tensors, strict=True)
+        self.version = int(version)
+
+    def rng_state(self) -> torch.Tensor:
+        return self.rng.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.rng.set_state(state)
+
+    def manual_seed(self, seed: int) -> None:
         self.rng.manual_seed(seed)
 
     # ------------------------------------------------------------------ public API
@@ -223,7 +247,7 @@ class HFGenerator:
             if weight_update is not None:
                 new_version = weight_update()
                 if new_version is not None:
-                    version = int(new_version)
+                    version = self.version = int(new_version)
                     if cached is not None:
                         cached.refresh()  # the weights were replaced in place
             if step == 0:

@@ -6,9 +6,8 @@ Same ``generate`` interface and :class:`~scalerl.generator.Sample` output as
 * vLLM's synchronous ``LLM.generate`` cannot swap weights between two decode steps, so
   ``weight_update`` is polled before each generation phase (not per token), and every token of a
   phase carries the version current when the phase started. ``on_step`` is called once per phase.
-  The loop's ``weight_update`` callback pushes the trainer's weights with
-  :meth:`VLLMGenerator.update_weights` (the HF generator instead shares the ``nn.Module`` whose
-  weights the caller replaces in place).
+* :meth:`VLLMGenerator.load_weights` reloads the engine's weights through vLLM's
+  ``reload_weights`` worker call (untested here: vLLM is not installed in CI).
 * Interruptions run in two phases: (1) think until ``</think>``, eos or the drawn budget;
   (2) for sequences that did not end, re-submit prompt + thinking (+ the forced phrase when the
   budget was hit) and sample at most ``answer_budget`` answer tokens. Phase 2 re-prefills the
@@ -28,13 +27,15 @@ from typing import Any
 
 import torch
 
+from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
 from scalerl.model.precision import Precision
+from scalerl.model.weights import PolicyWeights
 
 _MISSING = "generator=vllm needs `pip install scalerl[vllm]` and a CUDA GPU"
 
 
-class VLLMGenerator:
+class VLLMGenerator(Generator):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -68,6 +69,7 @@ class VLLMGenerator:
                 tokenizer(str(length_control.phrase), add_special_tokens=False)["input_ids"]
             )
         self.rng = torch.Generator().manual_seed(seed)
+        self.version = 0
 
         # vLLM loads from disk: save the current policy (weights + tokenizer) to a temporary dir.
         self._dir = tempfile.TemporaryDirectory(prefix="scalerl-vllm-")
@@ -86,24 +88,28 @@ class VLLMGenerator:
         except TypeError:  # vLLM < 0.10.2: log-probs are those of the processed (tempered) logits anyway
             self.llm = vllm.LLM(**kwargs)
 
-    # ------------------------------------------------------------------ weights
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load new policy weights into the running vLLM engine (in place)."""
-        items = [
-            (k.replace("parametrizations.", "").replace(".original", ""), v) for k, v in state_dict.items()
-        ]
-        engine = self.llm.llm_engine
-        executor = getattr(engine, "model_executor", None)
-        worker = getattr(executor, "driver_worker", None)
-        worker = getattr(worker, "worker", worker)  # V1 wraps the worker
-        runner = getattr(worker, "model_runner", None)
-        if runner is not None and hasattr(runner, "model"):
-            runner.model.load_weights(items)
-            return
-        if hasattr(self.llm, "collective_rpc"):  # multi-process V1 engine: run inside each worker
-            self.llm.collective_rpc(_load_weights_rpc, args=(items,))
-            return
-        raise RuntimeError("cannot reach the vLLM model to load weights with this vLLM version")
+    # ------------------------------------------------------------------ Generator interface
+    def load_weights(self, weights: PolicyWeights, version: int) -> None:
+        """Reload the engine's weights from ``weights`` (CPU copies, gathered under ZeRO-3; names
+        without the emulated-precision parametrization) in place, then record ``version``."""
+        tensors = {
+            k.replace("parametrizations.", "").replace(".original", ""): v
+            for k, v in weights.tensors().items()
+        }
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": iter(tensors.items()), "is_checkpoint_format": True},
+        )
+        self.version = int(version)
+
+    def rng_state(self) -> torch.Tensor:
+        return self.rng.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.rng.set_state(state)
+
+    def manual_seed(self, seed: int) -> None:
+        self.rng.manual_seed(seed)
 
     # ------------------------------------------------------------------ generation
     def _think_tokens(self, ids: list[int]) -> int:
@@ -159,7 +165,10 @@ class VLLMGenerator:
 
         def poll(v: int) -> int:
             nv = weight_update() if weight_update is not None else None
-            return v if nv is None else int(nv)
+            if nv is None:
+                return v
+            self.version = int(nv)
+            return self.version
 
         # phase 1: thinking (interruption) or the whole completion
         version = poll(version)
@@ -228,7 +237,3 @@ class VLLMGenerator:
                 )
             )
         return groups
-
-
-def _load_weights_rpc(worker, items):  # runs inside a vLLM worker process
-    worker.model_runner.model.load_weights(items)

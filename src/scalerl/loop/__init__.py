@@ -1,5 +1,6 @@
 """The training loop: async modes, rollouts -> filters -> advantages -> trainer -> tracking."""
 
-from scalerl.loop.run import Run, RunError, train
+from scalerl.loop.errors import RunError
+from scalerl.loop.run import build, train
 
-__all__ = ["Run", "RunError", "train"]
+__all__ = ["RunError", "build", "train"]

@@ -61,7 +61,13 @@ class SharedMemoryTransport:
 
 
 # imported once, by the fork server, before the generator process is forked from it
-_PRELOAD = ["scalerl.loop.run", "scalerl.generator", "scalerl.generator.hf", "scalerl.task"]
+_PRELOAD = [
+    "scalerl.generator",
+    "scalerl.generator.hf",
+    "scalerl.model.build",
+    "scalerl.task",
+    "scalerl.task.score",
+]
 
 
 def process_context():
@@ -134,8 +140,10 @@ def generator_worker(
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, threads)))
     try:
         from scalerl.generator import make_generator
-        from scalerl.loop.run import build_policy, score_groups
+        from scalerl.model.build import build_policy
+        from scalerl.model.weights import PolicyWeights
         from scalerl.task import build_task
+        from scalerl.task.score import score_groups
 
         cfg = OmegaConf.create(cfg_yaml)
         task = build_task(cfg)
@@ -145,14 +153,14 @@ def generator_worker(
         model, tokenizer, precision = build_policy(cfg, task, device, trained=False)
         model.eval()
         version = transport.poll(model, -1)
-        version = 0 if version is None else version
         gen = make_generator(cfg, model, tokenizer, precision, device, seed=cfg.seed * 7919 + 17)
-        state = {"version": version}
+        in_place = PolicyWeights(model)  # the transport writes the new weights into `model` in place
+        gen.load_weights(in_place, 0 if version is None else version)
 
         def weight_update() -> int | None:
-            v = transport.poll(model, state["version"])
+            v = transport.poll(model, gen.version)
             if v is not None:
-                state["version"] = v
+                gen.load_weights(in_place, v)
             return v
 
         def next_item():
@@ -191,7 +199,7 @@ def generator_worker(
             groups = gen.generate(
                 prompts,
                 cfg.trainer.generations_per_prompt,
-                version=state["version"],
+                version=gen.version,
                 group_ids=group_ids,
                 weight_update=weight_update,
             )

@@ -26,6 +26,18 @@ log = logging.getLogger(__name__)
 WARMSTART_VERSION = 2  # bump when the warm-start procedure changes, to invalidate caches
 
 
+def build_policy(cfg, task, device: torch.device, *, trained: bool = True):
+    """(model, tokenizer, precision): the run's policy on ``device``, prepared for the precision
+    setting; ``trained=False`` for an inference-only copy (no fp32 master weights under native bf16)."""
+    from scalerl.model.precision import Precision
+
+    model, tokenizer, _ = load_policy(cfg, task)
+    precision = Precision.for_device(cfg.precision.body, cfg.precision.head, device, impl=cfg.precision.impl)
+    model.to(device)
+    precision.prepare(model, master_weights=trained)
+    return model, tokenizer, precision
+
+
 def num_params(model: torch.nn.Module, *, exclude_embeddings: bool = False) -> int:
     """Parameter count; ``exclude_embeddings``: without the token (and GPT-2's position) embedding
     tables, which are looked up, not multiplied (the N of the 2N / 6N FLOPs per token)."""

@@ -1,0 +1,53 @@
+"""What the training loop needs from a generator, declared: sampling, taking new weights, and its
+random state for checkpoints.
+
+After every optimiser step the loop calls :meth:`Generator.load_weights` with the trainer's
+:class:`~scalerl.model.weights.PolicyWeights` and the new version, then checks that
+:attr:`Generator.version` follows; a generator that ignores new weights stops the run.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scalerl.generator.sample import Sample
+from scalerl.model.weights import PolicyWeights
+
+
+class Generator(abc.ABC):
+    """Samples groups of completions from the policy at version :attr:`version`."""
+
+    version: int = 0  # the policy version of the weights this generator holds
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[Any],
+        n: int,
+        *,
+        version: int,
+        group_ids: list[int] | None = None,
+        weight_update: Callable[[], int | None] | None = None,
+    ) -> list[list[Sample]]:
+        """``n`` samples for each prompt, groups in prompt order, their tokens stamped ``version``.
+
+        ``weight_update``: called between decode steps; when it returns a version, newer weights
+        have been put into the generator's model in place, and later tokens carry that version."""
+
+    @abc.abstractmethod
+    def load_weights(self, weights: PolicyWeights, version: int) -> None:
+        """Generate from ``weights`` from now on, as policy ``version`` (sets :attr:`version`)."""
+
+    @abc.abstractmethod
+    def rng_state(self) -> Any:
+        """The sampling stream's state (saved in checkpoints)."""
+
+    @abc.abstractmethod
+    def set_rng_state(self, state: Any) -> None:
+        """Restore a state from :meth:`rng_state`."""
+
+    @abc.abstractmethod
+    def manual_seed(self, seed: int) -> None:
+        """Restart the sampling stream from ``seed``."""

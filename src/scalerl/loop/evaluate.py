@@ -1,0 +1,73 @@
+"""Held-out evaluation: pass rate over K samples per validation prompt at the training temperature."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import torch
+
+from scalerl.loop.state import RunState
+from scalerl.task.score import score_groups
+
+
+def _mean(xs) -> float:
+    xs = [float(x) for x in xs]
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+@torch.no_grad()
+def evaluate(
+    cfg, task, val, generator, gathered, state: RunState, tracker, *, main: bool
+) -> dict[str, float]:
+    """``val/*`` metrics at ``state.step`` (rank 0; other ranks return {}). Draws its own seeded
+    samples and leaves the generator's training stream where it was."""
+    K = int(cfg.eval.samples_per_prompt)
+    if not main:  # several trainer processes: rank 0 evaluates; under ZeRO-3 the gather is
+        with gathered():  # collective, so every rank enters it
+            pass
+        return {}
+    rng = generator.rng_state()
+    generator.manual_seed(cfg.seed * 1_000_003 + state.step)
+    with gathered():
+        groups = []
+        # as many rows per decode as a training batch: a decode step costs little more for
+        # 128 rows than for 32
+        bs = max(1, int(cfg.trainer.batch_size) // K)
+        for i in range(0, len(val), bs):
+            groups.extend(generator.generate(val[i : i + bs], K, version=state.step))
+    generator.set_rng_state(rng)
+    state.verifier_errors += score_groups(task, val, groups, cfg)
+    per_prompt = {p.uid: sum(s.correct for s in g) / K for p, g in zip(val, groups)}
+    by_diff: dict[int, list[float]] = defaultdict(list)
+    for p in val:
+        by_diff[p.difficulty].append(per_prompt[p.uid])
+    out = {"val/pass_rate": sum(per_prompt.values()) / len(per_prompt)}
+    for d, v in sorted(by_diff.items()):
+        if len(by_diff) > 1:
+            out[f"val/pass_rate_d{d}"] = sum(v) / len(v)
+    if state.step == 0 and not state.step0_solved:
+        state.step0_solved = per_prompt
+    unsolved = [u for u, r in state.step0_solved.items() if r == 0]
+    if unsolved:
+        out["val/pass_rate_unsolved_at_start"] = sum(per_prompt.get(u, 0.0) for u in unsolved) / len(unsolved)
+    out["val/truncation_rate"] = _mean(s.truncated for g in groups for s in g)
+    out["val/response_length"] = _mean(s.num_tokens for g in groups for s in g)
+    if cfg.eval.log_samples:
+        lines = []
+        for p, g in zip(val, groups):
+            for s in g:
+                if len(lines) >= cfg.eval.log_samples:
+                    break
+                sample = {
+                    "prompt": p.text,
+                    "output": s.text,
+                    "answer": p.answer,
+                    "reward": s.reward,
+                    "versions": sorted(set(s.versions) - {-1}),
+                    "interrupted": s.interrupted,
+                    "truncated": s.truncated,
+                }
+                lines.append(json.dumps(sample))
+        tracker.log_artifact_text(f"samples/step_{state.step:06d}.jsonl", "\n".join(lines) + "\n")
+    return out

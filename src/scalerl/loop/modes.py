@@ -1,0 +1,204 @@
+"""Async modes (paper Sec. 3.1): where each optimiser step's groups come from, and how new weights
+reach the policy that generates them. Each mode owns its staleness rule and its parameters
+(``cfg.async_mode``):
+
+* ``sync``: generate one batch with the current weights, one optimiser step, repeat.
+* ``ppo_off_policy`` (``minibatches``): generate that many batches with the current weights, then
+  one optimiser step on each in turn; the last is ``minibatches - 1`` versions old.
+* ``pipeline_rl`` (``max_lag``, ``max_buffered_batches``): a generator process streams groups while
+  the trainer trains; new weights reach it in flight after every step; the trainer waits when it
+  would be more than ``max_lag`` versions ahead of the oldest policy that produced data it has
+  still to train on, and drops buffered groups older than that.
+
+A mode reports what its generation cost into the run state: ``gen_busy``, ``gen_tokens`` (this
+rank's), ``stale_dropped``, ``verifier_errors``, ``next_group_id``.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from scalerl.generator import Generator, Sample
+from scalerl.loop.data import PromptSampler
+from scalerl.loop.errors import RunError
+from scalerl.loop.state import RunState
+from scalerl.model.weights import PolicyWeights
+from scalerl.task.score import score_groups
+
+
+@dataclass
+class Placement:
+    """Where a mode's generation runs: threads of the trainer and of the generator, and the
+    generator's device."""
+
+    trainer_threads: int
+    generator_threads: int
+    generator_device: torch.device
+
+
+@dataclass
+class Rollouts:
+    """What a mode generates with: built once by the loop."""
+
+    cfg: Any
+    task: Any
+    sampler: PromptSampler
+    generator: Generator  # in this process, over the trainer's module (rollouts, evaluation)
+    gathered: Callable[[], AbstractContextManager]  # the trainer's whole-weights context (ZeRO-3)
+    state: RunState
+    prompts_per_step: int  # this rank's groups per optimiser step
+    group_size: int  # samples per prompt
+    total_steps: int
+    placement: Placement
+
+
+class AsyncMode(abc.ABC):
+    name: ClassVar[str]
+
+    def __init__(self, rollouts: Rollouts):
+        self.r = rollouts
+
+    @classmethod
+    def place(cls, cfg, device: torch.device, world: int, threads: int) -> Placement:
+        """Called before the model is built: the generator shares the trainer's threads and device."""
+        return Placement(threads, threads, device)
+
+    @abc.abstractmethod
+    def next_groups(self) -> list[list[Sample]]:
+        """This rank's scored groups for the next optimiser step."""
+
+    @abc.abstractmethod
+    def load_weights(self, weights: PolicyWeights, version: int) -> None:
+        """The trainer's weights after optimiser step ``version``: generate from them from now on."""
+
+    def close(self) -> None:  # noqa: B027 - most modes start nothing
+        """Stop whatever the mode started."""
+
+
+class PPOOffPolicy(AsyncMode):
+    name = "ppo_off_policy"
+
+    def __init__(self, rollouts: Rollouts):
+        super().__init__(rollouts)
+        self.minibatches = int(rollouts.cfg.async_mode.minibatches)
+        self.queue: list[list[list[Sample]]] = []  # generated, not yet trained on
+
+    def next_groups(self) -> list[list[Sample]]:
+        if not self.queue:
+            self._generate(min(self.minibatches, self.r.total_steps - self.r.state.step))
+        return self.queue.pop(0)
+
+    def _generate(self, n_batches: int) -> None:
+        r, st, P = self.r, self.r.state, self.r.prompts_per_step
+        prompts = r.sampler.next(P * n_batches)
+        t0 = time.perf_counter()
+        with r.gathered():
+            groups = r.generator.generate(
+                prompts, r.group_size, version=st.step, group_ids=st.new_group_ids(len(prompts))
+            )
+        st.verifier_errors += score_groups(r.task, prompts, groups, r.cfg)
+        st.gen_busy += time.perf_counter() - t0
+        st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
+        self.queue = [groups[j * P : (j + 1) * P] for j in range(n_batches)]
+
+    def load_weights(self, weights: PolicyWeights, version: int) -> None:
+        self.r.generator.load_weights(weights, version)
+
+
+class Sync(PPOOffPolicy):
+    name = "sync"
+
+    def __init__(self, rollouts: Rollouts):
+        super().__init__(rollouts)
+        self.minibatches = 1
+
+
+class PipelineRL(AsyncMode):
+    name = "pipeline_rl"
+
+    def __init__(self, rollouts: Rollouts):
+        super().__init__(rollouts)
+        cfg = rollouts.cfg
+        self.max_lag = int(cfg.async_mode.max_lag)
+        P = rollouts.prompts_per_step
+        self.capacity = int(math.ceil(P * (1 + float(cfg.async_mode.max_buffered_batches))))
+        self.chunk = max(1, int(cfg.generator.chunk_prompts))
+        self.process = None  # the generator process (scalerl.loop.pipeline.PipelineGenerator)
+        self.buffer: list[list[Sample]] = []  # finished groups, FIFO
+        self.outstanding: dict[int, tuple[int, int]] = {}  # work id -> (version when assigned, groups)
+        self.work_id = 0
+        self._busy0: tuple[float, float] | None = None  # (run state's, process's) busy seconds at start
+
+    @classmethod
+    def place(cls, cfg, device: torch.device, world: int, threads: int) -> Placement:
+        if world > 1:
+            raise RunError(
+                "async_mode=pipeline_rl runs one trainer process (the generator is a process of its own); "
+                "for several trainer processes use async_mode=sync or async_mode=ppo_off_policy"
+            )
+        from scalerl.loop import pipeline
+
+        pipeline.prestart()  # the generator process's imports overlap with the model build
+        gen_threads = threads
+        if device.type == "cpu":  # the generator process takes half of the cores
+            gen_threads = max(1, threads // 2)
+            threads = max(1, threads - gen_threads)
+        return Placement(threads, gen_threads, pipeline.generator_device(device))
+
+    def load_weights(self, weights: PolicyWeights, version: int) -> None:
+        """The in-process generator (evaluation) shares them; the generator process gets them
+        through shared memory, started with them on the first call."""
+        self.r.generator.load_weights(weights, version)
+        with weights.gathered(), torch.no_grad():
+            state = {k: v.detach() for k, v in weights.module.state_dict().items()}
+            if self.process is None:
+                from scalerl.loop.pipeline import PipelineGenerator
+
+                p = self.r.placement
+                self.process = PipelineGenerator(
+                    self.r.cfg, state, version, p.generator_threads, p.generator_device
+                )
+            else:
+                self.process.publish(state, version)
+
+    def next_groups(self) -> list[list[Sample]]:
+        r, st, proc, P = self.r, self.r.state, self.process, self.r.prompts_per_step
+        if self._busy0 is None:
+            proc.wait_ready()
+            self._busy0 = (st.gen_busy, proc.busy_seconds)
+        # keep the generator fed, up to the capacity
+        while len(self.buffer) + sum(n for _, n in self.outstanding.values()) + self.chunk <= self.capacity:
+            prompts = r.sampler.next(self.chunk)
+            proc.submit(self.work_id, prompts, st.new_group_ids(len(prompts)))
+            self.outstanding[self.work_id] = (st.step, len(prompts))
+            self.work_id += 1
+        # the trainer at version `step` may train only on data at most max_lag versions old:
+        # wait for outstanding work begun before that, drop buffered data older than that
+        oldest_ok = st.step - self.max_lag
+        while any(v < oldest_ok for v, _ in self.outstanding.values()) or len(self.buffer) < P:
+            wid, groups, errors = proc.receive()
+            self.outstanding.pop(wid, None)
+            st.verifier_errors += errors
+            st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
+            self.buffer.extend(groups)
+            fresh = [g for g in self.buffer if min(s.min_version for s in g if s.num_sampled) >= oldest_ok]
+            st.stale_dropped += len(self.buffer) - len(fresh)
+            self.buffer = fresh
+        batch, self.buffer = self.buffer[:P], self.buffer[P:]
+        st.gen_busy = self._busy0[0] + proc.busy_seconds - self._busy0[1]
+        return batch
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.close()
+
+
+MODES: dict[str, type[AsyncMode]] = {m.name: m for m in (Sync, PPOOffPolicy, PipelineRL)}

@@ -1,0 +1,28 @@
+"""Rewards of generated groups: the task's verifier, then the length penalty when configured."""
+
+from __future__ import annotations
+
+import torch
+
+from scalerl import algo
+from scalerl.task.base import safe_score
+
+
+def score_groups(task, prompts, groups, cfg) -> int:
+    """Set ``reward`` (with the length penalty, if configured) and ``correct`` on every sample.
+    Returns how many verifier calls failed (raised or timed out; those score 0)."""
+    errors = 0
+    lc = cfg.length_control
+    for prompt, group in zip(prompts, groups):
+        for s in group:
+            r, err = safe_score(task, prompt, s.text, cfg.task.verifier_timeout_s)
+            errors += err is not None
+            s.correct = r
+            s.reward = r
+        if lc.name == "length_penalty":
+            lengths = torch.tensor([float(s.num_sampled) for s in group])
+            correct = torch.tensor([s.correct for s in group])
+            pen = algo.length_penalty(lengths, correct, lc.l_max, lc.l_cache)
+            for s, p in zip(group, pen.tolist()):
+                s.reward = s.correct + p
+    return errors

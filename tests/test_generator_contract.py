@@ -1,0 +1,153 @@
+"""The contract every :class:`~scalerl.generator.Generator` keeps with the training loop, checked
+the same way for each generator importable here.
+
+After ``load_weights(trainer weights, v)`` a generator samples from exactly those weights: the
+behaviour log-probs it records equal the trainer's own recomputed log-probs of the same tokens
+(fp32), and every sampled token is stamped with version ``v``. Its random state round-trips.
+
+Parametrised over: the HF generator sharing the trainer's module (the in-process rollout and
+evaluation generator), and the HF generator holding a model of its own (the pipeline generator
+process's kind). The vLLM generator joins the list where vllm is installed.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import pytest
+import torch
+from test_model import tiny_model_cfg
+
+from scalerl.config import compose
+from scalerl.generator import Generator, HFGenerator
+from scalerl.loop.batch import prepare_batch
+from scalerl.model.build import build_model
+from scalerl.model.precision import Precision
+from scalerl.model.tokenizer import build_char_tokenizer
+from scalerl.trainer import TorchTrainer, collate
+
+TOK = build_char_tokenizer()
+TEMPERATURE = 0.8
+
+
+@dataclass
+class Prompt:
+    uid: int
+    text: str
+
+
+PROMPTS = [Prompt(0, "12+34="), Prompt(1, "5+678="), Prompt(2, "90+1=")]
+
+
+def policy(seed: int) -> torch.nn.Module:
+    mcfg = tiny_model_cfg("qwen2", hidden_size=64, intermediate_size=128, max_position_embeddings=128)
+    return build_model(
+        mcfg, len(TOK), seed=seed, pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id
+    )
+
+
+def make_trainer() -> TorchTrainer:
+    cfg = compose(
+        ["precision=fp32", "trainer.lr=3e-3", "trainer.warmup_steps=0", "trainer.share_prompts=false"]
+    )
+    return TorchTrainer(policy(0), Precision(), cfg, temperature=TEMPERATURE, device=torch.device("cpu"))
+
+
+LC = compose(["length_control=none", "length_control.max_new_tokens=12"]).length_control
+
+
+def hf_shared(trainer: TorchTrainer) -> Generator:
+    return HFGenerator(trainer.module, TOK, Precision(), LC, temperature=TEMPERATURE, seed=3)
+
+
+def hf_own_copy(trainer: TorchTrainer) -> Generator:
+    # a model of its own, initialised differently: only load_weights can make it the trainer's
+    return HFGenerator(policy(1), TOK, Precision(), LC, temperature=TEMPERATURE, seed=3)
+
+
+GENERATORS = {"hf_shared": hf_shared, "hf_own_copy": hf_own_copy}
+
+
+def trainer_logprob_error(trainer: TorchTrainer, groups) -> float:
+    """Largest |behaviour log-prob - trainer's log-prob| over the sampled tokens of ``groups``."""
+    n = sum(len(g) for g in groups)
+    batch = collate(groups, torch.zeros(n), TOK.pad_token_id)
+    with torch.no_grad():
+        logp, _ = trainer.token_logprobs(batch)
+    mask = batch.mask[:, batch.start :] > 0
+    return float((logp - batch.gen_logp[:, batch.start :])[mask].abs().max())
+
+
+def train_one_step(trainer: TorchTrainer, gen: Generator) -> None:
+    """One real optimiser step on the generator's samples (reward: an even first token)."""
+    groups = gen.generate(PROMPTS, 4, version=gen.version)
+    for s in (s for g in groups for s in g):
+        s.reward = s.correct = float(s.completion_ids[0] % 2 == 0)
+    prepared = prepare_batch(groups, version=gen.version, zero_variance=False, norm="batch", pad_id=0)
+    stats = trainer.step(prepared.batch)
+    assert stats["train/step_skipped"] == 0.0
+
+
+@pytest.mark.parametrize("name", list(GENERATORS))
+def test_after_load_weights_behaviour_logprobs_are_the_trainers(name):
+    trainer = make_trainer()
+    gen = GENERATORS[name](trainer)
+    gen.load_weights(trainer.policy_weights(), 0)
+    assert gen.version == 0
+    assert trainer_logprob_error(trainer, gen.generate(PROMPTS, 3, version=gen.version)) < 1e-5
+
+    before = copy.deepcopy(trainer.module.state_dict())
+    train_one_step(trainer, gen)
+    moved = max(float((trainer.module.state_dict()[k] - before[k]).abs().max()) for k in before)
+    assert moved > 1e-4, "the optimiser step did not change the weights"
+    gen.load_weights(trainer.policy_weights(), 1)
+    assert gen.version == 1
+    groups = gen.generate(PROMPTS, 3, version=gen.version)
+    assert all(s.versions == [1] * s.num_tokens for g in groups for s in g)
+    assert trainer_logprob_error(trainer, groups) < 1e-5
+
+
+def test_a_copy_that_missed_the_weights_shows_in_the_logprobs():
+    """What the contract test above would catch: a generator on other weights than the trainer's."""
+    trainer = make_trainer()
+    stale = hf_own_copy(trainer)  # never given the trainer's weights
+    assert trainer_logprob_error(trainer, stale.generate(PROMPTS, 3, version=0)) > 1e-2
+
+
+@pytest.mark.parametrize("name", list(GENERATORS))
+def test_rng_state_round_trip_reproduces_the_samples(name):
+    trainer = make_trainer()
+    gen = GENERATORS[name](trainer)
+    gen.load_weights(trainer.policy_weights(), 0)
+
+    def draw():
+        return [(s.completion_ids, s.logprobs) for g in gen.generate(PROMPTS, 4, version=0) for s in g]
+
+    state = gen.rng_state()
+    first = draw()
+    assert draw() != first  # the stream moves on
+    gen.set_rng_state(state)
+    assert draw() == first
+    gen.manual_seed(11)
+    seeded = draw()
+    gen.manual_seed(11)
+    assert draw() == seeded
+
+
+def test_a_generator_without_load_weights_cannot_be_built():
+    class NoWeights(Generator):
+        def generate(self, prompts, n, *, version, group_ids=None, weight_update=None):
+            return []
+
+        def rng_state(self):
+            return None
+
+        def set_rng_state(self, state):
+            pass
+
+        def manual_seed(self, seed):
+            pass
+
+    with pytest.raises(TypeError, match="load_weights"):
+        NoWeights()
