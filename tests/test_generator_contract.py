@@ -25,7 +25,7 @@ from scalerl.loop.batch import prepare_batch
 from scalerl.model.build import build_model
 from scalerl.model.precision import Precision
 from scalerl.model.tokenizer import build_char_tokenizer
-from scalerl.trainer import TorchTrainer, collate
+from scalerl.trainer import Trainer, collate, make_trainer
 
 TOK = build_char_tokenizer()
 TEMPERATURE = 0.8
@@ -47,21 +47,21 @@ def policy(seed: int) -> torch.nn.Module:
     )
 
 
-def make_trainer() -> TorchTrainer:
+def new_trainer() -> Trainer:
     cfg = compose(
         ["precision=fp32", "trainer.lr=3e-3", "trainer.warmup_steps=0", "trainer.share_prompts=false"]
     )
-    return TorchTrainer(policy(0), Precision(), cfg, temperature=TEMPERATURE, device=torch.device("cpu"))
+    return make_trainer(cfg, policy(0), Precision(), temperature=TEMPERATURE, device=torch.device("cpu"))
 
 
 LC = compose(["length_control=none", "length_control.max_new_tokens=12"]).length_control
 
 
-def hf_shared(trainer: TorchTrainer) -> Generator:
+def hf_shared(trainer: Trainer) -> Generator:
     return HFGenerator(trainer.module, TOK, Precision(), LC, temperature=TEMPERATURE, seed=3)
 
 
-def hf_own_copy(trainer: TorchTrainer) -> Generator:
+def hf_own_copy(trainer: Trainer) -> Generator:
     # a model of its own, initialised differently: only load_weights can make it the trainer's
     return HFGenerator(policy(1), TOK, Precision(), LC, temperature=TEMPERATURE, seed=3)
 
@@ -69,7 +69,7 @@ def hf_own_copy(trainer: TorchTrainer) -> Generator:
 GENERATORS = {"hf_shared": hf_shared, "hf_own_copy": hf_own_copy}
 
 
-def trainer_logprob_error(trainer: TorchTrainer, groups) -> float:
+def trainer_logprob_error(trainer: Trainer, groups) -> float:
     """Largest |behaviour log-prob - trainer's log-prob| over the sampled tokens of ``groups``."""
     n = sum(len(g) for g in groups)
     batch = collate(groups, torch.zeros(n), TOK.pad_token_id)
@@ -79,7 +79,7 @@ def trainer_logprob_error(trainer: TorchTrainer, groups) -> float:
     return float((logp - batch.gen_logp[:, batch.start :])[mask].abs().max())
 
 
-def train_one_step(trainer: TorchTrainer, gen: Generator) -> None:
+def train_one_step(trainer: Trainer, gen: Generator) -> None:
     """One real optimiser step on the generator's samples (reward: an even first token)."""
     groups = gen.generate(PROMPTS, 4, version=gen.version)
     for s in (s for g in groups for s in g):
@@ -91,7 +91,7 @@ def train_one_step(trainer: TorchTrainer, gen: Generator) -> None:
 
 @pytest.mark.parametrize("name", list(GENERATORS))
 def test_after_load_weights_behaviour_logprobs_are_the_trainers(name):
-    trainer = make_trainer()
+    trainer = new_trainer()
     gen = GENERATORS[name](trainer)
     gen.load_weights(trainer.policy_weights(), 0)
     assert gen.version == 0
@@ -110,14 +110,14 @@ def test_after_load_weights_behaviour_logprobs_are_the_trainers(name):
 
 def test_a_copy_that_missed_the_weights_shows_in_the_logprobs():
     """What the contract test above would catch: a generator on other weights than the trainer's."""
-    trainer = make_trainer()
+    trainer = new_trainer()
     stale = hf_own_copy(trainer)  # never given the trainer's weights
     assert trainer_logprob_error(trainer, stale.generate(PROMPTS, 3, version=0)) > 1e-2
 
 
 @pytest.mark.parametrize("name", list(GENERATORS))
 def test_rng_state_round_trip_reproduces_the_samples(name):
-    trainer = make_trainer()
+    trainer = new_trainer()
     gen = GENERATORS[name](trainer)
     gen.load_weights(trainer.policy_weights(), 0)
 
