@@ -93,7 +93,8 @@ class Run:
         self.out_dir = Path(cfg.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.mode = cfg.async_mode.name
-        self.k = int(cfg.async_mode.k)
+        # max policy lag (pipeline_rl) or minibatches per generation (ppo_off_policy)
+        self.k = int(cfg.async_mode.get("max_lag", cfg.async_mode.get("minibatches", 1)))
         self.G = int(cfg.trainer.generations_per_prompt)
         self.total_steps = int(cfg.trainer.total_steps)
         self.device = pick_device(cfg)

@@ -125,39 +125,16 @@ def apply_settings(cfg: DictConfig, settings: dict) -> DictConfig:
 
 def build_config(overrides: list[str], settings: dict, seed: int | None = None) -> DictConfig:
     """Compose ``overrides`` like ``python train.py`` would, set the sweep's keys, validate.
-    This is what every job runs (and what planning checks)."""
+    This is what every job runs (and what planning checks). Keys added with ``+key=value`` that no
+    schema declares are refused by :func:`~scalerl.config.validate`, as for a single run."""
     from scalerl.config import compose, validate
 
     cfg = compose(overrides, check=False)
-    _check_appends(cfg, overrides)
     if seed is not None:
         cfg.seed = int(seed)
     apply_settings(cfg, settings)
     validate(cfg)
     return cfg
-
-
-def _check_appends(cfg: DictConfig, overrides: list[str]) -> None:
-    """Hydra lets ``+key=value`` add keys the schema does not have; a sweep must not."""
-    from scalerl.config import conf_dir
-
-    for ov in overrides:
-        if not ov.startswith("+"):
-            continue
-        key = override_key(ov)
-        if "." not in key and (Path(conf_dir()) / key).is_dir():
-            continue  # +experiment=paper_scale: a group not in the defaults list
-        parent = key.rsplit(".", 1)[0] if "." in key else ""
-        node = OmegaConf.select(cfg, parent) if parent else cfg
-        if isinstance(node, DictConfig) and not dataclasses.is_dataclass(OmegaConf.get_type(node)):
-            continue  # a free mapping such as launcher.additional_parameters or tracking.tags
-        raise _UnknownKey(key)
-
-
-class _UnknownKey(Exception):
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
 
 
 # ---------------------------------------------------------------------------- error messages
@@ -174,10 +151,9 @@ def _default_cfg() -> DictConfig:
 
 
 def _options(group: str) -> list[str]:
-    from scalerl.config import conf_dir
+    from scalerl.config import GROUPS, options
 
-    d = Path(conf_dir()) / group
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return sorted(options(group)) if group in GROUPS else []
 
 
 def _groups() -> list[str]:
@@ -186,10 +162,23 @@ def _groups() -> list[str]:
     return list(GROUPS)
 
 
-def _unknown_key_message(key: str, value: str | None = None) -> str:
+def _chosen_option(group: str, overrides: list[str]) -> str:
+    """The option of ``group`` that ``overrides`` choose (the last ``group=option``), else the default."""
+    chosen = [o.split("=", 1)[1] for o in overrides if "=" in o and override_key(o) == group]
+    return chosen[-1] if chosen else str(_default_cfg()[group].name)
+
+
+def _unknown_key_message(key: str, value: str | None = None, overrides: list[str] | None = None) -> str:
+    from scalerl.config import GROUPS, option_fields, options
+
     cfg = _default_cfg()
     parts = key.split(".")
     head = parts[0]
+    if head in GROUPS and len(parts) == 2:
+        name = _chosen_option(head, overrides or [])
+        if name in options(head):
+            keys = ", ".join(f.name for f in option_fields(options(head)[name]))
+            return f"unknown key {key} (keys of {head}={name}: {keys or 'none'})"
     if head not in cfg:
         others = ", ".join(k for k in cfg if k not in _groups())
         if len(parts) == 1:
@@ -221,8 +210,6 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
 
     msg = str(exc)
     first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
-    if isinstance(exc, _UnknownKey):
-        return _unknown_key_message(exc.key)
     if isinstance(exc, ConfigError):
         return msg
     if isinstance(exc, MissingConfigException):
@@ -249,7 +236,7 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
         if m:
             key = m.group(1)
             ov = next((o for o in overrides if override_key(o) == key), None)
-            return _unknown_key_message(key, ov.split("=", 1)[1] if ov and "=" in ov else None)
+            return _unknown_key_message(key, ov.split("=", 1)[1] if ov and "=" in ov else None, overrides)
         m = re.search(r"Error merging override (.+)$", first)
         if m:
             cause = exc.__cause__
