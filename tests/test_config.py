@@ -178,7 +178,9 @@ def test_a_key_of_another_option_is_an_error(overrides, key):
 
 
 def test_appended_unknown_key_is_a_one_line_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown key trainer\.lrr=1 \(keys of trainer=torch: total_steps, "):
+    with pytest.raises(
+        ConfigError, match=r"unknown key trainer\.lrr=1 \(keys of trainer=torch: total_steps, "
+    ):
         compose(["+trainer.lrr=1"])
     with pytest.raises(ConfigError, match=r"unknown key lrr=1 \(keys of the config: "):
         compose(["+lrr=1"])

@@ -115,4 +115,3 @@ def register_configs() -> None:
     from scalerl.config.help import register_help_resolver
 
     register_help_resolver()
-

@@ -88,7 +88,7 @@ def validate(cfg: DictConfig) -> None:
     for group in GROUPS:
         _missing(cfg[group], group)
         _problems(option_of(cfg, group), group)
-    for section, cls in SECTIONS.items():
+    for section in SECTIONS:
         _problems(OmegaConf.to_object(cfg[section]), section)
     _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
     _check(cfg.progress in PROGRESS, "progress", cfg.progress, "one of " + ", ".join(PROGRESS))

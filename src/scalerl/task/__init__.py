@@ -6,7 +6,6 @@ from scalerl.task.addition import AdditionTask
 from scalerl.task.base import THINK_END, Prompt, Task, final_answer, safe_score
 from scalerl.task.jsonl import DataFileError, JsonlTask
 
-
 # task option name -> the Task class built from that option's fields (verifier_timeout_s is the loop's)
 TASKS: dict[str, type[Task]] = {"addition": AdditionTask, "jsonl": JsonlTask}
 _LOOP_FIELDS = ("name", "verifier_timeout_s")

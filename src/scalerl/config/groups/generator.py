@@ -15,7 +15,9 @@ class GeneratorOption(Option):
     chunk_prompts: int = 4  # prompts generated together (pipeline_rl streams groups per chunk)
 
     def check(self):
-        return problems(positive("temperature", self.temperature), at_least("chunk_prompts", self.chunk_prompts, 1))
+        return problems(
+            positive("temperature", self.temperature), at_least("chunk_prompts", self.chunk_prompts, 1)
+        )
 
 
 @register_option("generator", "hf")

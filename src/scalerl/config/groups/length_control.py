@@ -42,7 +42,9 @@ class Interruption(Option):
         if out:
             return out
         if self.think_budget_max < self.think_budget_min:
-            return [("think_budget_max", self.think_budget_max, f">= think_budget_min ({self.think_budget_min})")]
+            return [
+                ("think_budget_max", self.think_budget_max, f">= think_budget_min ({self.think_budget_min})")
+            ]
         if self.think_budget_max + self.answer_budget > self.max_new_tokens:
             allowed = f"<= max_new_tokens - answer_budget ({self.max_new_tokens - self.answer_budget})"
             return [("think_budget_max", self.think_budget_max, allowed)]

@@ -21,7 +21,9 @@ class PrecisionOption(Option):
         from scalerl.model.precision import DTYPES, IMPLS  # the dtypes and implementations it supports
 
         return problems(
-            one_of("body", self.body, DTYPES), one_of("head", self.head, DTYPES), one_of("impl", self.impl, IMPLS)
+            one_of("body", self.body, DTYPES),
+            one_of("head", self.head, DTYPES),
+            one_of("impl", self.impl, IMPLS),
         )
 
 

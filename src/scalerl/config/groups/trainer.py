@@ -38,11 +38,19 @@ class TorchTrainerOption(Option):
             ("generations_per_prompt", g, "an integer >= 2 (advantages compare generations of one prompt)")
             if g < 2
             else None,
-            ("batch_size", b, f"a multiple of trainer.generations_per_prompt ({g}) so the batch divides "
-             "into prompts x generations")
+            (
+                "batch_size",
+                b,
+                f"a multiple of trainer.generations_per_prompt ({g}) so the batch divides "
+                "into prompts x generations",
+            )
             if g >= 2 and (b < g or b % g)
             else None,
-            ("micro_batch_size", mb, "0 (whole batch) or a multiple of generations_per_prompt dividing batch_size")
+            (
+                "micro_batch_size",
+                mb,
+                "0 (whole batch) or a multiple of generations_per_prompt dividing batch_size",
+            )
             if mb and g >= 2 and (mb % g or b % mb)
             else None,
             positive("lr", self.lr),
