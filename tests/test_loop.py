@@ -16,7 +16,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from procs import descendants, running
 
-from scalerl.config import compose
+from scalerl.config import GROUPS, compose, options
+from scalerl.config.groups.model import ARCHS
 from scalerl.loop import Run, RunError, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,35 +99,28 @@ def test_default_recipe_trains_and_logs_the_interface(tiny_overrides):
 
 # ---------------------------------------------------------------------- every option of every group
 SYNC = ["async_mode=sync"]
+# every registered option of every group trains here, with these extra overrides, except those
+# trained elsewhere (said where)
+OPTION_EXTRAS = {
+    "async_mode=ppo_off_policy": ["async_mode.minibatches=2"],
+    "async_mode=pipeline_rl": ["async_mode.max_lag=2"],
+}
+TRAINED_ELSEWHERE = {
+    "model=hf": "test_a_saved_model_loads_by_path_on_the_same_code_path",
+    "task=jsonl": "test_jsonl_task_trains_with_math_verify",
+    "trainer=deepspeed": "tests/test_deepspeed.py",
+    "generator=vllm": "needs vLLM",
+    "launcher=local": "a sweep setting: tests/test_sweep.py",
+    "launcher=slurm": "a sweep setting: tests/test_sweep_slurm.py",
+}
 OPTION_RUNS = {
-    "loss=cispo": [],
-    "loss=dapo": [],
-    "loss=grpo": [],
-    "loss=gspo": [],
-    "async_mode=sync": [],
-    "async_mode=ppo_off_policy": ["async_mode.k=2"],
-    "async_mode=pipeline_rl": ["async_mode.k=2"],
-    "precision=fp32_head": [],
-    "precision=bf16": [],
-    "precision=fp32": [],
-    "aggregation=prompt": [],
-    "aggregation=sample": [],
-    "aggregation=token": [],
-    "norm=batch": [],
-    "norm=prompt": [],
-    "norm=none": [],
-    "filter=scalerl": [],
-    "filter=none": [],
-    "length_control=interruption": [],
-    "length_control=length_penalty": [],
-    "length_control=none": [],
-    "model=tiny": [],
-    "model.arch=llama": [],
-    "model.arch=qwen2": [],
-    "model.arch=gpt2": [],
-    "task=addition": [],
-    "generator=hf": [],
-    "trainer=torch": [],
+    **{
+        f"{g}={o}": OPTION_EXTRAS.get(f"{g}={o}", [])
+        for g in GROUPS
+        for o in options(g)
+        if f"{g}={o}" not in TRAINED_ELSEWHERE
+    },
+    **{f"model.arch={a}": [] for a in ARCHS},
 }
 
 
