@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import textwrap
 from pathlib import Path
 
 from omegaconf import MISSING, OmegaConf
@@ -20,10 +21,15 @@ from omegaconf import MISSING, OmegaConf
 from scalerl.config.options import GROUPS, option_fields, options
 from scalerl.config.variants import format_value
 
+WIDTH = 100
+
 
 def _doc_line(cls: type) -> str:
-    doc = (cls.__doc__ or "").strip().splitlines()
-    return "" if not doc or doc[0].startswith(cls.__name__ + "(") else doc[0]
+    """The first paragraph of the option's docstring, on one line."""
+    doc = (cls.__doc__ or "").strip()
+    if not doc or doc.startswith(cls.__name__ + "("):  # the signature dataclasses put there
+        return ""
+    return " ".join(ln.strip() for ln in doc.split("\n\n")[0].splitlines())
 
 
 def yaml_values(conf: Path, group: str, name: str) -> dict:
@@ -57,11 +63,15 @@ def options_text(conf_dir: str) -> str:
         opts = options(group)
         lines.append(f"{group}: {', '.join(f'{n}*' if defaults.get(group) == n else n for n in opts)}")
         for name, cls in opts.items():
-            lines.append(f"  {name}: {_doc_line(cls)}".rstrip())
+            lines += textwrap.wrap(
+                f"{name}: {_doc_line(cls)}", WIDTH, initial_indent="  ", subsequent_indent="    "
+            )
             values = yaml_values(conf, group, name) if (conf / group / f"{name}.yaml").is_file() else {}
             fields = [f"{f.name}={_show(values.get(f.name, _field_default(f)))}" for f in option_fields(cls)]
             if fields:
-                lines.append(f"    {', '.join(fields)}")
+                lines += textwrap.wrap(
+                    ", ".join(fields), WIDTH, initial_indent="    ", subsequent_indent="    "
+                )
     return "\n".join(lines)
 
 
