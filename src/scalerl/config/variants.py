@@ -44,7 +44,7 @@ def compose_choices(choices: dict[str, str]) -> DictConfig:
 def option_defaults(choices: dict[str, str]) -> dict[str, dict]:
     """{group: the YAML defaults of the chosen option} for the groups in ``choices``."""
     ref = compose_choices(choices)
-    return {g: OmegaConf.to_container(ref[g], resolve=False) for g in choices}
+    return {g: OmegaConf.to_container(ref[g], resolve=True) for g in choices}
 
 
 def variant(name: str, values: dict, defaults: dict) -> str:
@@ -57,6 +57,4 @@ def group_variants(cfg: DictConfig) -> dict[str, str]:
     """{group: variant} for every group of ``cfg``: what the MLflow group params record."""
     choices = {g: str(cfg[g].name) for g in GROUPS}
     defaults = option_defaults(choices)
-    return {
-        g: variant(choices[g], OmegaConf.to_container(cfg[g], resolve=False), defaults[g]) for g in GROUPS
-    }
+    return {g: variant(choices[g], OmegaConf.to_container(cfg[g], resolve=True), defaults[g]) for g in GROUPS}
