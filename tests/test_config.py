@@ -90,6 +90,14 @@ def test_registered_options_are_the_yaml_files():
         assert files == sorted(OPTIONS[g]), g
 
 
+def test_the_task_and_model_factories_cover_every_option():
+    from scalerl.model.build import POLICY_LOADERS
+    from scalerl.task import TASKS
+
+    assert set(TASKS) == set(OPTIONS["task"])
+    assert set(POLICY_LOADERS) == set(OPTIONS["model"])
+
+
 def test_a_registered_loss_becomes_an_option_with_its_checks():
     from scalerl.algo import registry
     from scalerl.config.groups.loss import register_losses
