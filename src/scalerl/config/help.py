@@ -1,8 +1,9 @@
 """The option listing of ``python train.py --help``, generated from the registries.
 
 ``conf/hydra/help/scalerl.yaml`` writes ``${scalerl_help:}`` where the listing goes; the resolver
-registered here fills it in: every group, its options (the default marked with ``*``), each
-option's first doc line and its fields with the values its YAML gives them.
+registered here fills it in: every group, its options (the default marked with ``*``), what each
+option is (the opening sentence of its YAML's comment) and its fields with the values its YAML
+gives them.
 
 Hydra may resolve the help template while composing any config, so the listing is built without
 composing: each option's values are its dataclass defaults overlaid with its YAML file's own keys
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import textwrap
 from pathlib import Path
 
@@ -24,8 +26,22 @@ from scalerl.config.variants import format_value
 WIDTH = 100
 
 
-def _doc_line(cls: type) -> str:
-    """The first paragraph of the option's docstring, on one line."""
+def _yaml_summary(path: Path) -> str:
+    """The first sentence of the comment opening the option's YAML file."""
+    text = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        text.append(line.lstrip("#").strip())
+    m = re.match(r"(.*?(?<!Dr)\.)(?=\s+[A-Z(]|$)", " ".join(text))
+    return m.group(1) if m else " ".join(text)
+
+
+def _doc_line(cls: type, path: Path) -> str:
+    """What the option is: its YAML's opening sentence, else the first paragraph of its docstring."""
+    summary = _yaml_summary(path) if path.is_file() else ""
+    if summary:
+        return summary
     doc = (cls.__doc__ or "").strip()
     if not doc or doc.startswith(cls.__name__ + "("):  # the signature dataclasses put there
         return ""
@@ -63,16 +79,27 @@ def options_text(conf_dir: str) -> str:
         opts = options(group)
         lines.append(f"{group}: {', '.join(f'{n}*' if defaults.get(group) == n else n for n in opts)}")
         for name, cls in opts.items():
+            path = conf / group / f"{name}.yaml"
             lines += textwrap.wrap(
-                f"{name}: {_doc_line(cls)}", WIDTH, initial_indent="  ", subsequent_indent="    "
+                f"{name}: {_doc_line(cls, path)}", WIDTH, initial_indent="  ", subsequent_indent="    "
             )
-            values = yaml_values(conf, group, name) if (conf / group / f"{name}.yaml").is_file() else {}
+            values = yaml_values(conf, group, name) if path.is_file() else {}
             fields = [f"{f.name}={_show(values.get(f.name, _field_default(f)))}" for f in option_fields(cls)]
-            if fields:
-                lines += textwrap.wrap(
-                    ", ".join(fields), WIDTH, initial_indent="    ", subsequent_indent="    "
-                )
+            lines += _wrap_fields(fields)
     return "\n".join(lines)
+
+
+def _wrap_fields(fields: list[str]) -> list[str]:
+    """``key=value, ...`` lines of at most WIDTH columns, never breaking inside a field."""
+    out: list[str] = []
+    for f in fields:
+        if out and len(out[-1]) + 2 + len(f) <= WIDTH:
+            out[-1] += f", {f}"
+        else:
+            if out:
+                out[-1] += ","
+            out.append(f"    {f}")
+    return out
 
 
 def _default_choices(conf: Path) -> dict[str, str]:
