@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from collections.abc import Iterable
 
 # The config groups (axes), in the order they are shown; each has a module registering its options.
@@ -74,6 +75,22 @@ def register_option(group: str, name: str):
         return cls
 
     return deco
+
+
+def make_option(group: str, name: str, fields=(), *, base: type = Option, doc: str = "", module: str) -> type:
+    """Build and register the dataclass of option ``group=name`` from ``fields`` (``make_dataclass``
+    triples), for options derived from another registry (losses, norms, aggregations). The class
+    becomes an attribute of ``module`` so that configs typed by it pickle."""
+    cls_name = "".join(p.title() for p in f"{name}_{group}".split("_"))
+    cls = dataclasses.make_dataclass(
+        cls_name,
+        [("name", str, dataclasses.field(default=name)), *fields],
+        bases=(base,),
+        namespace={"__doc__": doc},
+    )
+    cls.__module__ = module
+    setattr(sys.modules[module], cls_name, cls)
+    return register_option(group, name)(cls)
 
 
 def load_providers() -> None:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from scalerl.algo.aggregation import AGGREGATIONS, aggregate
-from scalerl.config.options import Option, register_option
+from scalerl.algo.aggregation import AGGREGATIONS
+from scalerl.config.options import make_option
 
 for _name in AGGREGATIONS:
-    register_option("aggregation", _name)(
-        dataclasses.make_dataclass(
-            f"{_name.title()}Aggregation",
-            [("name", str, dataclasses.field(default=_name))],
-            bases=(Option,),
-            namespace={"__doc__": f"Loss aggregation {_name!r}: see {aggregate.__module__}.aggregate."},
-        )
+    make_option(
+        "aggregation", _name, doc=f"Loss aggregation {_name!r} (scalerl.algo.aggregate).", module=__name__
     )

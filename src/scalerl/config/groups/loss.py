@@ -15,7 +15,7 @@ from omegaconf import MISSING
 
 import scalerl.algo  # noqa: F401  (registers the built-in losses)
 from scalerl.algo import registry
-from scalerl.config.options import OPTIONS, Option, register_option
+from scalerl.config.options import OPTIONS, Option, make_option
 
 # parameter checks whose values are numbers; other parameters are typed Any
 _FLOAT_CHECKS = (registry.positive, registry.unit_interval_open)
@@ -32,25 +32,19 @@ class LossOption(Option):
         return registry.check_loss_params(self.name, params)
 
 
-def loss_option(spec: registry.LossSpec) -> type:
-    """The option dataclass of a registered loss."""
-    fields = [("name", str, dataclasses.field(default=spec.name))]
-    for key, check in spec.params.items():
-        fields.append((key, float if check in _FLOAT_CHECKS else Any, dataclasses.field(default=MISSING)))
-    doc = (spec.fn.__doc__ or f"The {spec.name} loss.").strip().splitlines()[0]
-    cls = dataclasses.make_dataclass(
-        f"{spec.name.title().replace('_', '')}Loss", fields, bases=(LossOption,), namespace={"__doc__": doc}
-    )
-    cls.__module__ = __name__
-    return cls
-
-
 def register_losses() -> None:
-    """Register an option for every loss in the algo registry that has none yet."""
+    """Register an option for every loss in the algo registry that has none yet: its fields are the
+    loss's parameters (required; numbers where the registry's check says so)."""
     known = OPTIONS.get("loss", {})
     for name, spec in registry.LOSSES.items():
-        if name not in known:
-            register_option("loss", name)(loss_option(spec))
+        if name in known:
+            continue
+        fields = [
+            (key, float if check in _FLOAT_CHECKS else Any, dataclasses.field(default=MISSING))
+            for key, check in spec.params.items()
+        ]
+        doc = (spec.fn.__doc__ or f"The {name} loss.").strip().splitlines()[0]
+        make_option("loss", name, fields, base=LossOption, doc=doc, module=__name__)
 
 
 register_losses()

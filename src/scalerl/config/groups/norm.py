@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from scalerl.algo.advantages import NORMS, compute_advantages
-from scalerl.config.options import Option, register_option
+from scalerl.algo.advantages import NORMS
+from scalerl.config.options import make_option
 
 for _name in NORMS:
-    register_option("norm", _name)(
-        dataclasses.make_dataclass(
-            f"{_name.title()}Norm",
-            [("name", str, dataclasses.field(default=_name))],
-            bases=(Option,),
-            namespace={
-                "__doc__": f"Advantage norm {_name!r}: see {compute_advantages.__module__}.compute_advantages."
-            },
-        )
+    make_option(
+        "norm", _name, doc=f"Advantage norm {_name!r} (scalerl.algo.compute_advantages).", module=__name__
     )
