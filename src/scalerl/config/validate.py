@@ -13,8 +13,8 @@ import dataclasses
 
 from omegaconf import DictConfig, OmegaConf
 
-from scalerl.config.options import GROUPS, option_fields, options
-from scalerl.config.schema import PROGRESS, SECTIONS, Config
+from scalerl.config.options import GROUPS, options
+from scalerl.config.schema import PROGRESS, SECTIONS
 
 
 class ConfigError(ValueError):
@@ -51,8 +51,10 @@ def _unknown_keys(node: DictConfig, path: str) -> None:
             owner = f"{path}={node.name}" if path in GROUPS else (path or "the config")
             value = OmegaConf.to_container(node, resolve=False)[key]
             raise UnknownKeyError(child_path, value, declared if path not in GROUPS else declared[1:], owner)
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not OmegaConf.is_missing(node, key):
+        if OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+            continue
+        child = node[key]
+        if isinstance(child, DictConfig):
             _unknown_keys(child, child_path)
 
 
@@ -95,4 +97,4 @@ def validate(cfg: DictConfig) -> None:
     _check(bool(str(cfg.out_dir).strip()), "out_dir", cfg.out_dir, "a folder path")
 
 
-__all__ = ["Config", "ConfigError", "UnknownKeyError", "option_fields", "option_of", "validate"]
+__all__ = ["ConfigError", "UnknownKeyError", "option_of", "validate"]
