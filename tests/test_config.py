@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from scalerl.config import GROUPS, ConfigError, compose, conf_dir
+from scalerl.config import GROUPS, ConfigError, compose, conf_dir, group_variants, option_of, options
+from scalerl.config.options import option_fields
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONS = {g: sorted(p.stem for p in (Path(conf_dir()) / g).glob("*.yaml")) for g in GROUPS}
+OPTIONS = {g: list(options(g)) for g in GROUPS}
+# what a required field needs to compose and validate
+REQUIRED = {"model=hf": ["model.name_or_path=/some/local/model"], "task=jsonl": ["task.path=data.jsonl"]}
 
 # what the ScaleRL recipe is (paper Sec. 4)
 DEFAULTS = {
@@ -35,7 +40,7 @@ def test_defaults_are_the_scalerl_recipe():
     cfg = compose([])
     for group, option in DEFAULTS.items():
         assert cfg[group].name == option
-    assert cfg.async_mode.max_lag == 8
+    assert cfg.async_mode.max_lag == 8 and cfg.async_mode.max_buffered_batches == 1.0
     assert cfg.loss.eps_max == 5.0
     assert cfg.precision.body == "bf16" and cfg.precision.head == "fp32"
     assert cfg.filter.zero_variance and cfg.filter.no_positive_resampling
@@ -56,19 +61,72 @@ def test_paper_hyperparameters_in_option_files():
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in OPTIONS[g]])
-def test_every_option_composes(group, option):
-    overrides = [f"{group}={option}"]
-    if group == "model" and option == "hf":
-        overrides.append("model.name_or_path=/some/local/model")
-    if group == "task" and option == "jsonl":
-        overrides.append("task.path=data.jsonl")
-    cfg = compose(overrides)
-    assert cfg[group].name == option
+def test_every_option_composes_validates_and_round_trips(group, option):
+    cls = options(group)[option]
+    cfg = compose([f"{group}={option}", *REQUIRED.get(f"{group}={option}", [])])  # validates
+    node = cfg[group]
+    assert node.name == option and OmegaConf.get_type(node) is cls
+    # exactly the option's fields, no other option's
+    assert list(node.keys()) == [f.name for f in dataclasses.fields(cls)]
+    obj = option_of(cfg, group)
+    assert isinstance(obj, cls) and list(obj.check()) == []
+    assert OmegaConf.to_container(OmegaConf.structured(obj), resolve=True) == OmegaConf.to_container(
+        node, resolve=True
+    )
+    # the dataclass's defaults are the values its YAML states (a subclass inherits them truthfully)
+    for f in option_fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if default is not dataclasses.MISSING and default != "???":
+            assert OmegaConf.to_container(node, resolve=False)[f.name] == default, (group, option, f.name)
+    # its own defaults: no fields listed (a required field's value is)
+    required = ", ".join(o.split(".", 1)[1] for o in REQUIRED.get(f"{group}={option}", []))
+    assert group_variants(cfg)[group] == (f"{option}({required})" if required else option)
 
 
-def test_every_group_has_options():
+def test_registered_options_are_the_yaml_files():
     for g in GROUPS:
-        assert OPTIONS[g], f"conf/{g}/ has no options"
+        assert OPTIONS[g], f"group {g} has no options"
+        files = sorted(p.stem for p in (Path(conf_dir()) / g).glob("*.yaml"))
+        assert files == sorted(OPTIONS[g]), g
+
+
+def test_the_task_and_model_factories_cover_every_option():
+    from scalerl.model.build import POLICY_LOADERS
+    from scalerl.task import TASKS
+
+    assert set(TASKS) == set(OPTIONS["task"])
+    assert set(POLICY_LOADERS) == set(OPTIONS["model"])
+
+
+def test_a_registered_loss_becomes_an_option_with_its_checks():
+    from scalerl.algo import registry
+    from scalerl.config.groups.loss import register_losses
+    from scalerl.config.options import OPTIONS as REGISTRY
+
+    @registry.register_loss("test_only_loss", params={"beta": registry.positive})
+    def _loss(logp, gen_logp, advantages, mask, group_ids, *, beta):
+        return -advantages.unsqueeze(1) * logp * beta
+
+    try:
+        register_losses()
+        cls = options("loss")["test_only_loss"]
+        assert [f.name for f in option_fields(cls)] == ["beta"]
+        assert list(cls(beta=0.5).check()) == []
+        assert list(cls(beta=-1.0).check()) == [("beta", -1.0, "a number > 0")]
+    finally:
+        registry.LOSSES.pop("test_only_loss", None)
+        REGISTRY["loss"].pop("test_only_loss", None)
+
+
+def test_variant_params_name_the_fields_that_differ_from_the_option_yaml():
+    v = group_variants(compose(["loss=dapo", "length_control=length_penalty", "filter.zero_variance=false"]))
+    assert v["filter"] == "scalerl(zero_variance=false)"
+    assert v["loss"] == "dapo" and v["length_control"] == "length_penalty"
+    v = group_variants(compose(["async_mode=ppo_off_policy", "async_mode.minibatches=2", "trainer.lr=3e-4"]))
+    assert v["async_mode"] == "ppo_off_policy(minibatches=2)"
+    assert v["trainer"] == "torch(lr=0.0003)"
+    v = group_variants(compose(["length_control.phrase='ok, stop</think>'"]))
+    assert v["length_control"] == "interruption(phrase='ok, stop</think>')"
 
 
 def test_cfg_job_prints_each_group_under_its_name(tmp_path):
@@ -80,32 +138,83 @@ def test_cfg_job_prints_each_group_under_its_name(tmp_path):
     assert list(tmp_path.iterdir()) == []  # printing the recipe writes nothing
 
 
-def test_help_lists_groups_and_options(tmp_path):
+def test_help_lists_groups_options_and_their_fields(tmp_path):
     r = train_py("--help", cwd=tmp_path)
-    assert r.returncode == 0
+    assert r.returncode == 0, r.stderr
     assert "ScaleRL" in r.stdout
     for g in GROUPS:
-        assert f"{g}:" in r.stdout
-        for o in OPTIONS[g]:
-            assert o in r.stdout
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"{g}: "))
+        assert sorted(o.rstrip("*") for o in line[len(g) + 2 :].split(", ")) == sorted(OPTIONS[g])
+    assert "loss: cispo*, dapo" in r.stdout  # the default is marked
+    assert "    max_lag=8, max_buffered_batches=1.0" in r.stdout  # async_mode=pipeline_rl's fields
+    assert "    minibatches=8" in r.stdout
+    assert "    name_or_path=(required)" in r.stdout  # model=hf
+    assert "    eps_max=5.0" in r.stdout  # a loss's values come from its YAML
 
 
-def test_unknown_option_names_it_and_the_choices(tmp_path):
-    r = train_py("loss=bogus", cwd=tmp_path)
-    assert r.returncode != 0
-    assert "bogus" in r.stderr
-    for o in OPTIONS["loss"]:
-        assert o in r.stderr
-    assert "Traceback" not in r.stderr
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["loss=bogus"], "error: unknown option loss=bogus (available: cispo, dapo, grpo, gspo)"),
+        (["loss.eps_maxx=3"], "error: unknown key loss.eps_maxx (keys of loss=cispo: eps_max)"),
+        (
+            ["loss=dapo", "loss.eps_max=3"],
+            "error: unknown key loss.eps_max (keys of loss=dapo: eps_low, eps_high)",
+        ),
+        (["trainer.lr=fast"], "error: bad value trainer.lr=fast: Value 'fast' of type 'str' could not be"),
+        (["trainer.lr"], "error: malformed override 'trainer.lr'"),
+    ],
+)
+def test_unknown_options_keys_and_bad_types_are_one_line_from_train_py(args, expected, tmp_path):
+    r = train_py(*args, cwd=tmp_path)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(expected), r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unknown_key_is_an_error(tmp_path):
-    r = train_py("loss.eps_maxx=3", cwd=tmp_path)
-    assert r.returncode != 0
-    assert "eps_maxx" in r.stderr
+def test_unknown_key_is_an_error():
     with pytest.raises(Exception, match="eps_maxx"):
         compose(["trainer.lr=1", "loss.eps_maxx=3"])
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["loss=cispo", "loss.eps_high=0.3"], "eps_high"),  # another loss's key
+        (["async_mode=sync", "async_mode.max_lag=2"], "max_lag"),
+        (["trainer=torch", "trainer.zero_stage=1"], "zero_stage"),  # deepspeed only
+        (["length_control=none", "length_control.l_max=10"], "l_max"),
+        (["model=hf", "model.name_or_path=/m", "model.hidden_size=8"], "hidden_size"),
+    ],
+)
+def test_a_key_of_another_option_is_an_error(overrides, key):
+    with pytest.raises(Exception, match=key):
+        compose(overrides)
+
+
+def test_appended_unknown_key_is_a_one_line_error(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"unknown key trainer\.lrr=1 \(keys of trainer=torch: total_steps, "
+    ):
+        compose(["+trainer.lrr=1"])
+    with pytest.raises(ConfigError, match=r"unknown key lrr=1 \(keys of the config: "):
+        compose(["+lrr=1"])
+    compose(["+tracking.tags.team=rl"])  # a free mapping takes new keys
+    r = train_py("+trainer.lrr=1", f"out_dir={tmp_path / 'run'}", cwd=tmp_path)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "trainer.lrr" in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [(["model=hf"], "model.name_or_path"), (["task=jsonl"], "task.path")],
+)
+def test_a_required_field_left_unset_is_one_clear_error(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        compose(overrides)
+    assert str(e.value) == f"invalid config value {key}='???': must be set (required by {overrides[0]})"
 
 
 BAD_VALUES = [
@@ -113,13 +222,14 @@ BAD_VALUES = [
     ("loss=dapo loss.eps_low=1.5", "loss.eps_low", "(0, 1)"),
     ("async_mode.max_lag=0", "async_mode.max_lag", ">= 1"),
     ("async_mode=ppo_off_policy async_mode.minibatches=0", "async_mode.minibatches", ">= 1"),
+    ("async_mode.max_buffered_batches=0", "async_mode.max_buffered_batches", "> 0"),
     ("trainer.batch_size=30", "trainer.batch_size", "multiple of trainer.generations_per_prompt"),
     ("precision.body=fp8", "precision.body", "one of fp32, bf16, fp16"),
     ("precision.head=int4", "precision.head", "one of fp32, bf16, fp16"),
     ("trainer.generations_per_prompt=1 trainer.batch_size=8", "trainer.generations_per_prompt", ">= 2"),
     ("length_control.think_budget_min=50 length_control.think_budget_max=40", "think_budget_max", ">="),
     ("filter.pass_rate_threshold=1.5", "filter.pass_rate_threshold", "(0, 1]"),
-    ("trainer.zero_stage=4", "trainer.zero_stage", "0, 1, 2, 3"),
+    ("trainer=deepspeed trainer.zero_stage=4", "trainer.zero_stage", "0, 1, 2, 3"),
     ("trainer.lr=-0.1", "trainer.lr", "> 0"),
     ("scaling.compute_axis=tokens", "scaling.compute_axis", "flops, device_hours"),
     ("task.warmstart_slip_prob=1.5", "task.warmstart_slip_prob", "[0, 1]"),
@@ -150,3 +260,7 @@ def test_bad_value_cli_exits_before_building_anything(overrides, key, allowed, t
 def test_wrong_type_is_an_error():
     with pytest.raises(Exception, match="trainer.lr"):
         compose(["trainer.lr=fast"])
+    with pytest.raises(Exception, match="async_mode.max_lag"):
+        compose(["async_mode.max_lag=1.5"])
+    with pytest.raises(Exception, match="filter.zero_variance"):
+        compose(["filter.zero_variance=maybe"])

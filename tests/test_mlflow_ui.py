@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from mlflow_server import free_port, start_server, stop_server
-from test_sweep import REPO, TINY_BASE, write_sweep
+from test_sweep import REPO, TINY_BASE, TINY_TASK, write_sweep
 
 pytestmark = pytest.mark.browser
 
@@ -133,7 +133,7 @@ def test_child_runs_and_fit_metrics_in_the_mlflow_ui(tmp_path, mlflow_server, _c
         tmp_path / "ui.yaml",
         {"cispo": [], "dapo": ["loss=dapo", "eval.samples_per_prompt=4"]},
         name="ui_sweep",
-        base=TINY_BASE,
+        base=[*TINY_BASE, *TINY_TASK],
         baseline="cispo",
     )
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")

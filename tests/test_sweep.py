@@ -28,11 +28,6 @@ TINY_BASE = [
     "model.intermediate_size=128",
     "model.warmstart_steps=300",
     "model.warmstart_batch_size=32",
-    "task.min_digits=2",
-    "task.max_digits=2",
-    "task.warmstart_max_digits=2",
-    "task.num_val=16",
-    "task.num_train=256",
     "trainer.batch_size=32",
     "trainer.generations_per_prompt=4",
     "trainer.total_steps=6",
@@ -46,6 +41,14 @@ TINY_BASE = [
     "progress=log",
     "async_mode=sync",
     "scaling.bootstrap=20",
+]
+# the addition task's keys: a variant choosing task=jsonl has none of them
+TINY_TASK = [
+    "task.min_digits=2",
+    "task.max_digits=2",
+    "task.warmstart_max_digits=2",
+    "task.num_val=16",
+    "task.num_train=256",
 ]
 BROKEN = ["task=jsonl", "task.path=/nonexistent.jsonl"]  # composes fine, fails inside the job
 
@@ -204,7 +207,7 @@ def tiny_sweep(tmp_path_factory, _cache_dir):
     root = tmp_path_factory.mktemp("sweep")
     f = write_sweep(
         root / "tiny.yaml",
-        {"cispo": [], "dapo": ["loss=dapo"], "broken": BROKEN},
+        {"cispo": TINY_TASK, "dapo": ["loss=dapo", *TINY_TASK], "broken": BROKEN},
         name="tiny",
         base=TINY_BASE,
         baseline="cispo",

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_sweep import REPO, TINY_BASE, _client, _csv, _runs, write_sweep
+from test_sweep import REPO, TINY_BASE, TINY_TASK, _client, _csv, _runs, write_sweep
 
 pytestmark = pytest.mark.slurm
 
@@ -104,7 +104,7 @@ def test_slurm_sweep_reaches_mlflow_and_a_preempted_job_resumes(slurm_cluster, t
         tmp_path / "tiny.yaml",
         {"cispo": ["trainer.total_steps=12"], "dapo": ["loss=dapo"]},
         name="tiny_slurm",
-        base=TINY_BASE,
+        base=[*TINY_BASE, *TINY_TASK],
         baseline="cispo",
     )
     out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -149,7 +149,7 @@ def test_slurm_cancelled_job_is_reported_not_waited_for(slurm_cluster, tmp_path,
         tmp_path / "c.yaml",
         {"short": [], "long": ["trainer.total_steps=2000"]},
         name="cancel_slurm",
-        base=TINY_BASE,
+        base=[*TINY_BASE, *TINY_TASK],
     )
     out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
     with _sweep_in_background(f, out, uri, slurm_cluster.partition, tmp_path) as proc:

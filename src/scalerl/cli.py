@@ -30,7 +30,25 @@ def _main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
+def _check_overrides(args: list[str]) -> None:
+    """Compose the overrides before Hydra does, so that an unknown group, option or key, a malformed
+    override or a wrongly typed value is one line (exit 2) instead of Hydra's multi-line report.
+    Command lines with Hydra flags (--help, --cfg, -m, ...) go to Hydra as they are."""
+    if any(a.startswith("-") for a in args):
+        return
+    from scalerl.config import compose
+    from scalerl.config.errors import explain, override_key
+
+    overrides = [a for a in args if not override_key(a).startswith("hydra")]
+    try:
+        compose(overrides, check=False)
+    except Exception as e:  # Hydra/OmegaConf composition errors
+        print(f"error: {explain(e, overrides)}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
+    _check_overrides(sys.argv[1:])
     _main()
 
 

@@ -8,8 +8,8 @@ A new loss is one function plus one YAML file::
     def my_loss(logp, gen_logp, advantages, mask, group_ids, *, beta):
         return ...  # per-token loss [N, T]; aggregation is applied by policy_loss
 
-and ``conf/loss/my_loss.yaml`` with ``name: my_loss`` and ``beta: ...`` (add ``beta`` to
-:class:`scalerl.config.schema.LossConfig` if it is a new key).
+and ``conf/loss/my_loss.yaml`` stating ``beta: ...`` (the config option ``loss=my_loss``, its fields
+and checks are derived from this registration by :mod:`scalerl.config.groups.loss`).
 
 Optionally pass ``clip_indicator=fn`` to ``register_loss``: ``fn(logp, gen_logp, advantages, mask,
 **params) -> bool [N, T]`` marking the tokens where the loss's clip/truncation is active; it feeds the

@@ -1,4 +1,5 @@
-"""Configuration: the structured schema, value checks, and composition outside a Hydra app."""
+"""Configuration: the option registries, the structured schema, value checks, and composition
+outside a Hydra app."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from scalerl.config.schema import GROUPS, Config, register_configs
-from scalerl.config.validate import ConfigError, validate
+from scalerl.config.options import GROUPS, option_class, options, register_option
+from scalerl.config.schema import Config, register_configs
+from scalerl.config.validate import ConfigError, option_of, validate
+from scalerl.config.variants import group_variants
 
 
 def conf_dir() -> str:
@@ -45,4 +48,17 @@ def compose(overrides: list[str] | None = None, *, check: bool = True) -> DictCo
     return cfg
 
 
-__all__ = ["GROUPS", "Config", "ConfigError", "compose", "conf_dir", "register_configs", "validate"]
+__all__ = [
+    "GROUPS",
+    "Config",
+    "ConfigError",
+    "compose",
+    "conf_dir",
+    "group_variants",
+    "option_class",
+    "option_of",
+    "options",
+    "register_configs",
+    "register_option",
+    "validate",
+]

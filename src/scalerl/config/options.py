@@ -2,7 +2,7 @@
 
     @register_option("async_mode", "pipeline_rl")
     @dataclass
-    class PipelineRLOptions(Option):
+    class PipelineRL(Option):
         name: str = "pipeline_rl"
         max_lag: int = 8
 
@@ -10,14 +10,42 @@
             if self.max_lag < 1:
                 yield "max_lag", self.max_lag, "an integer >= 1"
 
-Validation, factories, ``--help``, the option-matrix tests and the MLflow group params all
-enumerate :func:`options`; nothing else lists a group's options.
+The dataclass is the option's schema: its fields are the only keys ``conf/<group>/<name>.yaml``
+and the command line may set for that option (Hydra rejects others and wrongly typed values), its
+defaults are the values that YAML file states, and ``check`` holds its value checks.
+Validation, ``--help``, the option-matrix tests and the MLflow group params all enumerate
+:func:`options`; nothing else lists a group's options.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import sys
 from collections.abc import Iterable
+
+# The config groups (axes), in the order they are shown; each has a module registering its options.
+GROUPS: tuple[str, ...] = (
+    "loss",
+    "async_mode",
+    "precision",
+    "aggregation",
+    "norm",
+    "filter",
+    "length_control",
+    "model",
+    "task",
+    "generator",
+    "trainer",
+    "launcher",
+)
+
+# modules whose import registers options (each registers its own on import)
+PROVIDERS: list[str] = [f"scalerl.config.groups.{g}" for g in GROUPS]
+
+# Where the option schemas live in Hydra's ConfigStore: ``<SCHEMA_ROOT>/<group>/<name>``; each
+# option's YAML lists ``/<SCHEMA_ROOT>/<group>/<name>@_here_`` first in its defaults.
+SCHEMA_ROOT = "scalerl_schema"
 
 OPTIONS: dict[str, dict[str, type]] = {}
 
@@ -29,10 +57,6 @@ class Option:
         return ()
 
 
-# modules whose import registers options (each registers its own on import)
-PROVIDERS: list[str] = []
-
-
 def register_option(group: str, name: str):
     """Register the decorated dataclass as option ``name`` of config group ``group``."""
 
@@ -42,6 +66,8 @@ def register_option(group: str, name: str):
             raise TypeError(
                 f"option {group}={name}: {cls.__name__} must be a dataclass deriving from Option with a `name` field"
             )
+        if fields["name"].default != name:
+            raise TypeError(f"option {group}={name}: {cls.__name__}.name must default to {name!r}")
         known = OPTIONS.setdefault(group, {})
         if name in known and known[name] is not cls:
             raise ValueError(f"option {group}={name} is already registered ({known[name].__name__})")
@@ -51,14 +77,48 @@ def register_option(group: str, name: str):
     return deco
 
 
+def make_option(group: str, name: str, fields=(), *, base: type = Option, doc: str = "", module: str) -> type:
+    """Build and register the dataclass of option ``group=name`` from ``fields`` (``make_dataclass``
+    triples), for options derived from another registry (losses, norms, aggregations). The class
+    becomes an attribute of ``module`` so that configs typed by it pickle."""
+    cls_name = "".join(p.title() for p in f"{name}_{group}".split("_"))
+    cls = dataclasses.make_dataclass(
+        cls_name,
+        [("name", str, dataclasses.field(default=name)), *fields],
+        bases=(base,),
+        namespace={"__doc__": doc},
+    )
+    cls.__module__ = module
+    setattr(sys.modules[module], cls_name, cls)
+    return register_option(group, name)(cls)
+
+
 def load_providers() -> None:
     for mod in PROVIDERS:
         importlib.import_module(mod)
 
 
 def options(group: str) -> dict[str, type]:
-    """The registered options of ``group``: {name: dataclass}."""
+    """The registered options of ``group``: {name: dataclass}, in registration order."""
     load_providers()
     if group not in OPTIONS:
         raise KeyError(f"no config group {group!r}: known groups are {', '.join(sorted(OPTIONS))}")
     return dict(OPTIONS[group])
+
+
+def option_class(group: str, name: str) -> type:
+    """The dataclass of option ``group=name``; KeyError naming the registered options if unknown."""
+    known = options(group)
+    if name not in known:
+        raise KeyError(f"unknown option {group}={name} (available: {', '.join(known)})")
+    return known[name]
+
+
+def option_fields(cls: type) -> list[dataclasses.Field]:
+    """The option's own fields (``name`` excluded), in declaration order."""
+    return [f for f in dataclasses.fields(cls) if f.name != "name"]
+
+
+def schema_path(group: str, name: str) -> str:
+    """The ConfigStore path of the option's schema, as its YAML names it in ``defaults``."""
+    return f"/{SCHEMA_ROOT}/{group}/{name}@_here_"

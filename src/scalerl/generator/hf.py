@@ -28,12 +28,11 @@ from typing import Any
 
 import torch
 
+from scalerl.config.options import options
 from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
-
-LENGTH_CONTROLS = ("interruption", "length_penalty", "none")
 
 
 def _field(cfg: Any, name: str, default: Any) -> Any:
@@ -82,8 +81,9 @@ class HFGenerator(Generator):
 
         lc = length_control
         self.mode = str(_field(lc, "name", "none"))
-        if self.mode not in LENGTH_CONTROLS:
-            raise ValueError(f"length_control.name must be one of {LENGTH_CONTROLS}, got {self.mode!r}")
+        if self.mode not in options("length_control"):
+            known = ", ".join(options("length_control"))
+            raise ValueError(f"length_control.name must be one of {known}, got {self.mode!r}")
         self.max_new_tokens = int(_field(lc, "max_new_tokens", 64))
         if self.max_new_tokens < 1:
             raise ValueError("length_control.max_new_tokens must be >= 1")

@@ -1,9 +1,9 @@
 """Build or load the policy, and the supervised warm-start that stands in for a pretrained base.
 
-``model.name_or_path=None`` (the embedded default): a randomly initialised transformers model
-(GPT-2, Qwen2 or Llama architecture) from the config's sizes and the local character tokenizer,
-then a short supervised warm-start on the task, cached on disk keyed by everything it depends on.
-``model.name_or_path=<path or hub name>``: ``from_pretrained`` on the same code path.
+``model=tiny`` (the embedded default): a randomly initialised transformers model (GPT-2, Qwen2 or
+Llama architecture) from the config's sizes and the local character tokenizer, then a short
+supervised warm-start on the task, cached on disk keyed by everything it depends on.
+``model=hf model.name_or_path=<path or hub name>``: ``from_pretrained`` on the same code path.
 """
 
 from __future__ import annotations
@@ -151,13 +151,25 @@ def warmstart(model: PreTrainedModel, tokenizer, task, mcfg, *, seed: int) -> di
 
 def load_policy(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     """(model, tokenizer, info) for the run; fp32 weights on CPU (the caller moves and prepares them)."""
+    loader = POLICY_LOADERS.get(cfg.model.name)
+    if loader is None:
+        raise ValueError(f"unknown model {cfg.model.name!r} (models: {', '.join(POLICY_LOADERS)})")
+    return loader(cfg, task)
+
+
+def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
+    """``model=hf``: model and tokenizer ``from_pretrained(model.name_or_path)``."""
     mcfg = cfg.model
-    if mcfg.name_or_path:
-        tokenizer = AutoTokenizer.from_pretrained(mcfg.name_or_path)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(mcfg.name_or_path, torch_dtype=torch.float32)
-        return model, tokenizer, {"source": mcfg.name_or_path}
+    tokenizer = AutoTokenizer.from_pretrained(mcfg.name_or_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(mcfg.name_or_path, torch_dtype=torch.float32)
+    return model, tokenizer, {"source": mcfg.name_or_path}
+
+
+def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
+    """``model=tiny``: built from the config's sizes, warm-started on the task (cached)."""
+    mcfg = cfg.model
     tokenizer = build_char_tokenizer()
     if mcfg.warmstart_steps <= 0:
         model = build_model(
@@ -195,3 +207,7 @@ def load_policy(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     info = json.loads((path / "meta.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
     return model, tokenizer, {"source": f"warm-start {path}", **info}
+
+
+# model option name -> the function that builds or loads its policy
+POLICY_LOADERS = {"tiny": load_tiny, "hf": load_pretrained}

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# the dtype names the precision options may use, and the implementations of reduced precision
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+IMPLS = ("auto", "native", "emulated")
 
 
 class _RoundTo(torch.autograd.Function):

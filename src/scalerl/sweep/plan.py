@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from scalerl.config.errors import explain, override_key
 from scalerl.sweep.spec import SweepError, SweepSpec
 
 # Keys the sweep sets for every run; a sweep file or the command line may not set them.
@@ -23,11 +24,6 @@ COMMAND_LINE = "command line"
 
 
 # ---------------------------------------------------------------------------- overrides
-def override_key(ov: str) -> str:
-    """``loss`` for ``loss=dapo``, ``trainer.lr`` for ``+trainer.lr=1``, ``x`` for ``~x``."""
-    return ov.lstrip("+~").split("=", 1)[0].strip()
-
-
 def is_launcher(ov: str) -> bool:
     k = override_key(ov)
     return k == "launcher" or k.startswith("launcher.")
@@ -125,141 +121,16 @@ def apply_settings(cfg: DictConfig, settings: dict) -> DictConfig:
 
 def build_config(overrides: list[str], settings: dict, seed: int | None = None) -> DictConfig:
     """Compose ``overrides`` like ``python train.py`` would, set the sweep's keys, validate.
-    This is what every job runs (and what planning checks)."""
+    This is what every job runs (and what planning checks). Keys added with ``+key=value`` that no
+    schema declares are refused by :func:`~scalerl.config.validate`, as for a single run."""
     from scalerl.config import compose, validate
 
     cfg = compose(overrides, check=False)
-    _check_appends(cfg, overrides)
     if seed is not None:
         cfg.seed = int(seed)
     apply_settings(cfg, settings)
     validate(cfg)
     return cfg
-
-
-def _check_appends(cfg: DictConfig, overrides: list[str]) -> None:
-    """Hydra lets ``+key=value`` add keys the schema does not have; a sweep must not."""
-    from scalerl.config import conf_dir
-
-    for ov in overrides:
-        if not ov.startswith("+"):
-            continue
-        key = override_key(ov)
-        if "." not in key and (Path(conf_dir()) / key).is_dir():
-            continue  # +experiment=paper_scale: a group not in the defaults list
-        parent = key.rsplit(".", 1)[0] if "." in key else ""
-        node = OmegaConf.select(cfg, parent) if parent else cfg
-        if isinstance(node, DictConfig) and not dataclasses.is_dataclass(OmegaConf.get_type(node)):
-            continue  # a free mapping such as launcher.additional_parameters or tracking.tags
-        raise _UnknownKey(key)
-
-
-class _UnknownKey(Exception):
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
-
-
-# ---------------------------------------------------------------------------- error messages
-_DEFAULT_CFG: DictConfig | None = None
-
-
-def _default_cfg() -> DictConfig:
-    global _DEFAULT_CFG
-    if _DEFAULT_CFG is None:
-        from scalerl.config import compose
-
-        _DEFAULT_CFG = compose([], check=False)
-    return _DEFAULT_CFG
-
-
-def _options(group: str) -> list[str]:
-    from scalerl.config import conf_dir
-
-    d = Path(conf_dir()) / group
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
-
-
-def _groups() -> list[str]:
-    from scalerl.config import GROUPS
-
-    return list(GROUPS)
-
-
-def _unknown_key_message(key: str, value: str | None = None) -> str:
-    cfg = _default_cfg()
-    parts = key.split(".")
-    head = parts[0]
-    if head not in cfg:
-        others = ", ".join(k for k in cfg if k not in _groups())
-        if len(parts) == 1:
-            return f"unknown group or key {key!r} (groups: {', '.join(_groups())}; other keys: {others})"
-        return f"unknown key {key}: there is no group {head!r} (groups: {', '.join(_groups())})"
-    # walk down to the deepest existing node
-    node, path = cfg, []
-    for p in parts[:-1]:
-        if isinstance(node, DictConfig) and p in node:
-            node = node[p]
-            path.append(p)
-        else:
-            break
-    parent = ".".join(path)
-    if isinstance(node, DictConfig):
-        if not dataclasses.is_dataclass(OmegaConf.get_type(node)):
-            val = f"={value}" if value is not None else "=..."
-            return f"unknown key {key} ({parent} is a free mapping: add keys with +{key}{val})"
-        keys = [k for k in node.keys()]
-        return f"unknown key {key} (keys of {parent}: {', '.join(keys)})"
-    return f"unknown key {key} ({parent} is a value, not a group)"
-
-
-def explain(exc: BaseException, overrides: list[str]) -> str:
-    """One line for a compose/validate error, naming the override at fault."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-
-    from scalerl.config import ConfigError
-
-    msg = str(exc)
-    first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
-    if isinstance(exc, _UnknownKey):
-        return _unknown_key_message(exc.key)
-    if isinstance(exc, ConfigError):
-        return msg
-    if isinstance(exc, MissingConfigException):
-        import re
-
-        m = re.search(r"Could not (?:find|load) '([^'/]+)/([^']+)'", msg)
-        if m:
-            group, option = m.group(1), m.group(2)
-            # the user's override (a list value shows up as one of its elements)
-            ov = next((o for o in overrides if override_key(o) == group), f"{group}={option}")
-            value = ov.split("=", 1)[1] if "=" in ov else option
-            avail = _options(group)
-            return f"unknown option {group}={value} (available: {', '.join(avail)})"
-        return first
-    if isinstance(exc, OverrideParseException):
-        bad = next((o for o in overrides if o in msg), None)
-        lines = [x.strip() for x in msg.splitlines() if x.strip()]
-        detail = lines[1] if len(lines) > 1 else first
-        return f"malformed override {bad!r}: {detail}" if bad else f"malformed override: {first}"
-    if isinstance(exc, ConfigCompositionException):
-        import re
-
-        m = re.search(r"Could not override '([^']+)'", msg)
-        if m:
-            key = m.group(1)
-            ov = next((o for o in overrides if override_key(o) == key), None)
-            return _unknown_key_message(key, ov.split("=", 1)[1] if ov and "=" in ov else None)
-        m = re.search(r"Error merging override (.+)$", first)
-        if m:
-            cause = exc.__cause__
-            detail = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
-            return f"bad value {m.group(1)}" + (f": {detail}" if detail else "")
-        m = re.search(r"Could not append to config. An item is already at '([^']+)'", msg)
-        if m:
-            return f"{m.group(1)} already exists: write {m.group(1)}=... without the '+'"
-        return first
-    return f"{type(exc).__name__}: {first}"
 
 
 def _compose_or_raise(

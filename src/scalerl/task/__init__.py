@@ -6,24 +6,17 @@ from scalerl.task.addition import AdditionTask
 from scalerl.task.base import THINK_END, Prompt, Task, final_answer, safe_score
 from scalerl.task.jsonl import DataFileError, JsonlTask
 
+# task option name -> the Task class built from that option's fields (verifier_timeout_s is the loop's)
+TASKS: dict[str, type[Task]] = {"addition": AdditionTask, "jsonl": JsonlTask}
+_LOOP_FIELDS = ("name", "verifier_timeout_s")
+
 
 def build_task(cfg) -> Task:
-    """The task named by ``cfg.task.name`` (``cfg`` is the whole run config)."""
+    """The task chosen by ``cfg.task`` (``cfg`` is the whole run config), built from its fields."""
     t = cfg.task
-    if t.name == "addition":
-        return AdditionTask(
-            seed=t.seed,
-            min_digits=t.min_digits,
-            max_digits=t.max_digits,
-            warmstart_max_digits=t.warmstart_max_digits,
-            warmstart_hard_frac=t.warmstart_hard_frac,
-            warmstart_slip_prob=t.warmstart_slip_prob,
-            num_val=t.num_val,
-            num_train=t.num_train,
-        )
-    if t.name == "jsonl":
-        return JsonlTask(t.path, seed=t.seed, val_fraction=t.val_fraction, num_val=t.num_val)
-    raise ValueError(f"unknown task {t.name!r}")
+    if t.name not in TASKS:
+        raise ValueError(f"unknown task {t.name!r} (tasks: {', '.join(TASKS)})")
+    return TASKS[t.name](**{k: v for k, v in t.items() if k not in _LOOP_FIELDS})
 
 
 __all__ = [
@@ -32,6 +25,7 @@ __all__ = [
     "DataFileError",
     "JsonlTask",
     "Prompt",
+    "TASKS",
     "Task",
     "build_task",
     "final_answer",

@@ -61,13 +61,13 @@ def flatten(d, prefix: str = "") -> dict[str, str]:
 
 
 def run_params(cfg: DictConfig) -> dict[str, str]:
-    """Each group's choice under its group name, plus the flat resolved config."""
-    from scalerl.config.schema import GROUPS
+    """The flat resolved config, plus under each group's name the variant that ran: the option's name
+    and the fields that differ from its YAML, e.g. ``filter=scalerl(zero_variance=false)``."""
+    from scalerl.config import group_variants
 
     container = OmegaConf.to_container(cfg, resolve=True)
     params = flatten(container)
-    for g in GROUPS:
-        params[g] = str(cfg[g].name)
+    params.update(group_variants(cfg))
     return {k[:250]: v[:6000] for k, v in params.items()}
 
 

@@ -1,0 +1,121 @@
+"""One line for any error composing a config: unknown groups, options and keys, malformed overrides,
+wrongly typed and out-of-range values. Used by ``python train.py`` and by sweeps."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def override_key(ov: str) -> str:
+    """``loss`` for ``loss=dapo``, ``trainer.lr`` for ``+trainer.lr=1``, ``x`` for ``~x``."""
+    return ov.lstrip("+~").split("=", 1)[0].strip()
+
+
+_DEFAULT_CFG: DictConfig | None = None
+
+
+def _default_cfg() -> DictConfig:
+    global _DEFAULT_CFG
+    if _DEFAULT_CFG is None:
+        from scalerl.config import compose
+
+        _DEFAULT_CFG = compose([], check=False)
+    return _DEFAULT_CFG
+
+
+def _options(group: str) -> list[str]:
+    from scalerl.config import GROUPS, options
+
+    return sorted(options(group)) if group in GROUPS else []
+
+
+def _groups() -> list[str]:
+    from scalerl.config import GROUPS
+
+    return list(GROUPS)
+
+
+def _chosen_option(group: str, overrides: list[str]) -> str:
+    """The option of ``group`` that ``overrides`` choose (the last ``group=option``), else the default."""
+    chosen = [o.split("=", 1)[1] for o in overrides if "=" in o and override_key(o) == group]
+    return chosen[-1] if chosen else str(_default_cfg()[group].name)
+
+
+def _unknown_key_message(key: str, value: str | None = None, overrides: list[str] | None = None) -> str:
+    from scalerl.config.options import GROUPS, option_fields, options
+
+    cfg = _default_cfg()
+    parts = key.split(".")
+    head = parts[0]
+    if head in GROUPS and len(parts) == 2:
+        name = _chosen_option(head, overrides or [])
+        if name in options(head):
+            keys = ", ".join(f.name for f in option_fields(options(head)[name]))
+            return f"unknown key {key} (keys of {head}={name}: {keys or 'none'})"
+    if head not in cfg:
+        others = ", ".join(k for k in cfg if k not in _groups())
+        if len(parts) == 1:
+            return f"unknown group or key {key!r} (groups: {', '.join(_groups())}; other keys: {others})"
+        return f"unknown key {key}: there is no group {head!r} (groups: {', '.join(_groups())})"
+    # walk down to the deepest existing node
+    node, path = cfg, []
+    for p in parts[:-1]:
+        if isinstance(node, DictConfig) and p in node:
+            node = node[p]
+            path.append(p)
+        else:
+            break
+    parent = ".".join(path)
+    if isinstance(node, DictConfig):
+        if not dataclasses.is_dataclass(OmegaConf.get_type(node)):
+            val = f"={value}" if value is not None else "=..."
+            return f"unknown key {key} ({parent} is a free mapping: add keys with +{key}{val})"
+        keys = [k for k in node.keys()]
+        return f"unknown key {key} (keys of {parent}: {', '.join(keys)})"
+    return f"unknown key {key} ({parent} is a value, not a group)"
+
+
+def explain(exc: BaseException, overrides: list[str]) -> str:
+    """One line for a compose/validate error, naming the override at fault."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    from scalerl.config import ConfigError
+
+    msg = str(exc)
+    first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+    if isinstance(exc, ConfigError):
+        return msg
+    if isinstance(exc, MissingConfigException):
+        m = re.search(r"Could not (?:find|load) '([^'/]+)/([^']+)'", msg)
+        if m:
+            group, option = m.group(1), m.group(2)
+            # the user's override (a list value shows up as one of its elements)
+            ov = next((o for o in overrides if override_key(o) == group), f"{group}={option}")
+            value = ov.split("=", 1)[1] if "=" in ov else option
+            avail = _options(group)
+            return f"unknown option {group}={value} (available: {', '.join(avail)})"
+        return first
+    if isinstance(exc, OverrideParseException):
+        bad = next((o for o in overrides if o in msg), None)
+        lines = [x.strip() for x in msg.splitlines() if x.strip()]
+        detail = lines[1] if len(lines) > 1 else first
+        return f"malformed override {bad!r}: {detail}" if bad else f"malformed override: {first}"
+    if isinstance(exc, ConfigCompositionException):
+        m = re.search(r"Could not override '([^']+)'", msg)
+        if m:
+            key = m.group(1)
+            ov = next((o for o in overrides if override_key(o) == key), None)
+            return _unknown_key_message(key, ov.split("=", 1)[1] if ov and "=" in ov else None, overrides)
+        m = re.search(r"Error merging override (.+)$", first)
+        if m:
+            cause = exc.__cause__
+            detail = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
+            return f"bad value {m.group(1)}" + (f": {detail}" if detail else "")
+        m = re.search(r"Could not append to config. An item is already at '([^']+)'", msg)
+        if m:
+            return f"{m.group(1)} already exists: write {m.group(1)}=... without the '+'"
+        return first
+    return f"{type(exc).__name__}: {first}"

@@ -1,0 +1,42 @@
+"""Small value checks shared by the option dataclasses: each returns (key, value, allowed) or None."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+
+def _num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def one_of(key: str, value: object, choices: Iterable[str]):
+    choices = tuple(choices)
+    if value not in choices:
+        return key, value, "one of " + ", ".join(choices)
+    return None
+
+
+def at_least(key: str, value: object, low: float, prefix: str = "an integer "):
+    """``value >= low``; the message reads ``<prefix>>= <low>``."""
+    if not _num(value) or value < low:
+        return key, value, f"{prefix}>= {low}"
+    return None
+
+
+def positive(key: str, value: object):
+    if not _num(value) or value <= 0:
+        return key, value, "> 0"
+    return None
+
+
+def in_unit(key: str, value: object, *, low_open: bool = False, high_open: bool = False):
+    ok = _num(value) and (0 < value if low_open else 0 <= value) and (value < 1 if high_open else value <= 1)
+    if not ok:
+        return key, value, f"a number in {'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+    return None
+
+
+def problems(*results) -> Iterable[tuple[str, object, str]]:
+    """The non-None results, in order."""
+    return [r for r in results if r is not None]

@@ -1,0 +1,37 @@
+"""``filter``: zero-variance filtering and no-positive-resampling (paper Sec. 3.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scalerl.config.groups._checks import in_unit, problems
+from scalerl.config.options import Option, register_option
+
+
+@dataclass
+class FilterOption(Option):
+    name: str = ""
+    zero_variance: bool = True  # drop groups whose rewards are all equal from the loss
+    no_positive_resampling: bool = True  # retire prompts whose pass rate reaches the threshold
+    pass_rate_threshold: float = 0.9
+
+    def check(self):
+        return problems(in_unit("pass_rate_threshold", self.pass_rate_threshold, low_open=True))
+
+
+@register_option("filter", "scalerl")
+@dataclass
+class ScaleRLFilter(FilterOption):
+    """Both filters; each switchable on its own."""
+
+    name: str = "scalerl"
+
+
+@register_option("filter", "none")
+@dataclass
+class NoFilter(FilterOption):
+    """Neither filter."""
+
+    name: str = "none"
+    zero_variance: bool = False
+    no_positive_resampling: bool = False

@@ -1,0 +1,122 @@
+"""The option listing of ``python train.py --help``, generated from the registries.
+
+``conf/hydra/help/scalerl.yaml`` writes ``${scalerl_help:}`` where the listing goes; the resolver
+registered here fills it in: every group, its options (the default marked with ``*``), what each
+option is (the opening sentence of its YAML's comment) and its fields with the values its YAML
+gives them.
+
+Hydra may resolve the help template while composing any config, so the listing is built without
+composing: each option's values are its dataclass defaults overlaid with its YAML file's own keys
+(and those of a sibling option it lists in ``defaults``, as ``trainer/deepspeed`` lists ``torch``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import textwrap
+from pathlib import Path
+
+from omegaconf import MISSING, OmegaConf
+
+from scalerl.config.options import GROUPS, option_fields, options
+from scalerl.config.variants import format_value
+
+WIDTH = 100
+
+
+def _yaml_summary(path: Path) -> str:
+    """The first sentence of the comment opening the option's YAML file."""
+    text = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        text.append(line.lstrip("#").strip())
+    m = re.match(r"(.*?(?<!Dr)\.)(?=\s+[A-Z(]|$)", " ".join(text))
+    return m.group(1) if m else " ".join(text)
+
+
+def _doc_line(cls: type, path: Path) -> str:
+    """What the option is: its YAML's opening sentence, else the first paragraph of its docstring."""
+    summary = _yaml_summary(path) if path.is_file() else ""
+    if summary:
+        return summary
+    doc = (cls.__doc__ or "").strip()
+    if not doc or doc.startswith(cls.__name__ + "("):  # the signature dataclasses put there
+        return ""
+    return " ".join(ln.strip() for ln in doc.split("\n\n")[0].splitlines())
+
+
+def yaml_values(conf: Path, group: str, name: str) -> dict:
+    """The keys ``conf/<group>/<name>.yaml`` sets, with those of sibling options it lists first."""
+    raw = OmegaConf.to_container(OmegaConf.load(conf / group / f"{name}.yaml"), resolve=False)
+    out: dict = {}
+    for entry in raw.pop("defaults", []):
+        if isinstance(entry, str) and not entry.startswith("/") and entry != "_self_":
+            out.update(yaml_values(conf, group, entry))
+    out.update(raw)
+    return out
+
+
+def _field_default(f: dataclasses.Field) -> object:
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return f.default
+
+
+def _show(v: object) -> str:
+    return "(required)" if v is dataclasses.MISSING or v == MISSING else format_value(v)
+
+
+@functools.lru_cache(maxsize=4)
+def options_text(conf_dir: str) -> str:
+    """One block per group: ``group: option1*, option2``, then per option its doc line and fields."""
+    conf = Path(conf_dir)
+    defaults = _default_choices(conf)
+    lines = []
+    for group in GROUPS:
+        opts = options(group)
+        lines.append(f"{group}: {', '.join(f'{n}*' if defaults.get(group) == n else n for n in opts)}")
+        for name, cls in opts.items():
+            path = conf / group / f"{name}.yaml"
+            lines += textwrap.wrap(
+                f"{name}: {_doc_line(cls, path)}", WIDTH, initial_indent="  ", subsequent_indent="    "
+            )
+            values = yaml_values(conf, group, name) if path.is_file() else {}
+            fields = [f"{f.name}={_show(values.get(f.name, _field_default(f)))}" for f in option_fields(cls)]
+            lines += _wrap_fields(fields)
+    return "\n".join(lines)
+
+
+def _wrap_fields(fields: list[str]) -> list[str]:
+    """``key=value, ...`` lines of at most WIDTH columns, never breaking inside a field."""
+    out: list[str] = []
+    for f in fields:
+        if out and len(out[-1]) + 2 + len(f) <= WIDTH:
+            out[-1] += f", {f}"
+        else:
+            if out:
+                out[-1] += ","
+            out.append(f"    {f}")
+    return out
+
+
+def _default_choices(conf: Path) -> dict[str, str]:
+    out = {}
+    for entry in OmegaConf.load(conf / "config.yaml").get("defaults", []):
+        if not isinstance(entry, str):
+            out.update({k: str(v) for k, v in entry.items() if k in GROUPS})
+    return out
+
+
+def _resolve_help() -> str:
+    from scalerl.config import conf_dir
+
+    # Hydra fills the help template with string.Template: a literal $ is written $$
+    return options_text(conf_dir()).replace("$", "$$")
+
+
+def register_help_resolver() -> None:
+    if not OmegaConf.has_resolver("scalerl_help"):
+        OmegaConf.register_new_resolver("scalerl_help", _resolve_help)
