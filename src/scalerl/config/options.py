@@ -40,8 +40,12 @@ GROUPS: tuple[str, ...] = (
     "launcher",
 )
 
-# modules whose import registers options (each registers its own on import)
-PROVIDERS: list[str] = [f"scalerl.config.groups.{g}" for g in GROUPS]
+# the module whose import registers each group's options (each registers its own on import); an
+# option that configures a component declared with it (an async mode) lives in that component's module
+PROVIDERS: dict[str, str] = {
+    **{g: f"scalerl.config.groups.{g}" for g in GROUPS},
+    "async_mode": "scalerl.loop.modes",
+}
 
 # Where the option schemas live in Hydra's ConfigStore: ``<SCHEMA_ROOT>/<group>/<name>``; each
 # option's YAML lists ``/<SCHEMA_ROOT>/<group>/<name>@_here_`` first in its defaults.
@@ -94,7 +98,7 @@ def make_option(group: str, name: str, fields=(), *, base: type = Option, doc: s
 
 
 def load_providers() -> None:
-    for mod in PROVIDERS:
+    for mod in PROVIDERS.values():
         importlib.import_module(mod)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from scalerl.config.groups._checks import at_least, in_unit, one_of, problems
+from scalerl.config.checks import at_least, in_unit, one_of, problems
 from scalerl.config.options import GROUPS, SCHEMA_ROOT, Option, options
 
 COMPUTE_AXES = ("flops", "device_hours")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalerl.config.groups._checks import in_unit, problems
+from scalerl.config.checks import in_unit, problems
 from scalerl.config.options import Option, register_option
 
 

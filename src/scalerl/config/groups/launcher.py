@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from scalerl.config.groups._checks import at_least, problems
+from scalerl.config.checks import at_least, problems
 from scalerl.config.options import Option, register_option
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from scalerl.config.groups._checks import at_least, in_unit, positive, problems
+from scalerl.config.checks import at_least, in_unit, positive, problems
 from scalerl.config.options import Option, register_option
 
 

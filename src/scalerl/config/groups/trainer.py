@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scalerl.config.groups._checks import at_least, one_of, positive, problems
+from scalerl.config.checks import at_least, one_of, positive, problems
 from scalerl.config.options import Option, register_option
 
 DEVICES = ("auto", "cpu", "cuda")
