@@ -125,9 +125,9 @@ class AsyncMode(abc.ABC):
 class PPOOffPolicy(AsyncMode):
     name = "ppo_off_policy"
 
-    def __init__(self, rollouts: Rollouts):
+    def __init__(self, rollouts: Rollouts, minibatches: int | None = None):
         super().__init__(rollouts)
-        self.minibatches = int(rollouts.cfg.async_mode.minibatches)
+        self.minibatches = int(rollouts.cfg.async_mode.minibatches if minibatches is None else minibatches)
         self.queue: list[list[list[Sample]]] = []  # generated, not yet trained on
 
     def next_groups(self) -> list[list[Sample]]:
@@ -156,8 +156,7 @@ class Sync(PPOOffPolicy):
     name = "sync"
 
     def __init__(self, rollouts: Rollouts):
-        super().__init__(rollouts)
-        self.minibatches = 1
+        super().__init__(rollouts, minibatches=1)
 
 
 class PipelineRL(AsyncMode):
