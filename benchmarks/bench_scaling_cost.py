@@ -149,7 +149,6 @@ def components(a) -> None:
     """Each speed-up switched off / on, on the same real batches, CPU seconds (one thread)."""
     import torch
 
-    import scalerl.generator.hf as hf
     from scalerl import algo
     from scalerl.config import compose
     from scalerl.generator import HFGenerator
@@ -195,17 +194,13 @@ def components(a) -> None:
                 out.append(groups)
             return out
 
-        def with_compaction(on):
-            hf._COMPACT_MIN_ROWS = 8 if on else 1 << 30
+        default_min_rows = gen.compact_min_rows
 
-        orig_cached = hf._CachedWeights.__init__
+        def with_compaction(on):
+            gen.compact_min_rows = default_min_rows if on else 1 << 30
 
         def with_cache(on):
-            def init(self, model):
-                orig_cached(self, model)
-                self.active = self.active and on
-
-            hf._CachedWeights.__init__ = init if not on else orig_cached
+            gen.cache_rounded_weights = on
 
         def off_on(component: str, switch, fn) -> None:
             """CPU seconds of ``fn(on)`` with the speed-up off, on, off, on (alternating, so drift

@@ -38,6 +38,18 @@ TINY = [
 ]
 
 
+# Tests that need a SLURM cluster, a browser or DeepSpeed are slow by nature; the others are marked
+# `slow` where they train a real model, start servers or processes (`pytest -m "not slow"`: the unit
+# tests, in about a minute).
+_SLOW_BY_NATURE = ("slurm", "browser", "deepspeed")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in _SLOW_BY_NATURE):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("scalerl-cache")

@@ -112,6 +112,11 @@ class HFGenerator(Generator):
         self.rng = torch.Generator(device=self.device)
         self.rng.manual_seed(seed)
         self.version = 0
+        # speed-ups, on by default (switches for benchmarks): finished rows leave the KV cache once
+        # they are half of it and it holds at least this many; emulated low-precision weights are
+        # rounded once per weight version
+        self.compact_min_rows = _COMPACT_MIN_ROWS
+        self.cache_rounded_weights = True
 
     # ------------------------------------------------------------------ Generator interface
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
@@ -156,7 +161,7 @@ class HFGenerator(Generator):
         was_training = self.model.training
         self.model.eval()
         try:
-            with _CachedWeights(self.model) as cached:
+            with _CachedWeights(self.model, enabled=self.cache_rounded_weights) as cached:
                 out = self._decode(prompt_ids, n, version, weight_update, on_step, cached)
         finally:
             self.model.train(was_training)
@@ -311,7 +316,7 @@ class HFGenerator(Generator):
             if n_active == 0:
                 break
             in_cache = B if rows is None else int(rows.numel())
-            if in_cache >= _COMPACT_MIN_ROWS and 2 * n_active <= in_cache:
+            if in_cache >= self.compact_min_rows and 2 * n_active <= in_cache:
                 keep = (~done).nonzero().squeeze(1)  # ascending row ids, a subset of `rows`
                 cache.batch_select_indices(keep if rows is None else torch.searchsorted(rows, keep))
                 rows = keep
@@ -365,11 +370,11 @@ class _CachedWeights:
     would round every weight again. Inside this context each rounded weight is computed once
     (``torch.nn.utils.parametrize.cached``); :meth:`refresh` drops them after the weights change."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, enabled: bool = True):
         from torch.nn.utils import parametrize
 
         self._parametrize = parametrize
-        self.active = any(parametrize.is_parametrized(m) for m in model.modules())
+        self.active = enabled and any(parametrize.is_parametrized(m) for m in model.modules())
         self._ctx = None
 
     def __enter__(self):
