@@ -106,3 +106,36 @@ def test_rng_states_round_trip_through_a_safe_checkpoint(tmp_path):
     torch.manual_seed(9)
     set_rng_state(ck.load()["rng"])
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
+
+
+@pytest.mark.slow
+def test_resuming_from_a_crafted_checkpoint_refuses_it_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import TINY
+
+    out = tmp_path / "run"
+    ck = Checkpointer(out)
+    ck.dir.mkdir(parents=True)
+    marker = tmp_path / "pwned"
+    torch.save({"step": 2, "evil": _Payload(str(marker))}, ck.path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parents[1] / "train.py"),
+            *TINY,
+            "model.warmstart_steps=0",
+            "async_mode=sync",
+            f"out_dir={out}",
+            f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "refused" in lines[0] and str(ck.path) in lines[0], r.stderr
+    assert not marker.exists()

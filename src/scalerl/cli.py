@@ -15,6 +15,7 @@ register_configs()
 @hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
     from scalerl.loop import RunError
+    from scalerl.storage import CheckpointError
     from scalerl.task import DataFileError
 
     try:
@@ -22,7 +23,7 @@ def _main(cfg: DictConfig) -> None:
         from scalerl.loop import train
 
         train(cfg)
-    except (ConfigError, DataFileError) as e:
+    except (ConfigError, DataFileError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except RunError as e:

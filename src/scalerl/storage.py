@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import zipfile
 from pathlib import Path
 
@@ -50,10 +51,11 @@ def load_safe(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        found = re.search(r"(?:Unsupported global|Unsupported operand)[^\n.]*", str(e))
+        what = f" ({found.group(0).strip()})" if found else ""
         raise UnsafeCheckpointError(
-            f"checkpoint {path} holds objects other than tensors and plain values, refused "
-            f"(loading it could run code): {first[:200]}"
+            f"checkpoint {path} holds objects other than tensors and plain values{what}: refused, since "
+            "loading it could run code"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from scalerl.sweep.plan import Plan
 from scalerl.sweep.spec import SweepError
+from scalerl.tracking.secrets import redact
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = "status.json"
@@ -84,7 +85,7 @@ def start_parent(plan: Plan) -> tuple[str, str]:
     spec = plan.spec
     parent = state.get("parent_run_id") if state.get("tracking_uri") == plan.tracking_uri else None
     launch_tags = [
-        RunTag("sweep.command_line", " ".join(plan.cli_overrides)[:5000]),
+        RunTag("sweep.command_line", redact(" ".join(plan.cli_overrides))[:5000]),
         RunTag("sweep.launcher", " ".join(plan.launcher_overrides) or "launcher=local"),
         RunTag("sweep.folder", str(plan.sweep_dir)),
     ]
@@ -109,12 +110,14 @@ def start_parent(plan: Plan) -> tuple[str, str]:
             "sweep.seeds": ",".join(map(str, spec.seeds)) if spec.seeds is not None else "config",
             "sweep.baseline": spec.baseline or "",
             "sweep.variants": ",".join(spec.variants),
+            # the command line's own overrides, applied to every run after the file's
+            "sweep.cli_overrides": " ".join(plan.cli_overrides) or "(none)",
         }
         for name, ovs in spec.variants.items():
             params[f"variant.{name}"] = " ".join(ovs) or "(no overrides)"
         client.log_batch(
             parent,
-            params=[Param(k[:250], v[:6000]) for k, v in params.items()],
+            params=[Param(k[:250], redact(v)[:6000]) for k, v in params.items()],
             tags=launch_tags,
         )
     state.update(

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from scalerl.tracking.secrets import redact
+
 log = logging.getLogger(__name__)
 SENTINEL = "progress/step"
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
@@ -31,6 +33,7 @@ MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its table-creation INFO lines
 
 
 def tracking_uri(cfg: DictConfig) -> str:
@@ -68,7 +71,7 @@ def run_params(cfg: DictConfig) -> dict[str, str]:
     container = OmegaConf.to_container(cfg, resolve=True)
     params = flatten(container)
     params.update(group_variants(cfg))
-    return {k[:250]: v[:6000] for k, v in params.items()}
+    return {k[:250]: redact(v)[:6000] for k, v in params.items()}
 
 
 class Tracker:
@@ -112,11 +115,11 @@ class Tracker:
         )
         self.run_id = run.info.run_id
         tmp = info.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run_id": self.run_id, "experiment_id": exp_id, "uri": self.uri}))
+        tmp.write_text(json.dumps({"run_id": self.run_id, "experiment_id": exp_id, "uri": redact(self.uri)}))
         os.replace(tmp, info)
         params = {**run_params(self.cfg), **extra_params}
         self._log_params(params)
-        self.log_artifact_text("config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+        self.log_artifact_text("config.yaml", redact(OmegaConf.to_yaml(self.cfg, resolve=True)))
         return self.run_id
 
     def _create_experiment(self, name: str) -> str:
