@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scalerl.tracking.secrets import redact, redact_tree
 
 
@@ -26,3 +28,36 @@ def test_nested_values_are_masked():
         "list": ["http://a:***@c"],
         "n": 3,
     }
+
+
+@pytest.mark.slow
+def test_a_password_in_the_tracking_uri_is_never_logged(tmp_path, monkeypatch):
+    """A real MLflow server (it ignores the credentials); params, the config artifact and
+    run_info.json hold the URI with its password masked. Environment secrets are not logged at all."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+    from mlflow_server import free_port, start_server, stop_server
+
+    from scalerl.config import compose
+    from scalerl.tracking import Tracker
+
+    monkeypatch.setenv("HF_TOKEN", "hf_FAKE_ENV_TOKEN_123")
+    port = free_port()
+    proc = start_server(tmp_path, port)
+    try:
+        uri = f"http://alice:s3cr3t-pw@127.0.0.1:{port}"
+        out = tmp_path / "run"
+        out.mkdir()
+        cfg = compose([f"tracking.uri={uri}", "tracking.experiment=secrets", f"out_dir={out}"])
+        tr = Tracker(cfg, out)
+        run_id = tr.start(None, {})
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        run = client.get_run(run_id)
+        logged = [json.dumps(run.data.params), json.dumps(run.data.tags), (out / "run_info.json").read_text()]
+        logged.append(open(client.download_artifacts(run_id, "config.yaml", str(tmp_path))).read())
+        for text in logged:
+            assert "s3cr3t-pw" not in text and "hf_FAKE_ENV_TOKEN_123" not in text
+        assert run.data.params["tracking.uri"] == f"http://alice:***@127.0.0.1:{port}"
+    finally:
+        stop_server(proc, graceful=False)
