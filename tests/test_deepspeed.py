@@ -546,3 +546,26 @@ def test_two_ranks_run_sigkill_resume(tiny_overrides, tmp_path):
     module = torch.load(engine / "mp_rank_00_model_states.pt", weights_only=False)["module"]
     policy = {k.removeprefix("policy."): v for k, v in module.items()}  # DeepSpeed wraps the policy
     assert digests == {_digest(policy)}  # and it is the digest of the weights DeepSpeed saved
+
+
+def test_one_process_listens_on_loopback_only(tmp_path):
+    """trainer=deepspeed without a launcher: the rendezvous goes through a file (torch's TCP store
+    would listen on every interface) and gloo's own connections stay on loopback."""
+    code = textwrap.dedent(
+        """
+        import json, os, torch
+        from procs import listening_addresses
+        from scalerl.trainer.deepspeed_engine import init_distributed
+        init_distributed(torch.device("cpu"))
+        print(json.dumps(listening_addresses(os.getpid())))
+        """
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "ext")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    addrs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert addrs and all(a == "127.0.0.1" for a, _ in addrs), addrs

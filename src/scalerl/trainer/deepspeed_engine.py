@@ -16,6 +16,7 @@ Extra DeepSpeed settings can be merged into the generated config from the enviro
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -23,6 +24,7 @@ import math
 import os
 import shutil
 import socket
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -75,9 +77,12 @@ def import_deepspeed(device: torch.device):
 
 
 def init_distributed(device: torch.device) -> None:
-    """Initialise torch.distributed for DeepSpeed (single process: without a launcher)."""
+    """Initialise torch.distributed for DeepSpeed. A single process (no launcher) rendezvouses
+    through a file, so it opens no listening socket; under a launcher the launcher's rendezvous is
+    used."""
     deepspeed = import_deepspeed(device)
-    if "RANK" not in os.environ:
+    single = "RANK" not in os.environ
+    if single:
         os.environ.update(
             {
                 "MASTER_ADDR": "127.0.0.1",
@@ -94,8 +99,15 @@ def init_distributed(device: torch.device) -> None:
         "ignore",
         message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
     )
-    if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl")
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    if single and not dist.is_initialized():
+        if backend == "gloo":  # gloo's own connections: on loopback
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        folder = tempfile.mkdtemp(prefix="scalerl-rdzv-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=0, world_size=1)
+    if not dist.is_initialized() or not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend)
 
 
 def _deep_update(base: dict, extra: dict) -> dict:
