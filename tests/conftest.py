@@ -38,15 +38,19 @@ TINY = [
 ]
 
 
-# Tests that need a SLURM cluster, a browser or DeepSpeed are slow by nature; the others are marked
-# `slow` where they train a real model, start servers or processes (`pytest -m "not slow"`: the unit
-# tests, in about a minute).
-_SLOW_BY_NATURE = ("slurm", "browser", "deepspeed")
+# `pytest -m "not slow"` runs the unit tests in about a minute. Slow: tests that need a SLURM cluster,
+# a browser or DeepSpeed; tests that train the embedded model (the fixtures below); and tests marked
+# `slow` themselves (they start train.py, sweep.py or a server).
+_SLOW_MARKERS = ("slurm", "browser", "deepspeed")
+_SLOW_FIXTURES = ("tiny_overrides", "tiny_sweep")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if any(item.get_closest_marker(m) for m in _SLOW_BY_NATURE):
+        fixtures = getattr(item, "fixturenames", ())
+        if any(item.get_closest_marker(m) for m in _SLOW_MARKERS) or any(
+            f in fixtures for f in _SLOW_FIXTURES
+        ):
             item.add_marker(pytest.mark.slow)
 
 

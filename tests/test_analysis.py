@@ -88,6 +88,7 @@ def _table(stdout: str) -> list[dict]:
     return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
 
 
+@pytest.mark.slow
 def test_cli_compare(store):
     out = store["tmp"] / "out"
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}

@@ -129,6 +129,7 @@ def test_variant_params_name_the_fields_that_differ_from_the_option_yaml():
     assert v["length_control"] == "interruption(phrase='ok, stop</think>')"
 
 
+@pytest.mark.slow
 def test_cfg_job_prints_each_group_under_its_name(tmp_path):
     r = train_py("--cfg", "job", "loss=cispo", "precision=fp32_head", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -138,6 +139,7 @@ def test_cfg_job_prints_each_group_under_its_name(tmp_path):
     assert list(tmp_path.iterdir()) == []  # printing the recipe writes nothing
 
 
+@pytest.mark.slow
 def test_help_lists_groups_options_and_their_fields(tmp_path):
     r = train_py("--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -152,6 +154,7 @@ def test_help_lists_groups_options_and_their_fields(tmp_path):
     assert "    eps_max=5.0" in r.stdout  # a loss's values come from its YAML
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,expected",
     [
@@ -193,6 +196,7 @@ def test_a_key_of_another_option_is_an_error(overrides, key):
         compose(overrides)
 
 
+@pytest.mark.slow
 def test_appended_unknown_key_is_a_one_line_error(tmp_path):
     with pytest.raises(
         ConfigError, match=r"unknown key trainer\.lrr=1 \(keys of trainer=torch: total_steps, "
@@ -246,6 +250,7 @@ def test_bad_value_gives_one_line_error(overrides, key, allowed):
     assert key in msg and allowed in msg and "\n" not in msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides,key,allowed", BAD_VALUES[:5])
 def test_bad_value_cli_exits_before_building_anything(overrides, key, allowed, tmp_path):
     r = train_py(*overrides.split(), f"out_dir={tmp_path / 'run'}", cwd=tmp_path)

@@ -181,6 +181,7 @@ def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
     assert 0 < busy["perf/generator_busy"] <= 1 and 0 < busy["perf/trainer_busy"] <= 1
 
 
+@pytest.mark.slow
 def test_generator_process_is_forked_with_its_imports_done():
     """pipeline_rl's generator process comes from a fork server that imported torch, transformers
     and scalerl while the trainer was still building (a spawned process would import them anew)."""
@@ -348,6 +349,7 @@ def test_a_generator_that_ignores_new_weights_stops_the_run(tiny_overrides, monk
 
 
 # ---------------------------------------------------------------------- reliability
+@pytest.mark.slow
 def test_resume_after_sigkill_continues_the_same_run_without_gaps(tmp_path, mlflow_uri):
     out = tmp_path / "run"
     args = [
@@ -398,6 +400,7 @@ def test_resume_after_sigkill_continues_the_same_run_without_gaps(tmp_path, mlfl
     assert c.get_run(run_id).info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_sigkilled_pipeline_run_leaves_no_process_behind(tmp_path, mlflow_uri):
     """`kill -9` of a pipeline_rl run's own process (not its group): the generator process, the
     fork server and multiprocessing's helpers all end by themselves."""
@@ -493,6 +496,7 @@ def test_verifier_timeout_scores_zero():
     assert (r, err) == (0.0, "timeout") and time.time() - t0 < 2
 
 
+@pytest.mark.slow
 def test_malformed_data_file_is_one_line_error(tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": 3}\n')

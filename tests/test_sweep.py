@@ -110,6 +110,7 @@ def test_cli_override_replaces_the_variants_value(tmp_path):
     assert plan.runs[0].out_dir == str(tmp_path / "out" / "a") and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_loo_dry_run_through_sweep_py(tmp_path):
     """`python sweep.py --loo --dry-run`: the baseline and 8 variants each reverting one component."""
     res = run_cli(["--loo", "--dry-run"], cwd=tmp_path, timeout=120)
@@ -194,6 +195,7 @@ def test_bad_command_line_override(tmp_path, monkeypatch, capsys):
     assert listing(tmp_path) == ["s.yaml"]
 
 
+@pytest.mark.slow
 def test_runtime_failure_is_not_a_plan_error(tmp_path):
     """The failing variant of the real sweep below passes validation: it fails only in its job."""
     write_sweep(tmp_path / "s.yaml", {"broken": BROKEN}, name="s")
@@ -427,6 +429,7 @@ COMPARED = (
 )
 
 
+@pytest.mark.slow
 def test_sweep_report_and_analysis_cli_give_the_same_table(synthetic_sweep, capsys):
     """The same runs through `python sweep.py --report` and `python -m scalerl.analysis compare`
     (no --baseline: it takes the baseline the sweep declared): the same fits, and the same delta A

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_server import free_port, start_server, stop_server
 
@@ -15,6 +16,7 @@ def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
+@pytest.mark.slow
 def test_server_that_goes_away_loses_no_metrics(tmp_path):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
