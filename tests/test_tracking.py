@@ -70,3 +70,30 @@ def test_resume_rewrites_only_what_the_store_lacks(tmp_path):
     client = MlflowClient(uri)
     assert steps(client, run_id, "train/reward") == [0, 1, 2, 3]
     assert len(client.search_runs([client.get_experiment_by_name("crash").experiment_id])) == 1
+
+
+def test_resume_from_an_older_checkpoint_logs_the_redone_steps_once(tmp_path):
+    """The latest checkpoint was corrupt, so the run resumes from the one before it: the steps it
+    redoes are already in MLflow and are not written again."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    cfg = compose([f"tracking.uri={uri}", "tracking.experiment=older", f"out_dir={tmp_path / 'run'}"])
+    (tmp_path / "run").mkdir()
+    tr = Tracker(cfg, tmp_path / "run")
+    run_id = tr.start(None, {})
+    for s in range(6):
+        tr.log(s, {"train/reward": float(s)})
+        tr.log_step_done(s)
+        if s == 2:
+            older = tr.pending_state()  # what the checkpoint at step 2 held (nothing flushed yet)
+            assert tr.flush()
+    assert tr.flush()  # the checkpoint at step 5 flushed steps 3-5, then it was lost
+    again = Tracker(cfg, tmp_path / "run")
+    assert again.start(None, {}) == run_id
+    again.restore_pending(older)
+    for s in range(3, 8):  # redone from step 3, then new steps
+        again.log(s, {"train/reward": float(s)})
+        again.log_step_done(s)
+    assert again.flush()
+    client = MlflowClient(uri)
+    assert steps(client, run_id, "train/reward") == list(range(8))
+    assert steps(client, run_id, SENTINEL) == list(range(8))

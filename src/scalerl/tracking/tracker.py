@@ -82,6 +82,9 @@ class Tracker:
         self.out_dir = Path(out_dir)
         self.enabled = enabled
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, step, timestamp ms)
+        # after a resume: the last step MLflow already holds; a run resumed from an older checkpoint
+        # (the latest was corrupt) redoes those steps without logging them twice
+        self.logged_through = -1
         self.run_id: str | None = None
         self.uri = tracking_uri(cfg)
         self.client = MlflowClient(tracking_uri=self.uri) if enabled else None
@@ -151,6 +154,8 @@ class Tracker:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:  # ranks other than 0 log nothing
             return
+        if step <= self.logged_through:
+            return
         ts = int(time.time() * 1000)
         for k, v in metrics.items():
             if v is None:
@@ -167,6 +172,7 @@ class Tracker:
     def restore_pending(self, pending: list) -> None:
         """After a resume: keep only buffered entries MLflow does not have yet."""
         last = self.last_logged_step()
+        self.logged_through = last
         self.pending = [tuple(p) for p in pending if p[2] > last]
 
     def last_logged_step(self) -> int:
