@@ -12,6 +12,8 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from scalerl.generator.sample import Sample
 from scalerl.model.weights import PolicyWeights
 
@@ -40,14 +42,18 @@ class Generator(abc.ABC):
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
         """Generate from ``weights`` from now on, as policy ``version`` (sets :attr:`version`)."""
 
-    @abc.abstractmethod
-    def rng_state(self) -> Any:
+    # the sampling stream; a generator whose sampling draws from elsewhere overrides the three
+    # methods below
+    rng: torch.Generator
+
+    def rng_state(self) -> torch.Tensor:
         """The sampling stream's state (saved in checkpoints)."""
+        return self.rng.get_state()
 
-    @abc.abstractmethod
-    def set_rng_state(self, state: Any) -> None:
+    def set_rng_state(self, state: torch.Tensor) -> None:
         """Restore a state from :meth:`rng_state`."""
+        self.rng.set_state(state)
 
-    @abc.abstractmethod
     def manual_seed(self, seed: int) -> None:
         """Restart the sampling stream from ``seed``."""
+        self.rng.manual_seed(seed)

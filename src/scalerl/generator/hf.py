@@ -126,15 +126,6 @@ class HFGenerator(Generator):
                 self.model.load_state_dict(tensors, strict=True)
         self.version = int(version)
 
-    def rng_state(self) -> torch.Tensor:
-        return self.rng.get_state()
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        self.rng.set_state(state)
-
-    def manual_seed(self, seed: int) -> None:
-        self.rng.manual_seed(seed)
-
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
     def generate(

@@ -102,15 +102,6 @@ class VLLMGenerator(Generator):
         )
         self.version = int(version)
 
-    def rng_state(self) -> torch.Tensor:
-        return self.rng.get_state()
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        self.rng.set_state(state)
-
-    def manual_seed(self, seed: int) -> None:
-        self.rng.manual_seed(seed)
-
     # ------------------------------------------------------------------ generation
     def _think_tokens(self, ids: list[int]) -> int:
         """Sampled tokens before ``</think>`` (all but a final eos when there is none)."""
