@@ -111,12 +111,12 @@ def addition_prompt_chars(task) -> int:
 def _relations(cfg: DictConfig) -> None:
     """Checks across groups that the config alone decides."""
     task, model, eval_ = cfg.task, cfg.model, cfg.eval
-    if task.name == "addition":
+    if "num_val" in task:  # the most validation prompts the task has (a data file may have fewer)
         _check(
             eval_.num_prompts <= task.num_val,
             "eval.num_prompts",
             eval_.num_prompts,
-            f"<= task.num_val ({task.num_val}): the validation prompts task=addition has",
+            f"<= task.num_val ({task.num_val}): the validation prompts task={task.name} has at most",
         )
     if model.name == "tiny" and task.name == "addition":
         need = addition_prompt_chars(task) + int(cfg.length_control.max_new_tokens)
