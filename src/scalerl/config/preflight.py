@@ -31,6 +31,9 @@ WEIGHT_FILES = (
 )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
 class PathError(ConfigError):
     """A config value naming a folder, file or server that is missing or unusable; one line."""
 
@@ -128,6 +131,10 @@ def check_model_folder(name: str, key: str = "model.name_or_path") -> dict | Non
     weights = [f for f in WEIGHT_FILES if (p / f).is_file()]
     if not weights:
         raise PathError(key, name, f"no weights in the folder (expected one of {', '.join(WEIGHT_FILES)})")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise PathError(
+            key, name, f"no tokenizer in the folder (expected one of {', '.join(TOKENIZER_FILES)})"
+        )
     if weights[0] == "model.safetensors":
         from safetensors import safe_open
 

@@ -174,6 +174,10 @@ def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
         model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float32)
     except Exception as e:
         raise PathError("model.name_or_path", name, f"cannot load the model ({_first_line(e)})") from None
+    n_embed = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) < 3 or len(tokenizer) > n_embed:
+        problem = f"its tokenizer has {len(tokenizer)} tokens and the model {n_embed} embeddings"
+        raise PathError("model.name_or_path", name, problem + " (a tokenizer of the model is needed)")
     return model, tokenizer, {"source": name}
 
 

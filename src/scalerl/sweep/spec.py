@@ -118,7 +118,7 @@ def parse_spec(data, path: str) -> SweepSpec:
             raise SweepError(f"{path}: seeds has duplicates: {seeds}")
 
     raw = data.get("variants")
-    if raw is None:
+    if "variants" not in data:
         raise SweepError(f"{path}: no 'variants' (a mapping of variant name -> list of overrides)")
     if not isinstance(raw, dict) or not raw:
         raise SweepError(
