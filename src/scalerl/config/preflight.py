@@ -95,6 +95,8 @@ def check_tracking_uri(uri: str, key: str = "tracking.uri") -> None:
             folder = Path(path).expanduser().absolute().parent
             if folder.exists() and not folder.is_dir():
                 raise PathError(key, shown, f"{folder} is a file, not a folder")
+            if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+                raise PathError(key, shown, f"the folder {folder} is not writable by this user")
     elif scheme in ("", "file"):
         folder = Path(parsed.path if scheme == "file" else uri).expanduser()
         if folder.exists() and not folder.is_dir():
