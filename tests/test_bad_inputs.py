@@ -496,6 +496,12 @@ def test_analysis_bad_or_unreachable_store(capsys, uri, expect):
     assert expect in err and time.perf_counter() - t0 < 10
 
 
+def test_analysis_does_not_create_a_mistyped_store(capsys, tmp_path):
+    db = tmp_path / "typo.db"
+    err = analysis_error(["fit", "--tracking-uri", f"sqlite:///{db}"], capsys)
+    assert "no such tracking store" in err and not db.exists()
+
+
 @pytest.mark.parametrize(
     "args,expect",
     [

@@ -37,6 +37,16 @@ def check_uri(uri: str) -> None:
         check_tracking_uri(uri, key="--tracking-uri")
     except PathError as e:
         raise AnalysisError(str(e)) from None
+    # reading must not create a store: a mistyped sqlite or folder path is an error, not an empty store
+    local = None
+    if uri.startswith("sqlite:///"):
+        local = uri[len("sqlite:///") :]
+    elif uri.startswith("file://"):
+        local = uri[len("file://") :]
+    elif "://" not in uri:
+        local = uri
+    if local and local != ":memory:" and not Path(local).expanduser().exists():
+        raise AnalysisError(f"--tracking-uri={uri!r}: no such tracking store ({local} does not exist)")
 
 
 def _get_run(client, run_id: str):
