@@ -367,6 +367,16 @@ def test_more_eval_prompts_than_the_data_file_validates(tmp_path, store):
     checked([*base, "eval.num_prompts=2"])
 
 
+def test_prompts_too_long_for_the_tiny_models_positions(tmp_path, store):
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": "x" * (100 if i == 7 else 5), "answer": "1"} for i in range(40)]
+    path.write_text(_lines(*rows))
+    base = ["task=jsonl", f"task.path={path}", "eval.num_prompts=2", f"out_dir={tmp_path / 'run'}", *store]
+    msg = env_error([*base, "length_control=none"])  # 100 + 64 > 128
+    assert "length_control.max_new_tokens=64" in msg and "(128 - 100 characters" in msg
+    checked([*base, "length_control=none", "length_control.max_new_tokens=28"])
+
+
 # ------------------------------------------------------------------------------------ sweep files
 
 

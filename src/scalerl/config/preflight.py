@@ -165,7 +165,20 @@ def check_task(cfg: DictConfig) -> int:
     built) and check ``eval.num_prompts`` against its validation prompts; returns their number."""
     from scalerl.task import build_task
 
-    n_val = len(build_task(cfg).val_prompts()) if cfg.task.name != "addition" else int(cfg.task.num_val)
+    if cfg.task.name == "addition":  # decided by the config alone (validate)
+        return int(cfg.task.num_val)
+    task = build_task(cfg)
+    n_val = len(task.val_prompts())
+    if cfg.model.name == "tiny":  # the character tokenizer: one position per character
+        longest = max(len(p.text) for p in [*task.train_prompts(), *task.val_prompts()])
+        new, positions = int(cfg.length_control.max_new_tokens), int(cfg.model.max_position_embeddings)
+        if longest + new > positions:
+            raise ConfigError(
+                "length_control.max_new_tokens",
+                new,
+                f"<= model.max_position_embeddings - the longest prompt ({positions} - {longest} characters"
+                f" in {cfg.task.path if 'path' in cfg.task else cfg.task.name})",
+            )
     if cfg.eval.num_prompts > n_val:
         where = f" in {cfg.task.path}" if "path" in cfg.task else ""
         raise ConfigError(

@@ -3,8 +3,10 @@
 Hydra and the option schemas reject unknown groups and options, keys an option does not declare
 and wrongly typed values. :func:`validate` checks what composition cannot: keys added with ``+``,
 required values left unset (``model=hf`` without ``model.name_or_path``), each option's own value
-checks (its dataclass's ``check``), the run-wide sections, and the relations between groups. It
-raises :class:`ConfigError` with one line naming the key, the value and what is allowed.
+checks (its dataclass's ``check``), non-finite numbers anywhere, the run-wide sections, and the
+relations between groups. It raises :class:`ConfigError` with one line naming the key, the value and
+what is allowed. What the config points at (folders, files, servers) is checked by
+:func:`scalerl.config.preflight.preflight`.
 """
 
 from __future__ import annotations
