@@ -344,6 +344,12 @@ def test_a_huge_line_is_refused_without_reading_it_whole(tmp_path):
     assert f"line 2: longer than {MAX_LINE_BYTES} bytes" in one_line(str(e.value))
 
 
+def test_a_utf8_bom_is_not_an_error(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + _lines(GOOD, GOOD, GOOD).encode())
+    assert len(JsonlTask(str(path)).train_prompts()) == 2
+
+
 def test_a_folder_as_data_file(tmp_path):
     with pytest.raises(DataFileError, match="is a folder"):
         JsonlTask(str(tmp_path))

@@ -39,7 +39,7 @@ def read_examples(path: str) -> list[tuple[str, str]]:
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 raise _line_error(path, lineno, f"longer than {MAX_LINE_BYTES} bytes (one example per line)")
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a leading BOM is fine
             except UnicodeDecodeError as e:
                 raise _line_error(
                     path, lineno, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"
