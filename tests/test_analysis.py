@@ -290,5 +290,13 @@ def test_cli_never_chooses_an_unfittable_baseline(store, capsys):
     for name in ("x", "y"):
         _log_run(client, eid, name, [0, 10], [0.0, 1e17], [0.15, 0.2], {"loss": name})
     rc, cap, rows = _fit_cli(store, capsys, "unfittable")
+    assert rc == 2 and cap.err.count("\n") == 1  # fewer than 3 evaluations each: one line, no report
+    assert cap.err.startswith("error: too few points to fit in experiment 'unfittable'")
+    assert not (store["tmp"] / "out-unfittable").exists()
+    # three evaluations each, two of them below --min-compute-frac of the budget: fitted, none fits
+    eid = client.create_experiment("excluded", artifact_location=str(store["tmp"] / "excluded"))
+    for name in ("x", "y"):
+        _log_run(client, eid, name, [0, 10, 20], [0.0, 1e15, 1e17], [0.15, 0.17, 0.2], {"loss": name})
+    rc, cap, rows = _fit_cli(store, capsys, "excluded")
     assert rc == 0 and "no baseline: no run could be fitted" in cap.err
     assert not any(r["baseline"] == "True" for r in rows.values())

@@ -55,7 +55,11 @@ def test_paper_hyperparameters_in_option_files():
     assert compose(["precision=bf16"]).precision.head == "bf16"
     lp = compose(["length_control=length_penalty"]).length_control
     assert lp.l_max > lp.l_cache > 0
-    paper = compose(["+experiment=paper_scale", "trainer.device=cpu"])
+    # as its header says: with a real model and data (the embedded task has 128 prompts of 10 characters)
+    paper = compose(
+        ["+experiment=paper_scale", "trainer.device=cpu", "model=hf", "task=jsonl"]
+        + [*REQUIRED["model=hf"], *REQUIRED["task=jsonl"]]
+    )
     assert paper.trainer.batch_size == 768 and paper.trainer.generations_per_prompt == 16
     assert paper.length_control.think_budget_min == 10240 and paper.length_control.answer_budget == 2048
 

@@ -12,13 +12,14 @@ The same report as ``python sweep.py`` writes for a sweep (both call scalerl.ana
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
 from scalerl.analysis.experiment import MARGIN_A, baseline_argument, rows_to_markdown
-from scalerl.analysis.mlflow_io import AnalysisError, load_runs, make_client, resolve_tracking_uri
+from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
 from scalerl.analysis.reporting import FitOptions, report, safe_name
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS
 
@@ -81,13 +82,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+MIN_POINTS = 3  # a sigmoid fit has three free parameters
+
+
+def _bad_argument(args) -> str | None:
+    """One line for a numeric option out of its range (argparse checks only the types)."""
+    finite = all(math.isfinite(v) for v in (args.min_compute_frac, args.level, args.extrapolate, args.margin))
+    if not finite:
+        return "--min-compute-frac, --level, --extrapolate and --margin must be finite numbers"
+    if not 0 <= args.min_compute_frac < 1:
+        return f"--min-compute-frac={args.min_compute_frac}: must be in [0, 1)"
+    if not 0 < args.level < 1:
+        return f"--level={args.level}: must be in (0, 1)"
+    if args.bootstrap < 0:
+        return f"--bootstrap={args.bootstrap}: must be >= 0 (0 = no intervals)"
+    if args.extrapolate < 1:
+        return f"--extrapolate={args.extrapolate}: must be >= 1"
+    if args.margin < 0:
+        return f"--margin={args.margin}: must be >= 0"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    bad = _bad_argument(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     uri = resolve_tracking_uri(args.tracking_uri)
-    client = make_client(uri)
     run_ids = [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs else None
     try:
+        check_uri(uri)
+        client = make_client(uri)
         runs = load_runs(client, args.experiment, run_ids, include_running=args.include_running)
     except AnalysisError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -100,6 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     where = f"runs {','.join(run_ids)}" if run_ids else f"experiment {args.experiment!r}"
+    if all(r.steps.size < MIN_POINTS for r in runs):
+        counts = ", ".join(f"{r.run_name}: {r.steps.size}" for r in runs[:5]) + (
+            ", ..." if len(runs) > 5 else ""
+        )
+        print(
+            f"error: too few points to fit in {where}: every run has fewer than {MIN_POINTS} evaluations "
+            f"with compute ({counts}); a fit needs at least {MIN_POINTS}",
+            file=sys.stderr,
+        )
+        return 2
     out = Path(args.out) if args.out else Path("outputs") / "analysis" / safe_name(args.experiment)
     baseline, given_by = baseline_argument(client, runs, args.baseline)
     options = FitOptions(

@@ -29,6 +29,41 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
+def check_uri(uri: str) -> None:
+    """:class:`AnalysisError` (one line) for a malformed tracking URI or a server that does not answer."""
+    from scalerl.config.preflight import PathError, check_tracking_uri
+
+    try:
+        check_tracking_uri(uri, key="--tracking-uri")
+    except PathError as e:
+        raise AnalysisError(str(e)) from None
+    # reading must not create a store: a mistyped sqlite or folder path is an error, not an empty store
+    local = None
+    if uri.startswith("sqlite:///"):
+        local = uri[len("sqlite:///") :]
+    elif uri.startswith("file://"):
+        local = uri[len("file://") :]
+    elif "://" not in uri:
+        local = uri
+    if local and local != ":memory:" and not Path(local).expanduser().exists():
+        raise AnalysisError(f"--tracking-uri={uri!r}: no such tracking store ({local} does not exist)")
+
+
+def _get_run(client, run_id: str):
+    from mlflow.exceptions import MlflowException
+
+    from scalerl.tracking.secrets import redact
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as e:
+        if "not found" in str(e).lower() or "RESOURCE_DOES_NOT_EXIST" in str(getattr(e, "error_code", "")):
+            raise AnalysisError(
+                f"no MLflow run with id {run_id!r} at {redact(client.tracking_uri)}"
+            ) from None
+        raise AnalysisError(f"run {run_id!r}: {str(e).strip().splitlines()[0]}") from None
+
+
 def make_client(uri: str | None = None):
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow.tracking import MlflowClient
@@ -113,7 +148,7 @@ def load_runs(
     """Runs of ``experiment`` (by name) that logged ``reward_key`` (finished ones, plus running
     ones with ``include_running``), or exactly the given ``run_ids`` (any status)."""
     if run_ids:
-        runs = [client.get_run(r) for r in run_ids]
+        runs = [_get_run(client, r) for r in run_ids]
     else:
         if not experiment:
             raise AnalysisError("give an experiment name or run ids")

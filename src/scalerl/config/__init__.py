@@ -48,6 +48,13 @@ def compose(overrides: list[str] | None = None, *, check: bool = True) -> DictCo
     return cfg
 
 
+def preflight(cfg: DictConfig) -> None:
+    """Checks on the folders, files and servers ``cfg`` points at (:mod:`scalerl.config.preflight`)."""
+    from scalerl.config.preflight import preflight as _preflight
+
+    _preflight(cfg)
+
+
 __all__ = [
     "GROUPS",
     "Config",
@@ -58,6 +65,7 @@ __all__ = [
     "option_class",
     "option_of",
     "options",
+    "preflight",
     "register_configs",
     "register_option",
     "validate",

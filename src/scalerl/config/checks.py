@@ -37,6 +37,30 @@ def in_unit(key: str, value: object, *, low_open: bool = False, high_open: bool 
     return None
 
 
+def non_finite(value: object, key: str = ""):
+    """The first float inside ``value`` (a dataclass, mapping, list or number) that is inf or nan, as
+    (key, value, allowed), else None. Every number a config sets must be finite."""
+    import dataclasses
+
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (key, value, "a finite number")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        if any(non_finite(v) is not None for v in value):
+            return key, list(value), "finite numbers"
+        return None
+    else:
+        return None
+    for k, v in items:
+        r = non_finite(v, f"{key}.{k}" if key else str(k))
+        if r is not None:
+            return r
+    return None
+
+
 def problems(*results) -> Iterable[tuple[str, object, str]]:
     """The non-None results, in order."""
     return [r for r in results if r is not None]

@@ -86,7 +86,9 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
 
     msg = str(exc)
     first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
-    if isinstance(exc, ConfigError):
+    from scalerl.task import DataFileError
+
+    if isinstance(exc, (ConfigError, DataFileError)):
         return msg
     if isinstance(exc, MissingConfigException):
         m = re.search(r"Could not (?:find|load) '([^'/]+)/([^']+)'", msg)

@@ -3,8 +3,10 @@
 Hydra and the option schemas reject unknown groups and options, keys an option does not declare
 and wrongly typed values. :func:`validate` checks what composition cannot: keys added with ``+``,
 required values left unset (``model=hf`` without ``model.name_or_path``), each option's own value
-checks (its dataclass's ``check``), the run-wide sections, and the relations between groups. It
-raises :class:`ConfigError` with one line naming the key, the value and what is allowed.
+checks (its dataclass's ``check``), non-finite numbers anywhere, the run-wide sections, and the
+relations between groups. It raises :class:`ConfigError` with one line naming the key, the value and
+what is allowed. What the config points at (folders, files, servers) is checked by
+:func:`scalerl.config.preflight.preflight`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 
 from omegaconf import DictConfig, OmegaConf
 
+from scalerl.config.checks import non_finite
 from scalerl.config.options import GROUPS, options
 from scalerl.config.schema import PROGRESS, SECTIONS
 
@@ -66,6 +69,9 @@ def _missing(node: DictConfig, path: str) -> None:
 
 
 def _problems(obj, path: str) -> None:
+    bad = non_finite(obj)
+    if bad is not None:
+        raise ConfigError(f"{path}.{bad[0]}", bad[1], bad[2])
     for key, value, allowed in obj.check():
         raise ConfigError(f"{path}.{key}", value, allowed)
 
@@ -95,6 +101,35 @@ def validate(cfg: DictConfig) -> None:
     _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
     _check(cfg.progress in PROGRESS, "progress", cfg.progress, "one of " + ", ".join(PROGRESS))
     _check(bool(str(cfg.out_dir).strip()), "out_dir", cfg.out_dir, "a folder path")
+    _relations(cfg)
+
+
+def addition_prompt_chars(task) -> int:
+    """Characters in the longest prompt of ``task=addition`` (``a+b=``, both zero-padded)."""
+    width = max(int(task.max_digits), int(task.warmstart_max_digits))
+    return 2 * width + 2
+
+
+def _relations(cfg: DictConfig) -> None:
+    """Checks across groups that the config alone decides."""
+    task, model, eval_ = cfg.task, cfg.model, cfg.eval
+    if "num_val" in task:  # the most validation prompts the task has (a data file may have fewer)
+        _check(
+            eval_.num_prompts <= task.num_val,
+            "eval.num_prompts",
+            eval_.num_prompts,
+            f"<= task.num_val ({task.num_val}): the validation prompts task={task.name} has at most",
+        )
+    if model.name == "tiny" and task.name == "addition":
+        need = addition_prompt_chars(task) + int(cfg.length_control.max_new_tokens)
+        _check(
+            need <= model.max_position_embeddings,
+            "length_control.max_new_tokens",
+            cfg.length_control.max_new_tokens,
+            f"<= model.max_position_embeddings - prompt length "
+            f"({model.max_position_embeddings} - {addition_prompt_chars(task)} = "
+            f"{model.max_position_embeddings - addition_prompt_chars(task)})",
+        )
 
 
 __all__ = ["ConfigError", "UnknownKeyError", "option_of", "validate"]

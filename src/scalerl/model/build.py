@@ -159,12 +159,31 @@ def load_policy(cfg, task) -> tuple[PreTrainedModel, object, dict]:
 
 def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     """``model=hf``: model and tokenizer ``from_pretrained(model.name_or_path)``."""
+    from scalerl.config.preflight import PathError, check_model_folder
+
     mcfg = cfg.model
-    tokenizer = AutoTokenizer.from_pretrained(mcfg.name_or_path)
+    name = str(mcfg.name_or_path)
+    check_model_folder(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except Exception as e:  # transformers raises OSError, ValueError, JSON and tokenizers errors
+        raise PathError("model.name_or_path", name, f"cannot load its tokenizer ({_first_line(e)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(mcfg.name_or_path, torch_dtype=torch.float32)
-    return model, tokenizer, {"source": mcfg.name_or_path}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float32)
+    except Exception as e:
+        raise PathError("model.name_or_path", name, f"cannot load the model ({_first_line(e)})") from None
+    n_embed = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) < 3 or len(tokenizer) > n_embed:
+        problem = f"its tokenizer has {len(tokenizer)} tokens and the model {n_embed} embeddings"
+        raise PathError("model.name_or_path", name, problem + " (a tokenizer of the model is needed)")
+    return model, tokenizer, {"source": name}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
 def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:

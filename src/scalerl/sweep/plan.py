@@ -133,6 +133,17 @@ def build_config(overrides: list[str], settings: dict, seed: int | None = None) 
     return cfg
 
 
+def _check_places(uri: str, sweep_dir: Path) -> None:
+    """The tracking store answers and the sweep folder can be written, before any run is planned."""
+    from scalerl.config.preflight import PathError, check_out_dir, check_tracking_uri
+
+    try:
+        check_tracking_uri(uri, key="tracking URI")
+        check_out_dir(str(sweep_dir), key="sweep folder (--out)")
+    except PathError as e:
+        raise SweepError(str(e)) from None
+
+
 def _compose_or_raise(
     overrides: list[str], where: str, settings: dict | None = None, seed=None
 ) -> DictConfig:
@@ -216,6 +227,7 @@ def make_plan(
     uri = absolute_uri(tracking_uri or cli_uri or base_uri or stored_uri or default_tracking_uri())
     sdir = Path(sweep_dir) if sweep_dir else Path("outputs") / "sweeps" / spec.name
     sdir = sdir.resolve()
+    _check_places(uri, sdir)
 
     runs: list[PlannedRun] = []
     seeds = spec.seeds

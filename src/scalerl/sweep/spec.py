@@ -87,6 +87,8 @@ def _yaml_scalar(v) -> str:
 
 def parse_spec(data, path: str) -> SweepSpec:
     """Check the shape of a loaded sweep file and build the spec."""
+    if data is None:
+        raise SweepError(f"{path}: empty sweep file (expected a mapping with keys {', '.join(ALLOWED_KEYS)})")
     if not isinstance(data, dict):
         raise SweepError(
             f"{path}: expected a mapping with keys {', '.join(ALLOWED_KEYS)}, got {type(data).__name__}"
@@ -116,6 +118,8 @@ def parse_spec(data, path: str) -> SweepSpec:
             raise SweepError(f"{path}: seeds has duplicates: {seeds}")
 
     raw = data.get("variants")
+    if "variants" not in data:
+        raise SweepError(f"{path}: no 'variants' (a mapping of variant name -> list of overrides)")
     if not isinstance(raw, dict) or not raw:
         raise SweepError(
             f"{path}: 'variants' must be a non-empty mapping of variant name -> list of overrides"
@@ -146,6 +150,38 @@ def parse_spec(data, path: str) -> SweepSpec:
     )
 
 
+def _unique_key_loader():
+    """A safe YAML loader that refuses a mapping with the same key twice (plain YAML keeps the last)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"unhashable key {key!r}", key_node.start_mark
+                ) from None
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    f"in the mapping at line {node.start_mark.line + 1}",
+                    None,
+                    f"key {key!r} appears twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return loader.construct_mapping_plain(node, deep=deep)
+
+    UniqueKeyLoader.construct_mapping_plain = yaml.SafeLoader.construct_mapping
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return UniqueKeyLoader
+
+
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and check a sweep file; :class:`SweepError` (one line) on any problem."""
     import yaml
@@ -155,7 +191,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     if not p.is_file():
         raise SweepError(f"{shown}: no such sweep file")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # noqa: S506
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]

@@ -13,30 +13,78 @@ class DataFileError(ValueError):
     """A malformed data file; the message is one line naming the file, the line and the problem."""
 
 
+MAX_LINE_BYTES = 1 << 20  # one example per line; a longer line is not a prompt
+
+
+def _line_error(path: str, lineno: int, problem: str) -> DataFileError:
+    return DataFileError(f"task.path={path!r}: line {lineno}: {problem}")
+
+
+def read_examples(path: str) -> list[tuple[str, str]]:
+    """(prompt, answer) per non-blank line of ``path``; :class:`DataFileError` (one line naming the
+    file, the line and the problem) on anything else."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataFileError(f"task.path={path!r}: is a folder (expected a JSON-lines file)")
+    if not p.is_file():
+        raise DataFileError(f"task.path={path!r}: no such file (expected a JSON-lines file)")
+    out: list[tuple[str, str]] = []
+    with p.open("rb") as f:
+        lineno = 0
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise _line_error(path, lineno, f"longer than {MAX_LINE_BYTES} bytes (one example per line)")
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a leading BOM is fine
+            except UnicodeDecodeError as e:
+                raise _line_error(
+                    path, lineno, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise _line_error(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise _line_error(path, lineno, f"expected a JSON object, got {type(row).__name__}")
+            missing = [k for k in ("prompt", "answer") if k not in row]
+            if missing:
+                raise _line_error(
+                    path,
+                    lineno,
+                    f"no {' and no '.join(repr(k) for k in missing)} key (keys: {', '.join(row) or 'none'})",
+                )
+            if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+                raise _line_error(
+                    path, lineno, f"'prompt' must be a non-empty string, got {row['prompt']!r:.60}"
+                )
+            ans = row["answer"]
+            if isinstance(ans, bool) or not isinstance(ans, (str, int, float)) or not str(ans).strip():
+                raise _line_error(
+                    path, lineno, f"'answer' must be a non-empty string or a number, got {ans!r:.60}"
+                )
+            out.append((row["prompt"], str(ans)))
+    if not out:
+        raise DataFileError(
+            f"task.path={path!r}: {'empty file' if lineno == 0 else 'only blank lines'} (expected one JSON object per line)"
+        )
+    return out
+
+
 class JsonlTask:
     name = "jsonl"
 
     def __init__(self, path: str, *, seed: int = 1234, val_fraction: float = 0.05, num_val: int = 1000):
-        p = Path(path)
-        if not p.is_file():
-            raise DataFileError(f"task.path={path!r}: no such file (expected a JSON-lines file)")
-        prompts = []
-        with p.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataFileError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
-                    raise DataFileError(
-                        f"{path}:{lineno}: expected an object with a string 'prompt' and an 'answer', "
-                        f"got {line.strip()[:60]!r}"
-                    )
-                prompts.append(Prompt(uid=len(prompts), text=row["prompt"], answer=str(row["answer"])))
+        prompts = [Prompt(uid=i, text=t, answer=a) for i, (t, a) in enumerate(read_examples(path))]
         if len(prompts) < 2:
-            raise DataFileError(f"{path}: needs at least 2 examples, found {len(prompts)}")
+            raise DataFileError(
+                f"task.path={path!r}: needs at least 2 examples (one validates), found {len(prompts)}"
+            )
         order = list(range(len(prompts)))
         random.Random(seed).shuffle(order)
         n_val = max(1, min(num_val, int(round(len(prompts) * val_fraction)), len(prompts) - 1))

@@ -10,6 +10,13 @@ from scalerl.config.checks import at_least, in_unit, positive, problems
 from scalerl.config.options import Option, register_option
 
 
+def distinct_problems(min_digits: int, max_digits: int) -> int:
+    """How many (a, b) pairs ``task=addition`` can draw: both operands have the same number of digits."""
+    if max_digits > 12:
+        return 10**24  # more than any split asks for
+    return sum((10 if d == 1 else 9 * 10 ** (d - 1)) ** 2 for d in range(min_digits, max_digits + 1))
+
+
 @register_option("task", "addition")
 @dataclass
 class Addition(Option):
@@ -38,6 +45,10 @@ class Addition(Option):
         )
         if not out and self.max_digits < self.min_digits:
             out = [("max_digits", self.max_digits, f">= min_digits ({self.min_digits})")]
+        n = distinct_problems(self.min_digits, self.max_digits) if not out else 0
+        if not out and self.num_val >= n:
+            allowed = f"< {n}, the distinct problems of {self.min_digits}..{self.max_digits} digits (some must train)"
+            out = [("num_val", self.num_val, allowed)]
         return out
 
 

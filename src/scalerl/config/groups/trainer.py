@@ -51,7 +51,7 @@ class TorchTrainerOption(Option):
                 mb,
                 "0 (whole batch) or a multiple of generations_per_prompt dividing batch_size",
             )
-            if mb and g >= 2 and (mb % g or b % mb)
+            if mb < 0 or (mb and g >= 2 and (mb % g or b % mb))
             else None,
             positive("lr", self.lr),
             ("betas", list(self.betas), "two numbers in [0, 1)")

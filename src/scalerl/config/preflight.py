@@ -1,0 +1,219 @@
+"""Checks on what a validated config points at, run before a run builds or writes anything.
+
+:func:`~scalerl.config.validate` decides what the config alone decides; :func:`preflight` looks at the
+environment: the output folder can be created and written, the tracking URI is well formed and
+its server answers, the model folder holds a loadable model, the data file parses and has the
+validation prompts the evaluation asks for. Each problem is one line (:class:`ConfigError`, or
+:class:`~scalerl.task.DataFileError` for a data file) naming the key, the value and what is wrong.
+It writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig
+
+from scalerl.config.validate import ConfigError
+
+# schemes MLflow stores by default; a URI without a scheme is a local folder
+TRACKING_SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
+CONNECT_TIMEOUT_S = 5.0
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+class PathError(ConfigError):
+    """A config value naming a folder, file or server that is missing or unusable; one line."""
+
+    def __init__(self, key: str, value: object, problem: str):
+        self.key, self.value, self.allowed = key, value, problem
+        ValueError.__init__(self, f"{key}={value!r}: {problem}")
+
+
+def _shown(uri: str) -> str:
+    from scalerl.tracking.secrets import redact
+
+    return redact(uri)
+
+
+def check_out_dir(value: str, key: str = "out_dir") -> None:
+    """``value`` is a folder, or a path whose first existing ancestor is a folder, that this user
+    can write."""
+    if not str(value).strip():
+        raise PathError(key, value, "empty: give a folder path")
+    p = Path(str(value)).expanduser()
+    if p.exists() and not p.is_dir():
+        raise PathError(key, str(value), "exists and is a file, not a folder")
+    anc = p if p.exists() else next((a for a in p.absolute().parents if a.exists()), Path("/"))
+    if not anc.is_dir():
+        raise PathError(key, str(value), f"{anc} is a file, so the folder cannot be created")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        what = "the folder" if anc == p else f"its parent {anc}"
+        raise PathError(key, str(value), f"{what} is not writable by this user")
+
+
+def check_tracking_uri(uri: str, key: str = "tracking.uri") -> None:
+    """``uri`` has a scheme MLflow stores to, and an http(s) server answers on its host and port."""
+    shown = _shown(uri)
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.split("+", 1)[0].lower()
+    if len(scheme) == 1:  # a Windows drive letter
+        scheme = ""
+    if scheme and scheme not in TRACKING_SCHEMES:
+        allowed = "http(s)://host:port, sqlite:///file.db, file:///folder or a folder path"
+        raise PathError(key, shown, f"unknown scheme {parsed.scheme!r} (use {allowed})")
+    if scheme in ("http", "https"):
+        host = parsed.hostname
+        if not host:
+            raise PathError(key, shown, "no host (use http://host:port)")
+        try:
+            port = parsed.port or (443 if scheme == "https" else 80)
+        except ValueError:
+            raise PathError(key, shown, "the port is not a number") from None
+        try:
+            with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+                pass
+        except OSError as e:
+            reason = e.strerror or type(e).__name__
+            raise PathError(key, shown, f"no tracking server answers at {host}:{port} ({reason})") from None
+    elif scheme == "sqlite":
+        db = uri.split("://", 1)[1] if "://" in uri else ""
+        path = db[1:] if db.startswith("/") else db
+        if path and path != ":memory:":
+            folder = Path(path).expanduser().absolute().parent
+            if folder.exists() and not folder.is_dir():
+                raise PathError(key, shown, f"{folder} is a file, not a folder")
+            if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+                raise PathError(key, shown, f"the folder {folder} is not writable by this user")
+    elif scheme in ("", "file"):
+        folder = Path(parsed.path if scheme == "file" else uri).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise PathError(key, shown, "is a file; a file store is a folder")
+
+
+def _looks_like_path(name: str) -> bool:
+    """A local path rather than a hub name (``org/name`` or ``name``)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model_folder(name: str, key: str = "model.name_or_path") -> dict | None:
+    """For a local folder: it exists and holds a parseable config.json and weights; returns that
+    config (None for a hub name, which ``from_pretrained`` resolves)."""
+    p = Path(name).expanduser()
+    if not p.exists():
+        if _looks_like_path(name):
+            raise PathError(key, name, "no such folder")
+        return None
+    if not p.is_dir():
+        raise PathError(key, name, "is a file; expected a model folder (config.json and weights)")
+    if not any(p.iterdir()):
+        raise PathError(key, name, "the folder is empty; expected config.json and weights (save_pretrained)")
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise PathError(key, name, "no config.json in the folder (not a transformers model folder)")
+    try:
+        config = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        detail = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+        raise PathError(key, name, f"config.json is not valid JSON ({detail})") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise PathError(key, name, "config.json has no 'model_type' (not a transformers model config)")
+    weights = [f for f in WEIGHT_FILES if (p / f).is_file()]
+    if not weights:
+        raise PathError(key, name, f"no weights in the folder (expected one of {', '.join(WEIGHT_FILES)})")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise PathError(
+            key, name, f"no tokenizer in the folder (expected one of {', '.join(TOKENIZER_FILES)})"
+        )
+    if weights[0] == "model.safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(p / "model.safetensors"), framework="pt") as f:
+                f.keys()
+        except Exception as e:  # safetensors raises its own error types for a corrupt header
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PathError(
+                key, name, f"model.safetensors is not a readable safetensors file ({detail})"
+            ) from None
+    return config
+
+
+def max_positions(config: dict) -> int | None:
+    """The model's context length as its config.json states it."""
+    for k in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        v = config.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def check_task(cfg: DictConfig) -> int:
+    """Load the task's data (a data file is parsed here, so a bad one fails before anything is
+    built) and check ``eval.num_prompts`` against its validation prompts; returns their number."""
+    from scalerl.task import build_task
+
+    if cfg.task.name == "addition":  # decided by the config alone (validate)
+        return int(cfg.task.num_val)
+    task = build_task(cfg)
+    n_val = len(task.val_prompts())
+    if cfg.model.name == "tiny":  # the character tokenizer: one position per character
+        longest = max(len(p.text) for p in [*task.train_prompts(), *task.val_prompts()])
+        new, positions = int(cfg.length_control.max_new_tokens), int(cfg.model.max_position_embeddings)
+        if longest + new > positions:
+            raise ConfigError(
+                "length_control.max_new_tokens",
+                new,
+                f"<= model.max_position_embeddings - the longest prompt ({positions} - {longest} characters"
+                f" in {cfg.task.path if 'path' in cfg.task else cfg.task.name})",
+            )
+    if cfg.eval.num_prompts > n_val:
+        where = f" in {cfg.task.path}" if "path" in cfg.task else ""
+        raise ConfigError(
+            "eval.num_prompts",
+            cfg.eval.num_prompts,
+            f"<= {n_val}, the validation prompts task={cfg.task.name} has{where}",
+        )
+    return n_val
+
+
+def preflight(cfg: DictConfig) -> None:
+    """Raise on the first thing ``cfg`` points at that the run could not use. Writes nothing."""
+    from scalerl.tracking.tracker import tracking_uri
+
+    check_out_dir(cfg.out_dir)
+    check_tracking_uri(tracking_uri(cfg))
+    if cfg.model.name == "hf":
+        config = check_model_folder(str(cfg.model.name_or_path))
+        positions = max_positions(config) if config else None
+        new = int(cfg.length_control.max_new_tokens)
+        if positions is not None and new >= positions:
+            raise ConfigError(
+                "length_control.max_new_tokens",
+                new,
+                f"< the model's {positions} positions (config.json of {cfg.model.name_or_path}) "
+                "minus the prompt",
+            )
+    check_task(cfg)
+
+
+__all__ = [
+    "PathError",
+    "check_model_folder",
+    "check_out_dir",
+    "check_task",
+    "check_tracking_uri",
+    "preflight",
+]

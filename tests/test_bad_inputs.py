@@ -1,0 +1,620 @@
+"""Bad inputs, each refused with one line naming the thing, the value and what is allowed.
+
+Most cases run in-process: :func:`compose` + :func:`validate` (what the config alone decides),
+:func:`preflight` (what the config points at: out_dir, tracking store, model folder, data file), the
+sweep file loader and planner, the analysis CLI's ``main``. A few start ``train.py``, ``sweep.py`` and
+``python -m scalerl.analysis`` for real and check exit code 2, no traceback and nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scalerl.config import ConfigError, compose, preflight
+from scalerl.config.errors import explain
+from scalerl.config.preflight import PathError
+from scalerl.sweep.plan import make_plan
+from scalerl.sweep.spec import SweepError, load_spec
+from scalerl.task import DataFileError, JsonlTask
+
+ROOT = Path(__file__).resolve().parents[1]
+HF = ["model=hf"]
+
+
+def one_line(msg: str) -> str:
+    assert msg and "\n" not in msg.strip() and "Traceback" not in msg, msg
+    return msg
+
+
+def compose_error(overrides: list[str]) -> str:
+    """The one line ``python train.py <overrides>`` prints for a config it refuses."""
+    try:
+        compose(overrides)
+    except Exception as e:  # what the CLI turns into one line
+        return one_line(explain(e, overrides))
+    raise AssertionError(f"accepted: {overrides}")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------ config values
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("trainer.lr=inf", "trainer.lr"),
+        ("trainer.lr=nan", "trainer.lr"),
+        ("trainer.lr=-inf", "trainer.lr"),
+        ("task.verifier_timeout_s=inf", "task.verifier_timeout_s"),
+        ("generator.temperature=nan", "generator.temperature"),
+        ("trainer.grad_clip=inf", "trainer.grad_clip"),
+        ("trainer.weight_decay=nan", "trainer.weight_decay"),
+        ("trainer.betas=[0.9,nan]", "trainer.betas"),
+        ("loss.eps_max=inf", "loss.eps_max"),
+        ("model.warmstart_lr=inf", "model.warmstart_lr"),
+        ("filter.pass_rate_threshold=nan", "filter.pass_rate_threshold"),
+        ("scaling.extrapolate=inf", "scaling.extrapolate"),
+        ("scaling.min_compute_frac=nan", "scaling.min_compute_frac"),
+        ("task.warmstart_slip_prob=nan", "task.warmstart_slip_prob"),
+        ("async_mode.max_buffered_batches=inf", "async_mode.max_buffered_batches"),
+    ],
+)
+def test_non_finite_numbers_are_refused_everywhere(override, key):
+    msg = compose_error([override])
+    value = override.split("=", 1)[1]
+    assert msg.startswith(f"invalid config value {key}=") and "finite" in msg, msg
+    assert value.strip("[]").split(",")[-1].lstrip("-") in msg
+
+
+@pytest.mark.parametrize(
+    "override,allowed",
+    [
+        ("trainer.batch_size=-32", "multiple of"),
+        ("trainer.micro_batch_size=-8", "0 (whole batch)"),
+        ("trainer.total_steps=0", ">= 1"),
+        ("eval.num_prompts=-1", ">= 1"),
+        ("eval.samples_per_prompt=0", ">= 1"),
+        ("task.num_val=-5", ">= 1"),
+        ("model.hidden_size=-64", ">= 1"),
+        ("length_control.max_new_tokens=-1", ">= 1"),
+        ("launcher.max_parallel=-1", ">= 0"),
+        ("checkpoint_every=0", ">= 1"),
+    ],
+)
+def test_negative_and_zero_sizes_are_refused(override, allowed):
+    key, value = override.split("=", 1)
+    msg = compose_error([override])
+    assert f"{key}={value}" in msg and allowed in msg, msg
+
+
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        # more held-out prompts than the task has: refused (not capped), the real number is in the message
+        (["eval.num_prompts=1000"], "eval.num_prompts=1000: must be <= task.num_val (128)"),
+        (["task.num_val=16", "eval.num_prompts=17"], "eval.num_prompts=17: must be <= task.num_val (16)"),
+        # prompt + generation beyond the model's positions (prompt "dddd+dddd=" is 10 characters)
+        (
+            ["length_control.max_new_tokens=200"],
+            "max_new_tokens=200: must be <= model.max_position_embeddings",
+        ),
+        (["length_control=none", "length_control.max_new_tokens=119"], "(128 - 10 = 118)"),
+        # more validation problems than there are distinct ones (it would never finish drawing them)
+        (["task.min_digits=1", "task.max_digits=1", "task.num_val=100", "eval.num_prompts=8"], "< 100"),
+        (["out_dir="], "out_dir=''"),
+    ],
+)
+def test_impossible_combinations_are_refused(overrides, expect):
+    assert expect in compose_error(overrides)
+
+
+def test_the_limits_themselves_are_accepted():
+    compose(["eval.num_prompts=128"])
+    compose(["length_control=none", "length_control.max_new_tokens=118"])
+    compose(["task.min_digits=1", "task.max_digits=1", "task.num_val=99", "eval.num_prompts=8"])
+
+
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        (["trainer.lr=abc"], "trainer.lr"),
+        (["trainer.total_steps=1.5"], "trainer.total_steps"),
+        (["+trainer.lrr=1"], "unknown key trainer.lrr"),
+        (["loss=nope"], "unknown option loss=nope"),
+        (["model=hf"], "model.name_or_path"),
+        (["task=jsonl"], "task.path"),
+    ],
+)
+def test_wrong_types_unknown_keys_and_unset_values_are_one_line(overrides, expect):
+    assert expect in compose_error(overrides)
+
+
+# ------------------------------------------------------------------------------------ environment
+
+
+def checked(overrides: list[str]):
+    """compose + validate + preflight, as a run does before building anything."""
+    cfg = compose(overrides)
+    preflight(cfg)
+    return cfg
+
+
+def env_error(overrides: list[str], kind=ConfigError) -> str:
+    with pytest.raises(kind) as e:
+        checked(overrides)
+    return one_line(str(e.value))
+
+
+@pytest.fixture
+def store(tmp_path):
+    return [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+
+
+def test_a_good_config_passes_preflight_and_writes_nothing(tmp_path, store):
+    checked([f"out_dir={tmp_path / 'a' / 'b'}", *store])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_out_dir_that_is_a_file_or_under_one(tmp_path, store):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert "exists and is a file" in env_error([f"out_dir={f}", *store])
+    msg = env_error([f"out_dir={f / 'run'}", *store])
+    assert f"out_dir='{f / 'run'}'" in msg and "is a file" in msg
+
+
+def test_unwritable_out_dir(tmp_path, store):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    target = ro / "run"
+    if os.access(ro, os.W_OK):  # root writes anywhere: use a read-only kernel folder instead
+        target = Path("/proc/sys/scalerl-run")
+        if os.access(target.parent, os.W_OK):
+            pytest.skip("no unwritable folder available")
+    msg = env_error([f"out_dir={target}", *store])
+    assert f"out_dir='{target}'" in msg and "not writable" in msg
+
+
+@pytest.mark.parametrize(
+    "uri,expect",
+    [
+        ("foo://x", "unknown scheme 'foo'"),
+        ("http://", "no host"),
+        ("http://127.0.0.1:notaport", "port"),
+    ],
+)
+def test_malformed_tracking_uris(tmp_path, uri, expect):
+    msg = env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri={uri}"])
+    assert msg.startswith("tracking.uri=") and expect in msg
+
+
+def test_unreachable_tracking_server_is_one_line_at_once(tmp_path):
+    port = closed_port()
+    t0 = time.perf_counter()
+    msg = env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri=http://127.0.0.1:{port}"])
+    assert time.perf_counter() - t0 < 10
+    assert f"no tracking server answers at 127.0.0.1:{port}" in msg
+
+
+def test_a_password_in_an_unreachable_uri_is_not_printed(tmp_path):
+    port = closed_port()
+    msg = env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri=http://user:s3cret@127.0.0.1:{port}"])
+    assert "s3cret" not in msg and "127.0.0.1" in msg
+
+
+def test_tracking_store_under_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert "is a file" in env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{f}/m.db"])
+    assert "is a file" in env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri={f}"])
+
+
+# ------------------------------------------------------------------------------------ model folders
+
+
+def _saved_model(folder: Path, n_positions: int = 64) -> Path:
+    """A tiny GPT-2 saved with save_pretrained (weights and config, no tokenizer)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=50, n_positions=n_positions, n_embd=16, n_layer=1, n_head=2)
+    GPT2LMHeadModel(cfg).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def model_env(tmp_path, store):
+    return [f"out_dir={tmp_path / 'run'}", *store, "model=hf"]
+
+
+@pytest.mark.parametrize(
+    "make,expect",
+    [
+        (lambda p: None, "no such folder"),
+        (lambda p: p.mkdir(), "the folder is empty"),
+        (lambda p: p.write_text("x"), "is a file"),
+        (lambda p: (p.mkdir(), (p / "weights.txt").write_text("x")), "no config.json"),
+        (lambda p: (p.mkdir(), (p / "config.json").write_text("{not json")), "config.json is not valid JSON"),
+        (
+            lambda p: (p.mkdir(), (p / "config.json").write_bytes(b"\xff\xfe{")),
+            "config.json is not valid JSON",
+        ),
+        (lambda p: (p.mkdir(), (p / "config.json").write_text("[1, 2]")), "no 'model_type'"),
+        (lambda p: (p.mkdir(), (p / "config.json").write_text('{"model_type": "gpt2"}')), "no weights"),
+    ],
+)
+def test_missing_empty_and_corrupt_model_folders(tmp_path, model_env, make, expect):
+    folder = tmp_path / "model"
+    make(folder)
+    msg = env_error([*model_env, f"model.name_or_path={folder}"], PathError)
+    assert msg.startswith(f"model.name_or_path='{folder}'") and expect in msg, msg
+
+
+def test_garbage_weights_are_named(tmp_path, model_env):
+    folder = _saved_model(tmp_path / "model")
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    msg = env_error([*model_env, f"model.name_or_path={folder}"], PathError)
+    assert "model.safetensors is not a readable safetensors file" in msg
+
+
+def test_a_model_without_a_tokenizer_is_one_line(tmp_path, model_env):
+    folder = _saved_model(tmp_path / "model")
+    msg = env_error([*model_env, f"model.name_or_path={folder}"], PathError)
+    assert "no tokenizer in the folder" in msg
+
+
+def test_a_garbage_or_mismatched_tokenizer_is_one_line(tmp_path, model_env):
+    from scalerl.model.build import load_pretrained
+
+    folder = _saved_model(tmp_path / "model", n_positions=512)
+    (folder / "tokenizer.json").write_text("{garbage")
+    cfg = checked([*model_env, f"model.name_or_path={folder}", "length_control=none"])  # the files are there
+    with pytest.raises(PathError) as e:
+        load_pretrained(cfg, None)
+    msg = one_line(str(e.value))
+    assert msg.startswith(f"model.name_or_path='{folder}': ") and "tokenizer" in msg
+
+
+def test_max_new_tokens_beyond_the_models_positions(tmp_path, model_env):
+    folder = _saved_model(tmp_path / "model", n_positions=32)
+    (folder / "tokenizer.json").write_text("{}")
+    msg = env_error([*model_env, f"model.name_or_path={folder}", "length_control=none"])
+    assert "length_control.max_new_tokens=64" in msg and "32 positions" in msg
+
+
+# ------------------------------------------------------------------------------------ data files
+
+
+def _lines(*rows) -> str:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
+
+
+GOOD = {"prompt": "1+1=", "answer": "2"}
+
+
+@pytest.mark.parametrize(
+    "content,expect",
+    [
+        (None, "no such file"),
+        ("", "empty file"),
+        ("\n  \n", "only blank lines"),
+        (b'{"prompt": "caf\xe9", "answer": "1"}\n', "line 1: not UTF-8 text (byte 0xe9 at column 16)"),
+        (_lines(GOOD, "[1, 2]"), "line 2: expected a JSON object, got list"),
+        (_lines(GOOD, GOOD, "{not json"), "line 3: not valid JSON"),
+        (_lines({"answer": "2"}), "line 1: no 'prompt' key (keys: answer)"),
+        (_lines(GOOD, {"prompt": "x"}), "line 2: no 'answer' key"),
+        (_lines({"q": 1}), "no 'prompt' and no 'answer' key"),
+        (_lines({"prompt": "x", "answer": None}), "'answer' must be a non-empty string or a number"),
+        (_lines({"prompt": 3, "answer": "1"}), "'prompt' must be a non-empty string"),
+        (_lines(GOOD), "needs at least 2 examples"),
+    ],
+)
+def test_bad_data_files(tmp_path, content, expect):
+    path = tmp_path / "data.jsonl"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(DataFileError) as e:
+        JsonlTask(str(path))
+    msg = one_line(str(e.value))
+    assert msg.startswith(f"task.path='{path}'") and expect in msg, msg
+
+
+def test_a_huge_line_is_refused_without_reading_it_whole(tmp_path):
+    from scalerl.task.jsonl import MAX_LINE_BYTES
+
+    path = tmp_path / "data.jsonl"
+    path.write_text(_lines(GOOD) + '{"prompt": "' + "x" * (4 * MAX_LINE_BYTES) + '", "answer": "1"}\n')
+    with pytest.raises(DataFileError) as e:
+        JsonlTask(str(path))
+    assert f"line 2: longer than {MAX_LINE_BYTES} bytes" in one_line(str(e.value))
+
+
+def test_a_utf8_bom_is_not_an_error(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + _lines(GOOD, GOOD, GOOD).encode())
+    assert len(JsonlTask(str(path)).train_prompts()) == 2
+
+
+def test_a_folder_as_data_file(tmp_path):
+    with pytest.raises(DataFileError, match="is a folder"):
+        JsonlTask(str(tmp_path))
+
+
+def test_data_file_problems_come_before_anything_is_built(tmp_path, store):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"\xff\xfe\n")
+    run = tmp_path / "run"
+    with pytest.raises(DataFileError, match="not UTF-8"):
+        checked(["task=jsonl", f"task.path={path}", f"out_dir={run}", *store])
+    assert not run.exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_more_eval_prompts_than_the_data_file_validates(tmp_path, store):
+    path = tmp_path / "data.jsonl"
+    path.write_text(_lines(*[{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(40)]))
+    base = ["task=jsonl", f"task.path={path}", f"out_dir={tmp_path / 'run'}", *store]
+    msg = env_error([*base, "eval.num_prompts=8"])  # 5% of 40 = 2 validation prompts
+    assert "eval.num_prompts=8: must be <= 2, the validation prompts task=jsonl has" in msg
+    checked([*base, "eval.num_prompts=2"])
+
+
+def test_prompts_too_long_for_the_tiny_models_positions(tmp_path, store):
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": "x" * (100 if i == 7 else 5), "answer": "1"} for i in range(40)]
+    path.write_text(_lines(*rows))
+    base = ["task=jsonl", f"task.path={path}", "eval.num_prompts=2", f"out_dir={tmp_path / 'run'}", *store]
+    msg = env_error([*base, "length_control=none"])  # 100 + 64 > 128
+    assert "length_control.max_new_tokens=64" in msg and "(128 - 100 characters" in msg
+    checked([*base, "length_control=none", "length_control.max_new_tokens=28"])
+
+
+# ------------------------------------------------------------------------------------ sweep files
+
+
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        (
+            "name: s\nvariants:\n  a: [loss=dapo]\n  b: []\n  a: [loss=cispo]\n",
+            "key 'a' appears twice (lines 3 and 5)",
+        ),
+        ("name: s\nname: t\nvariants:\n  a: []\n", "key 'name' appears twice"),
+        ("", "empty sweep file"),
+        ("name: s\nbase: [trainer.lr=1]\n", "no 'variants'"),
+        ("name: s\nvariants:\n", "'variants' must be a non-empty mapping"),
+        ("name: s\nvariants: {}\n", "'variants' must be a non-empty mapping"),
+        ("name: s\nvariants: [a, b]\n", "'variants' must be a non-empty mapping"),
+        ("name: s\nvariants:\n  a: 3\n", "variant 'a': expected a list of overrides"),
+        ("name: s\nvariants:\n  a: [loss]\n", "malformed override 'loss'"),
+        ("name: s\nvariants:\n  a:\n    - loss: dapo\n", "write the override as 'loss=dapo'"),
+        ("name: s\nseeds: abc\nvariants:\n  a: []\n", "seeds must be a non-empty list of integers"),
+        ("name: s\nseeds: [1, 1]\nvariants:\n  a: []\n", "seeds has duplicates"),
+        ("name: s\nvariant:\n  a: []\n", "unknown key 'variant'"),
+        ("name: s\nbaseline: z\nvariants:\n  a: []\n", "baseline 'z' is not a variant"),
+        ("name: a/b\nvariants:\n  a: []\n", "name 'a/b' must be"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("name: s\nvariants:\n  a: [x=1\n", "invalid YAML at line"),
+        (b"name: s\xff\nvariants:\n  a: []\n", "not a UTF-8 text file"),
+    ],
+)
+def test_malformed_sweep_files(tmp_path, text, expect):
+    f = tmp_path / "s.yaml"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(SweepError) as e:
+        load_spec(f)
+    msg = one_line(str(e.value))
+    assert msg.startswith(str(f)) or msg.startswith("s.yaml") or str(f.name) in msg
+    assert expect in msg, msg
+
+
+@pytest.mark.parametrize(
+    "variants,expect",
+    [
+        (
+            {"a": ["trainer.lr=inf"]},
+            "variant 'a': invalid config value trainer.lr=inf: must be a finite number",
+        ),
+        ({"a": ["eval.num_prompts=-1"]}, "variant 'a': invalid config value eval.num_prompts=-1"),
+        ({"a": ["nosuch=1"]}, "variant 'a': unknown group or key 'nosuch'"),
+    ],
+)
+def test_sweep_variants_with_bad_values(tmp_path, variants, expect):
+    import yaml
+
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"name": "s", "variants": variants}))
+    with pytest.raises(SweepError) as e:
+        make_plan(load_spec(f), [], sweep_dir=tmp_path / "out", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    assert expect in one_line(str(e.value))
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_with_an_unreachable_store_or_a_file_as_folder(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nvariants:\n  a: []\n")
+    spec = load_spec(f)
+    port = closed_port()
+    with pytest.raises(SweepError, match=f"no tracking server answers at 127.0.0.1:{port}"):
+        make_plan(spec, [], sweep_dir=tmp_path / "out", tracking_uri=f"http://127.0.0.1:{port}")
+    with pytest.raises(SweepError, match="exists and is a file"):
+        make_plan(spec, [], sweep_dir=f, tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+
+
+# ------------------------------------------------------------------------------------ analysis CLI
+
+
+@pytest.fixture(scope="module")
+def few_points_store(tmp_path_factory):
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    tmp = tmp_path_factory.mktemp("few")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    eid = client.create_experiment("few", artifact_location=str(tmp / "artifacts"))
+    run = client.create_run(eid, run_name="two-points")
+    ts = int(time.time() * 1000)
+    metrics = [Metric("val/pass_rate", 0.1, ts, 0), Metric("val/pass_rate", 0.2, ts, 10)]
+    client.log_batch(run.info.run_id, metrics=[*metrics, Metric("compute/flops", 1e17, ts, 10)])
+    client.set_terminated(run.info.run_id)
+    return {"uri": uri, "tmp": tmp, "run_id": run.info.run_id}
+
+
+def analysis_error(argv, capsys) -> str:
+    from scalerl.analysis.__main__ import main
+
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("error: ")
+    return one_line(err)
+
+
+def test_analysis_unknown_run_id_and_experiment(few_points_store, capsys):
+    uri = few_points_store["uri"]
+    assert "no MLflow run with id 'deadbeef'" in analysis_error(
+        ["fit", "--tracking-uri", uri, "--runs", "deadbeef"], capsys
+    )
+    err = analysis_error(["fit", "--tracking-uri", uri, "--experiment", "nope"], capsys)
+    assert "no MLflow experiment named 'nope'" in err
+
+
+def test_analysis_too_few_points_writes_nothing(few_points_store, capsys, tmp_path):
+    out = tmp_path / "out"
+    argv = ["fit", "--tracking-uri", few_points_store["uri"], "--experiment", "few", "--out", str(out)]
+    err = analysis_error(argv, capsys)
+    assert "too few points to fit" in err and "two-points: 2" in err and "at least 3" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "uri,expect",
+    [("foo://x", "unknown scheme 'foo'"), ("http://127.0.0.1:{port}", "no tracking server answers")],
+)
+def test_analysis_bad_or_unreachable_store(capsys, uri, expect):
+    t0 = time.perf_counter()
+    err = analysis_error(["fit", "--tracking-uri", uri.format(port=closed_port())], capsys)
+    assert expect in err and time.perf_counter() - t0 < 10
+
+
+def test_analysis_does_not_create_a_mistyped_store(capsys, tmp_path):
+    db = tmp_path / "typo.db"
+    err = analysis_error(["fit", "--tracking-uri", f"sqlite:///{db}"], capsys)
+    assert "no such tracking store" in err and not db.exists()
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--level", "2"], "--level=2.0: must be in (0, 1)"),
+        (["--min-compute-frac", "nan"], "finite"),
+        (["--bootstrap", "-1"], "--bootstrap=-1"),
+        (["--extrapolate", "0.5"], "--extrapolate=0.5"),
+    ],
+)
+def test_analysis_options_out_of_range(few_points_store, capsys, args, expect):
+    assert expect in analysis_error(["fit", "--tracking-uri", few_points_store["uri"], *args], capsys)
+
+
+# ------------------------------------------------------------------------------------ real processes
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(args, capture_output=True, text=True, cwd=cwd, timeout=180, env=env)
+
+
+def _assert_refused(r: subprocess.CompletedProcess, expect: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    err = r.stderr.strip()
+    assert "Traceback" not in r.stderr and len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and expect in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        (["trainer.lr=inf"], "trainer.lr=inf: must be a finite number"),
+        (["task.verifier_timeout_s=inf"], "task.verifier_timeout_s=inf"),
+        (["eval.num_prompts=1000"], "must be <= task.num_val (128)"),
+        (["out_dir="], "out_dir=''"),
+        (["trainer.lr=abc"], "trainer.lr"),
+    ],
+)
+def test_train_py_refuses_in_one_line_and_writes_nothing(tmp_path, overrides, expect):
+    out = [] if any(o.startswith("out_dir=") for o in overrides) else [f"out_dir={tmp_path / 'run'}"]
+    r = _run([sys.executable, str(ROOT / "train.py"), *overrides, *out], tmp_path)
+    _assert_refused(r, expect)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no out_dir, no mlflow.db, no outputs/
+
+
+def _cli_preflights() -> bool:
+    return "preflight" in (ROOT / "src" / "scalerl" / "cli.py").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cli_preflights(), reason="train.py does not call scalerl.config.preflight yet")
+def test_train_py_checks_what_the_config_points_at_first(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    port = closed_port()
+    cases = [
+        ([f"out_dir={f}"], "exists and is a file"),
+        (
+            [f"out_dir={tmp_path / 'run'}", f"tracking.uri=http://127.0.0.1:{port}"],
+            "no tracking server answers",
+        ),
+        (
+            [f"out_dir={tmp_path / 'run'}", "model=hf", f"model.name_or_path={tmp_path / 'nomodel'}"],
+            "no such folder",
+        ),
+        ([f"out_dir={tmp_path / 'run'}", "task=jsonl", f"task.path={f}"], "line 1: not valid JSON"),
+    ]
+    for overrides, expect in cases:
+        _assert_refused(_run([sys.executable, str(ROOT / "train.py"), *overrides], tmp_path), expect)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.slow
+def test_sweep_py_refuses_a_duplicate_variant(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nvariants:\n  a: []\n  a: [loss=dapo]\n")
+    r = _run([sys.executable, str(ROOT / "sweep.py"), str(f), "--out", str(tmp_path / "out")], tmp_path)
+    _assert_refused(r, "key 'a' appears twice")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+
+
+@pytest.mark.slow
+def test_analysis_cli_refuses_an_unknown_run(tmp_path, few_points_store):
+    r = _run(
+        [
+            sys.executable,
+            "-m",
+            "scalerl.analysis",
+            "fit",
+            "--tracking-uri",
+            few_points_store["uri"],
+            "--runs",
+            "nope",
+        ],
+        tmp_path,
+    )
+    _assert_refused(r, "no MLflow run with id 'nope'")
+    assert list(tmp_path.iterdir()) == []
