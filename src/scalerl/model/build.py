@@ -163,8 +163,12 @@ def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     tokenizer = AutoTokenizer.from_pretrained(mcfg.name_or_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(mcfg.name_or_path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(mcfg.name_or_path, dtype=torch.float32)
     return model, tokenizer, {"source": mcfg.name_or_path}
+
+
+# while waiting for another process's warm-start, say so this often
+WAIT_NOTICE_S = float(os.environ.get("SCALERL_WAIT_NOTICE_S", "30"))
 
 
 def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
@@ -180,13 +184,13 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
             eos_token_id=tokenizer.eos_token_id,
         )
         return model, tokenizer, {"source": "random init"}
-    from filelock import FileLock
+    from scalerl.lock import hold
 
     key = _warmstart_key(cfg)
     root = Path(mcfg.cache_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"warmstart-{key}"
-    with FileLock(str(root / f"warmstart-{key}.lock")):
+    with hold(root / f"warmstart-{key}.lock", f"the warm-start cache {path}", wait=True, every=WAIT_NOTICE_S):
         if not (path / "meta.json").is_file():
             log.info("warm-start: training %d supervised steps (cached as %s)", mcfg.warmstart_steps, path)
             model = build_model(
@@ -205,7 +209,7 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
     info = json.loads((path / "meta.json").read_text())
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model, tokenizer, {"source": f"warm-start {path}", **info}
 
 
