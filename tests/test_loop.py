@@ -388,6 +388,7 @@ def test_resume_after_sigkill_continues_the_same_run_without_gaps(tmp_path, mlfl
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "resumed" in r.stdout + r.stderr
+    assert "recovered the lock on out_dir" in r.stdout + r.stderr  # the killed run's
     assert json.loads((out / "run_info.json").read_text())["run_id"] == run_id
     c = MlflowClient(mlflow_uri)
     exp = c.get_experiment_by_name("resume")
