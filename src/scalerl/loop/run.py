@@ -43,6 +43,7 @@ from scalerl.tracking.secrets import redact
 from scalerl.trainer import NonFiniteError, make_trainer
 
 log = logging.getLogger("scalerl")
+FIT_LEVEL = 0.9  # the confidence level of the scaling fit's intervals
 
 
 class Stopped(RunError):
@@ -380,12 +381,18 @@ def fit_metrics(run: Components, final: bool = False) -> dict[str, float]:
                 method=s.method,
                 min_compute_frac=s.min_compute_frac,
                 bootstrap=s.bootstrap,
+                level=FIT_LEVEL,
             )
             if png.is_file():
                 run.tracker.log_artifact_file(png)
         else:
             _, metrics = live.fit_metrics(
-                compute, reward, method=s.method, min_compute_frac=s.min_compute_frac, bootstrap=s.bootstrap
+                compute,
+                reward,
+                method=s.method,
+                min_compute_frac=s.min_compute_frac,
+                bootstrap=s.bootstrap,
+                level=FIT_LEVEL,
             )
     except Exception as e:  # a fit must never kill a run
         log.warning("scaling fit failed: %s", e)
@@ -528,6 +535,7 @@ def write_summary(run: Components) -> dict:
         "mlflow_status": run.tracker.status,
         "tracking_uri": redact(run.tracker.uri),
         "fit": run.final_fit or {},
+        "fit_level": FIT_LEVEL,
     }
     if run.is_main:
         _write_json(run.out_dir / "summary.json", summary)
@@ -554,7 +562,8 @@ def summary_lines(summary: dict) -> list[str]:
             v, lo, hi = (fit.get(f"fit/{name}{s}", math.nan) for s in ("", "_lo", "_hi"))
             return f"{name} = {v:.3g}" + ("" if math.isnan(lo) else f" [{lo:.3g}, {hi:.3g}]")
 
-        lines.append(f"scaling fit: {est('A')}, {est('B')} (95% intervals)")
+        level = summary.get("fit_level", FIT_LEVEL)
+        lines.append(f"scaling fit: {est('A')}, {est('B')} ({level:.0%} intervals)")
     lines.append(f"outputs: {summary['out_dir']}")
     uri = summary.get("tracking_uri", "")
     lines.append(f"MLflow run {summary['run_id']} in {uri}")
