@@ -617,7 +617,7 @@ def test_summary_names_the_fit_with_its_intervals():
     base.update({"out_dir": "/o", "run_id": "abc", "tracking_uri": "http://127.0.0.1:5000"})
     lines = summary_lines({**base, "fit": fit})
     assert lines[:3] == [
-        "done: 200 steps in 1.5 min",
+        "done: 200 steps in 90 s",
         "held-out pass rate: 0.100 -> 0.450",
         "scaling fit: A = 0.612 [0.55, 0.68], B = 1.8 [1.5, 2.1] (90% intervals)",
     ]

@@ -116,6 +116,7 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     with StopSignals() as stop, _out_dir_lock(cfg, main):
         finished = _finished_summary(cfg) if main else None
         if finished is not None:
+            print_summary(finished)
             return finished
         run = components if components is not None else build(cfg, tracker=tracker)
         return _run_loop(run, stop)
@@ -181,7 +182,7 @@ def _run_loop(run: Components, stop: StopSignals) -> dict:
             _unflushed_message(summary["metrics_unflushed"], run.tracker.uri, run.ckpt.path)
         )
     if run.is_main:
-        print_summary(run, summary)
+        print_summary(summary)
     return summary
 
 
@@ -550,7 +551,9 @@ def _write_json(path: Path, obj: dict) -> None:
 
 def summary_lines(summary: dict) -> list[str]:
     """The lines a finished run ends with: pass rate, fit, where its outputs and MLflow run are."""
-    lines = [f"done: {summary['steps']} steps in {summary['wall_seconds'] / 60:.1f} min"]
+    wall = summary["wall_seconds"]
+    took = f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.1f} min"
+    lines = [f"done: {summary['steps']} steps in {took}"]
     if summary.get("pass_rate_start") is not None:
         lines.append(
             f"held-out pass rate: {summary['pass_rate_start']:.3f} -> {summary['pass_rate_final']:.3f}"
@@ -566,6 +569,8 @@ def summary_lines(summary: dict) -> list[str]:
         lines.append(f"scaling fit: {est('A')}, {est('B')} ({level:.0%} intervals)")
     lines.append(f"outputs: {summary['out_dir']}")
     uri = summary.get("tracking_uri", "")
+    if uri.startswith("sqlite:///") and not uri[len("sqlite:///") :].startswith("/"):
+        uri = f"sqlite:///{Path(uri[len('sqlite:///') :]).resolve()}"  # opens from any directory
     lines.append(f"MLflow run {summary['run_id']} in {uri}")
     if uri and not uri.startswith(("http://", "https://", "databricks")):
         lines.append(f"open it: mlflow ui --backend-store-uri {uri}")
@@ -574,7 +579,7 @@ def summary_lines(summary: dict) -> list[str]:
     return lines
 
 
-def print_summary(run: Components, summary: dict) -> None:
+def print_summary(summary: dict) -> None:
     for line in summary_lines(summary):
         print(f"[scalerl] {line}", flush=True)
 

@@ -8,6 +8,7 @@ supervised warm-start on the task, cached on disk keyed by everything it depends
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -167,6 +168,21 @@ def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     return model, tokenizer, {"source": mcfg.name_or_path}
 
 
+@contextlib.contextmanager
+def _no_progress_bars():
+    """Without transformers' progress bars: writing and reading the small local warm-start cache
+    takes a moment, and its bars would be noise in the run's output."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 # while waiting for another process's warm-start, say so this often
 WAIT_NOTICE_S = float(os.environ.get("SCALERL_WAIT_NOTICE_S", "30"))
 
@@ -203,13 +219,15 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
             info = warmstart(model, tokenizer, task, mcfg, seed=cfg.seed)
             tmp = root / f".tmp-{key}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            with _no_progress_bars():
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
             (tmp / "meta.json").write_text(json.dumps(info))
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
     info = json.loads((path / "meta.json").read_text())
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with _no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model, tokenizer, {"source": f"warm-start {path}", **info}
 
 
