@@ -473,6 +473,7 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_overrides):
     skipped = [v for _, v in history(uri, run.tracker.run_id, "train/step_skipped")]
     assert skipped[:2] == [1.0, 1.0]
     assert run.ckpt.exists()
+    assert MlflowClient(uri).get_run(run.tracker.run_id).info.status == "FAILED"
 
 
 def test_a_verifier_that_raises_scores_zero_and_is_counted(tiny_overrides):
