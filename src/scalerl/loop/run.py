@@ -626,14 +626,17 @@ def _finished_summary(cfg) -> dict | None:
         return None
     if summary.get("metrics_unflushed", 0) or summary.get("mlflow_status") != "FINISHED":
         ck = Checkpointer(out_dir)
-        state = ck.load()
+        if ck.exists():
+            state = ck.load()
+            run_id, pending = state["run_id"], state["pending_metrics"]
+        else:  # nothing kept to write: only the run's status to set
+            run_id, pending = summary["run_id"], []
         tracker = Tracker(cfg, out_dir)
         try:
-            written = tracker.catch_up(state["run_id"], state["pending_metrics"])
+            written = tracker.catch_up(run_id, pending)
         except Exception as e:
             raise MetricsUnflushed(
-                _unflushed_message(len(state["pending_metrics"]), tracker.uri, ck.path)
-                + f" ({type(e).__name__})"
+                _unflushed_message(len(pending), tracker.uri, ck.path) + f" ({type(e).__name__})"
             ) from None
         if tracker.pending or tracker.status != "FINISHED":
             raise MetricsUnflushed(_unflushed_message(len(tracker.pending), tracker.uri, ck.path))
