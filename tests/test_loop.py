@@ -624,3 +624,18 @@ def test_summary_names_the_fit_with_its_intervals():
     ]
     assert lines[-1] == "open it: http://127.0.0.1:5000"  # a server: its own UI
     assert not any(line.startswith("scaling fit") for line in summary_lines({**base, "fit": {"fit/ok": 0.0}}))
+
+
+def test_rerunning_a_finished_run_the_store_did_not_mark_finished_marks_it(tiny_overrides):
+    """The store was unreachable when the run ended (summary.json says so, MLflow says RUNNING): the
+    same command marks it FINISHED, writes nothing twice and trains nothing."""
+    first = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
+    uri = uri_of(tiny_overrides)
+    c = MlflowClient(uri)
+    c.update_run(first["run_id"], status="RUNNING")
+    done = Path(first["out_dir"]) / "summary.json"
+    done.write_text(json.dumps({**json.loads(done.read_text()), "mlflow_status": "UNKNOWN"}))
+    again = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
+    assert again["run_id"] == first["run_id"] and again["mlflow_status"] == "FINISHED"
+    assert c.get_run(first["run_id"]).info.status == "FINISHED"
+    assert [s for s, _ in history(uri, first["run_id"], "progress/step")] == [0, 1, 2]

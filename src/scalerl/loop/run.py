@@ -162,6 +162,9 @@ def _run_loop(run: Components, stop: StopSignals) -> dict:
     except NonFiniteError as e:
         checkpoint_safe(run, clock)
         raise RunError(f"{e}; the last good checkpoint is in {run.ckpt.path}") from None
+    except SystemExit:  # a host's own signal handling ends the process (submitit on preemption)
+        status = "KILLED"
+        raise
     except Interrupted as e:
         status = "KILLED"
         e.detail = f"interrupted by {signal.Signals(e.signum).name} at step {st.step}/{total}; " + (
