@@ -177,3 +177,28 @@ def test_a_lock_left_by_a_dead_process_is_recovered_with_a_message(tmp_path, cap
         assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert f"recovered the lock on the thing left by pid {holder.pid}" in caplog.text
     assert lock.read_text() == ""  # released: it names nobody
+
+
+def test_a_hosts_own_signal_handler_is_kept():
+    """A sweep job under submitit bypasses SIGTERM itself (and requeues on SIGUSR2): the run does not
+    replace that handler, installs its own for the signals left at their default, and gives those
+    back when it ends."""
+    from scalerl.loop.signals import StopSignals
+
+    def host(signum, frame):  # like submitit's bypass
+        host.calls += 1
+
+    host.calls = 0
+    old = signal.signal(signal.SIGTERM, host)
+    try:
+        with StopSignals() as stop:
+            assert signal.getsignal(signal.SIGTERM) is host
+            assert signal.getsignal(signal.SIGINT) == stop._handle
+            stop.graceful = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            assert host.calls == 1 and stop.signum == signal.SIGINT  # the run stops at its next step
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, old)
