@@ -30,14 +30,24 @@ def _main(cfg: DictConfig) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except Stopped as e:  # SIGINT/SIGTERM: stopped at a step boundary with a checkpoint
+        _ignore_signals()
         print(f"[scalerl] {e}", file=sys.stderr, flush=True)
         sys.exit(exit_code(e.signum))
     except Interrupted as e:  # a second signal: stopped at once
+        _ignore_signals()
         print(f"[scalerl] {e.detail or 'interrupted'}", file=sys.stderr, flush=True)
         sys.exit(exit_code(e.signum))
     except (RunError, LockBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def _ignore_signals() -> None:
+    """The run has stopped: one more Ctrl-C while the process exits would only add a traceback."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _check_overrides(args: list[str]) -> None:
@@ -65,6 +75,7 @@ def main() -> None:
         _check_overrides(sys.argv[1:])
         _main()
     except KeyboardInterrupt:  # Ctrl-C before the run's own handling starts
+        _ignore_signals()
         print("[scalerl] interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
 

@@ -520,8 +520,8 @@ def end_tracking(run: Components, status: str) -> None:
     checkpoint holds and the tracking store does not have yet."""
     if not run.is_main:
         return
-    if status == "FINISHED":
-        run.tracker.flush()
+    if status == "FINISHED" and not run.tracker.flush():
+        return  # not FINISHED while metrics are missing: the rerun that writes them marks it
     run.tracker.end(status)
 
 
