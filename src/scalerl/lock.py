@@ -9,6 +9,7 @@ file that still names a holder when the lock is taken was left by a process that
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -71,6 +72,14 @@ def hold(path: str | Path, what: str, *, wait: bool, every: float = 30.0):
                     )
                     said = time.monotonic()
                 time.sleep(0.2)
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                log.warning(
+                    "cannot lock %s (%s on %s): nothing keeps a second process out", what, e.strerror, path
+                )
+                yield
+                return
         left = read_holder(path)
         if left and left.get("pid") != os.getpid():
             log.warning(
