@@ -38,7 +38,7 @@ from scalerl.loop.signals import Interrupted, StopSignals
 from scalerl.loop.state import Clock, RunState
 from scalerl.model.build import build_policy, num_params
 from scalerl.task import build_task
-from scalerl.tracking import Checkpointer, Tracker, rng_state, set_rng_state
+from scalerl.tracking import Checkpointer, Tracker, rng_state, set_rng_state, tracking_uri
 from scalerl.tracking.secrets import redact
 from scalerl.trainer import NonFiniteError, make_trainer
 
@@ -116,6 +116,7 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     with StopSignals() as stop, _out_dir_lock(cfg, main):
         finished = _finished_summary(cfg) if main else None
         if finished is not None:
+            finished.setdefault("tracking_uri", redact(tracking_uri(cfg)))
             print_summary(finished)
             return finished
         run = components if components is not None else build(cfg, tracker=tracker)
