@@ -565,12 +565,7 @@ def test_train_py_refuses_in_one_line_and_writes_nothing(tmp_path, overrides, ex
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no out_dir, no mlflow.db, no outputs/
 
 
-def _cli_preflights() -> bool:
-    return "preflight" in (ROOT / "src" / "scalerl" / "cli.py").read_text()
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _cli_preflights(), reason="train.py does not call scalerl.config.preflight yet")
 def test_train_py_checks_what_the_config_points_at_first(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")

@@ -68,9 +68,18 @@ def make_run(overrides: list[str]):
 
 
 # ---------------------------------------------------------------------- the default recipe
-def test_default_recipe_trains_and_logs_the_interface(tiny_overrides):
-    """pipeline_rl + CISPO + fp32 head + interruptions...: every interface metric, params, artifacts."""
+def test_default_recipe_trains_and_logs_the_interface(tiny_overrides, capsys):
+    """pipeline_rl + CISPO + fp32 head + interruptions...: every interface metric, params, artifacts,
+    and the lines the run ends with."""
     summary = train(compose(tiny_overrides))
+    printed = capsys.readouterr().out.splitlines()
+    end = printed[-5:]
+    assert end[0] == "[scalerl] done: 4 steps in " + end[0].split(" in ")[1]
+    start, final = summary["pass_rate_start"], summary["pass_rate_final"]
+    assert end[1] == f"[scalerl] held-out pass rate: {start:.3f} -> {final:.3f}"
+    assert end[2] == f"[scalerl] outputs: {summary['out_dir']}"
+    assert end[3] == f"[scalerl] MLflow run {summary['run_id']} in {uri_of(tiny_overrides)}"
+    assert end[4] == f"[scalerl] open it: mlflow ui --backend-store-uri {uri_of(tiny_overrides)}"
     uri = uri_of(tiny_overrides)
     c = MlflowClient(uri)
     run = c.get_run(summary["run_id"])
@@ -388,6 +397,7 @@ def test_resume_after_sigkill_continues_the_same_run_without_gaps(tmp_path, mlfl
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "resumed" in r.stdout + r.stderr
+    assert "recovered the lock on out_dir" in r.stdout + r.stderr  # the killed run's
     assert json.loads((out / "run_info.json").read_text())["run_id"] == run_id
     c = MlflowClient(mlflow_uri)
     exp = c.get_experiment_by_name("resume")
@@ -463,6 +473,7 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_overrides):
     skipped = [v for _, v in history(uri, run.tracker.run_id, "train/step_skipped")]
     assert skipped[:2] == [1.0, 1.0]
     assert run.ckpt.exists()
+    assert MlflowClient(uri).get_run(run.tracker.run_id).info.status == "FAILED"
 
 
 def test_a_verifier_that_raises_scores_zero_and_is_counted(tiny_overrides):
@@ -596,3 +607,35 @@ def test_every_async_mode_option_has_its_class():
     options = {p.stem for p in (ROOT / "conf" / "async_mode").glob("*.yaml")}
     assert set(MODES) == options
     assert all(MODES[name].name == name for name in MODES)
+
+
+def test_summary_names_the_fit_with_its_intervals():
+    from scalerl.loop.run import summary_lines
+
+    fit = {"fit/ok": 1.0, "fit/A": 0.612, "fit/A_lo": 0.55, "fit/A_hi": 0.68, "fit/B": 1.8}
+    fit.update({"fit/B_lo": 1.5, "fit/B_hi": 2.1})
+    base = {"steps": 200, "wall_seconds": 90.0, "pass_rate_start": 0.1, "pass_rate_final": 0.45}
+    base.update({"out_dir": "/o", "run_id": "abc", "tracking_uri": "http://127.0.0.1:5000"})
+    lines = summary_lines({**base, "fit": fit})
+    assert lines[:3] == [
+        "done: 200 steps in 90 s",
+        "held-out pass rate: 0.100 -> 0.450",
+        "scaling fit: A = 0.612 [0.55, 0.68], B = 1.8 [1.5, 2.1] (90% intervals)",
+    ]
+    assert lines[-1] == "open it: http://127.0.0.1:5000"  # a server: its own UI
+    assert not any(line.startswith("scaling fit") for line in summary_lines({**base, "fit": {"fit/ok": 0.0}}))
+
+
+def test_rerunning_a_finished_run_the_store_did_not_mark_finished_marks_it(tiny_overrides):
+    """The store was unreachable when the run ended (summary.json says so, MLflow says RUNNING): the
+    same command marks it FINISHED, writes nothing twice and trains nothing."""
+    first = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
+    uri = uri_of(tiny_overrides)
+    c = MlflowClient(uri)
+    c.update_run(first["run_id"], status="RUNNING")
+    done = Path(first["out_dir"]) / "summary.json"
+    done.write_text(json.dumps({**json.loads(done.read_text()), "mlflow_status": "UNKNOWN"}))
+    again = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
+    assert again["run_id"] == first["run_id"] and again["mlflow_status"] == "FINISHED"
+    assert c.get_run(first["run_id"]).info.status == "FINISHED"
+    assert [s for s, _ in history(uri, first["run_id"], "progress/step")] == [0, 1, 2]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -10,6 +15,8 @@ from mlflow_server import free_port, start_server, stop_server
 
 from scalerl.config import compose
 from scalerl.tracking import SENTINEL, Tracker
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
@@ -97,3 +104,76 @@ def test_resume_from_an_older_checkpoint_logs_the_redone_steps_once(tmp_path):
     client = MlflowClient(uri)
     assert steps(client, run_id, "train/reward") == list(range(8))
     assert steps(client, run_id, SENTINEL) == list(range(8))
+
+
+def _train_args(out, uri: str, experiment: str, *extra: str) -> list[str]:
+    from conftest import TINY
+
+    keep = [o for o in TINY if not o.startswith(("trainer.total_steps", "checkpoint_every"))]
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *keep,
+        f"out_dir={out}",
+        f"tracking.uri={uri}",
+        f"tracking.experiment={experiment}",
+        *extra,
+    ]
+
+
+def _checkpoint_step(path) -> int:
+    import torch
+
+    try:
+        return int(torch.load(path, weights_only=True)["step"])
+    except Exception:  # not there yet, or being replaced
+        return -1
+
+
+@pytest.mark.slow
+def test_a_run_that_outlived_its_tracking_server_writes_every_step_once_when_run_again(tmp_path):
+    """The server dies mid-run: the run ends saying its metrics are unflushed (exit 1, one line, the
+    MLflow run not FINISHED). Once the server is back, the same command writes what the store lacks,
+    marks the run FINISHED and says there is nothing left to do."""
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    store = tmp_path / "server"
+    store.mkdir()
+    server = start_server(store, port)
+    out = tmp_path / "run"
+    args = _train_args(
+        out, uri, "outage-run", "async_mode=sync", "trainer.total_steps=10", "checkpoint_every=2"
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        deadline = time.time() + 240
+        while _checkpoint_step(out / "checkpoint" / "last.pt") < 2:
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+            time.sleep(0.1)
+        stop_server(server, graceful=False)  # the server goes away mid-run
+        text, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 1, text
+        assert "Traceback" not in text
+        errors = [line for line in text.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "run the same command again to write them" in errors[0], text
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["metrics_unflushed"] > 0 and summary["mlflow_status"] != "FINISHED"
+        run_id = summary["run_id"]
+
+        server = start_server(store, port)  # back again
+        r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "already finished" in r.stdout + r.stderr
+        client = MlflowClient(uri)
+        assert steps(client, run_id, "train/reward") == list(range(1, 11))
+        assert steps(client, run_id, SENTINEL) == list(range(0, 11))
+        assert steps(client, run_id, "val/pass_rate") == [0, 2, 4, 6, 8, 10]
+        assert client.get_run(run_id).info.status == "FINISHED"
+        assert json.loads((out / "summary.json").read_text())["metrics_unflushed"] == 0
+        # and once more: nothing pending, nothing written twice
+        r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0 and "already finished" in r.stdout + r.stderr
+        assert steps(client, run_id, SENTINEL) == list(range(0, 11))
+    finally:
+        stop_server(server, graceful=False)

@@ -7,28 +7,48 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from scalerl.config import ConfigError, conf_dir, register_configs, validate
+from scalerl.config import ConfigError, conf_dir, preflight, register_configs, validate
 
 register_configs()
 
 
 @hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
+    from scalerl.lock import LockBusy
     from scalerl.loop import RunError
+    from scalerl.loop.run import Stopped
+    from scalerl.loop.signals import Interrupted, exit_code
     from scalerl.storage import CheckpointError
     from scalerl.task import DataFileError
 
     try:
         validate(cfg)
+        preflight(cfg)  # what the config points at: out_dir, tracking store, model folder, data file
         from scalerl.loop import train
 
         train(cfg)
     except (ConfigError, DataFileError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except RunError as e:
+    except Stopped as e:  # SIGINT/SIGTERM: stopped at a step boundary with a checkpoint
+        _ignore_signals()
+        print(f"[scalerl] {e}", file=sys.stderr, flush=True)
+        sys.exit(exit_code(e.signum))
+    except Interrupted as e:  # a second signal: stopped at once
+        _ignore_signals()
+        print(f"[scalerl] {e.detail or 'interrupted'}", file=sys.stderr, flush=True)
+        sys.exit(exit_code(e.signum))
+    except (RunError, LockBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def _ignore_signals() -> None:
+    """The run has stopped: one more Ctrl-C while the process exits would only add a traceback."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _check_overrides(args: list[str]) -> None:
@@ -49,8 +69,16 @@ def _check_overrides(args: list[str]) -> None:
 
 
 def main() -> None:
-    _check_overrides(sys.argv[1:])
-    _main()
+    """Exit codes: 0 done, 1 the run failed (or its metrics did not all reach the tracking store:
+    running it again writes them), 2 bad input, 130 / 143 stopped by SIGINT / SIGTERM (with a
+    checkpoint to resume from, when it had one)."""
+    try:
+        _check_overrides(sys.argv[1:])
+        _main()
+    except KeyboardInterrupt:  # Ctrl-C before the run's own handling starts
+        _ignore_signals()
+        print("[scalerl] interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def load_safe(path: Path) -> dict:
     if it is unreadable, truncated, not a checkpoint, or holds objects other than tensors and plain
     values."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol: refused below in one line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"(?:Unsupported global|Unsupported operand)[^\n.]*", str(e))
         what = f" ({found.group(0).strip()})" if found else ""

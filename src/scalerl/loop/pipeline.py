@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import time
 import traceback
 from typing import Protocol
@@ -136,6 +137,10 @@ def generator_worker(
     (:func:`generator_device`)."""
     from omegaconf import OmegaConf
 
+    # Ctrl-C reaches the whole process group: the trainer's process stops the run and this process
+    # with it (and this process stops by itself when the trainer's is gone)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(max(1, threads))
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, threads)))
     try:

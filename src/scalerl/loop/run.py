@@ -10,9 +10,12 @@ one :class:`~scalerl.loop.state.RunState`, saved in every checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalerl import algo
 from scalerl.generator import Generator, make_generator
+from scalerl.lock import hold
 from scalerl.loop import collective
 from scalerl.loop.batch import prepare_batch, step_statistics
 from scalerl.loop.data import PromptSampler
@@ -30,13 +34,37 @@ from scalerl.loop.errors import RunError
 from scalerl.loop.evaluate import evaluate
 from scalerl.loop.modes import MODES, AsyncMode, Placement, Rollouts
 from scalerl.loop.progress import Progress
+from scalerl.loop.signals import Interrupted, StopSignals
 from scalerl.loop.state import Clock, RunState
 from scalerl.model.build import build_policy, num_params
 from scalerl.task import build_task
-from scalerl.tracking import Checkpointer, Tracker, rng_state, set_rng_state
+from scalerl.tracking import Checkpointer, Tracker, rng_state, set_rng_state, tracking_uri
+from scalerl.tracking.secrets import redact
 from scalerl.trainer import NonFiniteError, make_trainer
 
 log = logging.getLogger("scalerl")
+FIT_LEVEL = 0.9  # the confidence level of the scaling fit's intervals
+
+
+class Stopped(RunError):
+    """The run stopped at a step boundary on SIGINT/SIGTERM, with a checkpoint; the message says how
+    to resume. ``signum``: the signal."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = int(signum)
+
+
+class MetricsUnflushed(RunError):
+    """The run ended, but the tracking store did not take all its metrics: they are kept in the
+    checkpoint, and running the same command again writes them."""
+
+
+def _unflushed_message(n: int, uri: str, ckpt) -> str:
+    return (
+        f"the run ended, but {n} metric values could not be written to the tracking store {redact(uri)}; "
+        f"they are kept in {ckpt}: run the same command again to write them"
+    )
 
 
 @dataclass
@@ -63,6 +91,7 @@ class Components:
     n_params: int  # without embeddings (the N of the FLOPs)
     n_params_all: int
     last_pass_rate: float = float("nan")
+    final_fit: dict | None = None  # the final scaling fit's metrics, once made
 
     @property
     def is_main(self) -> bool:
@@ -74,45 +103,91 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     """Run (or resume) the training run described by ``cfg``; returns its summary.
 
     ``tracker``: where metrics go (default: MLflow as configured, on rank 0). ``components``: the
-    run's parts, already built by :func:`build` from the same ``cfg``."""
+    run's parts, already built by :func:`build` from the same ``cfg``.
+
+    One process runs in an ``out_dir`` at a time (:class:`~scalerl.lock.LockBusy` otherwise). The
+    first SIGINT/SIGTERM stops the run at the next step boundary with a checkpoint
+    (:class:`Stopped`), a second one at once (:class:`~scalerl.loop.signals.Interrupted`); the MLflow
+    run is then KILLED. A run that ends with metrics the tracking store did not take raises
+    :class:`MetricsUnflushed` (they stay in its checkpoint; running it again writes them)."""
     _quiet_logging()
     OmegaConf.resolve(cfg)
-    finished = _finished_summary(cfg)
-    if finished is not None:
-        return finished
-    run = components if components is not None else build(cfg, tracker=tracker)
+    main = int(os.environ.get("RANK", "0")) == 0
+    with StopSignals() as stop, _out_dir_lock(cfg, main):
+        finished = _finished_summary(cfg) if main else None
+        if finished is not None:
+            finished.setdefault("tracking_uri", redact(tracking_uri(cfg)))
+            print_summary(finished)
+            return finished
+        run = components if components is not None else build(cfg, tracker=tracker)
+        return _run_loop(run, stop)
+
+
+def _run_loop(run: Components, stop: StopSignals) -> dict:
+    cfg = run.cfg
     st, total = run.state, int(cfg.trainer.total_steps)
     start_tracking(run, restore(run))
     clock = Clock(st)
     progress = Progress(cfg, total, st.step, enabled=run.is_main)
-    status, interrupted = "FAILED", False
+    status = "FAILED"
+    checkpointed = st.step
     try:
         hand_over_weights(run)
         if not st.evals:  # step 0, before any update
             log_step(run, 0, {**evaluation(run, clock, progress), **compute_metrics(run, clock)})
+        stop.graceful = True
         while st.step < total:
             _, stats = train_step(run)
             if st.step % cfg.eval.every == 0 or st.step == total:
                 stats.update(evaluation(run, clock, progress))
+            if st.step == total:  # logged with the last step, so that its flush is whole
+                stats.update(final_fit(run))
             stats.update(compute_metrics(run, clock))
             log_step(run, st.step, stats)
             progress.update(st.step, stats, run.last_pass_rate)
             if st.step % cfg.checkpoint_every == 0 or st.step == total:
                 checkpoint(run, clock)
-        final_fit(run)
-        checkpoint(run, clock)
+                checkpointed = st.step
+            if _stop_agreed(run, stop.signum is not None) and st.step < total:
+                if checkpointed != st.step:
+                    checkpoint(run, clock)
+                status = "KILLED"
+                name = signal.Signals(stop.signum or signal.SIGTERM).name
+                raise Stopped(
+                    stop.signum or signal.SIGTERM,
+                    f"stopped by {name} at step {st.step}/{total}; checkpoint in {run.ckpt.path}. "
+                    f"Resume with the same command (out_dir={run.out_dir})",
+                )
+        stop.graceful = False
         status = "FINISHED"
     except NonFiniteError as e:
         checkpoint_safe(run, clock)
         raise RunError(f"{e}; the last good checkpoint is in {run.ckpt.path}") from None
-    except KeyboardInterrupt:
-        interrupted = True
+    except SystemExit:  # a host's own signal handling ends the process (submitit on preemption)
+        status = "KILLED"
+        raise
+    except Interrupted as e:
+        status = "KILLED"
+        e.detail = f"interrupted by {signal.Signals(e.signum).name} at step {st.step}/{total}; " + (
+            f"the last checkpoint (step {checkpointed}) is in {run.ckpt.path}. "
+            f"Resume with the same command (out_dir={run.out_dir})"
+            if run.ckpt.exists()
+            else "no checkpoint yet: the same command starts it again"
+        )
         raise
     finally:
+        stop.graceful = False
         run.source.close()
         progress.close()
-        end_tracking(run, status, interrupted)
-    return write_summary(run)
+        end_tracking(run, status)
+    summary = write_summary(run)
+    if run.is_main and summary["metrics_unflushed"]:
+        raise MetricsUnflushed(
+            _unflushed_message(summary["metrics_unflushed"], run.tracker.uri, run.ckpt.path)
+        )
+    if run.is_main:
+        print_summary(summary)
+    return summary
 
 
 def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
@@ -311,12 +386,18 @@ def fit_metrics(run: Components, final: bool = False) -> dict[str, float]:
                 method=s.method,
                 min_compute_frac=s.min_compute_frac,
                 bootstrap=s.bootstrap,
+                level=FIT_LEVEL,
             )
             if png.is_file():
                 run.tracker.log_artifact_file(png)
         else:
             _, metrics = live.fit_metrics(
-                compute, reward, method=s.method, min_compute_frac=s.min_compute_frac, bootstrap=s.bootstrap
+                compute,
+                reward,
+                method=s.method,
+                min_compute_frac=s.min_compute_frac,
+                bootstrap=s.bootstrap,
+                level=FIT_LEVEL,
             )
     except Exception as e:  # a fit must never kill a run
         log.warning("scaling fit failed: %s", e)
@@ -324,11 +405,12 @@ def fit_metrics(run: Components, final: bool = False) -> dict[str, float]:
     return metrics
 
 
-def final_fit(run: Components) -> None:
+def final_fit(run: Components) -> dict[str, float]:
+    """The scaling fit over all evaluations, with the curve's figure (rank 0, >= 4 evaluations)."""
     if run.is_main and len(run.state.evals) >= 4:
-        final = fit_metrics(run, final=True)
-        if final:
-            run.tracker.log(run.state.step, final)
+        run.final_fit = fit_metrics(run, final=True)
+        return run.final_fit
+    return {}
 
 
 def device_hours(run: Components) -> float:
@@ -432,16 +514,16 @@ def start_tracking(run: Components, resumed: tuple[str, list] | None) -> None:
         log.info("resumed %s at step %d (MLflow run %s)", run.out_dir, run.state.step, run.tracker.run_id)
 
 
-def end_tracking(run: Components, status: str, interrupted: bool) -> None:
-    """Only what a checkpoint covers reaches MLflow: a run stopped between checkpoints (preempted,
-    interrupted, crashed) redoes those steps when it resumes, so writing them now would duplicate
-    them. A finished run flushed at its last checkpoint. An interrupted run stays RUNNING."""
+def end_tracking(run: Components, status: str) -> None:
+    """Mark the MLflow run FINISHED, FAILED or KILLED. Only what a checkpoint covers reaches MLflow:
+    a run stopped between checkpoints (preempted, interrupted, crashed) redoes those steps when it
+    resumes, so writing them now would duplicate them; a finished run writes what its last
+    checkpoint holds and the tracking store does not have yet."""
     if not run.is_main:
         return
-    if status == "FINISHED":
-        run.tracker.flush()
-    if status == "FINISHED" or not interrupted:
-        run.tracker.end(status)
+    if status == "FINISHED" and not run.tracker.flush():
+        return  # not FINISHED while metrics are missing: the rerun that writes them marks it
+    run.tracker.end(status)
 
 
 def write_summary(run: Components) -> dict:
@@ -455,12 +537,78 @@ def write_summary(run: Components) -> dict:
         "pass_rate_final": st.evals[-1]["pass_rate"] if st.evals else None,
         "wall_seconds": st.elapsed,
         "metrics_unflushed": len(run.tracker.pending),
+        "mlflow_status": run.tracker.status,
+        "tracking_uri": redact(run.tracker.uri),
+        "fit": run.final_fit or {},
+        "fit_level": FIT_LEVEL,
     }
     if run.is_main:
-        tmp = run.out_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1))
-        os.replace(tmp, run.out_dir / "summary.json")
+        _write_json(run.out_dir / "summary.json", summary)
     return summary
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The lines a finished run ends with: pass rate, fit, where its outputs and MLflow run are."""
+    wall = summary["wall_seconds"]
+    took = f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.1f} min"
+    lines = [f"done: {summary['steps']} steps in {took}"]
+    if summary.get("pass_rate_start") is not None:
+        lines.append(
+            f"held-out pass rate: {summary['pass_rate_start']:.3f} -> {summary['pass_rate_final']:.3f}"
+        )
+    fit = summary.get("fit") or {}
+    if fit.get("fit/ok") == 1.0:
+
+        def est(name: str) -> str:
+            v, lo, hi = (fit.get(f"fit/{name}{s}", math.nan) for s in ("", "_lo", "_hi"))
+            return f"{name} = {v:.3g}" + ("" if math.isnan(lo) else f" [{lo:.3g}, {hi:.3g}]")
+
+        level = summary.get("fit_level", FIT_LEVEL)
+        lines.append(f"scaling fit: {est('A')}, {est('B')} ({level:.0%} intervals)")
+    lines.append(f"outputs: {summary['out_dir']}")
+    uri = summary.get("tracking_uri", "")
+    if uri.startswith("sqlite:///") and not uri[len("sqlite:///") :].startswith("/"):
+        uri = f"sqlite:///{Path(uri[len('sqlite:///') :]).resolve()}"  # opens from any directory
+    lines.append(f"MLflow run {summary['run_id']} in {uri}")
+    if uri and not uri.startswith(("http://", "https://", "databricks")):
+        lines.append(f"open it: mlflow ui --backend-store-uri {uri}")
+    elif uri:
+        lines.append(f"open it: {uri}")
+    return lines
+
+
+def print_summary(summary: dict) -> None:
+    for line in summary_lines(summary):
+        print(f"[scalerl] {line}", flush=True)
+
+
+@contextlib.contextmanager
+def _out_dir_lock(cfg, main: bool):
+    """One process runs in an out_dir at a time (rank 0 holds its lock)."""
+    if not main:
+        yield
+        return
+    out_dir = Path(cfg.out_dir)
+    with hold(out_dir / ".lock", f"out_dir {out_dir}", wait=False):
+        yield
+
+
+def _stop_agreed(run: Components, local: bool) -> bool:
+    """Whether any rank was asked to stop (collective with several processes)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return local
+    on = run.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([1.0 if local else 0.0], device=on)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _quiet_logging() -> None:
@@ -470,10 +618,38 @@ def _quiet_logging() -> None:
 
 
 def _finished_summary(cfg) -> dict | None:
-    done = Path(cfg.out_dir) / "summary.json"
-    if done.is_file():
-        summary = json.loads(done.read_text())
-        if summary.get("steps", 0) >= cfg.trainer.total_steps:
-            log.info("run in %s already finished (%d steps); nothing to do", cfg.out_dir, summary["steps"])
-            return summary
-    return None
+    """The summary of the finished run in ``cfg.out_dir``, or None if it has not finished. Metrics its
+    checkpoint holds that the tracking store lacks are written first, and its MLflow run is marked
+    FINISHED (the store was unreachable when it ended)."""
+    out_dir = Path(cfg.out_dir)
+    done = out_dir / "summary.json"
+    if not done.is_file():
+        return None
+    summary = json.loads(done.read_text())
+    if summary.get("steps", 0) < cfg.trainer.total_steps:
+        return None
+    if summary.get("metrics_unflushed", 0) or summary.get("mlflow_status") != "FINISHED":
+        ck = Checkpointer(out_dir)
+        if ck.exists():
+            state = ck.load()
+            run_id, pending = state["run_id"], state["pending_metrics"]
+        else:  # nothing kept to write: only the run's status to set
+            run_id, pending = summary["run_id"], []
+        tracker = Tracker(cfg, out_dir)
+        try:
+            written = tracker.catch_up(run_id, pending)
+        except Exception as e:
+            raise MetricsUnflushed(
+                _unflushed_message(len(pending), tracker.uri, ck.path) + f" ({type(e).__name__})"
+            ) from None
+        if tracker.pending or tracker.status != "FINISHED":
+            raise MetricsUnflushed(_unflushed_message(len(tracker.pending), tracker.uri, ck.path))
+        summary.update(metrics_unflushed=0, mlflow_status=tracker.status, tracking_uri=redact(tracker.uri))
+        _write_json(done, summary)
+        log.info(
+            "wrote %d metric values the tracking store lacked; MLflow run %s is FINISHED",
+            written,
+            summary["run_id"],
+        )
+    log.info("run in %s already finished (%d steps); nothing to do", cfg.out_dir, summary["steps"])
+    return summary

@@ -8,6 +8,7 @@ supervised warm-start on the task, cached on disk keyed by everything it depends
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -171,7 +172,7 @@ def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
     except Exception as e:
         raise PathError("model.name_or_path", name, f"cannot load the model ({_first_line(e)})") from None
     n_embed = model.get_input_embeddings().num_embeddings
@@ -184,6 +185,25 @@ def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """Without transformers' progress bars: writing and reading the small local warm-start cache
+    takes a moment, and its bars would be noise in the run's output."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+# while waiting for another process's warm-start, say so this often
+WAIT_NOTICE_S = float(os.environ.get("SCALERL_WAIT_NOTICE_S", "30"))
 
 
 def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
@@ -199,13 +219,13 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
             eos_token_id=tokenizer.eos_token_id,
         )
         return model, tokenizer, {"source": "random init"}
-    from filelock import FileLock
+    from scalerl.lock import hold
 
     key = _warmstart_key(cfg)
     root = Path(mcfg.cache_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"warmstart-{key}"
-    with FileLock(str(root / f"warmstart-{key}.lock")):
+    with hold(root / f"warmstart-{key}.lock", f"the warm-start cache {path}", wait=True, every=WAIT_NOTICE_S):
         if not (path / "meta.json").is_file():
             log.info("warm-start: training %d supervised steps (cached as %s)", mcfg.warmstart_steps, path)
             model = build_model(
@@ -218,13 +238,15 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
             info = warmstart(model, tokenizer, task, mcfg, seed=cfg.seed)
             tmp = root / f".tmp-{key}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            with _no_progress_bars():
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
             (tmp / "meta.json").write_text(json.dumps(info))
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
     info = json.loads((path / "meta.json").read_text())
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    with _no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model, tokenizer, {"source": f"warm-start {path}", **info}
 
 

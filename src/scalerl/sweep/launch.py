@@ -106,7 +106,8 @@ def summary_of(out_dir: str | Path) -> dict | None:
 
 def is_finished(run: PlannedRun) -> bool:
     s = summary_of(run.out_dir)
-    return bool(s) and int(s.get("steps", 0)) >= run.total_steps
+    # a run whose metrics did not all reach the tracking store runs again: that writes them
+    return bool(s) and int(s.get("steps", 0)) >= run.total_steps and not s.get("metrics_unflushed")
 
 
 def max_parallel(launcher: dict) -> int:

@@ -89,6 +89,7 @@ class Tracker:
         self.uri = tracking_uri(cfg)
         self.client = MlflowClient(tracking_uri=self.uri) if enabled else None
         self.flush_failures = 0
+        self.status = "RUNNING"  # as this tracker last set it in MLflow (UNKNOWN: could not)
 
     # ------------------------------------------------------------------ run lifecycle
     def start(self, run_id: str | None, extra_params: dict[str, str]) -> str:
@@ -240,10 +241,27 @@ class Tracker:
             except Exception as e:
                 log.warning("tracking: could not set tag %s (%s)", key, type(e).__name__)
 
-    def end(self, status: str = "FINISHED") -> None:
+    def end(self, status: str = "FINISHED") -> bool:
+        """Mark the MLflow run ``status`` (FINISHED, FAILED, KILLED); False if the store is unreachable."""
         if not self.enabled:
-            return
+            return True
         try:
             self.client.set_terminated(self.run_id, status=status)
         except Exception as e:
+            self.status = "UNKNOWN"
             log.warning("tracking: could not mark the run %s (%s)", status, type(e).__name__)
+            return False
+        self.status = status
+        return True
+
+    def catch_up(self, run_id: str, pending: list) -> int:
+        """For a run that ended while the tracking store was unreachable: write the metrics of
+        ``pending`` (its last checkpoint's buffer) that the store lacks, then mark the run FINISHED.
+        Returns how many were written; ``self.pending`` keeps those the store did not take."""
+        self.run_id = run_id
+        self.restore_pending(pending)
+        n = len(self.pending)
+        if not self.flush():
+            return 0
+        self.end("FINISHED")
+        return n

@@ -1,0 +1,65 @@
+"""A process waiting for another's warm-start says what it waits for, for whom, and keeps saying it;
+when the holder dies, it recovers the lock and builds the cache itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TINY
+
+from scalerl.config import compose
+from scalerl.model.build import _warmstart_key
+
+OVERRIDES = [*TINY, "model.warmstart_steps=5"]
+
+
+@pytest.mark.slow
+def test_a_warmstart_waiting_on_another_process_says_so_until_it_can_go(tmp_path):
+    cache = tmp_path / "cache"
+    cfg = compose([*OVERRIDES, f"model.cache_dir={cache}"])
+    lock = cache / f"warmstart-{_warmstart_key(cfg)}.lock"
+    hold = f"from scalerl.lock import hold\nwith hold({str(lock)!r}, 'x', wait=False):\n print('held', flush=True)\n input()"
+    env = {**os.environ, "SCALERL_WAIT_NOTICE_S": "1"}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    waiter = None
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        build = (
+            "import logging, sys\n"
+            "logging.basicConfig(level=logging.INFO)\n"
+            "from scalerl.config import compose\n"
+            "from scalerl.model.build import load_tiny\n"
+            "from scalerl.task import build_task\n"
+            f"cfg = compose({[*OVERRIDES, f'model.cache_dir={cache}']!r})\n"
+            "model, tok, info = load_tiny(cfg, build_task(cfg))\n"
+            "print('built', info['source'], flush=True)\n"
+        )
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", build],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        time.sleep(8)  # imports, then about one notice a second
+        assert waiter.poll() is None  # still waiting
+        holder.kill()
+        holder.wait()
+        text, _ = waiter.communicate(timeout=240)
+    finally:
+        for p in (holder, waiter):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert waiter.returncode == 0, text
+    waits = [line for line in text.splitlines() if "waiting for the warm-start cache" in line]
+    assert len(waits) >= 2, text
+    assert all(f"held by pid {holder.pid} on host" in line and "since" in line for line in waits)
+    assert f"recovered the lock on the warm-start cache {Path(cache)}" in text
+    assert "built warm-start" in text
