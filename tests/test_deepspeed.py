@@ -569,3 +569,28 @@ def test_one_process_listens_on_loopback_only(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     addrs = json.loads(r.stdout.strip().splitlines()[-1])
     assert addrs and all(a == "127.0.0.1" for a, _ in addrs), addrs
+
+
+def test_a_crafted_engine_checkpoint_is_refused_on_resume(tiny_overrides, tmp_path):
+    """DeepSpeed loads its own files with weights_only=False: a file of the engine checkpoint that
+    names a code-running global is refused in one line before DeepSpeed reads it, and runs nothing."""
+    from test_checkpoint import _Payload
+
+    over = merged(
+        tiny_overrides,
+        EASY,
+        ["trainer=deepspeed", "trainer.zero_stage=1", "async_mode=sync", "trainer.total_steps=2"],
+    )
+    cmd = [sys.executable, str(REPO / "train.py"), *over]
+    r = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    tag = Path(dict(o.split("=", 1) for o in over)["out_dir"]) / "checkpoint" / "engine" / "step_00000002"
+    marker = tmp_path / "pwned"
+    torch.save({"module": _Payload(str(marker))}, tag / "mp_rank_00_model_states.pt")
+    r = subprocess.run(
+        [*cmd, "trainer.total_steps=3"], env=_env(tmp_path), capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "[WARNING]" not in ln]
+    assert len(lines) == 1 and "refused" in lines[0] and "posix.system" in lines[0], r.stderr[-2000:]
+    assert not marker.exists()

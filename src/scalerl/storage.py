@@ -66,3 +66,20 @@ def load_safe(path: Path) -> dict:
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} is not a scalerl checkpoint (a {type(state).__name__})")
     return state
+
+
+def check_no_code(path: Path, allowed: frozenset[str] = frozenset()) -> None:
+    """Refuse (UnsafeCheckpointError) a ``torch.save`` file that a library will load with
+    ``weights_only=False``: every global its pickle names must be one ``weights_only`` loading allows,
+    or in ``allowed`` (plain data classes of that library). Reads the pickle, not the tensors."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception as e:  # not a torch.save zip file, or truncated
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {first[:200]}") from None
+    unsafe = sorted(set(names) - allowed)
+    if unsafe:
+        raise UnsafeCheckpointError(
+            f"checkpoint {path} names {', '.join(unsafe[:3])}, not tensors and plain values: refused, "
+            "since loading it could run code"
+        )

@@ -32,8 +32,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalerl.storage import load_safe, save_atomic
+from scalerl.storage import check_no_code, load_safe, save_atomic
 from scalerl.trainer.engine import Engine, build_optimizer
+
+# the classes DeepSpeed's own checkpoint files hold besides tensors and plain values (data only)
+DEEPSPEED_DATA_CLASSES = frozenset(
+    {
+        "deepspeed.utils.tensor_fragment.fragment_address",
+        "deepspeed.runtime.zero.config.ZeroStageEnum",
+        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    }
+)
 
 
 def _free_port() -> int:
@@ -338,7 +348,12 @@ class DeepSpeedEngine(Engine):
         return tag
 
     def load_checkpoint(self, path: str, tag: str) -> dict | None:
-        """Load the engine checkpoint ``path/tag``; returns this rank's ``rank_state`` (or None)."""
+        """Load the engine checkpoint ``path/tag``; returns this rank's ``rank_state`` (or None).
+
+        DeepSpeed loads its files with ``weights_only=False``: each is checked first to name no
+        global beyond tensors, plain values and DeepSpeed's own data classes."""
+        for f in sorted((Path(path) / tag).glob("*.pt")):
+            check_no_code(f, DEEPSPEED_DATA_CLASSES)
         load_path, _ = self.engine.load_checkpoint(path, tag=tag)
         if load_path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint {tag!r} under {path}")
