@@ -88,3 +88,21 @@ def test_no_import_cycle_in_the_package():
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_subprocess_goes_through_a_shell():
+    """User strings (overrides, paths, URIs) reach subprocesses as argument lists, never a shell."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            shell = any(
+                k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                for k in node.keywords
+            )
+            f = node.func
+            named = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "os"
+            if shell or (named and f.attr in ("system", "popen")):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found
