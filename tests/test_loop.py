@@ -462,17 +462,18 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_overrides):
             "trainer.total_steps=10",
             "trainer.max_nonfinite_steps=3",
             "filter.zero_variance=false",
+            "checkpoint_every=10",
         ]
     )
     with torch.no_grad():
         for p in run.trainer.module.parameters():
             p.fill_(float("nan"))  # a model whose every loss is non-finite
-    with pytest.raises(RunError, match="3 consecutive optimiser steps had a non-finite"):
+    with pytest.raises(RunError, match="3 consecutive optimiser steps had a non-finite.*; no checkpoint"):
         train(cfg, components=run)
     uri = uri_of(tiny_overrides)
     skipped = [v for _, v in history(uri, run.tracker.run_id, "train/step_skipped")]
     assert skipped[:2] == [1.0, 1.0]
-    assert run.ckpt.exists()
+    assert not run.ckpt.exists()  # its weights were never finite: nothing to resume from
     assert MlflowClient(uri).get_run(run.tracker.run_id).info.status == "FAILED"
 
 
@@ -639,3 +640,21 @@ def test_rerunning_a_finished_run_the_store_did_not_mark_finished_marks_it(tiny_
     assert again["run_id"] == first["run_id"] and again["mlflow_status"] == "FINISHED"
     assert c.get_run(first["run_id"]).info.status == "FINISHED"
     assert [s for s, _ in history(uri, first["run_id"], "progress/step")] == [0, 1, 2]
+
+
+def test_weights_that_stop_being_finite_never_reach_a_checkpoint(tiny_overrides):
+    """Weights that are no longer finite are never checkpointed: the last good checkpoint stays the
+    last one, and the run stops in one line."""
+    from scalerl.loop.run import checkpoint
+    from scalerl.loop.state import Clock
+
+    cfg, run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=2"])
+    train(cfg, components=run)
+    with torch.no_grad():
+        next(run.trainer.module.parameters()).view(-1)[0] = float("inf")
+    with pytest.raises(RunError, match="no longer finite at step 2") as e:
+        checkpoint(run, Clock(run.state))
+    assert "\n" not in str(e.value) and str(run.ckpt.path) in str(e.value)
+    kept = run.ckpt.load()
+    assert kept["step"] == 2
+    assert all(bool(torch.isfinite(v).all()) for v in kept["trainer"]["model"].values())

@@ -162,7 +162,10 @@ def _run_loop(run: Components, stop: StopSignals) -> dict:
         status = "FINISHED"
     except NonFiniteError as e:
         checkpoint_safe(run, clock)
-        raise RunError(f"{e}; the last good checkpoint is in {run.ckpt.path}") from None
+        if run.is_main:  # the steps that led here are shown; a resume from an earlier checkpoint
+            run.tracker.flush()  # redoes them without logging them twice (Tracker.logged_through)
+        where = f"the last good checkpoint is in {run.ckpt.path}" if run.ckpt.exists() else "no checkpoint"
+        raise RunError(f"{e}; {where}") from None
     except SystemExit:  # a host's own signal handling ends the process (submitit on preemption)
         status = "KILLED"
         raise
@@ -452,6 +455,11 @@ def checkpoint(run: Components, clock: Clock) -> None:
     run checkpoint, then sends the metrics it covers to MLflow."""
     clock.tick()
     st = run.state
+    if not run.trainer.weights_finite():  # the last good checkpoint stays the last one
+        kept = (
+            f"the last good checkpoint is kept in {run.ckpt.path}" if run.ckpt.exists() else "no checkpoint"
+        )
+        raise RunError(f"the weights are no longer finite at step {st.step} (trainer.lr too high?); {kept}")
     own = {"rng": rng_state(), "generator_rng": run.generator.rng_state()}  # this rank's own streams
     tag = run.trainer.save_engine_checkpoint(_engine_dir(run), tag=f"step_{st.step:08d}", rank_state=own)
     if run.is_main:
@@ -473,10 +481,11 @@ def checkpoint(run: Components, clock: Clock) -> None:
 
 
 def checkpoint_safe(run: Components, clock: Clock) -> None:
-    """After repeated non-finite steps the weights were never updated with them: keep a checkpoint."""
+    """After repeated non-finite steps the weights were never updated with them: keep a checkpoint
+    (unless the weights themselves are no longer finite: then the last good one stays)."""
     try:
         checkpoint(run, clock)
-    except Exception as e:  # pragma: no cover
+    except Exception as e:
         log.warning("could not write a checkpoint: %s", e)
 
 

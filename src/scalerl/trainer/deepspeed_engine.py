@@ -301,6 +301,12 @@ class DeepSpeedEngine(Engine):
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def local_weights(self) -> list[torch.Tensor]:
+        """Under ZeRO-3 a parameter's values on this rank are its partition (``ds_tensor``)."""
+        if self.zero_stage != 3:
+            return super().local_weights()
+        return [p.ds_tensor.detach() for p in self.module.parameters()]
+
     def weights_digest(self) -> str:
         """SHA-256 over this rank's whole weights (``state_dict`` names and bytes, sorted by name).
 

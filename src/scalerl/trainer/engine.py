@@ -88,6 +88,10 @@ class Engine:
         """Context in which every parameter of ``module`` is whole (collective where it gathers)."""
         return contextlib.nullcontext()
 
+    def local_weights(self) -> list[torch.Tensor]:
+        """The parameter values this rank holds (all of them; a partitioning engine its shards)."""
+        return [p.detach() for p in self.module.parameters()]
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
         """What the run's main checkpoint (written by rank 0 alone) holds for this engine."""

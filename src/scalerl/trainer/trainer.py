@@ -83,6 +83,11 @@ class Trainer:
         """The plain policy (an engine may wrap it)."""
         return self.engine.module
 
+    def weights_finite(self) -> bool:
+        """Whether every weight, on every rank, is finite (collective)."""
+        local = all(bool(torch.isfinite(w).all()) for w in self.engine.local_weights())
+        return self.engine.all_reduce([1.0 if local else 0.0], "min")[0] == 1.0
+
     @property
     def world(self) -> int:
         return self.engine.world
