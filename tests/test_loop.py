@@ -528,7 +528,7 @@ def test_malformed_data_file_is_one_line_error(tmp_path):
     )
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and f"{data}:2" in lines[0] and "'prompt'" in lines[0], r.stderr
+    assert len(lines) == 1 and str(data) in lines[0] and "line 2: no 'answer' key" in lines[0], r.stderr
     assert not (tmp_path / "m.db").exists()
 
 
