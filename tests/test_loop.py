@@ -658,3 +658,35 @@ def test_weights_that_stop_being_finite_never_reach_a_checkpoint(tiny_overrides)
     kept = run.ckpt.load()
     assert kept["step"] == 2
     assert all(bool(torch.isfinite(v).all()) for v in kept["trainer"]["model"].values())
+
+
+def test_resuming_with_a_changed_recipe_is_refused_in_one_line(tiny_overrides):
+    """A run resumed in its out_dir keeps its recipe (the MLflow run's params describe it); its length
+    may grow."""
+    from scalerl.config import ConfigError
+
+    train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
+    with pytest.raises(
+        ConfigError, match=r"loss\.eps_max='4\.0': must be '5\.0' as in the run being resumed"
+    ) as e:
+        train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3", "loss.eps_max=4.0"]))
+    assert "\n" not in str(e.value)
+    summary = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3"]))  # longer: allowed
+    assert summary["steps"] == 3
+
+
+def test_a_truncated_latest_checkpoint_resumes_from_the_one_before_without_gaps(tiny_overrides):
+    """The latest checkpoint is cut short (a crash while the disk filled): the run resumes from the one
+    before it, redoes the steps in between without logging them twice, and goes on."""
+    from scalerl.tracking import Checkpointer
+
+    out = Path(dict(o.split("=", 1) for o in tiny_overrides)["out_dir"])
+    first = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=4"]))  # checkpoints at 2 and 4
+    last = Checkpointer(out).path
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 3])
+    summary = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=6"]))
+    assert summary["run_id"] == first["run_id"] and summary["steps"] == 6
+    uri = uri_of(tiny_overrides)
+    assert [s for s, _ in history(uri, summary["run_id"], "train/reward")] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in history(uri, summary["run_id"], "val/pass_rate")] == [0, 2, 4, 6]

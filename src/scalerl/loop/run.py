@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from scalerl import algo
+from scalerl.config import ConfigError
 from scalerl.generator import Generator, make_generator
 from scalerl.lock import hold
 from scalerl.loop import collective
@@ -40,6 +41,7 @@ from scalerl.model.build import build_policy, num_params
 from scalerl.task import build_task
 from scalerl.tracking import Checkpointer, Tracker, rng_state, set_rng_state, tracking_uri
 from scalerl.tracking.secrets import redact
+from scalerl.tracking.tracker import flatten
 from scalerl.trainer import NonFiniteError, make_trainer
 
 log = logging.getLogger("scalerl")
@@ -114,6 +116,7 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     OmegaConf.resolve(cfg)
     main = int(os.environ.get("RANK", "0")) == 0
     with StopSignals() as stop, _out_dir_lock(cfg, main):
+        check_same_recipe(cfg)
         finished = _finished_summary(cfg) if main else None
         if finished is not None:
             finished.setdefault("tracking_uri", redact(tracking_uri(cfg)))
@@ -450,6 +453,49 @@ def _engine_dir(run: Components) -> str:
     return str(run.out_dir / "checkpoint" / "engine")
 
 
+# what may differ when a run is resumed: its length, cadences, threads, where it logs or runs
+RESUMABLE_CHANGES = (
+    "trainer.total_steps",
+    "trainer.threads",
+    "checkpoint_every",
+    "progress",
+    "out_dir",
+    "eval.log_samples",
+    "tracking.",
+    "launcher.",
+    "scaling.",
+)
+
+
+def recipe(cfg) -> dict[str, str]:
+    """The resolved config, flat, without what may change on resume: what a resumed run must match."""
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
+    return {k: redact(v) for k, v in flat.items() if not k.startswith(RESUMABLE_CHANGES)}
+
+
+def _recipe_path(out_dir) -> Path:
+    return Path(out_dir) / "checkpoint" / "recipe.json"
+
+
+def check_same_recipe(cfg) -> None:
+    """A run resumed in ``cfg.out_dir`` must have the recipe it started with: ConfigError (one line)
+    naming the first key that differs, else the new recipe would train under the old run's params."""
+    path = _recipe_path(cfg.out_dir)
+    if not path.is_file():
+        return
+    before, now = json.loads(path.read_text()), recipe(cfg)
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            raise ConfigError(
+                key,
+                now.get(key, "(unset)"),
+                f"{before.get(key, '(unset)')!r} as in the run being resumed (when resuming, only "
+                f"{', '.join(k.rstrip('.') for k in RESUMABLE_CHANGES)} may change: start a new recipe "
+                "in another out_dir)",
+                where=f"out_dir {cfg.out_dir}",
+            )
+
+
 def checkpoint(run: Components, clock: Clock) -> None:
     """Every rank writes its part of the trainer's engine (if it has one; collective); rank 0 the
     run checkpoint, then sends the metrics it covers to MLflow."""
@@ -477,6 +523,8 @@ def checkpoint(run: Components, clock: Clock) -> None:
                 "engine_tag": tag,
             }
         )
+        if not _recipe_path(run.out_dir).is_file():
+            _write_json(_recipe_path(run.out_dir), recipe(run.cfg))
         run.tracker.flush()
 
 
