@@ -59,5 +59,19 @@ def test_a_password_in_the_tracking_uri_is_never_logged(tmp_path, monkeypatch):
         for text in logged:
             assert "s3cr3t-pw" not in text and "hf_FAKE_ENV_TOKEN_123" not in text
         assert run.data.params["tracking.uri"] == f"http://alice:***@127.0.0.1:{port}"
+        # the server (and its workers) listen on loopback only
+        from procs import descendants, listening_addresses
+
+        addrs = [
+            a for pid in (proc.pid, *descendants(proc.pid)) for a in _listening(listening_addresses, pid)
+        ]
+        assert addrs and {a for a, _ in addrs} == {"127.0.0.1"}, addrs
     finally:
         stop_server(proc, graceful=False)
+
+
+def _listening(listening_addresses, pid: int) -> list:
+    try:
+        return listening_addresses(pid)
+    except OSError:  # the process ended meanwhile
+        return []

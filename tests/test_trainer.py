@@ -139,7 +139,8 @@ def test_a_step_with_shared_prompts_lands_on_the_same_weights():
 def test_a_model_that_returns_no_cache_is_a_clear_error():
     """Gradient checkpointing turns the KV cache off in training: sharing says what to do instead."""
     model = build_model(tiny_model_cfg("gpt2"), VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
-    model.gradient_checkpointing_enable()
+    # transformers 5 renamed it (the old name warns); 4.x has only the old one
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     tr = make_trainer(
         trainer_cfg(True),
         model.train(),
