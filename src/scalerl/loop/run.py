@@ -453,7 +453,7 @@ def _engine_dir(run: Components) -> str:
     return str(run.out_dir / "checkpoint" / "engine")
 
 
-# what may differ when a run is resumed: its length, cadences, threads, where it logs or runs
+# what may differ when a run is resumed: its length, cadences, threads, where it logs, runs or caches
 RESUMABLE_CHANGES = (
     "trainer.total_steps",
     "trainer.threads",
@@ -461,6 +461,7 @@ RESUMABLE_CHANGES = (
     "progress",
     "out_dir",
     "eval.log_samples",
+    "model.cache_dir",
     "tracking.",
     "launcher.",
     "scaling.",
