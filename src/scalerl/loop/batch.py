@@ -35,7 +35,8 @@ class Prepared:
     lags: int  # policy-lag entries the lag statistics are over
 
 
-def _mean(xs) -> float:
+def mean(xs) -> float:
+    """Mean of numbers or flags; 0.0 for none."""
     xs = [float(x) for x in xs]
     return sum(xs) / len(xs) if xs else 0.0
 
@@ -52,11 +53,11 @@ def prepare_batch(
     gids = torch.tensor([i for i, g in enumerate(groups) for _ in g])
     stats = {
         "train/reward": float(rewards.mean()),
-        "train/correct": _mean(s.correct for s in samples),
-        "train/truncation_rate": _mean(s.truncated for s in samples),
-        "train/interruption_rate": _mean(s.interrupted for s in samples),
-        "train/response_length": _mean(s.num_tokens for s in samples),
-        "train/think_length": _mean(s.think_tokens for s in samples),
+        "train/correct": mean(s.correct for s in samples),
+        "train/truncation_rate": mean(s.truncated for s in samples),
+        "train/interruption_rate": mean(s.interrupted for s in samples),
+        "train/response_length": mean(s.num_tokens for s in samples),
+        "train/think_length": mean(s.think_tokens for s in samples),
     }
     keep_groups = groups
     dropped = 0
@@ -68,7 +69,7 @@ def prepare_batch(
         keep_groups = [groups[i] for i in kept_idx]
     # policy lag of the tokens trained on (paper Sec. 3.1)
     lags = [version - v for s in samples for v in s.versions if v >= 0]
-    stats["train/policy_lag_mean"] = _mean(lags) if lags else 0.0
+    stats["train/policy_lag_mean"] = mean(lags) if lags else 0.0
     stats["train/policy_lag_max"] = float(max(lags)) if lags else 0.0
     stats["train/versions_in_batch"] = float(len({v for s in samples for v in s.versions if v >= 0}))
     stats["train/groups_trained"] = float(len(keep_groups))

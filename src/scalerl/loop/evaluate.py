@@ -7,13 +7,9 @@ from collections import defaultdict
 
 import torch
 
+from scalerl.loop.batch import mean
 from scalerl.loop.state import RunState
 from scalerl.task.score import score_groups
-
-
-def _mean(xs) -> float:
-    xs = [float(x) for x in xs]
-    return sum(xs) / len(xs) if xs else 0.0
 
 
 @torch.no_grad()
@@ -51,8 +47,8 @@ def evaluate(
     unsolved = [u for u, r in state.step0_solved.items() if r == 0]
     if unsolved:
         out["val/pass_rate_unsolved_at_start"] = sum(per_prompt.get(u, 0.0) for u in unsolved) / len(unsolved)
-    out["val/truncation_rate"] = _mean(s.truncated for g in groups for s in g)
-    out["val/response_length"] = _mean(s.num_tokens for g in groups for s in g)
+    out["val/truncation_rate"] = mean(s.truncated for g in groups for s in g)
+    out["val/response_length"] = mean(s.num_tokens for g in groups for s in g)
     if cfg.eval.log_samples:
         lines = []
         for p, g in zip(val, groups):
