@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from scalerl.messages import first_line
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message is one line for the user."""
@@ -61,8 +63,7 @@ def load_safe(path: Path) -> dict:
             "loading it could run code"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {first[:200]}") from None
+        raise _corrupt(path, e) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} is not a scalerl checkpoint (a {type(state).__name__})")
     return state
@@ -75,11 +76,14 @@ def check_no_code(path: Path, allowed: frozenset[str] = frozenset()) -> None:
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception as e:  # not a torch.save zip file, or truncated
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {first[:200]}") from None
+        raise _corrupt(path, e) from None
     unsafe = sorted(set(names) - allowed)
     if unsafe:
         raise UnsafeCheckpointError(
             f"checkpoint {path} names {', '.join(unsafe[:3])}, not tensors and plain values: refused, "
             "since loading it could run code"
         )
+
+
+def _corrupt(path: Path, e: BaseException) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path} is truncated or corrupt: {first_line(e)}")

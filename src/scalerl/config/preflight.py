@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig
 
 from scalerl.config.validate import ConfigError
+from scalerl.messages import first_line
 
 # schemes MLflow stores by default; a URI without a scheme is a local folder
 TRACKING_SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
@@ -144,9 +145,8 @@ def check_model_folder(name: str, key: str = "model.name_or_path") -> dict | Non
             with safe_open(str(p / "model.safetensors"), framework="pt") as f:
                 f.keys()
         except Exception as e:  # safetensors raises its own error types for a corrupt header
-            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise PathError(
-                key, name, f"model.safetensors is not a readable safetensors file ({detail})"
+                key, name, f"model.safetensors is not a readable safetensors file ({first_line(e)})"
             ) from None
     return config
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from scalerl.messages import first_line
 from scalerl.model.tokenizer import build_char_tokenizer
 
 log = logging.getLogger(__name__)
@@ -183,8 +184,8 @@ def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
+    """The exception's type and the first line of its message."""
+    return f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
 
 
 @contextlib.contextmanager
