@@ -37,6 +37,14 @@ def make_generator(
     cls = GENERATORS.get(name)
     if cls is None:
         raise ValueError(f"generator.name={name!r}: must be one of {', '.join(GENERATORS)}")
+    extra = {"stale_kv_samples": int(getattr(cfg.generator, "stale_kv_samples", 4))}
+    if name == "vllm":
+        g = cfg.generator
+        extra.update(
+            kv_cache_gib=float(g.kv_cache_gib),
+            gpu_memory_utilization=float(g.gpu_memory_utilization),
+            max_num_seqs=int(g.max_num_seqs),
+        )
     return cls(
         model,
         tokenizer,
@@ -45,4 +53,5 @@ def make_generator(
         temperature=float(cfg.generator.temperature),
         device=device,
         seed=seed,
+        **extra,
     )

@@ -31,6 +31,7 @@ import torch
 from scalerl.config.options import options
 from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
+from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
 
@@ -72,8 +73,10 @@ class HFGenerator(Generator):
         temperature: float = 1.0,
         device: torch.device | str = "cpu",
         seed: int = 0,
+        stale_kv_samples: int = 4,
     ):
         self.device = torch.device(device)
+        self.stale_kv_samples = int(stale_kv_samples)
         self.model = precision.prepare(model)
         self.tokenizer = tokenizer
         self.precision = precision
@@ -156,7 +159,12 @@ class HFGenerator(Generator):
                 out = self._decode(prompt_ids, n, version, weight_update, on_step, cached)
         finally:
             self.model.train(was_training)
-        return self._to_samples(prompts, prompt_ids, group_ids, n, out)
+        groups = self._to_samples(prompts, prompt_ids, group_ids, n, out)
+        if weight_update is not None:
+            measure_stale_kv(
+                self.model, self.precision, self.temperature, groups, self.version, self.stale_kv_samples
+            )
+        return groups
 
     # ------------------------------------------------------------------ internals
     def _encode(self, prompt: Any) -> list[int]:

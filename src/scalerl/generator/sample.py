@@ -25,6 +25,9 @@ class Sample:
     interrupted: bool  # the interruption phrase was forced in
     think_tokens: int  # sampled tokens before </think> (or before the forced phrase)
     reward: float = 0.0  # filled later by the loop
+    # mean |behaviour - fresh log-prob| of the tokens generated after an in-flight update, for the
+    # few samples the generator measured (scalerl.generator.staleness); None: not measured
+    stale_kv_gap: float | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -40,12 +40,11 @@ import torch
 
 from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
+from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
 
-INSTALL_HINT = (
-    'generator=vllm needs vLLM: `bash launch/install_vllm_cpu.sh` (CPU) or `pip install -e ".[vllm]"` (CUDA GPU)'
-)
+INSTALL_HINT = 'generator=vllm needs vLLM: `bash launch/install_vllm_cpu.sh` (CPU) or `pip install -e ".[vllm]"` (CUDA GPU)'
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 WORKER_EXTENSION = "scalerl.generator.vllm_worker.WeightSync"
 
@@ -61,7 +60,9 @@ def import_vllm():
     return vllm
 
 
-def vllm_state(module: torch.nn.Module, tensors: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def vllm_state(
+    module: torch.nn.Module, tensors: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """The policy's weights under the names a checkpoint has (without the parametrizations that
     emulate low precision; those weights are rounded as the trainer sees them), tied copies once."""
     from torch.nn.utils import parametrize
@@ -130,7 +131,6 @@ class _Row:
     sampled: int = 0
     done: bool = False
     truncated: bool = False
-    swap_at: int = -1  # index of the first token generated after an in-flight update (-1: none)
 
 
 class VLLMGenerator(Generator):
@@ -166,7 +166,9 @@ class VLLMGenerator(Generator):
         self.think_end_id = int(ids[0]) if len(ids) == 1 else None
         self.phrase_ids: list[int] = []
         if self.mode == "interruption":
-            self.phrase_ids = list(tokenizer(str(length_control.phrase), add_special_tokens=False)["input_ids"])
+            self.phrase_ids = list(
+                tokenizer(str(length_control.phrase), add_special_tokens=False)["input_ids"]
+            )
             if not self.phrase_ids:
                 raise ValueError("length_control.phrase is empty: interruption needs a phrase to force in")
         self.rng = torch.Generator().manual_seed(seed)
@@ -233,7 +235,9 @@ class VLLMGenerator(Generator):
     def _add(self, rid: int, row: _Row, max_tokens: int, stop: list[int]) -> None:
         self._request += 1
         self.engine.add_request(
-            f"{self._request}:{rid}", {"prompt_token_ids": row.prompt_ids + row.ids}, self._params(max_tokens, stop)
+            f"{self._request}:{rid}",
+            {"prompt_token_ids": row.prompt_ids + row.ids},
+            self._params(max_tokens, stop),
         )
 
     def _next_phase(self, rid: int, row: _Row, eos: list[int]) -> None:
@@ -308,9 +312,6 @@ class VLLMGenerator(Generator):
                 new = weight_update()
                 if new is not None:
                     self.version = int(new)
-                    for row in rows:
-                        if not row.done and row.ids and row.swap_at < 0:
-                            row.swap_at = len(row.ids)
             for out in self.engine.step():
                 rid = int(out.request_id.split(":", 1)[1])
                 row = rows[rid]
@@ -332,7 +333,12 @@ class VLLMGenerator(Generator):
                     self._next_phase(rid, row, eos)
             if on_step is not None:
                 on_step()
-        return self._to_samples(prompts, group_ids, rows, eos)
+        groups = self._to_samples(prompts, group_ids, rows, eos)
+        if weight_update is not None:  # self.model holds the weights vLLM has (the transport's copy)
+            measure_stale_kv(
+                self.model, self.precision, self.temperature, groups, self.version, self.stale_kv_samples
+            )
+        return groups
 
     def _encode(self, prompt: Any) -> list[int]:
         ids = getattr(prompt, "prompt_ids", None)

