@@ -105,9 +105,9 @@ def check_cpu_head_dim(config: Any) -> None:
 
 def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
     """A checkpoint folder vLLM can load: the config and one safetensors file of :func:`vllm_state`."""
-    from safetensors.torch import save_file
-
     import copy
+
+    from safetensors.torch import save_file
 
     folder = Path(folder)
     config = copy.deepcopy(module.config)
@@ -212,6 +212,12 @@ class VLLMGenerator(Generator):
             torch.set_num_threads(threads)
         self.engine = self.llm.llm_engine
         self.head_dtype = self.llm.collective_rpc("scalerl_head_dtype")[0]
+        want = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision.head]
+        if self.head_dtype != want:
+            raise RuntimeError(
+                f"precision.head={precision.head}: the vLLM engine computes its LM head in {self.head_dtype} "
+                f"(this vLLM has no head_dtype override); generator and trainer would disagree"
+            )
 
     def close(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
