@@ -33,7 +33,7 @@ def evaluate(
         for i in range(0, len(val), bs):
             groups.extend(generator.generate(val[i : i + bs], K, version=state.step))
     generator.set_rng_state(rng)
-    state.verifier_errors += score_groups(task, val, groups, cfg)
+    state.count_verifier(score_groups(task, val, groups, cfg))
     per_prompt = {p.uid: sum(s.correct for s in g) / K for p, g in zip(val, groups)}
     by_diff: dict[int, list[float]] = defaultdict(list)
     for p in val:

@@ -438,6 +438,9 @@ def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
         "data/stale_dropped": float(st.stale_dropped),
         "data/verifier_errors": float(st.verifier_errors),
     }
+    # failed programs per kind (task=code): every kind the task can count, from the first step
+    for kind in sorted(set(getattr(run.task, "verifier_kinds", ())) | set(st.verifier_kinds)):
+        out[f"data/verifier_{kind}"] = float(st.verifier_kinds.get(kind, 0))
     if run.device.type == "cuda":  # the trainer's peak GPU memory (the pipeline generator's is not counted)
         out["perf/gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     return out

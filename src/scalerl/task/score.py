@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from scalerl import algo
-from scalerl.task.base import safe_score
+from scalerl.task.base import score_counted
 
 
-def score_groups(task, prompts, groups, cfg) -> int:
+def score_groups(task, prompts, groups, cfg) -> Counter[str]:
     """Set ``reward`` (with the length penalty, if configured) and ``correct`` on every sample.
-    Returns how many verifier calls failed (raised or timed out; those score 0)."""
-    errors = 0
+    Returns counts: ``"errors"``, the verifier calls that failed (raised or timed out), and per
+    kind the programs that failed in a counted way (``task=code``: ``"timeout"``, ``"network"`` ...);
+    all of those score 0."""
+    counts: Counter[str] = Counter()
     lc = cfg.length_control
     for prompt, group in zip(prompts, groups):
         for s in group:
-            r, err = safe_score(task, prompt, s.text, cfg.task.verifier_timeout_s)
-            errors += err is not None
+            r, err, kind = score_counted(task, prompt, s.text, cfg.task.verifier_timeout_s)
+            counts["errors"] += err is not None
+            if kind is not None:
+                counts[kind] += 1
             s.correct = r
             s.reward = r
         if lc.name == "length_penalty":
@@ -25,4 +31,4 @@ def score_groups(task, prompts, groups, cfg) -> int:
             pen = algo.length_penalty(lengths, correct, lc.l_max, lc.l_cache)
             for s, p in zip(group, pen.tolist()):
                 s.reward = s.correct + p
-    return errors
+    return counts
