@@ -18,6 +18,7 @@ class Prompt:
     text: str  # what the model is given
     answer: str  # the reference answer
     difficulty: int = 0  # task-specific (addition: number of digits)
+    domain: str = ""  # task=multi: which domain (task) the prompt comes from
 
 
 class Task(Protocol):

@@ -83,7 +83,7 @@ class CodeTask:
         *,
         source: str = "templates",
         seed: int = 1234,
-        num_val: int = 64,
+        num_val: int = 128,
         warmstart_slip_prob: float = 0.25,
         timeout_s: float = 4.0,
         memory_mb: int = 512,
