@@ -159,13 +159,31 @@ def test_wrong_types_unknown_keys_and_unset_values_are_one_line(overrides, expec
         (["task=multi", "task.domains.code.name=python"], "task.domains.code.name='python': must be one of"),
         (["task=multi", "task.domains.code.name=multi"], "task.domains.code.name='multi': must be one of"),
         (["task=multi", "~task.domains.code"], "task.domains=['math']: must be at least two domains"),
-        (["task=multi", "+task.domains.code.max_digits=3"], "task.domains.code.max_digits=3: must be a key of task=code"),
-        (["task=multi", "task.domains.math.max_digits=many"], "task.domains.math.max_digits='many': must be a value of type int"),
+        (
+            ["task=multi", "+task.domains.code.max_digits=3"],
+            "task.domains.code.max_digits=3: must be a key of task=code",
+        ),
+        (
+            ["task=multi", "task.domains.math.max_digits=many"],
+            "task.domains.math.max_digits='many': must be a value of type int",
+        ),
         (["task=multi", "task.domains.math.min_digits=0"], "task.domains.math.min_digits=0: must be >= 1"),
-        (["task=multi", "task.domains.code.timeout_s=10"], "task.verifier_timeout_s=8.0: must be >= domains.code.timeout_s + 1"),
-        (["task=multi", "+task.domains.code.verifier_timeout_s=1"], "task.domains.code.verifier_timeout_s=1: must be left out"),
-        (["task=multi", "+task.domains.Math={name: code}"], "task.domains='Math': must be domain names of lowercase"),
-        (["task=multi", "~task.domains.math", "+task.domains.math={name: jsonl}"], "task.domains.math.path='???'"),
+        (
+            ["task=multi", "task.domains.code.timeout_s=10"],
+            "task.verifier_timeout_s=8.0: must be >= domains.code.timeout_s + 1",
+        ),
+        (
+            ["task=multi", "+task.domains.code.verifier_timeout_s=1"],
+            "task.domains.code.verifier_timeout_s=1: must be left out",
+        ),
+        (
+            ["task=multi", "+task.domains.Math={name: code}"],
+            "task.domains='Math': must be domain names of lowercase",
+        ),
+        (
+            ["task=multi", "~task.domains.math", "+task.domains.math={name: jsonl}"],
+            "task.domains.math.path='???'",
+        ),
         (["task=multi", "task.ratio.math=nan"], "task.ratio.math=nan: must be a finite number"),
     ],
 )
