@@ -172,6 +172,8 @@ def test_templated_problems_are_scored_by_their_unit_tests(code_task):
     assert code_task.score(p, f"def f(x): return {table}.get(x, 0)") == 0.0
     cheat = "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n"
     assert code_task.score(p, cheat) == 0.0
+    patched = "import builtins\nbuiltins.type = lambda o: int\n" + cheat  # the tests keep the real type()
+    assert code_task.score(p, patched) == 0.0
     assert code_task.score(p, "") == 0.0
 
 

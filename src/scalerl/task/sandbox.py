@@ -36,7 +36,10 @@ process, time, memory and output limits and the namespace do not depend on it. P
 read from a random token the harness prints after the tests pass (with exit code 0), so a
 program that calls ``os._exit(0)`` does not pass; a program that digs the token out of the
 harness's frames could, and tests that compare with ``==`` can be fooled by an object whose
-``__eq__`` always holds (the templated code task's tests check ``type(...) is int`` first).
+``__eq__`` always holds (the templated code task's tests check ``type(...) is int`` first). The
+tests run with the builtins as they were before the program ran (a program that replaces
+``builtins.type`` does not change what the tests call), but modules the program patched stay
+patched.
 """
 
 from __future__ import annotations
@@ -163,6 +166,8 @@ def _main():
         bye(codes["crash"])
 
     sys.addaudithook(hook)
+    import builtins
+    pristine = dict(builtins.__dict__)  # the tests see these, whatever the program patches
     ns = {"__name__": "__main__"}
     try:
         exec(compile(job["code"], "<program>", "exec"), ns)
@@ -171,7 +176,7 @@ def _main():
     except BaseException as e:
         crashed(e)
     try:
-        exec(compile(job["tests"], "<tests>", "exec"), ns)
+        exec(compile(job["tests"], "<tests>", "exec"), {**ns, "__builtins__": pristine})
     except AssertionError:
         bye(codes["failed"])
     except MemoryError:
