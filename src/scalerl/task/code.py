@@ -28,13 +28,17 @@ last ``</think>``, else all the text after it.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
+import logging
 import random
 import re
 
 from scalerl.task import sandbox
 from scalerl.task.base import THINK_END, ProgramFailed, Prompt
+
+log = logging.getLogger(__name__)
 
 SOURCES = ("templates", "humaneval")
 VAL_UID0 = 1_000_000  # validation uids start here (train uids from 0)
@@ -108,6 +112,7 @@ class CodeTask:
                 f"task.num_val={num_val}: must be in 1..{len(problems) - 1} (source={source} has "
                 f"{len(problems)} problems, some must train)"
             )
+        _say_isolation()
         self._problems = problems
         self._val_idx, self._train_idx = order[:num_val], order[num_val:]
         make = self._template_prompt if source == "templates" else self._humaneval_prompt
@@ -184,6 +189,12 @@ class CodeTask:
                 solution = problem["prompt"].rstrip() + "\n" + problem["canonical_solution"]
                 out.append((text, "```python\n" + solution.strip("\n") + "\n```"))
         return out
+
+
+@functools.cache
+def _say_isolation() -> None:
+    """Once per process: which network isolation the sandbox has here."""
+    log.info("code sandbox: network blocked by %s", sandbox.network_isolation())
 
 
 def _humaneval_problems() -> list[dict]:

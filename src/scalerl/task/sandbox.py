@@ -30,6 +30,11 @@ What each limit rests on (and its honest limits):
   ``_posixsubprocess``, ``multiprocessing`` or ``concurrent`` (kind ``process``), and
   ``resource.setrlimit`` cannot be called (kind ``forbidden``).
 
+The limits are set by the child itself, in the harness that runs before the program, rather
+than in a ``preexec_fn``: the training process has threads (torch's, the pipeline's), and a
+``preexec_fn`` after ``fork`` in a threaded process can deadlock (the ``subprocess`` docs warn of
+it). Nothing of the program runs before they are in place.
+
 An audit hook is a guard against accidents and crude attacks, not a security boundary against a
 determined adversary with native code: it runs in the same interpreter as the program. The
 process, time, memory and output limits and the namespace do not depend on it. Pass or fail is
@@ -275,7 +280,7 @@ def run_program(code: str, tests: str, limits: Limits = Limits()) -> Outcome:
             pass
         data, over, timed_out = _read_capped(proc, deadline, int(limits.max_output_bytes))
         if not (over or timed_out):
-            timed_out = not _exited(proc.pid, deadline)
+            timed_out = not _exited(proc, deadline)
         _kill_group(proc.pid)
         rc = proc.wait()
     finally:
@@ -324,12 +329,19 @@ def _read_capped(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[byt
                 return b"".join(chunks)[:cap], True, False
 
 
-def _exited(pid: int, deadline: float) -> bool:
-    """Wait (without reaping, so the process group cannot be reused yet) until ``pid`` exits or the
-    deadline passes; True if it exited."""
+def _exited(proc: subprocess.Popen, deadline: float) -> bool:
+    """Wait until the program exits or the deadline passes; True if it exited. Where ``os.waitid``
+    exists (Linux) it waits without reaping, so its process group cannot be reused before it is
+    killed; elsewhere (macOS before Python 3.13) it reaps."""
+    if not hasattr(os, "waitid"):
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
     while True:
         try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
                 return True
         except ChildProcessError:
             return True
