@@ -67,7 +67,8 @@ ATTACKS = {
     "ctypes": ("import ctypes\nctypes.CDLL(None).fork()\n", "forbidden"),
     "raise its limits": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n", "forbidden"),
     "exception": ("raise ValueError('boom')\n", "crash"),
-    "syntax error": ("def f(:\n", "crash"),
+    "syntax error": ("def f(:\n", "syntax"),
+    "null byte": ("x = 1\0\n", "syntax"),
     "recursion": ("def f(x):\n    return f(x + 1)\nf(0)\n", "crash"),
     "exit 0 before the tests": ("import os\nos._exit(0)\n", "crash"),
     "sys.exit(0)": ("import sys\nsys.exit(0)\n", "crash"),
@@ -238,7 +239,7 @@ def test_failed_programs_are_counted_by_kind_and_verifier_errors_apart(code_task
     groups = [[_sample(t) for t in texts]]
     counts = score_groups(fast, [p], groups, cfg)
     assert [s.correct for s in groups[0]] == [1.0, 0.0, 0.0, 0.0, 0.0]
-    assert counts == Counter({"timeout": 1, "process": 1, "network": 1, "crash": 1, "errors": 0})
+    assert counts == Counter({"timeout": 1, "process": 1, "network": 1, "syntax": 1, "errors": 0})
     assert set(counts) - {"errors"} <= set(KINDS)
     # a verifier that itself breaks is an error, not a kind
     assert score_counted(code_task, Prompt(0, "x", "not json"), "def f(x): return 1", 5.0)[1:] == (

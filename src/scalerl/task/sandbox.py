@@ -26,6 +26,8 @@ What each limit rests on (and its honest limits):
   renames, links or changes one, outside that directory (kind ``file_write``), or opens or lists
   anything outside it and the standard library (kind ``file_read``). ``os.stat`` raises no audit
   event: file metadata stays visible.
+* code that does not compile is kind ``syntax``; a program (or its tests) that raises anything but
+  a failed ``assert`` is kind ``crash``.
 * ``ctypes`` (which could bypass the hook) cannot be imported (kind ``forbidden``), nor can
   ``_posixsubprocess``, ``multiprocessing`` or ``concurrent`` (kind ``process``), and
   ``resource.setrlimit`` cannot be called (kind ``forbidden``).
@@ -64,7 +66,18 @@ import time
 from dataclasses import dataclass
 
 # failure kinds, each counted as data/verifier_<kind>; a plain wrong answer (a test's assert fails) has none
-KINDS = ("timeout", "memory", "output", "process", "network", "file_write", "file_read", "forbidden", "crash")
+KINDS = (
+    "timeout",
+    "memory",
+    "output",
+    "process",
+    "network",
+    "file_write",
+    "file_read",
+    "forbidden",
+    "syntax",
+    "crash",
+)
 
 # exit codes of the harness (what the parent reads them as); 0 + the token = passed
 _FAILED, _CRASH = 3, 4
@@ -76,6 +89,7 @@ _EXIT_KINDS = {
     9: "file_read",
     10: "forbidden",
     11: "output",
+    12: "syntax",
 }
 _CODES = {"failed": _FAILED, "crash": _CRASH, **{kind: code for code, kind in _EXIT_KINDS.items()}}
 
@@ -175,7 +189,11 @@ def _main():
     pristine = dict(builtins.__dict__)  # the tests see these, whatever the program patches
     ns = {"__name__": "__main__"}
     try:
-        exec(compile(job["code"], "<program>", "exec"), ns)
+        program = compile(job["code"], "<program>", "exec")
+    except (SyntaxError, ValueError):  # not Python (ValueError: a null byte)
+        bye(codes["syntax"])
+    try:
+        exec(program, ns)
     except MemoryError:
         bye(codes["memory"])
     except BaseException as e:
