@@ -358,3 +358,38 @@ def test_a_multi_task_run_logs_and_fits_each_domain(tmp_path, mlflow_uri):
     )
     assert {f"data/verifier_{k}" for k in KINDS} <= set(metrics)
     assert all(metrics[f"data/verifier_{k}"] >= 0 for k in KINDS)
+
+
+@pytest.mark.slow
+def test_failed_programs_in_a_run_reach_its_metrics_and_never_stop_it(tmp_path, mlflow_uri):
+    from scalerl.loop.run import build, train
+
+    overrides = [
+        *MULTI_TINY,
+        "trainer.total_steps=2",
+        "eval.every=2",
+        f"out_dir={tmp_path / 'run'}",
+        f"tracking.uri={mlflow_uri}",
+        "tracking.experiment=multi-attacks",
+    ]
+    cfg = compose(overrides)
+    OmegaConf.resolve(cfg)
+    run = build(cfg)
+    code = run.task.tasks["code"]
+    real_score, calls = code.score, Counter()
+    attacks = ["import os\nos.fork()\n", "import socket\nsocket.socket()\n", "raise SystemExit(0)\n"]
+
+    def attacked(prompt, completion):  # every program the run scores is one of these attacks
+        calls["n"] += 1
+        return real_score(prompt, attacks[calls["n"] % 3])
+
+    code.score = attacked
+    summary = train(cfg, components=run)
+    assert summary["steps"] == 2
+    metrics = MlflowClient(mlflow_uri).get_run(summary["run_id"]).data.metrics
+    n = calls["n"]
+    assert n > 0
+    assert metrics["data/verifier_process"] == len(range(3, n + 1, 3))
+    assert metrics["data/verifier_network"] == len(range(1, n + 1, 3))
+    assert metrics["data/verifier_crash"] == len(range(2, n + 1, 3))
+    assert metrics["data/verifier_errors"] == 0 and metrics["val/pass_rate/code"] == 0
