@@ -358,7 +358,8 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     point = {"step": st.step, "pass_rate": metrics["val/pass_rate"], "flops": st.flops}
     point["device_hours"] = device_hours(run)
     for d in domains(run):  # task=multi: each domain's pass rate, fitted on its own
-        point[f"pass_rate/{d}"] = metrics[f"val/pass_rate/{d}"]
+        if f"val/pass_rate/{d}" in metrics:  # (eval.num_prompts may leave a domain out)
+            point[f"pass_rate/{d}"] = metrics[f"val/pass_rate/{d}"]
     st.evals.append(point)
     n_evals = len(st.evals)
     if n_evals >= 4 and n_evals % cfg.scaling.refit_every == 0:
