@@ -185,6 +185,7 @@ def test_wrong_types_unknown_keys_and_unset_values_are_one_line(overrides, expec
             "task.domains.math.path='???'",
         ),
         (["task=multi", "task.ratio.math=nan"], "task.ratio.math=nan: must be a finite number"),
+        (["task=multi", "eval.num_prompts=1"], "eval.num_prompts=1: must be >= 2, the domains of task=multi"),
     ],
 )
 def test_bad_code_and_multi_task_settings_are_one_line(overrides, expect):
