@@ -248,6 +248,21 @@ def test_failed_programs_are_counted_by_kind_and_verifier_errors_apart(code_task
     )
 
 
+def test_sandboxed_programs_are_verified_concurrently_in_order():
+    cfg = compose(["task=code"])
+    task = CodeTask(num_val=32, timeout_s=2.0)
+    p = task.val_prompts()[0]
+    slow_right = "import time\ntime.sleep(0.6)\n" + _solution(p)
+    texts = [slow_right, "import time\ntime.sleep(0.6)\ndef f(x): return 0"] * 3
+    groups = [[_sample(t) for t in texts]]
+    t0 = time.perf_counter()
+    counts = score_groups(task, [p], groups, cfg)
+    elapsed = time.perf_counter() - t0
+    assert [s.correct for s in groups[0]] == [1.0, 0.0] * 3 and counts["errors"] == 0
+    rounds = -(-len(texts) // min(len(texts), os.cpu_count() or 1))
+    assert elapsed < 0.6 * len(texts) and elapsed < rounds * 0.6 + 1.5, elapsed
+
+
 # ---------------------------------------------------------------------- task=multi
 @pytest.fixture(scope="module")
 def multi():
@@ -379,9 +394,13 @@ def test_failed_programs_in_a_run_reach_its_metrics_and_never_stop_it(tmp_path, 
     real_score, calls = code.score, Counter()
     attacks = ["import os\nos.fork()\n", "import socket\nsocket.socket()\n", "raise SystemExit(0)\n"]
 
+    lock = threading.Lock()
+
     def attacked(prompt, completion):  # every program the run scores is one of these attacks
-        calls["n"] += 1
-        return real_score(prompt, attacks[calls["n"] % 3])
+        with lock:  # (programs are verified from several threads)
+            calls["n"] += 1
+            attack = attacks[calls["n"] % 3]
+        return real_score(prompt, attack)
 
     code.score = attacked
     summary = train(cfg, components=run)

@@ -158,6 +158,11 @@ class CodeTask:
             return ""
         return f"{header.rstrip()}\n{code}\n" if header else code
 
+    def sandboxed(self, prompt: Prompt) -> bool:
+        """Its verifier runs each program in a limited process of its own: the loop may run several
+        at once, from threads."""
+        return True
+
     def score(self, prompt: Prompt, completion: str) -> float:
         code = self.program(prompt, completion)
         if not code.strip():

@@ -51,6 +51,11 @@ class MultiTask:
     def score(self, prompt: Prompt, completion: str) -> float:
         return self.tasks[prompt.domain].score(prompt, completion)
 
+    def sandboxed(self, prompt: Prompt) -> bool:
+        """Whether the prompt's domain verifies in a sandboxed process (see ``CodeTask.sandboxed``)."""
+        own = getattr(self.tasks[prompt.domain], "sandboxed", None)
+        return bool(own and own(prompt))
+
     def warmstart_examples(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
         """Each domain's own warm-start examples, in the training mix's shares."""
         picks = rng.choices(self.domains, weights=[self.mix[d] for d in self.domains], k=n)
