@@ -13,7 +13,8 @@ What each limit rests on (and its honest limits):
   and ``RLIMIT_CPU`` in the child. Kind ``timeout``.
 * **memory**: ``RLIMIT_AS`` (address space); Python raises ``MemoryError``. Kind ``memory``.
 * **output**: at most ``max_output_bytes`` of stdout+stderr are read, then the group is killed;
-  ``RLIMIT_FSIZE`` caps any file it writes (SIGXFSZ). Kind ``output``.
+  ``RLIMIT_FSIZE`` caps any file it writes at the same size (the write fails with ``EFBIG``).
+  Kind ``output``.
 * **processes** (fork bombs): an audit hook (:pep:`578`) ends the program at its first attempt to
   fork, exec, spawn or signal a process; ``RLIMIT_NPROC`` = 0 also stops new processes and threads
   for users other than root (root is exempt from it). Kind ``process``.
@@ -39,7 +40,8 @@ it). Nothing of the program runs before they are in place.
 
 An audit hook is a guard against accidents and crude attacks, not a security boundary against a
 determined adversary with native code: it runs in the same interpreter as the program. The
-process, time, memory and output limits and the namespace do not depend on it. Pass or fail is
+time, memory and output limits and the namespace do not depend on it; the process limit does for
+root (``RLIMIT_NPROC`` does not bind root), and so do the file limits. Pass or fail is
 read from a random token the harness prints after the tests pass (with exit code 0), so a
 program that calls ``os._exit(0)`` does not pass; a program that digs the token out of the
 harness's frames could, and tests that compare with ``==`` can be fooled by an object whose
