@@ -106,7 +106,8 @@ def _main():
     os.open(os.devnull, os.O_RDONLY)
     token = job.pop("token")
     home = os.path.realpath(job["dir"])
-    roots = tuple(os.path.realpath(r) for r in job["read_roots"])
+    # the standard library: where this interpreter imports from (its sys.path: -S adds no site)
+    roots = tuple(os.path.realpath(r) for r in [*job["read_roots"], *sys.path] if r)
     codes = job["codes"]
     W = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
