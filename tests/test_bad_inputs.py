@@ -142,6 +142,61 @@ def test_wrong_types_unknown_keys_and_unset_values_are_one_line(overrides, expec
     assert expect in compose_error(overrides)
 
 
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        (["task=code", "task.source=mbpp"], "task.source='mbpp': must be one of templates, humaneval"),
+        (["task=code", "task.num_val=1790"], "task.num_val=1790: must be < 1790"),
+        (["task=code", "task.timeout_s=0"], "task.timeout_s=0.0: must be > 0"),
+        (["task=code", "task.memory_mb=8"], "task.memory_mb=8: must be an integer >= 64"),
+        (["task=code", "task.max_output_bytes=10"], "task.max_output_bytes=10: must be an integer >= 1024"),
+        (["task=code", "task.timeout_s=9"], "task.verifier_timeout_s=8.0: must be >= timeout_s + 1 (10)"),
+        (["task=code", "task.timeout_s=nan"], "task.timeout_s=nan: must be a finite number"),
+        (["task=multi", "task.ratio.math=0"], "task.ratio.math=0.0: must be a number in (0, 1)"),
+        (["task=multi", "task.ratio.math=1"], "task.ratio.math=1.0: must be a number in (0, 1)"),
+        (["task=multi", "task.ratio.math=0.7"], "must be shares summing to 1 (they sum to 1.2)"),
+        (["task=multi", "+task.ratio.science=0.1"], "must be one share per domain (math, code)"),
+        (["task=multi", "task.domains.code.name=python"], "task.domains.code.name='python': must be one of"),
+        (["task=multi", "task.domains.code.name=multi"], "task.domains.code.name='multi': must be one of"),
+        (["task=multi", "~task.domains.code"], "task.domains=['math']: must be at least two domains"),
+        (
+            ["task=multi", "+task.domains.code.max_digits=3"],
+            "task.domains.code.max_digits=3: must be a key of task=code",
+        ),
+        (
+            ["task=multi", "task.domains.math.max_digits=many"],
+            "task.domains.math.max_digits='many': must be a value of type int",
+        ),
+        (["task=multi", "task.domains.math.min_digits=0"], "task.domains.math.min_digits=0: must be >= 1"),
+        (
+            ["task=multi", "task.domains.code.timeout_s=10"],
+            "task.verifier_timeout_s=8.0: must be >= domains.code.timeout_s + 1",
+        ),
+        (
+            ["task=multi", "+task.domains.code.verifier_timeout_s=1"],
+            "task.domains.code.verifier_timeout_s=1: must be left out",
+        ),
+        (
+            ["task=multi", "+task.domains.Math={name: code}"],
+            "task.domains='Math': must be domain names of lowercase",
+        ),
+        (
+            ["task=multi", "~task.domains.math", "+task.domains.math={name: jsonl}"],
+            "task.domains.math.path='???'",
+        ),
+        (["task=multi", "task.ratio.math=nan"], "task.ratio.math=nan: must be a finite number"),
+        (["task=multi", "eval.num_prompts=1"], "eval.num_prompts=1: must be >= 2, the domains of task=multi"),
+    ],
+)
+def test_bad_code_and_multi_task_settings_are_one_line(overrides, expect):
+    assert expect in compose_error(overrides)
+
+
+def test_the_code_and_multi_task_limits_are_accepted():
+    compose(["task=code", "task.num_val=1789", "eval.num_prompts=8", "task.timeout_s=7"])
+    compose(["task=multi", "task.ratio.math=0.999", "task.ratio.code=0.001", "task.domains.code.timeout_s=7"])
+
+
 # ------------------------------------------------------------------------------------ environment
 
 

@@ -123,6 +123,8 @@ OPTION_EXTRAS = {
 TRAINED_ELSEWHERE = {
     "model=hf": "test_a_saved_model_loads_by_path_on_the_same_code_path",
     "task=jsonl": "test_jsonl_task_trains_with_math_verify",
+    "task=code": "tests/test_code_task.py (inside task=multi)",
+    "task=multi": "tests/test_code_task.py",
     "trainer=deepspeed": "tests/test_deepspeed.py",
     "generator=vllm": "needs vLLM",
     "launcher=local": "a sweep setting: tests/test_sweep.py",

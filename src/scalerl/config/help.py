@@ -66,6 +66,9 @@ def _field_default(f: dataclasses.Field) -> object:
 
 
 def _show(v: object) -> str:
+    if isinstance(v, dict) and v and all(isinstance(x, dict) and "name" in x for x in v.values()):
+        # options nested by name (task=multi's domains): their names; their settings are in the YAML
+        return "{" + ", ".join(f"{k}: {x['name']}(...)" for k, x in v.items()) + "}"
     return "(required)" if v is dataclasses.MISSING or v == MISSING else format_value(v)
 
 

@@ -120,6 +120,14 @@ def _relations(cfg: DictConfig) -> None:
             eval_.num_prompts,
             f"<= task.num_val ({task.num_val}): the validation prompts task={task.name} has at most",
         )
+    if task.name == "multi":  # validation alternates between domains: each needs one prompt at least
+        n = len(task.domains)
+        _check(
+            eval_.num_prompts >= n,
+            "eval.num_prompts",
+            eval_.num_prompts,
+            f">= {n}, the domains of task=multi (each is validated on its own)",
+        )
     if model.name == "tiny" and task.name == "addition":
         need = addition_prompt_chars(task) + int(cfg.length_control.max_new_tokens)
         _check(

@@ -54,3 +54,57 @@ class PromptSampler:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self._order = self._perm(self.epoch)
+
+
+class MixedSampler:
+    """``task=multi``: each domain's prompts drawn by a :class:`PromptSampler` of its own (seeded per
+    domain), interleaved so that every run of consecutive draws holds each domain's share (``mix``)
+    to within one prompt: the next draw comes from the domain furthest behind its share. A
+    training batch of P prompts so has ``round(share * P)`` of each domain (exactly, up to one)."""
+
+    def __init__(
+        self,
+        prompts: list[Prompt],
+        mix: dict[str, float],
+        seed: int,
+        retired=None,
+        *,
+        rank: int = 0,
+        world: int = 1,
+    ):
+        self.domains = list(mix)
+        self.mix = dict(mix)
+        by_domain = {d: [p for p in prompts if p.domain == d] for d in self.domains}
+        empty = [d for d, ps in by_domain.items() if not ps]
+        if empty:
+            raise ValueError(f"domain(s) {', '.join(empty)} of the task have no training prompts")
+        self.samplers = {
+            d: PromptSampler(by_domain[d], seed * 7919 + i, retired, rank=rank, world=world)
+            for i, d in enumerate(self.domains)
+        }
+        self.drawn = dict.fromkeys(self.domains, 0)
+
+    def next(self, n: int) -> list[Prompt]:
+        out = []
+        for _ in range(n):
+            total = sum(self.drawn.values()) + 1
+            d = max(self.domains, key=lambda k: self.mix[k] * total - self.drawn[k])
+            self.drawn[d] += 1
+            out.extend(self.samplers[d].next(1))
+        return out
+
+    def state_dict(self) -> dict:
+        return {"drawn": dict(self.drawn), "domains": {d: s.state_dict() for d, s in self.samplers.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drawn = {d: int(state["drawn"][d]) for d in self.domains}
+        for d, s in self.samplers.items():
+            s.load_state_dict(state["domains"][d])
+
+
+def make_sampler(task, prompts: list[Prompt], seed: int, retired=None, *, rank: int = 0, world: int = 1):
+    """The sampler of the task's training prompts: mixed by domain for ``task=multi``."""
+    mix = getattr(task, "mix", None)
+    if mix:
+        return MixedSampler(prompts, mix, seed, retired, rank=rank, world=world)
+    return PromptSampler(prompts, seed, retired, rank=rank, world=world)

@@ -33,15 +33,23 @@ def evaluate(
         for i in range(0, len(val), bs):
             groups.extend(generator.generate(val[i : i + bs], K, version=state.step))
     generator.set_rng_state(rng)
-    state.verifier_errors += score_groups(task, val, groups, cfg)
+    state.count_verifier(score_groups(task, val, groups, cfg))
     per_prompt = {p.uid: sum(s.correct for s in g) / K for p, g in zip(val, groups)}
-    by_diff: dict[int, list[float]] = defaultdict(list)
-    for p in val:
-        by_diff[p.difficulty].append(per_prompt[p.uid])
     out = {"val/pass_rate": sum(per_prompt.values()) / len(per_prompt)}
-    for d, v in sorted(by_diff.items()):
-        if len(by_diff) > 1:
-            out[f"val/pass_rate_d{d}"] = sum(v) / len(v)
+    by_domain: dict[str, list] = defaultdict(list)
+    for p in val:
+        by_domain[p.domain].append(p)
+    for domain, prompts in sorted(by_domain.items()):
+        # task=multi: val/pass_rate/<domain> and val/pass_rate/<domain>_d<difficulty>; else val/pass_rate_d<d>
+        name = f"val/pass_rate/{domain}" if domain else "val/pass_rate"
+        if domain:
+            out[name] = mean(per_prompt[p.uid] for p in prompts)
+        by_diff: dict[int, list[float]] = defaultdict(list)
+        for p in prompts:
+            by_diff[p.difficulty].append(per_prompt[p.uid])
+        for d, v in sorted(by_diff.items()):
+            if len(by_diff) > 1:
+                out[f"{name}_d{d}"] = sum(v) / len(v)
     if state.step == 0 and not state.step0_solved:
         state.step0_solved = per_prompt
     unsolved = [u for u, r in state.step0_solved.items() if r == 0]

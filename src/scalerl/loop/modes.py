@@ -150,7 +150,7 @@ class PPOOffPolicy(AsyncMode):
             groups = r.generator.generate(
                 prompts, r.group_size, version=st.step, group_ids=st.new_group_ids(len(prompts))
             )
-        st.verifier_errors += score_groups(r.task, prompts, groups, r.cfg)
+        st.count_verifier(score_groups(r.task, prompts, groups, r.cfg))
         st.gen_busy += time.perf_counter() - t0
         st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
         self.queue = [groups[j * P : (j + 1) * P] for j in range(n_batches)]
@@ -237,7 +237,7 @@ class PipelineRL(AsyncMode):
         while any(v < oldest_ok for v, _ in self.outstanding.values()) or len(self.buffer) < P:
             wid, groups, errors = proc.receive()
             self.outstanding.pop(wid, None)
-            st.verifier_errors += errors
+            st.count_verifier(errors)
             st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
             self.buffer.extend(groups)
             fresh = [g for g in self.buffer if min(s.min_version for s in g if s.num_sampled) >= oldest_ok]

@@ -276,7 +276,7 @@ class PipelineGenerator:
         self.work_q.put((work_id, prompts, group_ids))
 
     def receive(self, timeout: float = 600):
-        """(work_id, groups, verifier_errors) of the next finished piece of work."""
+        """(work_id, groups, verifier counts) of the next finished piece of work."""
         kind, work_id, payload = self._get(timeout)
         if kind == "error":
             raise RuntimeError(f"generator process failed:\n{payload}")

@@ -30,7 +30,7 @@ from scalerl.generator import Generator, make_generator
 from scalerl.lock import hold
 from scalerl.loop import collective
 from scalerl.loop.batch import prepare_batch, step_statistics
-from scalerl.loop.data import PromptSampler
+from scalerl.loop.data import MixedSampler, PromptSampler, make_sampler
 from scalerl.loop.errors import RunError
 from scalerl.loop.evaluate import evaluate
 from scalerl.loop.modes import MODES, AsyncMode, Placement, Rollouts
@@ -82,7 +82,7 @@ class Components:
     trainer: Any
     generator: Generator  # in this process, over the trainer's module: evaluation (and sync/ppo rollouts)
     source: AsyncMode  # the groups of each optimiser step
-    sampler: PromptSampler
+    sampler: PromptSampler | MixedSampler
     pass_rates: algo.PassRateTracker  # no-positive-resampling history
     tracker: Tracker
     ckpt: Checkpointer
@@ -270,7 +270,8 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
     trainer = make_trainer(cfg, model, precision, temperature=cfg.generator.temperature, device=device)
     generator = make_generator(cfg, trainer.module, tokenizer, precision, device, seed=cfg.seed + 7919 * rank)
     pass_rates = algo.PassRateTracker(cfg.filter.pass_rate_threshold)
-    sampler = PromptSampler(
+    sampler = make_sampler(
+        task,
         task.train_prompts(),
         seed=cfg.seed,
         retired=pass_rates if cfg.filter.no_positive_resampling else None,
@@ -354,14 +355,12 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     clock.tick()
     if not metrics:  # not rank 0 (which evaluates)
         return {}
-    st.evals.append(
-        {
-            "step": st.step,
-            "pass_rate": metrics["val/pass_rate"],
-            "flops": st.flops,
-            "device_hours": device_hours(run),
-        }
-    )
+    point = {"step": st.step, "pass_rate": metrics["val/pass_rate"], "flops": st.flops}
+    point["device_hours"] = device_hours(run)
+    for d in domains(run):  # task=multi: each domain's pass rate, fitted on its own
+        if f"val/pass_rate/{d}" in metrics:  # (eval.num_prompts may leave a domain out)
+            point[f"pass_rate/{d}"] = metrics[f"val/pass_rate/{d}"]
+    st.evals.append(point)
     n_evals = len(st.evals)
     if n_evals >= 4 and n_evals % cfg.scaling.refit_every == 0:
         metrics.update(fit_metrics(run))
@@ -374,16 +373,33 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     return metrics
 
 
+def domains(run: Components) -> list[str]:
+    """The domains of a ``task=multi`` run (none otherwise)."""
+    return list(getattr(run.task, "domains", ()))
+
+
 def fit_metrics(run: Components, final: bool = False) -> dict[str, float]:
-    """The live scaling fit over the evaluations so far (``final``: with the curve's figure)."""
+    """The live scaling fit over the evaluations so far (``final``: with the curve's figure): of the
+    pass rate (``fit/*``) and, for ``task=multi``, of each domain's (``fit/<domain>/*``, as the
+    paper's Fig. 11 fits math and code apart)."""
+    metrics = _fit(run, "pass_rate", "fit/", "scaling_curve.png", final)
+    for d in domains(run):
+        metrics.update(_fit(run, f"pass_rate/{d}", f"fit/{d}/", f"scaling_curve_{d}.png", final))
+    return metrics
+
+
+def _fit(run: Components, key: str, prefix: str, png_name: str, final: bool) -> dict[str, float]:
     from scalerl.scaling import live
 
     s = run.cfg.scaling
-    compute = [e[s.compute_axis] for e in run.state.evals]
-    reward = [e["pass_rate"] for e in run.state.evals]
+    evals = [e for e in run.state.evals if key in e]
+    compute = [e[s.compute_axis] for e in evals]
+    reward = [e[key] for e in evals]
+    if len(evals) < 4:
+        return {}
     try:
         if final:
-            png = run.out_dir / "scaling_curve.png"
+            png = run.out_dir / png_name
             _, metrics = live.final_report(
                 compute,
                 reward,
@@ -393,6 +409,7 @@ def fit_metrics(run: Components, final: bool = False) -> dict[str, float]:
                 min_compute_frac=s.min_compute_frac,
                 bootstrap=s.bootstrap,
                 level=FIT_LEVEL,
+                prefix=prefix,
             )
             if png.is_file():
                 run.tracker.log_artifact_file(png)
@@ -404,6 +421,7 @@ def fit_metrics(run: Components, final: bool = False) -> dict[str, float]:
                 min_compute_frac=s.min_compute_frac,
                 bootstrap=s.bootstrap,
                 level=FIT_LEVEL,
+                prefix=prefix,
             )
     except Exception as e:  # a fit must never kill a run
         log.warning("scaling fit failed: %s", e)
@@ -438,6 +456,9 @@ def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
         "data/stale_dropped": float(st.stale_dropped),
         "data/verifier_errors": float(st.verifier_errors),
     }
+    # failed programs per kind (task=code): every kind the task can count, from the first step
+    for kind in sorted(set(getattr(run.task, "verifier_kinds", ())) | set(st.verifier_kinds)):
+        out[f"data/verifier_{kind}"] = float(st.verifier_kinds.get(kind, 0))
     if run.device.type == "cuda":  # the trainer's peak GPU memory (the pipeline generator's is not counted)
         out["perf/gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     return out

@@ -18,6 +18,7 @@ class RunState:
     zero_variance_dropped: int = 0  # groups, all ranks
     stale_dropped: int = 0  # groups too old for the async mode's staleness rule
     verifier_errors: int = 0  # verifier calls that raised or timed out (scored 0)
+    verifier_kinds: dict[str, int] = field(default_factory=dict)  # failed programs per kind (task=code)
     evals: list[dict] = field(default_factory=list)  # {"step", "pass_rate", "flops", "device_hours"}
     step0_solved: dict[int, float] = field(default_factory=dict)  # val prompt uid -> pass rate at step 0
 
@@ -26,12 +27,21 @@ class RunState:
         self.next_group_id += n
         return ids
 
+    def count_verifier(self, counts: dict[str, int]) -> None:
+        """Add what :func:`scalerl.task.score.score_groups` counted."""
+        for kind, n in counts.items():
+            if kind == "errors":
+                self.verifier_errors += int(n)
+            elif n:
+                self.verifier_kinds[kind] = self.verifier_kinds.get(kind, 0) + int(n)
+
     def state_dict(self) -> dict:
         return asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
         for f in fields(self):
-            setattr(self, f.name, state[f.name])
+            if f.name in state or f.name != "verifier_kinds":  # (absent from older checkpoints)
+                setattr(self, f.name, state[f.name])
         self.step0_solved = {int(k): v for k, v in self.step0_solved.items()}
 
 

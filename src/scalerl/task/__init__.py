@@ -2,26 +2,60 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 from scalerl.task.addition import AdditionTask
-from scalerl.task.base import THINK_END, Prompt, Task, final_answer, safe_score
+from scalerl.task.base import THINK_END, ProgramFailed, Prompt, Task, final_answer, safe_score
+from scalerl.task.code import CodeTask
 from scalerl.task.jsonl import DataFileError, JsonlTask
+from scalerl.task.multi import MultiTask
 
 # task option name -> the Task class built from that option's fields (verifier_timeout_s is the loop's)
-TASKS: dict[str, type[Task]] = {"addition": AdditionTask, "jsonl": JsonlTask}
+TASKS: dict[str, type[Task]] = {
+    "addition": AdditionTask,
+    "jsonl": JsonlTask,
+    "code": CodeTask,
+    "multi": MultiTask,
+}
 _LOOP_FIELDS = ("name", "verifier_timeout_s")
 
 
 def build_task(cfg) -> Task:
     """The task chosen by ``cfg.task`` (``cfg`` is the whole run config), built from its fields."""
+    from omegaconf import DictConfig, OmegaConf
+
     t = cfg.task
-    if t.name not in TASKS:
-        raise ValueError(f"unknown task {t.name!r} (tasks: {', '.join(TASKS)})")
-    return TASKS[t.name](**{k: v for k, v in t.items() if k not in _LOOP_FIELDS})
+    return make_task(OmegaConf.to_container(t, resolve=True) if isinstance(t, DictConfig) else dict(t))
+
+
+def make_task(fields: Mapping) -> Task:
+    """A task from one task option's fields (``name`` picks it). A ``task=multi`` domain's settings
+    are completed with that option's defaults first."""
+    name = fields.get("name")
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r} (tasks: {', '.join(TASKS)})")
+    if name == "multi":
+        from scalerl.config.groups.task import domain_option
+        from scalerl.config.validate import ConfigError
+
+        domains = {}
+        for d, sub in fields["domains"].items():
+            option, problem = domain_option(dict(sub), fields.get("verifier_timeout_s", 8.0))
+            if problem is not None:
+                raise ConfigError(f"task.domains.{d}.{problem[0]}", problem[1], problem[2])
+            domains[d] = dataclasses.asdict(option)
+        fields = {**fields, "domains": domains}
+    return TASKS[name](**{k: v for k, v in fields.items() if k not in _LOOP_FIELDS})
 
 
 __all__ = [
     "THINK_END",
     "AdditionTask",
+    "CodeTask",
+    "MultiTask",
+    "ProgramFailed",
+    "make_task",
     "DataFileError",
     "JsonlTask",
     "Prompt",

@@ -18,6 +18,7 @@ class Prompt:
     text: str  # what the model is given
     answer: str  # the reference answer
     difficulty: int = 0  # task-specific (addition: number of digits)
+    domain: str = ""  # task=multi: which domain (task) the prompt comes from
 
 
 class Task(Protocol):
@@ -46,6 +47,16 @@ class VerifierTimeout(Exception):
     pass
 
 
+class ProgramFailed(Exception):
+    """Raised by a verifier that runs the completion as a program (``task=code``) when the program
+    failed in a way worth counting (an infinite loop, a fork bomb, a network attempt ...): it scores
+    0 and is counted under ``kind`` (the loop logs ``data/verifier_<kind>``)."""
+
+    def __init__(self, kind: str, detail: str = ""):
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+
+
 @contextmanager
 def _time_limit(seconds: float):
     # SIGALRM works only in the main thread; elsewhere the verifier runs without a limit.
@@ -67,10 +78,21 @@ def _time_limit(seconds: float):
 
 def safe_score(task: Task, prompt: Prompt, completion: str, timeout_s: float) -> tuple[float, str | None]:
     """Score with a time limit; a verifier that raises or times out scores 0 and says why."""
+    reward, err, _ = score_counted(task, prompt, completion, timeout_s)
+    return reward, err
+
+
+def score_counted(
+    task: Task, prompt: Prompt, completion: str, timeout_s: float
+) -> tuple[float, str | None, str | None]:
+    """(reward, verifier error, program failure kind): like :func:`safe_score`, and a program that
+    failed (:class:`ProgramFailed`) scores 0 with its kind (not a verifier error)."""
     try:
         with _time_limit(timeout_s):
-            return float(task.score(prompt, completion)), None
+            return float(task.score(prompt, completion)), None, None
+    except ProgramFailed as e:
+        return 0.0, None, e.kind
     except VerifierTimeout:
-        return 0.0, "timeout"
+        return 0.0, "timeout", None
     except Exception as e:  # a broken verifier must never kill the run
-        return 0.0, f"error: {type(e).__name__}"
+        return 0.0, f"error: {type(e).__name__}", None

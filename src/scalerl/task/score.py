@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from scalerl import algo
-from scalerl.task.base import safe_score
+from scalerl.task.base import score_counted
 
 
-def score_groups(task, prompts, groups, cfg) -> int:
+def score_groups(task, prompts, groups, cfg) -> Counter[str]:
     """Set ``reward`` (with the length penalty, if configured) and ``correct`` on every sample.
-    Returns how many verifier calls failed (raised or timed out; those score 0)."""
-    errors = 0
+    Returns counts: ``"errors"``, the verifier calls that failed (raised or timed out), and per
+    kind the programs that failed in a counted way (``task=code``: ``"timeout"``, ``"network"`` ...);
+    all of those score 0."""
+    counts: Counter[str] = Counter()
     lc = cfg.length_control
-    for prompt, group in zip(prompts, groups):
+    results = iter(_verify(task, prompts, groups, cfg.task.verifier_timeout_s))
+    for group in groups:
         for s in group:
-            r, err = safe_score(task, prompt, s.text, cfg.task.verifier_timeout_s)
-            errors += err is not None
+            r, err, kind = next(results)
+            counts["errors"] += err is not None
+            if kind is not None:
+                counts[kind] += 1
             s.correct = r
             s.reward = r
         if lc.name == "length_penalty":
@@ -25,4 +34,25 @@ def score_groups(task, prompts, groups, cfg) -> int:
             pen = algo.length_penalty(lengths, correct, lc.l_max, lc.l_cache)
             for s, p in zip(group, pen.tolist()):
                 s.reward = s.correct + p
-    return errors
+    return counts
+
+
+def _verify(task, prompts, groups, timeout_s: float) -> list[tuple[float, str | None, str | None]]:
+    """(reward, verifier error, program failure kind) of every sample, in order. Samples whose
+    verifier runs the completion in a sandboxed process of its own (``task.sandboxed(prompt)``:
+    ``task=code``) are verified concurrently, one thread per core (each program is limited by the
+    sandbox itself); the others here, one at a time, under the ``timeout_s`` alarm."""
+    jobs = [(p, s.text) for p, g in zip(prompts, groups) for s in g]
+    out: list = [None] * len(jobs)
+    sandboxed = getattr(task, "sandboxed", None)
+    parallel = [i for i, (p, _) in enumerate(jobs) if sandboxed is not None and sandboxed(p)]
+    if len(parallel) > 1:
+        workers = min(len(parallel), os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verifier") as pool:
+            done = pool.map(lambda i: score_counted(task, jobs[i][0], jobs[i][1], timeout_s), parallel)
+            for i, res in zip(parallel, done):
+                out[i] = res
+    for i, (p, text) in enumerate(jobs):
+        if out[i] is None:
+            out[i] = score_counted(task, p, text, timeout_s)
+    return out

