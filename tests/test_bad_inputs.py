@@ -87,7 +87,7 @@ def test_non_finite_numbers_are_refused_everywhere(override, key):
         ("trainer.total_steps=0", ">= 1"),
         ("scaling.min_step=-1", ">= 0"),
         ("scaling.grid_A=[0.9, 0.5, 0.005]", "low <= high"),
-        ("scaling.grid_C_mid=[100, 40000, 2.5]", "n an integer"),
+        ("scaling.grid_C_mid=[100.0, 40000.0, 2.5]", "n an integer"),
         ("eval.num_prompts=-1", ">= 1"),
         ("eval.samples_per_prompt=0", ">= 1"),
         ("task.num_val=-5", ">= 1"),
