@@ -267,9 +267,36 @@ def test_zero_variance_groups_never_reach_the_batch():
     # without the filter every group is trained on, the zero-variance ones with advantage 0
     kept = prepare_batch(groups, version=0, zero_variance=False, norm="batch", pad_id=0)
     assert kept.batch.num_groups == 5 and "data/zero_variance_dropped_step" not in kept.stats
+    # ... and the zero-variance groups are still counted (the report's "was the filter active")
+    assert kept.stats["data/zero_variance_groups_step"] == 3
     # every group filtered out: no batch, the step is skipped and says so
     none = prepare_batch([groups[0], groups[2]], version=0, zero_variance=True, norm="batch", pad_id=0)
     assert not none.train and none.batch is None and none.stats["train/step_skipped"] == 1.0
+
+
+def test_truncated_samples_can_leave_the_loss():
+    rewards = [[1, 0, 0, 0], [1, 1, 0, 1], [0, 0]]
+    groups = [[sample(g, g, r) for r in rs] for g, rs in enumerate(rewards)]
+    for s_ in (s_ for g in groups for s_ in g):
+        s_.correct = s_.reward
+    groups[0][0].truncated = True  # its group is left with rewards 0, 0, 0: zero variance
+    groups[1][2].truncated = True  # its group is left with 1, 1, 1
+    groups[2][0].truncated = groups[2][1].truncated = True  # its group is left empty
+    out = prepare_batch(
+        groups, version=0, zero_variance=False, norm="batch", pad_id=0, exclude_truncated=True
+    )
+    assert out.stats["data/truncated_excluded_step"] == 4
+    assert out.batch.num_sequences == 6 and out.batch.num_groups == 2
+    assert out.stats["data/zero_variance_groups_step"] == 2
+    # the step's statistics still describe every generated sample
+    assert out.stats["train/truncation_rate"] == pytest.approx(4 / 10)
+    both = prepare_batch(
+        groups, version=0, zero_variance=True, norm="batch", pad_id=0, exclude_truncated=True
+    )
+    assert not both.train and both.stats["data/zero_variance_dropped_step"] == 2
+    # off (the default): truncated samples are trained on
+    off = prepare_batch(groups, version=0, zero_variance=False, norm="batch", pad_id=0)
+    assert off.batch.num_sequences == 10 and "data/truncated_excluded_step" not in off.stats
 
 
 def test_policy_lag_statistics_of_a_batch():

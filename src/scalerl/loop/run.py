@@ -210,6 +210,7 @@ def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
         zero_variance=bool(cfg.filter.zero_variance),
         norm=cfg.norm.name,
         pad_id=run.tokenizer.pad_token_id,
+        exclude_truncated=bool(cfg.filter.exclude_truncated),
     )
     trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
     st.train_busy += time.perf_counter() - t0
