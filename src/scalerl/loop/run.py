@@ -443,6 +443,7 @@ def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
         "perf/trainer_busy": min(1.0, st.train_busy / wall),
         "perf/tokens_per_s": st.gen_tokens / wall,
         "data/prompts_retired": float(len(run.pass_rates)),
+        "data/epochs": float(run.sampler.epochs),
         "data/zero_variance_dropped": float(st.zero_variance_dropped),
         "data/stale_dropped": float(st.stale_dropped),
         "data/verifier_errors": float(st.verifier_errors),

@@ -134,7 +134,7 @@ def _print_report(report, state: dict, t0: float) -> None:
             f"{r['job']}: {r['status']}: {r.get('error') or '(no error message)'}; log: {r.get('log') or '-'}"
         )
     say(
-        f"report: {display_path(report.out_dir)}/ (fits.csv, fits.md, fits.json, scaling_curves.png, "
+        f"report: {display_path(report.out_dir)}/ (fits.md, verdicts.csv, fits.csv, fits.json, scaling_curves.png, "
         f"linearised.png, runs/*/scaling_curve.png) and "
         f"artifacts report/* of MLflow run {report.parent_run_id} (experiment {state['name']!r}, "
         f"{state['tracking_uri']}) [{time.time() - t0:.1f} s]"
