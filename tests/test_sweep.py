@@ -374,6 +374,12 @@ def synthetic_sweep(tmp_path):
     """A sweep launched for real (plan, parent run, sweep.json) whose child runs are synthetic
     curves logged into a real sqlite MLflow store the way training runs log them, 2 seeds each,
     plus a planned variant that failed before reaching MLflow."""
+    return log_synthetic_sweep(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def log_synthetic_sweep(tmp_path, uri: str, seeds=(0, 1), activity: dict | None = None) -> dict:
+    """The runs of :func:`synthetic_sweep` logged into the store at ``uri`` (``activity``: step
+    metrics every run logs as well, e.g. ``{"data/prompts_retired": 0}``)."""
     import time
 
     import numpy as np
@@ -387,10 +393,9 @@ def synthetic_sweep(tmp_path):
         {"base": [], "dapo": ["loss=dapo"], "bf16": ["precision=bf16"], "broken": BROKEN},
         name="syn",
         base=["trainer.total_steps=300", "scaling.bootstrap=40"],
-        seeds=[0, 1],
+        seeds=list(seeds),
         baseline="base",
     )
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sdir = tmp_path / "out"
     plan = make_plan(load_spec(f), [], sweep_dir=sdir, tracking_uri=uri)
     exp_id, parent = start_parent(plan)
@@ -407,6 +412,7 @@ def synthetic_sweep(tmp_path):
         ts = int(time.time() * 1000)
         ms = [Metric("val/pass_rate", float(v), ts, 10 * i) for i, v in enumerate(y)]
         ms += [Metric("compute/flops", float(v), ts, 10 * i) for i, v in enumerate(c)]
+        ms += [Metric(k, float(v), ts, 10 * (len(c) - 1)) for k, v in (activity or {}).items()]
         ps = [Param(k, v) for k, v in {**params, "seed": str(run.seed), "out_dir": run.out_dir}.items()]
         client.log_batch(r.info.run_id, metrics=ms, params=ps, tags=[RunTag("mlflow.runName", run.name)])
         client.set_terminated(r.info.run_id)

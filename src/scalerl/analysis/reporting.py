@@ -134,10 +134,32 @@ def verdict_row(v: VariantVerdict) -> dict:
     }
 
 
-def write_parent(client, parent_id: str, rep: Report, *, description: str = "") -> None:
+VIEW_KEY = "scalerl-verdicts"
+"""The MLflow UI's shared view (experiment tag ``mlflow.sharedViewState.<key>``) the report writes."""
+
+
+def share_verdict_view(client, experiment_id: str) -> str:
+    """Store an MLflow UI view of the experiment's run table with the :data:`UI_TAGS` as its
+    columns (wide enough to read), and return its address after the server's root
+    (``#/experiments/<id>/runs?viewStateShareKey=scalerl-verdicts``). The UI shows no tag or metric
+    column until one is chosen; this view has them chosen."""
+    widths = {UI_TAGS[0]: 130, UI_TAGS[1]: 300, UI_TAGS[2]: 190, UI_TAGS[3]: 70, UI_TAGS[4]: 150}
+    state = {
+        "selectedColumns": [f"tags.`{t}`" for t in UI_TAGS],
+        "columnOrder": [f"tags.`{t}`" for t in UI_TAGS],  # the UI sets the widths of these only
+        "columnWidths": {f"tags.`{t}`": w for t, w in widths.items()},
+        "orderByKey": "tags.`mlflow.runName`",
+        "orderByAsc": True,
+    }
+    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+
+
+def write_parent(client, parent_id: str, rep: Report, *, description: str = "") -> str:
     """The parent (sweep) run's description opens with the verdict table, then ``description`` and
-    the full report; its tags ``1 verdicts`` (one line per variant) and ``2 baseline`` show them in
-    the run table."""
+    the full report; its tags ``2 verdict`` (one line per variant) and ``1 variant`` (the baseline)
+    show them in the run table. Also stores the run-table view (:func:`share_verdict_view`) and
+    returns its address."""
     from mlflow.entities import RunTag
 
     head = ""
@@ -151,6 +173,7 @@ def write_parent(client, parent_id: str, rep: Report, *, description: str = "") 
     if rep.baseline is not None and rep.baseline.variant:
         tags.append(RunTag(UI_TAGS[0], f"baseline: {rep.baseline.variant}"))
     client.log_batch(parent_id, tags=tags)
+    return share_verdict_view(client, client.get_run(parent_id).info.experiment_id)
 
 
 def safe_name(name: str) -> str:

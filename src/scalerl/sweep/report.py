@@ -25,6 +25,7 @@ class Report:
     files: list[Path] = field(default_factory=list)
     failed: list[dict] = field(default_factory=list)
     parent_run_id: str = ""
+    view: str = ""  # the MLflow UI's run table with the verdict columns, after the server's root
 
 
 def _num(v) -> float:
@@ -187,7 +188,7 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
     if math.isfinite(rep.result.A_mean):
         pm.append(Metric("fit/A_mean", round_to(rep.result.A_mean), ts, 0))
     client.log_batch(parent, metrics=pm)
-    write_parent(client, parent, rep, description=state.get("description") or "")
+    view = write_parent(client, parent, rep, description=state.get("description") or "")
     for f in rep.files:
         client.log_artifact(parent, str(f), "report")
     failed = [r for r in rows if r["status"] in ("failed", "cancelled", "timeout", "interrupted")]
@@ -198,4 +199,5 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         files=rep.files,
         failed=failed,
         parent_run_id=parent,
+        view=view,
     )
