@@ -717,3 +717,23 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_one_before_without_gaps(
     uri = uri_of(tiny_overrides)
     assert [s for s, _ in history(uri, summary["run_id"], "train/reward")] == [1, 2, 3, 4, 5, 6]
     assert [s for s, _ in history(uri, summary["run_id"], "val/pass_rate")] == [0, 2, 4, 6]
+
+
+def test_devices_held_count_every_device_of_the_run():
+    """compute/device_hours = wall clock x devices held: on CPU a device is one CPU thread (the
+    trainer's plus a pipeline generator process's own), on GPU a GPU."""
+    from scalerl.loop.modes import Placement
+    from scalerl.loop.run import devices_held
+
+    cpu, gpu0, gpu1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
+    # sync / ppo_off_policy on CPU: the generator shares the trainer's threads
+    assert devices_held(cpu, Placement(2, 2, cpu), 1, generator_process=False) == 2
+    # pipeline_rl on CPU: the generator process has threads of its own
+    assert devices_held(cpu, Placement(1, 1, cpu), 1, generator_process=True) == 2
+    assert devices_held(cpu, Placement(6, 2, cpu), 1, generator_process=True) == 8
+    # several trainer processes on CPU: each one's threads
+    assert devices_held(cpu, Placement(4, 4, cpu), 2, generator_process=False) == 8
+    # GPUs: the trainers', plus the generator's when it has one of its own
+    assert devices_held(gpu0, Placement(8, 8, gpu0), 1, generator_process=True) == 1
+    assert devices_held(gpu0, Placement(8, 8, gpu1), 1, generator_process=True) == 2
+    assert devices_held(gpu0, Placement(8, 8, gpu0), 4, generator_process=False) == 4
