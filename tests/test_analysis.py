@@ -314,7 +314,7 @@ def test_cli_never_chooses_an_unfittable_baseline(store, capsys):
     assert rc == 2 and cap.err.count("\n") == 1  # fewer than 3 evaluations each: one line, no report
     assert cap.err.startswith("error: too few points to fit in experiment 'unfittable'")
     assert not (store["tmp"] / "out-unfittable").exists()
-    # three evaluations each, two of them below --min-compute-frac of the budget: fitted, none fits
+    # three evaluations each: step 0 only sets R0, two points are too few: none fits
     eid = client.create_experiment("excluded", artifact_location=str(store["tmp"] / "excluded"))
     for name in ("x", "y"):
         _log_run(client, eid, name, [0, 10, 20], [0.0, 1e15, 1e17], [0.15, 0.17, 0.2], {"loss": name})

@@ -525,7 +525,10 @@ def test_analysis_does_not_create_a_mistyped_store(capsys, tmp_path):
     "args,expect",
     [
         (["--level", "2"], "--level=2.0: must be in (0, 1)"),
-        (["--min-compute-frac", "nan"], "finite"),
+        (["--min-compute", "nan"], "finite"),
+        (["--min-step", "-1"], "--min-step=-1"),
+        (["--grid-a", "0.9,0.5,0.005"], "--grid-a='0.9,0.5,0.005': must be 0 <= LOW <= HIGH <= 1"),
+        (["--grid-c-mid", "100,40000"], "--grid-c-mid='100,40000': must be three numbers LOW,HIGH,N"),
         (["--bootstrap", "-1"], "--bootstrap=-1"),
         (["--extrapolate", "0.5"], "--extrapolate=0.5"),
     ],
