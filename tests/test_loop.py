@@ -46,6 +46,8 @@ INTERFACE_METRICS = [
     "compute/flops",
     "data/zero_variance_dropped",
     "data/prompts_retired",
+    "data/zero_variance_groups_step",  # what the report's "inactive" check reads
+    "data/epochs",
 ]
 
 
