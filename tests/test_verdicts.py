@@ -5,6 +5,7 @@ inactive components are flagged instead of scored, and the half-budget predictio
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ BASE_PARAMS = {
 def _runs(variant, curve, seeds=3, *, trials=2048, params=None, activity=None, n_points=20, reach=6.0):
     out = []
     for seed in range(seeds):
-        rng = np.random.default_rng(hash((variant, seed)) % 2**32)
+        rng = np.random.default_rng([zlib.crc32(variant.encode()), seed])  # the same data every run
         c, y = sample_run(curve, rng, reach=reach, trials=trials, n_points=n_points)
         out.append(
             RunData(
