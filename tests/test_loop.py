@@ -46,6 +46,8 @@ INTERFACE_METRICS = [
     "compute/flops",
     "data/zero_variance_dropped",
     "data/prompts_retired",
+    "data/zero_variance_groups_step",  # what the report's "inactive" check reads
+    "data/epochs",
 ]
 
 
@@ -269,9 +271,36 @@ def test_zero_variance_groups_never_reach_the_batch():
     # without the filter every group is trained on, the zero-variance ones with advantage 0
     kept = prepare_batch(groups, version=0, zero_variance=False, norm="batch", pad_id=0)
     assert kept.batch.num_groups == 5 and "data/zero_variance_dropped_step" not in kept.stats
+    # ... and the zero-variance groups are still counted (the report's "was the filter active")
+    assert kept.stats["data/zero_variance_groups_step"] == 3
     # every group filtered out: no batch, the step is skipped and says so
     none = prepare_batch([groups[0], groups[2]], version=0, zero_variance=True, norm="batch", pad_id=0)
     assert not none.train and none.batch is None and none.stats["train/step_skipped"] == 1.0
+
+
+def test_truncated_samples_can_leave_the_loss():
+    rewards = [[1, 0, 0, 0], [1, 1, 0, 1], [0, 0]]
+    groups = [[sample(g, g, r) for r in rs] for g, rs in enumerate(rewards)]
+    for s_ in (s_ for g in groups for s_ in g):
+        s_.correct = s_.reward
+    groups[0][0].truncated = True  # its group is left with rewards 0, 0, 0: zero variance
+    groups[1][2].truncated = True  # its group is left with 1, 1, 1
+    groups[2][0].truncated = groups[2][1].truncated = True  # its group is left empty
+    out = prepare_batch(
+        groups, version=0, zero_variance=False, norm="batch", pad_id=0, exclude_truncated=True
+    )
+    assert out.stats["data/truncated_excluded_step"] == 4
+    assert out.batch.num_sequences == 6 and out.batch.num_groups == 2
+    assert out.stats["data/zero_variance_groups_step"] == 2
+    # the step's statistics still describe every generated sample
+    assert out.stats["train/truncation_rate"] == pytest.approx(4 / 10)
+    both = prepare_batch(
+        groups, version=0, zero_variance=True, norm="batch", pad_id=0, exclude_truncated=True
+    )
+    assert not both.train and both.stats["data/zero_variance_dropped_step"] == 2
+    # off (the default): truncated samples are trained on
+    off = prepare_batch(groups, version=0, zero_variance=False, norm="batch", pad_id=0)
+    assert off.batch.num_sequences == 10 and "data/truncated_excluded_step" not in off.stats
 
 
 def test_policy_lag_statistics_of_a_batch():
@@ -692,3 +721,23 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_one_before_without_gaps(
     uri = uri_of(tiny_overrides)
     assert [s for s, _ in history(uri, summary["run_id"], "train/reward")] == [1, 2, 3, 4, 5, 6]
     assert [s for s, _ in history(uri, summary["run_id"], "val/pass_rate")] == [0, 2, 4, 6]
+
+
+def test_devices_held_count_every_device_of_the_run():
+    """compute/device_hours = wall clock x devices held: on CPU a device is one CPU thread (the
+    trainer's plus a pipeline generator process's own), on GPU a GPU."""
+    from scalerl.loop.modes import Placement
+    from scalerl.loop.run import devices_held
+
+    cpu, gpu0, gpu1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
+    # sync / ppo_off_policy on CPU: the generator shares the trainer's threads
+    assert devices_held(cpu, Placement(2, 2, cpu), 1, generator_process=False) == 2
+    # pipeline_rl on CPU: the generator process has threads of its own
+    assert devices_held(cpu, Placement(1, 1, cpu), 1, generator_process=True) == 2
+    assert devices_held(cpu, Placement(6, 2, cpu), 1, generator_process=True) == 8
+    # several trainer processes on CPU: each one's threads
+    assert devices_held(cpu, Placement(4, 4, cpu), 2, generator_process=False) == 8
+    # GPUs: the trainers', plus the generator's when it has one of its own
+    assert devices_held(gpu0, Placement(8, 8, gpu0), 1, generator_process=True) == 1
+    assert devices_held(gpu0, Placement(8, 8, gpu1), 1, generator_process=True) == 2
+    assert devices_held(gpu0, Placement(8, 8, gpu0), 4, generator_process=False) == 4

@@ -213,3 +213,71 @@ def test_child_runs_and_fit_metrics_in_the_mlflow_ui(tmp_path, mlflow_server, _c
             page.screenshot(path=str(tmp_path / "compare-page.png"))
         finally:
             ctx.close()
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def test_verdicts_in_the_mlflow_ui(tmp_path, mlflow_server):
+    """The sweep report's view of the run table (the address ``python sweep.py`` prints) shows each
+    run's variant, its variant's verdict, A with its interval, B and the prediction error as the
+    first columns, and the parent run's description opens with the verdict table. Synthetic curves
+    (3 seeds of 3 variants) logged through a real server; ``SCALERL_DOCS_SCREENSHOTS=1`` also saves
+    the screenshot the README shows (docs/mlflow-ui-verdicts.png)."""
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+    from test_sweep import log_synthetic_sweep
+
+    from scalerl.sweep.cli import main
+
+    sw = log_synthetic_sweep(tmp_path, mlflow_server, seeds=(0, 1, 2))
+    assert main(["--report", str(sw["file"]), "--out", str(sw["out"])]) == 0
+    client, parent = sw["client"], sw["parent"]
+    exp_id = client.get_run(parent).info.experiment_id
+    tags = {name: client.get_run(rid).data.tags for name, rid in sw["ids"].items()}
+    assert (
+        tags["dapo-seed0"]["2 verdict"].startswith("A lower")
+        and tags["base-seed0"]["2 verdict"] == "baseline"
+    )
+
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1600, "height": 820},
+        )
+        try:
+            ctx.add_init_script(CLOSE_ASSISTANT)
+            page = ctx.new_page()
+            page.goto(f"{mlflow_server}/#/experiments/{exp_id}/runs?viewStateShareKey=scalerl-verdicts")
+            # sorted by run name, the view lists every run (the sweep's runs and its parent) flat
+            page.locator(f'[role=row][row-id="{sw["ids"]["dapo-seed0"]}"]').first.wait_for(timeout=60_000)
+            headers = page.locator("[role=columnheader]").all_inner_texts()
+            shown = [h.strip() for h in headers if h.strip()]
+            for col in ("1 variant", "2 verdict", "3 A with CI", "4 B", "5 prediction error"):
+                assert col in shown, shown
+            cols = ["1 variant", "2 verdict", "3 A with CI", "4 B", "5 prediction error"]
+            assert [shown.index(c) for c in cols] == sorted(shown.index(c) for c in cols), shown
+            for name in ("dapo-seed0", "base-seed1"):
+                row = page.locator(f'[role=row][row-id="{sw["ids"][name]}"]')
+                row.first.wait_for(timeout=30_000)
+                text = " ".join(row.all_inner_texts())
+                assert tags[name]["1 variant"] in text and tags[name]["2 verdict"] in text, text
+                assert tags[name]["3 A with CI"] in text, text
+            page.screenshot(path=str(tmp_path / "verdicts-table.png"))
+            if os.environ.get("SCALERL_DOCS_SCREENSHOTS") == "1":
+                page.screenshot(path=str(DOCS / "mlflow-ui-verdicts.png"))
+            page.close()
+
+            # the parent run's page: its description opens with the verdict table
+            page = ctx.new_page()
+            page.goto(f"{mlflow_server}/#/experiments/{exp_id}/runs/{parent}")
+            page.get_by_text("Verdicts per variant").first.wait_for(timeout=60_000)
+            body = page.inner_text("body")
+            assert body.index("Verdicts per variant") < body.index("Metrics")
+            assert "A mean ± sd [90% CI]" in body and "A lower" in body
+            page.screenshot(path=str(tmp_path / "parent-run.png"))
+        finally:
+            ctx.close()

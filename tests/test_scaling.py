@@ -22,7 +22,14 @@ from scalerl.scaling import (
     plot_linearised,
 )
 from scalerl.scaling.live import final_report, fit_metrics
-from scalerl.scaling.sigmoid import _grid_b_curve_fit
+from scalerl.scaling.sigmoid import (
+    PAPER_GRID_A,
+    PAPER_GRID_C_MID,
+    _grid_b_curve_fit,
+    early_cutoff,
+    round_sig,
+    round_to,
+)
 from scalerl.scaling.synthetic import TrueCurve, random_curve, sample_run
 
 # Validation noise of 256 prompts x 8 samples per evaluation (binomial over 2048 trials).
@@ -120,8 +127,55 @@ def test_metrics_ci_and_band():
     assert np.all(lo <= mid + 1e-9) and np.all(mid <= hi + 1e-9)
     lo95, hi95 = fit.predict_band(grid, level=0.95)
     assert np.all(hi95 - lo95 >= hi - lo - 1e-12)
-    assert fit.to_metrics(prefix="x/")["x/A"] == fit.A
+    assert fit.to_metrics(prefix="x/")["x/A"] == round(fit.A, 3)
     assert "A=" in fit.summary()
+
+
+def test_metrics_are_rounded_to_what_the_data_supports():
+    fit = SigmoidFit(A=0.99999999999, B=1.234567, C_mid=12345.678, R0=0.1 + 1e-16, ok=True, rmse=0.0123456)
+    fit.ci = {"A": (0.97512345, 1.0), "B": (0.81234, 2.0004), "C_mid": (1000.4, 99999.9)}
+    m = fit.to_metrics()
+    assert m["fit/A"] == 1.0 and m["fit/R0"] == 0.1 and m["fit/A_lo"] == 0.975
+    assert m["fit/B"] == 1.23 and m["fit/B_lo"] == 0.812 and m["fit/C_mid"] == 12300.0
+    assert m["fit/rmse"] == 0.0123
+    assert round_to(1.1e-16) == 0.0 and str(round_to(-1e-17)) == "0.0"
+    assert math.isnan(round_sig(math.nan)) and round_sig(0.0) == 0.0
+
+
+def test_early_cutoff_is_absolute_and_the_same_for_every_run():
+    steps = np.array([0, 10, 20, 30, 40])
+    fast, slow = np.array([0.0, 1, 2, 3, 4]), np.array([0.0, 2, 4, 6, 8])
+    # by step: each run's own compute at step 20, so both runs lose steps 10 (and 0 for R0)
+    assert early_cutoff(steps, fast, min_step=20) == 2.0
+    assert early_cutoff(steps, slow, min_step=20) == 4.0
+    # by compute: the same absolute number for both (not a fraction of each budget)
+    assert early_cutoff(steps, fast, min_compute=3.0) == early_cutoff(steps, slow, min_compute=3.0) == 3.0
+    assert early_cutoff(steps, slow, min_step=20, min_compute=5.0) == 5.0
+    assert early_cutoff(steps, fast, min_step=50) == math.inf  # no evaluation that late: all cut
+    # the pooled fit takes one cut per run
+    rng = np.random.default_rng(3)
+    curve = random_curve(rng)
+    runs = [sample_run(curve, rng, reach=6.0, trials=TRIALS, n_points=12) for _ in range(2)]
+    cuts = [float(r[0][3]) for r in runs]
+    fit = fit_sigmoid_runs(runs, min_compute=cuts, bootstrap=0)
+    assert fit.ok and sum("below min_compute" in why for why in fit.excluded.values()) == 4
+    with pytest.raises(ValueError, match="2 runs"):
+        fit_sigmoid_runs(runs, min_compute=[1.0], bootstrap=0)
+
+
+def test_grid_with_the_papers_ranges():
+    c = np.array([0.0, 500, 1000, 2000, 4000, 8000, 16000])
+    truth = dict(r0=0.2, A=0.62, B=1.9, C_mid=2500.0)
+    y = truth["r0"] + (truth["A"] - truth["r0"]) / (1 + (truth["C_mid"] / np.maximum(c, 1e-9)) ** truth["B"])
+    fit = fit_sigmoid(c, y, method="grid", grid_A=PAPER_GRID_A, grid_C_mid=PAPER_GRID_C_MID, bootstrap=0)
+    a_grid = np.arange(0.45, 0.8 + 1e-9, 0.005)
+    c_grid = np.linspace(100, 40000, 100)
+    # A and C_mid are grid values; the closest grid pair to the truth wins
+    assert np.min(np.abs(a_grid - fit.A)) < 1e-9 and abs(fit.A - 0.62) <= 0.005
+    assert np.min(np.abs(c_grid - fit.C_mid)) < 1e-6 * fit.C_mid
+    assert abs(fit.C_mid - 2500.0) <= 404.0
+    with pytest.raises(ValueError, match="grid_A"):
+        fit_sigmoid(c, y, method="grid", grid_A=(0.9, 0.5, 0.005))
 
 
 def test_unknown_method_and_bad_level_raise():
@@ -347,7 +401,7 @@ def test_vectorised_B_fit_matches_curve_fit():
     ],
 )
 def test_fit_metrics_never_raises(compute, reward, method):
-    fit, metrics = fit_metrics(compute, reward, method=method, min_compute_frac=0.1, bootstrap=10)
+    fit, metrics = fit_metrics(compute, reward, method=method, min_step=1, bootstrap=10)
     assert isinstance(fit, SigmoidFit)
     assert "fit/A" in metrics and "fit/ok" in metrics
 
@@ -355,13 +409,15 @@ def test_fit_metrics_never_raises(compute, reward, method):
 def test_fit_metrics_and_final_report(tmp_path):
     rng = np.random.default_rng(9)
     truth, c, y = _run(rng)
-    fit, metrics = fit_metrics(c, y, method="direct", min_compute_frac=0.1, bootstrap=50)
-    assert fit.ok and fit.min_compute == pytest.approx(0.1 * c.max())
-    assert all(fit.compute[i] < fit.min_compute or i == 0 for i in fit.excluded)
-    assert metrics["fit/A"] == fit.A
+    steps = np.arange(c.size) * 10
+    fit, metrics = fit_metrics(c, y, steps=steps, min_step=30, method="direct", bootstrap=50)
+    # the cut is the compute of the first evaluation at step >= 30: steps 10 and 20 are left out
+    assert fit.ok and fit.min_compute == c[3]
+    assert sorted(fit.excluded) == [0, 1, 2]
+    assert metrics["fit/A"] == round(fit.A, 3) and abs(metrics["fit/A"] - fit.A) <= 5e-4
     png = tmp_path / "run" / "scaling_curve.png"
     fit2, metrics2 = final_report(
-        c, y, out_png=png, extrapolate=2.0, method="direct", min_compute_frac=0.1, bootstrap=50
+        c, y, out_png=png, extrapolate=2.0, method="direct", min_compute=0.1 * c.max(), bootstrap=50
     )
     assert png.read_bytes()[:8] == PNG_MAGIC
     assert metrics2["fit/pred_at_2x"] == pytest.approx(float(fit2.predict(2 * c.max())))

@@ -1,7 +1,8 @@
 """``python -m scalerl.analysis fit|compare``: sigmoid fits of the runs of an MLflow experiment.
 
-fit      per-run fits (with bootstrap CIs and the half-budget prediction check), the table
-         (delta A and delta B against the baseline variant), per-run plots, and write-back of
+fit      per-run fits (with bootstrap CIs and the half-budget prediction check), the verdict
+         table per variant (A and B over seeds with intervals, differences from the baseline called
+         only where intervals separate, inactive components, prediction error), the per-run table, per-run plots, and write-back of
          ``fit/*`` metrics + ``scaling_curve.png`` to each run.
 compare  all of ``fit``, plus the comparison plots: every run's curve on one figure and the
          linearised leave-one-out plot (B refitted with A fixed to the sweep mean).
@@ -18,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from scalerl.analysis.experiment import MARGIN_A, baseline_argument, rows_to_markdown
+from scalerl.analysis.experiment import DEFAULT_MIN_STEP, baseline_argument, rows_to_markdown
 from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
 from scalerl.analysis.reporting import FitOptions, report, safe_name
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS
@@ -41,10 +42,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--out", default=None, help="output folder (default: outputs/analysis/<experiment>)")
     common.add_argument(
-        "--min-compute-frac",
+        "--min-step",
+        type=int,
+        default=DEFAULT_MIN_STEP,
+        help=f"leave out evaluations before this optimiser step, in every run (default {DEFAULT_MIN_STEP}, "
+        "as scaling.min_step)",
+    )
+    common.add_argument(
+        "--min-compute",
         type=float,
-        default=0.1,
-        help="leave out points below this fraction of each run's budget (default 0.1)",
+        default=0.0,
+        help="leave out evaluations below this compute (the runs' compute axis units), in every run",
+    )
+    common.add_argument(
+        "--grid-a",
+        default=None,
+        help="the grid method's A values LOW,HIGH,STEP (the paper's: 0.45,0.8,0.005; default: from the data)",
+    )
+    common.add_argument(
+        "--grid-c-mid",
+        default=None,
+        help="the grid method's C_mid values LOW,HIGH,N linearly spaced (the paper's: 100,40000,100 "
+        "GPU-hours; default: from the data)",
     )
     common.add_argument(
         "--method", choices=METHODS, default=DEFAULT_METHOD, help=f"fit method (default {DEFAULT_METHOD})"
@@ -60,9 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="run id, run name or variant: its variant (all its seeds) is the reference of delta A and "
         "delta B (default: the baseline the runs' sweep declared, else a fitted run named 'baseline', "
         "else the leave-one-out centre, else the first fitted run; the choice is printed)",
-    )
-    common.add_argument(
-        "--margin", type=float, default=MARGIN_A, help="|delta A| above this is flagged (0.02)"
     )
     common.add_argument("--include-running", action="store_true", help="also fit runs still RUNNING")
     common.add_argument(
@@ -87,20 +103,37 @@ MIN_POINTS = 3  # a sigmoid fit has three free parameters
 
 def _bad_argument(args) -> str | None:
     """One line for a numeric option out of its range (argparse checks only the types)."""
-    finite = all(math.isfinite(v) for v in (args.min_compute_frac, args.level, args.extrapolate, args.margin))
+    finite = all(math.isfinite(v) for v in (args.min_compute, args.level, args.extrapolate))
     if not finite:
-        return "--min-compute-frac, --level, --extrapolate and --margin must be finite numbers"
-    if not 0 <= args.min_compute_frac < 1:
-        return f"--min-compute-frac={args.min_compute_frac}: must be in [0, 1)"
+        return "--min-compute, --level and --extrapolate must be finite numbers"
+    if args.min_step < 0 or args.min_compute < 0:
+        return f"--min-step={args.min_step}, --min-compute={args.min_compute}: must be >= 0"
+    for flag, value in (("--grid-a", args.grid_a), ("--grid-c-mid", args.grid_c_mid)):
+        if value is not None:
+            try:
+                parsed = _triple(value)
+            except ValueError:
+                return f"{flag}={value!r}: must be three numbers LOW,HIGH,{'STEP' if flag == '--grid-a' else 'N'}"
+            if flag == "--grid-a" and not (0 <= parsed[0] <= parsed[1] <= 1 and parsed[2] > 0):
+                return f"{flag}={value!r}: must be 0 <= LOW <= HIGH <= 1 and STEP > 0"
+            if flag == "--grid-c-mid" and not (0 < parsed[0] <= parsed[1] and parsed[2] >= 1):
+                return f"{flag}={value!r}: must be 0 < LOW <= HIGH and N >= 1"
     if not 0 < args.level < 1:
         return f"--level={args.level}: must be in (0, 1)"
     if args.bootstrap < 0:
         return f"--bootstrap={args.bootstrap}: must be >= 0 (0 = no intervals)"
     if args.extrapolate < 1:
         return f"--extrapolate={args.extrapolate}: must be >= 1"
-    if args.margin < 0:
-        return f"--margin={args.margin}: must be >= 0"
     return None
+
+
+def _triple(value: str | None) -> tuple[float, float, float] | None:
+    if value is None:
+        return None
+    parts = tuple(float(x) for x in value.split(","))
+    if len(parts) != 3 or not all(math.isfinite(x) for x in parts):
+        raise ValueError(value)
+    return parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,10 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     baseline, given_by = baseline_argument(client, runs, args.baseline)
     options = FitOptions(
         method=args.method,
-        min_compute_frac=args.min_compute_frac,
+        min_step=args.min_step,
+        min_compute=args.min_compute,
+        grid_A=_triple(args.grid_a),
+        grid_C_mid=_triple(args.grid_c_mid),
         bootstrap=args.bootstrap,
         level=args.level,
-        margin=args.margin,
         extrapolate=args.extrapolate,
         pool_seeds=args.pool_seeds,
         seed=args.seed,
@@ -172,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {r.run_name}: {note}")
     if rep.result.pooled_rows:
         print("\n## Seeds pooled per recipe\n")
-        print(rows_to_markdown(rep.result.pooled_rows, level=args.level, margin=args.margin))
+        print(rows_to_markdown(rep.result.pooled_rows, level=args.level))
     print(
         f"\nwrote {out}/ (fits.csv, fits.md, fits.json, runs/*/scaling_curve.png"
         + (", scaling_curves.png, linearised.png" if args.command == "compare" else "")

@@ -3,11 +3,14 @@
 Row keys (one dict per run, sorted by A, unfittable runs last):
 ``run_id, run_name, status, variant, <each recipe param that differs between runs>, compute_axis,
 ok, reason, A, A_lo, A_hi, B, B_lo, B_hi, C_mid, C_mid_lo, C_mid_hi, R0, n_points, n_excluded,
-n_evals, budget, pass_rate_start, pass_rate_final, baseline, delta_A, delta_B, exceeds_margin,
-A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last``.
+n_evals, budget, pass_rate_start, pass_rate_final, baseline, delta_A, delta_B,
+A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last, verdict``.
 
 The baseline is a variant (all its runs, i.e. its seeds): ``delta_A = A - mean A`` and
-``delta_B = B - mean B`` over its fitted runs (:func:`choose_baseline`).
+``delta_B = B - mean B`` over its fitted runs (:func:`choose_baseline`). These per-run deltas are
+point estimates and flag nothing; what the runs support about each variant (intervals over seeds,
+differences called only where intervals separate, inactive components, prediction) is
+:mod:`scalerl.analysis.verdicts`, whose verdict every row of that variant carries.
 """
 
 from __future__ import annotations
@@ -22,12 +25,21 @@ from pathlib import Path
 import numpy as np
 
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
-from scalerl.scaling.sigmoid import DEFAULT_METHOD, SigmoidFit, fit_fixed_A, fit_sigmoid, fit_sigmoid_runs
+from scalerl.analysis.verdicts import A_UNSETTLED, Protocol, VariantVerdict, verdicts
+from scalerl.scaling.sigmoid import (
+    DEFAULT_METHOD,
+    SigmoidFit,
+    fit_fixed_A,
+    fit_sigmoid,
+    fit_sigmoid_runs,
+)
 
 RECIPE_GROUPS = ("loss", "async_mode", "precision", "aggregation", "norm", "filter", "length_control")
 """Config groups logged as params named after the group (value = the chosen option)."""
 MARGIN_A = 0.02
-"""The paper's margin on A: three seeds differed by at most 0.015."""
+"""The paper's margin on A (three seeds differed by at most 0.015): the prediction check's tolerance."""
+DEFAULT_MIN_STEP = 10
+"""The early cut of the analysis CLI, as ``scaling.min_step``'s default."""
 IGNORED_PARAM_PREFIXES = ("tracking.", "launcher.", "scaling.", "hydra.", "mlflow.", "progress", "out_dir")
 IGNORED_PARAM_WORDS = ("dir", "path", "uri", "host", "port", "checkpoint")
 IGNORED_PARAMS = (
@@ -61,6 +73,8 @@ class ExperimentResult:
     A_mean: float = math.nan
     pooled_rows: list[dict] = field(default_factory=list)
     pooled_fits: dict[str, SigmoidFit] = field(default_factory=dict)
+    verdicts: list[VariantVerdict] = field(default_factory=list)
+    """One per variant, the baseline first (:func:`scalerl.analysis.verdicts.verdicts`)."""
 
 
 def _ignored(key: str) -> bool:
@@ -213,8 +227,9 @@ def choose_baseline(
     )
 
 
-def _half_check(run: RunData, *, method, min_compute_frac) -> tuple[SigmoidFit | None, dict]:
-    """Fit on compute <= budget/2, compare with the observed second half."""
+def _half_check(run: RunData, *, method, cut, grid) -> tuple[SigmoidFit | None, dict]:
+    """Fit on compute <= budget/2 (with the run's early cut ``cut``, the same as its full fit's),
+    compare with the observed second half."""
     out = {"pred_n": 0, "pred_mae": math.nan, "pred_err_last": math.nan}
     c, y = run.compute, run.reward
     fin = np.isfinite(c) & np.isfinite(y)
@@ -225,14 +240,14 @@ def _half_check(run: RunData, *, method, min_compute_frac) -> tuple[SigmoidFit |
     second = fin & (c > budget / 2)
     if not second.any():
         return None, out
-    half_budget = float(c[first].max()) if first.any() else 0.0
     fit = fit_sigmoid(
         c[first],
         y[first],
-        min_compute=min_compute_frac * half_budget,
+        min_compute=cut,
         method=method,
         bootstrap=0,
         drop_nonfinite=True,
+        **grid,
     )
     if not fit.ok:
         return fit, out
@@ -272,26 +287,42 @@ def analyse_runs(
     runs: Sequence[RunData],
     *,
     method: str = DEFAULT_METHOD,
-    min_compute_frac: float = 0.1,
+    min_step: int = DEFAULT_MIN_STEP,
+    min_compute: float = 0.0,
+    grid: dict | None = None,
     bootstrap: int = 200,
     level: float = 0.9,
     baseline: str | None = None,
     baseline_given_by: str = "--baseline",
     other_variants: Sequence[str] = (),
-    margin: float = MARGIN_A,
     fixed_A: bool = True,
     predict_check: bool = True,
     pool_seeds: bool = False,
     seed: int = 0,
     sort: bool = True,
+    variant_order: Sequence[str] = (),
 ) -> ExperimentResult:
-    """Fit every run and build the comparison rows (see the module docstring for the keys).
+    """Fit every run, build the comparison rows (see the module docstring for the keys) and the
+    per-variant verdicts.
 
+    Early points: those before step ``min_step`` or below ``min_compute`` (compute-axis units) are
+    left out of every fit, the same absolute cut for every run (:func:`early_cutoff`).
+    ``grid``: ``grid_A`` / ``grid_C_mid`` for ``method="grid"``.
     ``delta_A = A - A(baseline)`` and ``delta_B = B - B(baseline)``, where ``A(baseline)``,
     ``B(baseline)`` are the means over the fitted runs of the baseline *variant* (all its seeds);
     see :func:`choose_baseline` for ``baseline``, ``baseline_given_by`` and ``other_variants``.
-    ``exceeds_margin``: ``|delta_A| > margin``. Rows are sorted by A (unfittable last) unless
-    ``sort`` is false (then in the order of ``runs``)."""
+    Rows are sorted by A (unfittable last) unless ``sort`` is false (then in the order of ``runs``);
+    verdicts list the baseline first, then ``variant_order``."""
+    grid = dict(grid or {})
+    protocol = Protocol(
+        method=method,
+        min_step=int(min_step),
+        min_compute=float(min_compute),
+        bootstrap=bootstrap,
+        level=level,
+        seed=seed,
+        grid=grid,
+    )
     runs = list(runs)
     differing = differing_params(runs)
     names = {r.run_id: _variant_name(r, differing) for r in runs}
@@ -302,16 +333,17 @@ def analyse_runs(
         c = r.compute
         fin = c[np.isfinite(c)]
         budget = float(fin.max()) if fin.size else math.nan
-        mc = min_compute_frac * budget if math.isfinite(budget) else 0.0
+        cut = protocol.cut(r)
         fit = fit_sigmoid(
             c,
             r.reward,
-            min_compute=mc,
+            min_compute=cut,
             method=method,
             bootstrap=bootstrap,
             level=level,
             seed=seed,
             drop_nonfinite=True,
+            **grid,
         )
         if r.compute.size == 0:
             fit.reason = "no val/pass_rate evaluations paired with compute"
@@ -331,7 +363,7 @@ def analyse_runs(
             "pass_rate_final": float(r.reward[order[-1]]) if r.reward.size else math.nan,
         }
         if predict_check:
-            hf, pred = _half_check(r, method=method, min_compute_frac=min_compute_frac)
+            hf, pred = _half_check(r, method=method, cut=cut, grid=grid)
             if hf is not None:
                 half_fits[r.run_id] = hf
             row.update(pred)
@@ -349,11 +381,9 @@ def analyse_runs(
         if base.ok and row["ok"]:
             row["delta_A"] = row["A"] - base.A
             row["delta_B"] = row["B"] - base.B
-            row["exceeds_margin"] = abs(row["delta_A"]) > margin
         else:
             row["delta_A"] = math.nan
             row["delta_B"] = math.nan
-            row["exceeds_margin"] = False
         row["A_fixed"] = a_mean
         row["B_fixed_A"] = math.nan
         row["C_mid_fixed_A"] = math.nan
@@ -364,6 +394,10 @@ def analyse_runs(
             if ff.ok:
                 row["B_fixed_A"] = ff.B
                 row["C_mid_fixed_A"] = ff.C_mid
+    vs = verdicts(runs, names, fits, base.variant, protocol, order=variant_order)
+    by_variant = {v.variant: v.verdict for v in vs}
+    for row in rows:
+        row["verdict"] = by_variant.get(row["variant"], "")
     if sort:
         rows.sort(key=_sort_key)
     res = ExperimentResult(
@@ -375,15 +409,14 @@ def analyse_runs(
         differing=differing,
         baseline=base,
         A_mean=a_mean,
+        verdicts=vs,
     )
     if pool_seeds:
-        _pool(
-            res, method=method, min_compute_frac=min_compute_frac, bootstrap=bootstrap, level=level, seed=seed
-        )
+        _pool(res, protocol)
     return res
 
 
-def _pool(res: ExperimentResult, *, method, min_compute_frac, bootstrap, level, seed) -> None:
+def _pool(res: ExperimentResult, p: Protocol) -> None:
     """One pooled fit per recipe that has several seeds (seed-level bootstrap)."""
     recipe_keys = [k for k in res.differing if k not in SEED_KEYS]
     groups: dict[tuple, list[RunData]] = {}
@@ -392,19 +425,15 @@ def _pool(res: ExperimentResult, *, method, min_compute_frac, bootstrap, level, 
     for key, members in groups.items():
         if len(members) < 2:
             continue
-        budget = (
-            max(float(np.nanmax(m.compute)) for m in members if m.compute.size)
-            if any(m.compute.size for m in members)
-            else 0.0
-        )
         fit = fit_sigmoid_runs(
             [(m.compute, m.reward) for m in members],
-            min_compute=min_compute_frac * budget,
-            method=method,
-            bootstrap=bootstrap,
-            level=level,
-            seed=seed,
+            min_compute=[p.cut(m) for m in members],
+            method=p.method,
+            bootstrap=p.bootstrap,
+            level=p.level,
+            seed=p.seed,
             drop_nonfinite=True,
+            **p.grid,
         )
         name = ", ".join(f"{k}={v}" for k, v in zip(recipe_keys, key)) or "all runs"
         res.pooled_fits[name] = fit
@@ -425,11 +454,11 @@ def fit_experiment(
     *,
     include_running: bool = False,
     method: str = DEFAULT_METHOD,
-    min_compute_frac: float = 0.1,
+    min_step: int = DEFAULT_MIN_STEP,
+    min_compute: float = 0.0,
     bootstrap: int = 200,
     level: float = 0.9,
     baseline: str | None = None,
-    margin: float = MARGIN_A,
     fixed_A: bool = True,
     predict_check: bool = True,
     seed: int = 0,
@@ -437,8 +466,8 @@ def fit_experiment(
     """Fit the runs of an MLflow experiment (by name) or a list of run ids / loaded runs and
     return the report rows, sorted by A (see the module docstring).  ``baseline``: run id, run
     name or variant name; its variant is the reference of ``delta_A``/``delta_B`` (default: the
-    baseline the runs' sweep declared, else :func:`choose_baseline`'s rules).
-    ``exceeds_margin``: ``|delta_A| > margin`` (the paper's 0.02)."""
+    baseline the runs' sweep declared, else :func:`choose_baseline`'s rules); each row carries its
+    variant's ``verdict`` (:mod:`scalerl.analysis.verdicts`)."""
     if isinstance(experiment_or_runs, str):
         runs = load_runs(client, experiment_or_runs, include_running=include_running)
     elif experiment_or_runs and isinstance(next(iter(experiment_or_runs)), RunData):
@@ -449,12 +478,12 @@ def fit_experiment(
     return analyse_runs(
         runs,
         method=method,
-        min_compute_frac=min_compute_frac,
+        min_step=min_step,
+        min_compute=min_compute,
         bootstrap=bootstrap,
         level=level,
         baseline=baseline,
         baseline_given_by=given_by,
-        margin=margin,
         fixed_A=fixed_A,
         predict_check=predict_check,
         seed=seed,
@@ -481,8 +510,6 @@ def baseline_argument(client, runs: Sequence[RunData], baseline: str | None) -> 
 _FLOAT3 = {"A", "A_lo", "A_hi", "R0", "delta_A", "A_fixed", "pred_mae", "pred_err_last"}
 _FLOAT2 = {"B", "B_lo", "B_hi", "B_fixed_A", "delta_B"}
 _SIGNED = {"delta_A", "delta_B", "pred_err_last"}
-A_UNSETTLED = 0.999
-"""A fitted ceiling whose interval reaches this is bounded by the pass rate's range, not the data."""
 FIT_KEYS = (
     "run_id",
     "run_name",
@@ -510,13 +537,13 @@ FIT_KEYS = (
     "baseline",
     "delta_A",
     "delta_B",
-    "exceeds_margin",
     "A_fixed",
     "B_fixed_A",
     "C_mid_fixed_A",
     "pred_n",
     "pred_mae",
     "pred_err_last",
+    "verdict",
     "n_runs",
     "run_ids",
 )
@@ -540,10 +567,11 @@ def _fmt(key: str, v) -> str:
     return str(v).replace("|", "/").replace("\n", " ")
 
 
-def default_columns(rows: Sequence[dict], *, level: float = 0.9, margin: float = MARGIN_A) -> list[str]:
+def default_columns(rows: Sequence[dict], *, level: float = 0.9) -> list[str]:
     """run name, variant (when runs name one), the recipe params that differ, status, A [CI], B,
-    C_mid, R0, points, the baseline comparison, B at the mean A, the prediction check, the pass
-    rate at the start and the end, and a note; columns with nothing to show are left out."""
+    C_mid, R0, points, the deltas to the baseline (point estimates), B at the mean A, the
+    prediction check, the pass rate at the start and the end, the variant's verdict and a note;
+    columns with nothing to show are left out."""
     if not rows:
         return []
     skip = set(FIT_KEYS) | set(EXTRA_KEYS)
@@ -564,22 +592,24 @@ def default_columns(rows: Sequence[dict], *, level: float = 0.9, margin: float =
         cols.append("status")
     cols += [f"A [{level:.0%} CI]", "B", "C_mid", "R0", "points"]
     if any(_finite(r.get("delta_A")) for r in rows):
-        cols += ["delta_A", "delta_B", "exceeds_margin"]
+        cols += ["delta_A", "delta_B"]
     if any(_finite(r.get("B_fixed_A")) for r in rows):
         cols += ["B_fixed_A"]
     if any("pred_mae" in r for r in rows):
         cols += ["pred_mae", "pred_err_last"]
     if any(_finite(r.get("pass_rate_start")) for r in rows):
         cols += ["pass rate start → final"]
+    if any(r.get("verdict") for r in rows):
+        cols += ["verdict"]
     cols += ["note"]
     return cols
 
 
-def _header(col: str, rows: Sequence[dict], margin: float) -> str:
+def _header(col: str, rows: Sequence[dict]) -> str:
     if col == "B_fixed_A":
         a = next((r.get("A_fixed") for r in rows if _finite(r.get("A_fixed"))), math.nan)
         return f"B @ A={a:.3f}"
-    return {"delta_A": "ΔA", "delta_B": "ΔB", "exceeds_margin": f"abs(ΔA) > {margin:g}"}.get(col, col)
+    return {"delta_A": "ΔA", "delta_B": "ΔB", "verdict": "verdict (variant)"}.get(col, col)
 
 
 def row_notes(row: dict) -> list[str]:
@@ -617,8 +647,6 @@ def _cell(row: dict, col: str) -> str:
         if "n_points" not in row:
             return ""
         return f"{row.get('n_points', 0)}/{row.get('n_evals', row.get('n_points', 0))}"
-    if col == "exceeds_margin":
-        return ("yes" if row.get("exceeds_margin") else "no") if _finite(row.get("delta_A")) else ""
     if col == "pass rate start → final":
         a, b = row.get("pass_rate_start"), row.get("pass_rate_final")
         return f"{a:.3f} → {b:.3f}" if _finite(a) and _finite(b) else ""
@@ -632,14 +660,13 @@ def rows_to_markdown(
     columns: Sequence[str] | None = None,
     *,
     level: float = 0.9,
-    margin: float = MARGIN_A,
 ) -> str:
     """A Markdown table of the rows (default columns: :func:`default_columns`)."""
     rows = list(rows)
     if not rows:
         return "(no runs)\n"
-    cols = list(columns) if columns else default_columns(rows, level=level, margin=margin)
-    head = [_header(c, rows, margin) for c in cols]
+    cols = list(columns) if columns else default_columns(rows, level=level)
+    head = [_header(c, rows) for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:
         lines.append("| " + " | ".join(_cell(r, c) for c in cols) + " |")

@@ -84,10 +84,43 @@ class RunData:
     compute: np.ndarray
     reward: np.ndarray
     notes: list[str] = field(default_factory=list)
+    activity: dict[str, float] = field(default_factory=dict)
+    """What the run's components did (see :data:`ACTIVITY`); a key is missing when the run did not
+    log its metric."""
 
     @property
     def last_step(self) -> int:
         return int(self.steps.max()) if self.steps.size else 0
+
+
+ACTIVITY = {
+    "retired": ("data/prompts_retired", "last"),
+    "epochs": ("data/epochs", "last"),
+    "lag_max": ("train/policy_lag_max", "max"),
+    "interruptions": ("train/interruption_rate", "max"),
+    "zero_variance_groups": ("data/zero_variance_groups_step", "sum"),
+    "zero_variance_dropped": ("data/zero_variance_dropped", "last"),
+}
+"""activity key -> (metric, how its history is summarised): prompts retired by the pass-rate
+tracker, epochs over the train split, the largest policy lag trained on, the largest fraction of
+interrupted samples in a step, zero-variance groups seen (whether or not dropped) and dropped."""
+
+
+def load_activity(client, run_id: str, latest: dict[str, float]) -> dict[str, float]:
+    """The :data:`ACTIVITY` summaries of a run (``latest``: its latest metric values); cumulative
+    metrics are read from ``latest``, the others from their history."""
+    out = {}
+    for key, (metric, how) in ACTIVITY.items():
+        if metric not in latest:
+            continue
+        if how == "last":
+            out[key] = float(latest[metric])
+            continue
+        values = list(_history(client, run_id, metric).values())
+        values = [v for v in values if math.isfinite(v)]
+        if values:
+            out[key] = float(max(values) if how == "max" else sum(values))
+    return out
 
 
 def _history(client, run_id: str, key: str) -> dict[int, float]:
@@ -134,6 +167,7 @@ def load_run(client, run, *, reward_key: str = REWARD_KEY) -> RunData:
         compute=np.asarray(cs, dtype=float),
         reward=np.asarray(rs, dtype=float),
         notes=notes,
+        activity=load_activity(client, info.run_id, dict(data.metrics)),
     )
 
 

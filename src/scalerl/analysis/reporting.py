@@ -3,7 +3,8 @@ and the ``fit/*`` metrics written back to the runs. ``python -m scalerl.analysis
 report (:mod:`scalerl.sweep.report`) both call :func:`report`.
 
 Files written into ``out_dir``: ``fits.csv`` (every row key), ``fits.md`` (the title, the fit
-settings, the table and its legend), ``fits.json``, ``runs/<run>/scaling_curve.png`` (one per run),
+settings, the verdict table per variant and its legend, then the per-run table and its legend),
+``fits.json``, ``verdicts.csv`` (one row per variant), ``runs/<run>/scaling_curve.png`` (one per run),
 and with ``comparison``: ``scaling_curves.png`` (every run on one figure), ``linearised.png``
 (``log F(R)`` against ``log C``, A fixed to the mean A: slope = B) and, with seeds pooled,
 ``pooled_curves.png`` / ``pooled_fits.csv``.
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerl.analysis.experiment import (
-    MARGIN_A,
+    DEFAULT_MIN_STEP,
     Baseline,
     ExperimentResult,
     analyse_runs,
@@ -27,7 +28,8 @@ from scalerl.analysis.experiment import (
     rows_to_markdown,
 )
 from scalerl.analysis.mlflow_io import RunData, write_back
-from scalerl.scaling.sigmoid import DEFAULT_METHOD
+from scalerl.analysis.verdicts import VariantVerdict, prediction_cell, verdict_legend, verdict_table
+from scalerl.scaling.sigmoid import DEFAULT_METHOD, round_sig, round_to
 
 WRITE_BACK_KEYS = (
     "delta_A",
@@ -38,7 +40,13 @@ WRITE_BACK_KEYS = (
     "pred_mae",
     "pred_err_last",
 )
-"""Row values logged as ``fit/<key>`` next to the fit's own metrics (``SigmoidFit.to_metrics``)."""
+"""Row values logged as ``fit/<key>`` next to the fit's own metrics (``SigmoidFit.to_metrics``),
+rounded: pass-rate quantities to 0.001 (a difference of 1e-16 is 0), B's to 0.01, C_mid to 3
+significant figures."""
+_ROUND = {"delta_A": 3, "A_fixed": 3, "pred_mae": 3, "pred_err_last": 3, "delta_B": 2, "B_fixed_A": 2}
+UI_TAGS = ("1 variant", "2 verdict", "3 A with CI", "4 B", "5 prediction error")
+"""Short run tags that sort first in the MLflow run table (digits before letters): each run's
+variant, its variant's verdict, A with the pooled interval, B and the half-budget prediction."""
 
 
 @dataclass
@@ -46,19 +54,34 @@ class FitOptions:
     """How the runs are fitted and compared (the analysis CLI's options; a sweep's ``scaling``)."""
 
     method: str = DEFAULT_METHOD
-    min_compute_frac: float = 0.1
+    min_step: int = DEFAULT_MIN_STEP
+    min_compute: float = 0.0
+    grid_A: tuple | None = None
+    grid_C_mid: tuple | None = None
     bootstrap: int = 200
     level: float = 0.9
-    margin: float = MARGIN_A
     extrapolate: float = 2.0
     pool_seeds: bool = False
     seed: int = 0
 
+    @property
+    def grid(self) -> dict:
+        return {"grid_A": self.grid_A, "grid_C_mid": self.grid_C_mid}
+
     def describe(self, axis: str) -> str:
+        cut = [f"before step {self.min_step}"] if self.min_step else []
+        cut += [f"below {self.min_compute:g} {axis}"] if self.min_compute else []
+        grid = ""
+        if self.method == "grid":
+            grid = (
+                f" (A grid {self.grid_A or 'from the data'}, C_mid grid {self.grid_C_mid or 'from the data'})"
+            )
         return (
             f"Fit: `R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)` of `val/pass_rate` against compute "
-            f"({axis}), method {self.method}, points below {self.min_compute_frac:.0%} of each run's "
-            f"budget left out, {self.level:.0%} bootstrap intervals ({self.bootstrap} resamples)."
+            f"({axis}), method {self.method}{grid}; early points "
+            + (" or ".join(cut) if cut else "none")
+            + " left out of every fit (the same cut for every run); "
+            f"{self.level:.0%} bootstrap intervals ({self.bootstrap} resamples)."
         )
 
 
@@ -80,6 +103,77 @@ class Report:
     run_plots: dict[str, Path] = field(default_factory=dict)
     """run id -> its ``scaling_curve.png``."""
     written_back: int = 0
+    verdicts: list[VariantVerdict] = field(default_factory=list)
+    verdict_table: str = ""
+    """The Markdown verdict table alone (one row per variant)."""
+
+
+def verdict_row(v: VariantVerdict) -> dict:
+    """One row of ``verdicts.csv``."""
+    return {
+        "variant": v.variant,
+        "baseline": v.baseline,
+        "runs": len(v.run_ids),
+        "fitted": v.fitted,
+        "A_mean": v.A.mean,
+        "A_sd": v.A.sd,
+        "A_lo": v.A.lo,
+        "A_hi": v.A.hi,
+        "A_unsettled": v.A.unsettled,
+        "B_mean": v.B.mean,
+        "B_sd": v.B.sd,
+        "B_lo": v.B.lo,
+        "B_hi": v.B.hi,
+        "B_unsettled": v.B.unsettled,
+        "delta_A": v.delta_A,
+        "delta_B": v.delta_B,
+        "pred_err": v.pred_err,
+        "pred_ok": v.pred_ok,
+        "inactive": v.inactive,
+        "verdict": v.verdict,
+    }
+
+
+VIEW_KEY = "scalerl-verdicts"
+"""The MLflow UI's shared view (experiment tag ``mlflow.sharedViewState.<key>``) the report writes."""
+
+
+def share_verdict_view(client, experiment_id: str) -> str:
+    """Store an MLflow UI view of the experiment's run table with the :data:`UI_TAGS` as its
+    columns (wide enough to read), and return its address after the server's root
+    (``#/experiments/<id>/runs?viewStateShareKey=scalerl-verdicts``). The UI shows no tag or metric
+    column until one is chosen; this view has them chosen."""
+    widths = {UI_TAGS[0]: 130, UI_TAGS[1]: 300, UI_TAGS[2]: 190, UI_TAGS[3]: 70, UI_TAGS[4]: 150}
+    state = {
+        "selectedColumns": [f"tags.`{t}`" for t in UI_TAGS],
+        "columnOrder": [f"tags.`{t}`" for t in UI_TAGS],  # the UI sets the widths of these only
+        "columnWidths": {f"tags.`{t}`": w for t, w in widths.items()},
+        "orderByKey": "tags.`mlflow.runName`",
+        "orderByAsc": True,
+    }
+    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+
+
+def write_parent(client, parent_id: str, rep: Report, *, description: str = "") -> str:
+    """The parent (sweep) run's description opens with the verdict table, then ``description`` and
+    the full report; its tags ``2 verdict`` (one line per variant) and ``1 variant`` (the baseline)
+    show them in the run table. Also stores the run-table view (:func:`share_verdict_view`) and
+    returns its address."""
+    from mlflow.entities import RunTag
+
+    head = ""
+    if rep.verdict_table:
+        head = "## Verdicts per variant\n\n" + rep.verdict_table + "\n"
+    note = head + ((description.strip() + "\n\n") if description.strip() else "") + rep.markdown
+    lines = "; ".join(f"{v.variant}: {v.verdict}" for v in rep.verdicts if not v.baseline)
+    tags = [RunTag("mlflow.note.content", note)]
+    if lines:
+        tags.append(RunTag(UI_TAGS[1], lines[:5000]))
+    if rep.baseline is not None and rep.baseline.variant:
+        tags.append(RunTag(UI_TAGS[0], f"baseline: {rep.baseline.variant}"))
+    client.log_batch(parent_id, tags=tags)
+    return share_verdict_view(client, client.get_run(parent_id).info.experiment_id)
 
 
 def safe_name(name: str) -> str:
@@ -108,8 +202,8 @@ def _legend(res: ExperimentResult, opts: FitOptions) -> list[str]:
         lines.append(
             f"ΔA = A - A(baseline), ΔB = B - B(baseline), with A(baseline), B(baseline) the means over the "
             f"fitted runs of the baseline variant {base.variant!r} ({base.fitted} fitted: A {base.A:.3f}, "
-            f"B {base.B:.2f}), {base.why}; `abs(ΔA) > {opts.margin:g}` flags a difference beyond the "
-            f"paper's seed-to-seed margin on A."
+            f"B {base.B:.2f}), {base.why}. Per-run ΔA and ΔB are point estimates: the verdict column "
+            "is the variant's (see the verdict table)."
         )
     elif base is not None:
         lines.append(f"ΔA, ΔB: {base.describe()}.")
@@ -172,20 +266,38 @@ def _plots(res: ExperimentResult, opts: FitOptions, out: Path, *, name: str, com
     return files, run_plots
 
 
+def ui_tags(v: VariantVerdict | None, variant: str, level: float) -> dict[str, str]:
+    """The :data:`UI_TAGS` of a run of variant ``variant`` (``v``: its verdict)."""
+    if v is None:
+        return {UI_TAGS[0]: variant}
+    a = f"{v.A.mean:.3f}" if math.isfinite(v.A.mean) else "-"
+    if math.isfinite(v.A.lo):
+        a += f" [{v.A.lo:.3f}, {v.A.hi:.3f}]"
+    return {
+        UI_TAGS[0]: variant,
+        UI_TAGS[1]: v.verdict,
+        UI_TAGS[2]: a + (f" ({level:.0%})" if math.isfinite(v.A.lo) else ""),
+        UI_TAGS[3]: f"{v.B.mean:.2f}" if math.isfinite(v.B.mean) else "-",
+        UI_TAGS[4]: prediction_cell(v),
+    }
+
+
 def _write_back(client, res: ExperimentResult, rows: dict[str, dict], plots, opts: FitOptions, tags) -> int:
     n = 0
     base = res.baseline.variant if res.baseline is not None else None
+    by_variant = {v.variant: v for v in res.verdicts}
     for r in res.runs:
         fit, row = res.fits[r.run_id], rows[r.run_id]
         metrics = fit.to_metrics("fit/")
         for key in WRITE_BACK_KEYS:
             v = row.get(key, math.nan)
-            metrics[f"fit/{key}"] = float(v) if isinstance(v, (int, float)) else math.nan
-        if math.isfinite(metrics["fit/delta_A"]):
-            metrics["fit/exceeds_margin"] = 1.0 if row["exceeds_margin"] else 0.0
+            v = float(v) if isinstance(v, (int, float)) else math.nan
+            metrics[f"fit/{key}"] = round_to(v, _ROUND[key]) if key in _ROUND else round_sig(v)
         run_tags = {
+            **ui_tags(by_variant.get(row["variant"]), row["variant"], opts.level),
             "fit.method": opts.method,
-            "fit.min_compute_frac": f"{opts.min_compute_frac:g}",
+            "fit.min_step": str(opts.min_step),
+            "fit.min_compute": f"{opts.min_compute:g}",
             "fit.variant": row["variant"],
             "fit.baseline": base or "",
             "fit.reason": fit.reason or "ok",
@@ -211,6 +323,7 @@ def report(
     pending: Sequence[dict] = (),
     extra: dict[str, dict] | None = None,
     order: Sequence[str] | None = None,
+    variant_order: Sequence[str] | None = None,
     tags: dict[str, str] | None = None,
 ) -> Report:
     """Fit ``runs``, compare them with the baseline variant, write the files, write ``fit/*`` back.
@@ -226,7 +339,8 @@ def report(
     - ``name``: plot titles; ``title``: the first line(s) of ``fits.md``.
     - ``pending``: rows of runs that have no curve to fit (a sweep's jobs that failed or did not
       finish), shown in the table unfitted; ``extra``: run id -> more row keys (a sweep's job,
-      status, log); ``order``: run names in table order (default: sorted by A, unfittable last).
+      status, log); ``order``: run names in table order (default: sorted by A, unfittable last);
+      ``variant_order``: variants in the verdict table's order after the baseline (default: by name).
     """
     opts = options or FitOptions()
     out = Path(out_dir)
@@ -234,16 +348,18 @@ def report(
     res = analyse_runs(
         runs,
         method=opts.method,
-        min_compute_frac=opts.min_compute_frac,
+        min_step=opts.min_step,
+        min_compute=opts.min_compute,
+        grid=opts.grid,
         bootstrap=opts.bootstrap,
         level=opts.level,
         baseline=baseline,
         baseline_given_by=baseline_given_by,
         other_variants=[p["variant"] for p in pending if p.get("variant")],
-        margin=opts.margin,
         pool_seeds=opts.pool_seeds,
         seed=opts.seed,
         sort=order is None,
+        variant_order=variant_order or [],
     )
     base = res.baseline
     for row in res.rows:
@@ -257,14 +373,26 @@ def report(
         rank = {n: i for i, n in enumerate(order)}
         rows.sort(key=lambda r: rank.get(r.get("run_name", ""), len(rank)))
 
-    table = rows_to_markdown(rows, level=opts.level, margin=opts.margin)
+    table = rows_to_markdown(rows, level=opts.level)
     legend = _legend(res, opts)
-    axes = sorted({r.compute_axis for r in res.runs}) or ["flops"]
+    vtable = verdict_table(res.verdicts, level=opts.level) if res.verdicts else ""
+    axes = sorted({r.compute_axis for r in res.runs}) or ["device_hours"]
     parts = [title.rstrip("\n") + "\n"] if title else []
     parts.append(opts.describe(", ".join(axes)) + "\n")
-    markdown = "\n".join(parts) + "\n" + table + "\n" + "".join(line + "\n" for line in legend)
+    markdown = "\n".join(parts) + "\n"
+    if vtable:
+        markdown += (
+            "## Verdicts per variant\n\n"
+            + vtable
+            + "\n"
+            + "".join(line + "\n" for line in verdict_legend(opts.level))
+            + "\n## Runs\n\n"
+        )
+    markdown += table + "\n" + "".join(line + "\n" for line in legend)
 
     files = [rows_to_csv(rows, out / "fits.csv")]
+    if res.verdicts:
+        files.append(rows_to_csv([verdict_row(v) for v in res.verdicts], out / "verdicts.csv"))
     (out / "fits.md").write_text(markdown)
     (out / "fits.json").write_text(json.dumps(rows, indent=1, default=str, allow_nan=True))
     files += [out / "fits.md", out / "fits.json"]
@@ -282,6 +410,8 @@ def report(
         legend=legend,
         baseline=base,
         result=res,
+        verdicts=res.verdicts,
+        verdict_table=vtable,
         out_dir=out,
         files=files,
         run_plots=run_plots,

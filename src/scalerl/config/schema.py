@@ -16,10 +16,10 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from scalerl.config.checks import at_least, in_unit, one_of, problems
+from scalerl.config.checks import at_least, one_of, problems
 from scalerl.config.options import GROUPS, SCHEMA_ROOT, Option, options
 
-COMPUTE_AXES = ("flops", "device_hours")
+COMPUTE_AXES = ("device_hours", "flops")
 FIT_METHODS = ("grid", "direct")
 PROGRESS = ("auto", "bar", "log")
 
@@ -54,19 +54,46 @@ class TrackingConfig(Option):
 
 @dataclass
 class ScalingConfig(Option):
-    compute_axis: str = "flops"  # flops | device_hours
+    # the fit's x-axis: device_hours = wall clock x devices held, idle time included (the paper's
+    # GPU-hours; on CPU a device is one CPU thread of the run), flops = 2N per generated + 6N per
+    # trained token (idle time not counted)
+    compute_axis: str = "device_hours"  # device_hours | flops
     refit_every: int = 5  # refit the sigmoid every M evaluations
-    min_compute_frac: float = 0.1  # points below this fraction of the budget are excluded
+    # early points left out of every fit (live, final, report, half-budget check), the same absolute
+    # cut for every run of a sweep: evaluations before optimiser step min_step, and below min_compute
+    # (in compute_axis units; the paper's ~1.5k GPU-hours)
+    min_step: int = 10
+    min_compute: float = 0.0
     method: str = "direct"  # grid | direct
+    # the grid method's ranges; null: from the data. The paper's: grid_A=[0.45,0.8,0.005]
+    # grid_C_mid=[100,40000,100] (GPU-hours, linearly spaced)
+    grid_A: Optional[list[float]] = None  # [low, high, step]
+    grid_C_mid: Optional[list[float]] = None  # [low, high, n]
     bootstrap: int = 200
     extrapolate: float = 2.0  # the plot extends the fit to this multiple of the budget
 
     def check(self):
+        bad_a = self.grid_A is not None and not (
+            len(self.grid_A) == 3 and 0 <= self.grid_A[0] <= self.grid_A[1] <= 1 and self.grid_A[2] > 0
+        )
+        bad_c = self.grid_C_mid is not None and not (
+            len(self.grid_C_mid) == 3
+            and 0 < self.grid_C_mid[0] <= self.grid_C_mid[1]
+            and self.grid_C_mid[2] >= 1
+            and float(self.grid_C_mid[2]).is_integer()
+        )
         return problems(
             one_of("compute_axis", self.compute_axis, COMPUTE_AXES),
             one_of("method", self.method, FIT_METHODS),
             at_least("refit_every", self.refit_every, 1),
-            in_unit("min_compute_frac", self.min_compute_frac, high_open=True),
+            at_least("min_step", self.min_step, 0),
+            at_least("min_compute", self.min_compute, 0, ""),
+            ("grid_A", list(self.grid_A), "[low, high, step] with 0 <= low <= high <= 1, step > 0")
+            if bad_a
+            else None,
+            ("grid_C_mid", list(self.grid_C_mid), "[low, high, n] with 0 < low <= high, n an integer >= 1")
+            if bad_c
+            else None,
             at_least("bootstrap", self.bootstrap, 0, ""),
             at_least("extrapolate", self.extrapolate, 1, ""),
         )

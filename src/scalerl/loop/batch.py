@@ -42,12 +42,23 @@ def mean(xs) -> float:
 
 
 def prepare_batch(
-    groups: list[list[Sample]], *, version: int, zero_variance: bool, norm: str, pad_id: int
+    groups: list[list[Sample]],
+    *,
+    version: int,
+    zero_variance: bool,
+    norm: str,
+    pad_id: int,
+    exclude_truncated: bool = False,
 ) -> Prepared:
     """Filter ``groups`` (scored, ``P`` groups of ``G`` samples) for the trainer at policy ``version``.
 
-    ``zero_variance``: groups whose rewards are all equal (zero advantage) are dropped. Advantages
-    are normalised with ``norm`` over every rank's kept groups."""
+    ``exclude_truncated``: samples cut off at the token budget leave the effective batch before
+    anything else (the paper's choice: their reward says nothing about the answer), so their group's
+    advantages are computed over the rest; a group left empty is dropped. ``zero_variance``: groups
+    whose rewards are all equal (zero advantage) are dropped. Advantages are normalised with ``norm``
+    over every rank's kept groups. The step's statistics are over all generated samples;
+    ``data/zero_variance_groups_step`` counts zero-variance groups whether or not they are dropped
+    (the report tells a filter that had nothing to drop from one that acted)."""
     samples = [s for g in groups for s in g]
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     gids = torch.tensor([i for i, g in enumerate(groups) for _ in g])
@@ -60,13 +71,20 @@ def prepare_batch(
         "train/think_length": mean(s.think_tokens for s in samples),
     }
     keep_groups = groups
+    if exclude_truncated:
+        keep_groups = [[s for s in g if not s.truncated] for g in groups]
+        stats["data/truncated_excluded_step"] = float(len(samples) - sum(len(g) for g in keep_groups))
+        keep_groups = [g for g in keep_groups if g]
+        rewards = torch.tensor([s.reward for g in keep_groups for s in g], dtype=torch.float32)
+        gids = torch.tensor([i for i, g in enumerate(keep_groups) for _ in g], dtype=torch.long)
+    keep = algo.zero_variance_mask(rewards, gids)
+    kept_idx = sorted({int(i) for i in gids[keep].tolist()})
+    stats["data/zero_variance_groups_step"] = float(len(keep_groups) - len(kept_idx))
     dropped = 0
     if zero_variance:
-        keep = algo.zero_variance_mask(rewards, gids)
-        kept_idx = sorted({int(i) for i in gids[keep].tolist()})
-        dropped = len(groups) - len(kept_idx)
+        dropped = len(keep_groups) - len(kept_idx)
         stats["data/zero_variance_dropped_step"] = float(dropped)
-        keep_groups = [groups[i] for i in kept_idx]
+        keep_groups = [keep_groups[i] for i in kept_idx]
     # policy lag of the tokens trained on (paper Sec. 3.1)
     lags = [version - v for s in samples for v in s.versions if v >= 0]
     stats["train/policy_lag_mean"] = mean(lags) if lags else 0.0

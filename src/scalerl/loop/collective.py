@@ -46,7 +46,12 @@ def global_advantages(
 
 
 # step statistics of the loop: how each combines over ranks (default: mean weighted by samples)
-_SUM = ("data/zero_variance_dropped_step", "train/groups_trained")
+_SUM = (
+    "data/zero_variance_dropped_step",
+    "data/zero_variance_groups_step",
+    "data/truncated_excluded_step",
+    "train/groups_trained",
+)
 _MAX = ("train/policy_lag_max", "train/versions_in_batch")
 _BY_LAGS = ("train/policy_lag_mean",)
 

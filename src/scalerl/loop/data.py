@@ -48,6 +48,12 @@ class PromptSampler:
             out.append(p)
         return out
 
+    @property
+    def epochs(self) -> float:
+        """Passes over this rank's share of the train split so far (fractional): below 1, no prompt
+        was drawn twice, so no-positive-resampling had nothing to skip."""
+        return self.epoch + self.pos / max(1, len(self._order))
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos}
 

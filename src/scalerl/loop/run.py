@@ -210,6 +210,7 @@ def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
         zero_variance=bool(cfg.filter.zero_variance),
         norm=cfg.norm.name,
         pad_id=run.tokenizer.pad_token_id,
+        exclude_truncated=bool(cfg.filter.exclude_truncated),
     )
     trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
     st.train_busy += time.perf_counter() - t0
@@ -291,7 +292,6 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
         total_steps=int(cfg.trainer.total_steps),
         placement=placement,
     )
-    gen_device = placement.generator_device
     return Components(
         cfg=cfg,
         out_dir=out_dir,
@@ -309,7 +309,7 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
         state=state,
         placement=placement,
         device=device,
-        devices=max(1, world) + (1 if gen_device.type == "cuda" and gen_device != device else 0),
+        devices=devices_held(device, placement, world, generator_process=mode.name == "pipeline_rl"),
         n_params=n_params,
         n_params_all=n_params_all,
     )
@@ -393,36 +393,30 @@ def _fit(run: Components, key: str, prefix: str, png_name: str, final: bool) -> 
 
     s = run.cfg.scaling
     evals = [e for e in run.state.evals if key in e]
-    compute = [e[s.compute_axis] for e in evals]
-    reward = [e[key] for e in evals]
     if len(evals) < 4:
         return {}
+    compute = [e[s.compute_axis] for e in evals]
+    reward = [e[key] for e in evals]
+    protocol = dict(
+        steps=[e["step"] for e in evals],
+        min_step=s.min_step,
+        min_compute=s.min_compute,
+        method=s.method,
+        bootstrap=s.bootstrap,
+        level=FIT_LEVEL,
+        grid=live.grid_options(s),
+        prefix=prefix,
+    )
     try:
         if final:
             png = run.out_dir / png_name
             _, metrics = live.final_report(
-                compute,
-                reward,
-                out_png=str(png),
-                extrapolate=s.extrapolate,
-                method=s.method,
-                min_compute_frac=s.min_compute_frac,
-                bootstrap=s.bootstrap,
-                level=FIT_LEVEL,
-                prefix=prefix,
+                compute, reward, out_png=str(png), extrapolate=s.extrapolate, **protocol
             )
             if png.is_file():
                 run.tracker.log_artifact_file(png)
         else:
-            _, metrics = live.fit_metrics(
-                compute,
-                reward,
-                method=s.method,
-                min_compute_frac=s.min_compute_frac,
-                bootstrap=s.bootstrap,
-                level=FIT_LEVEL,
-                prefix=prefix,
-            )
+            _, metrics = live.fit_metrics(compute, reward, **protocol)
     except Exception as e:  # a fit must never kill a run
         log.warning("scaling fit failed: %s", e)
         return {}
@@ -435,6 +429,20 @@ def final_fit(run: Components) -> dict[str, float]:
         run.final_fit = fit_metrics(run, final=True)
         return run.final_fit
     return {}
+
+
+def devices_held(device: torch.device, placement: Placement, world: int, *, generator_process: bool) -> int:
+    """The devices a run holds, for ``compute/device_hours`` (wall clock x devices, idle time
+    included, as the paper's GPU-hours). On GPU: the trainer processes' GPUs plus the pipeline
+    generator's own GPU. On CPU a device is one CPU thread: each trainer process's threads plus a
+    generator process's own threads (``generator_process``), so device-hours are core-hours."""
+    gen = placement.generator_device
+    if device.type == "cuda":
+        return max(1, world) + (1 if gen.type == "cuda" and gen != device else 0)
+    own = placement.generator_threads if generator_process and gen.type == "cpu" else 0
+    return max(1, world) * (max(1, placement.trainer_threads) + own) + (
+        1 if generator_process and gen.type == "cuda" else 0
+    )
 
 
 def device_hours(run: Components) -> float:
@@ -452,6 +460,7 @@ def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
         "perf/trainer_busy": min(1.0, st.train_busy / wall),
         "perf/tokens_per_s": st.gen_tokens / wall,
         "data/prompts_retired": float(len(run.pass_rates)),
+        "data/epochs": float(run.sampler.epochs),
         "data/zero_variance_dropped": float(st.zero_variance_dropped),
         "data/stale_dropped": float(st.stale_dropped),
         "data/verifier_errors": float(st.verifier_errors),

@@ -12,30 +12,43 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl.scaling.sigmoid import DEFAULT_METHOD, SigmoidFit, fit_sigmoid
+from scalerl.scaling.sigmoid import DEFAULT_METHOD, SigmoidFit, early_cutoff, fit_sigmoid
 
 log = logging.getLogger(__name__)
 
 
-def _safe_fit(compute, reward, *, method, min_compute_frac, bootstrap, level, seed) -> SigmoidFit:
+def grid_options(scaling) -> dict:
+    """``grid_A`` / ``grid_C_mid`` of a ``scaling`` config (or a dict of it) as fit arguments."""
+    get = scaling.get if hasattr(scaling, "get") else lambda k, d=None: getattr(scaling, k, d)
+    out = {}
+    for key in ("grid_A", "grid_C_mid"):
+        v = get(key, None)
+        out[key] = None if v is None else tuple(float(x) for x in v)
+    return out
+
+
+def _safe_fit(
+    compute, reward, *, steps, min_step, min_compute, method, bootstrap, level, seed, grid
+) -> SigmoidFit:
     try:
         c = np.asarray(compute, dtype=float)
-        finite = c[np.isfinite(c)]
-        min_compute = float(min_compute_frac) * float(finite.max()) if finite.size else 0.0
+        s = np.arange(c.size) if steps is None else np.asarray(steps, dtype=float)
+        cut = early_cutoff(s, c, min_step=int(min_step), min_compute=float(min_compute))
         return fit_sigmoid(
             c,
             reward,
-            min_compute=min_compute,
+            min_compute=cut,
             method=method,
             bootstrap=int(bootstrap),
             level=level,
             seed=seed,
             drop_nonfinite=True,
+            **(grid or {}),
         )
     except Exception as e:  # noqa: BLE001 - a refit must never stop training
         log.warning("scaling fit failed: %s", e)
         return SigmoidFit(
-            ok=False, reason=f"fit error: {type(e).__name__}: {e}", method=str(method), level=0.9
+            ok=False, reason=f"fit error: {type(e).__name__}: {e}", method=str(method), level=level
         )
 
 
@@ -43,26 +56,34 @@ def fit_metrics(
     compute,
     reward,
     *,
+    steps=None,
+    min_step: int = 0,
+    min_compute: float = 0.0,
     method: str = DEFAULT_METHOD,
-    min_compute_frac: float = 0.1,
     bootstrap: int = 200,
     level: float = 0.9,
     prefix: str = "fit/",
     seed: int = 0,
+    grid: dict | None = None,
 ) -> tuple[SigmoidFit, dict[str, float]]:
     """Refit the sigmoid to the evaluations so far (``compute`` cumulative, step-0 point included).
 
-    Points below ``min_compute_frac * max(compute)`` are left out; NaN evaluations are skipped.
-    Returns the fit and ``fit.to_metrics(prefix)`` (``fit/A``, ``fit/A_lo`` ... ``fit/ok``).
+    Points evaluated before step ``min_step`` (``steps``: each evaluation's optimiser step) or below
+    ``min_compute`` are left out (:func:`~scalerl.scaling.sigmoid.early_cutoff`: the same absolute cut
+    as the report's); NaN evaluations are skipped. ``grid``: ``grid_A`` / ``grid_C_mid`` for the grid
+    method. Returns the fit and ``fit.to_metrics(prefix)`` (``fit/A``, ``fit/A_lo`` ... ``fit/ok``).
     """
     fit = _safe_fit(
         compute,
         reward,
+        steps=steps,
+        min_step=min_step,
+        min_compute=min_compute,
         method=method,
-        min_compute_frac=min_compute_frac,
         bootstrap=bootstrap,
         level=level,
         seed=seed,
+        grid=grid,
     )
     return fit, fit.to_metrics(prefix)
 
@@ -73,14 +94,17 @@ def final_report(
     *,
     out_png,
     extrapolate: float = 2.0,
+    steps=None,
+    min_step: int = 0,
+    min_compute: float = 0.0,
     method: str = DEFAULT_METHOD,
-    min_compute_frac: float = 0.1,
     bootstrap: int = 200,
     level: float = 0.9,
     title: str | None = None,
     xlabel: str = "compute",
     prefix: str = "fit/",
     seed: int = 0,
+    grid: dict | None = None,
 ) -> tuple[SigmoidFit, dict[str, float]]:
     """The end-of-run fit: like :func:`fit_metrics`, and also writes the plot ``out_png``
     (conventionally ``<run dir>/scaling_curve.png``; log it as an MLflow artifact) with the curve
@@ -89,12 +113,15 @@ def final_report(
     fit, metrics = fit_metrics(
         compute,
         reward,
+        steps=steps,
+        min_step=min_step,
+        min_compute=min_compute,
         method=method,
-        min_compute_frac=min_compute_frac,
         bootstrap=bootstrap,
         level=level,
         prefix=prefix,
         seed=seed,
+        grid=grid,
     )
     try:
         c = np.asarray(compute, dtype=float)

@@ -33,6 +33,45 @@ MIN_GAIN = 0.01
 """A curve whose late rewards rise less than this above R0 counts as flat."""
 GRID_A_STEP = 0.005
 GRID_N_CMID = 100
+PAPER_GRID_A = (0.45, 0.80, 0.005)
+"""The paper's grid over A: 0.450, 0.455, ..., 0.800 (``grid_A=(low, high, step)``)."""
+PAPER_GRID_C_MID = (100.0, 40000.0, 100)
+"""The paper's grid over C_mid: 100 linearly spaced values over [100, 40000] GPU-hours
+(``grid_C_mid=(low, high, n)``); only meaningful on a compute axis in GPU-hours at the paper's scale."""
+
+
+def round_sig(v: float, digits: int = 3) -> float:
+    """``v`` to ``digits`` significant figures (NaN and inf unchanged)."""
+    v = float(v)
+    if not math.isfinite(v) or v == 0.0:
+        return v
+    return float(f"{v:.{digits - 1}e}")
+
+
+def round_to(v: float, decimals: int = 3) -> float:
+    """``v`` to ``decimals`` places, with -0.0 as 0.0: a pass-rate difference of 1.1e-16 is 0."""
+    v = float(v)
+    if not math.isfinite(v):
+        return v
+    return round(v, decimals) + 0.0
+
+
+def early_cutoff(steps, compute, *, min_step: int = 0, min_compute: float = 0.0) -> float:
+    """The ``min_compute`` that leaves out a run's early points: those below ``min_compute`` (in the
+    compute axis' units) and those evaluated before optimiser step ``min_step``.
+
+    The same absolute threshold for every run of a sweep (the paper cuts at a fixed ~1.5k GPU-hours),
+    unlike a fraction of each run's own budget, which moves between runs and between a live refit,
+    the final fit and the half-budget check. Compute grows with the step, so the step cut is the
+    compute of the first evaluation at ``step >= min_step``; no such evaluation: every point is cut.
+    """
+    s = np.asarray(steps, dtype=float)
+    c = np.asarray(compute, dtype=float)
+    cut = float(min_compute)
+    if min_step > 0 and s.size:
+        late = np.isfinite(c) & (s >= min_step)
+        cut = max(cut, float(c[late].min()) if late.any() else math.inf)
+    return cut
 
 
 @dataclass
@@ -89,20 +128,24 @@ class SigmoidFit:
 
     # ---- reporting --------------------------------------------------------------------------
     def to_metrics(self, prefix: str = "fit/") -> dict[str, float]:
-        """Flat float metrics for MLflow (NaN where unknown)."""
+        """Flat float metrics for MLflow (NaN where unknown), rounded to what the data supports:
+        pass rates (A, R0 and A's interval) to 0.001 (an evaluation of 128 prompts x 4 samples
+        resolves 0.002), B, C_mid and the rmse to 3 significant figures; the exact values stay in
+        the fit object."""
         out = {
-            "A": self.A,
-            "B": self.B,
-            "C_mid": self.C_mid,
-            "R0": self.R0,
+            "A": round_to(self.A),
+            "B": round_sig(self.B),
+            "C_mid": round_sig(self.C_mid),
+            "R0": round_to(self.R0),
         }
         for name in ("A", "B", "C_mid"):
             lo, hi = self.ci.get(name, (math.nan, math.nan))
-            out[f"{name}_lo"] = lo
-            out[f"{name}_hi"] = hi
+            r = round_to if name == "A" else round_sig
+            out[f"{name}_lo"] = r(lo)
+            out[f"{name}_hi"] = r(hi)
         out["n_points"] = float(self.n_points)
         out["ok"] = 1.0 if self.ok else 0.0
-        out["rmse"] = self.rmse
+        out["rmse"] = round_sig(self.rmse)
         return {prefix + k: float(v) for k, v in out.items()}
 
     def summary(self) -> str:
@@ -324,21 +367,53 @@ def _fit_direct(x, y, r0, *, a_fixed=None, w=None):
     return best_t, best_s
 
 
-def _grid_axes(x, y, r0):
-    ymax = float(np.max(y))
-    a_lo = max(r0 + GRID_A_STEP, math.floor((ymax - 0.05) / GRID_A_STEP) * GRID_A_STEP)
-    a_vals = np.arange(a_lo, 1.0 + 1e-9, GRID_A_STEP)
+def _grid_axes(x, y, r0, grid_A=None, grid_C_mid=None):
+    """The grid's A and log C_mid values. Default ranges follow the data: A from 0.05 below the best
+    observed reward to 1 in steps of 0.005, C_mid log-spaced over the data's compute range and one
+    decade either side. ``grid_A=(low, high, step)``, ``grid_C_mid=(low, high, n)`` (linearly
+    spaced, as in the paper): fixed ranges (:data:`PAPER_GRID_A`, :data:`PAPER_GRID_C_MID`)."""
+    if grid_A is None:
+        ymax = float(np.max(y))
+        a_lo = max(r0 + GRID_A_STEP, math.floor((ymax - 0.05) / GRID_A_STEP) * GRID_A_STEP)
+        a_vals = np.arange(a_lo, 1.0 + 1e-9, GRID_A_STEP)
+    else:
+        lo, hi, step = (float(v) for v in grid_A)
+        a_vals = np.arange(lo, hi + step * 1e-6, step)
     a_vals = a_vals[(a_vals > r0) & (a_vals <= 1.0)]
     if a_vals.size == 0:
         a_vals = np.array([1.0])
-    # C_mid: log-spaced over the data's compute range and one decade either side.
-    u_vals = np.linspace(x.min() - math.log(10.0), x.max() + math.log(10.0), GRID_N_CMID)
+    if grid_C_mid is None:
+        u_vals = np.linspace(x.min() - math.log(10.0), x.max() + math.log(10.0), GRID_N_CMID)
+    else:
+        lo, hi, n = float(grid_C_mid[0]), float(grid_C_mid[1]), int(grid_C_mid[2])
+        u_vals = np.log(np.linspace(lo, hi, n))
     return a_vals, u_vals
 
 
-def _fit_grid(x, y, r0, *, b_solver: str = "vectorized"):
+def _check_grid(grid_A, grid_C_mid):
+    if grid_A is not None:
+        lo, hi, step = (float(v) for v in grid_A)
+        if not (0.0 <= lo <= hi <= 1.0 and step > 0):
+            raise ValueError(
+                f"grid_A must be (low, high, step) with 0 <= low <= high <= 1, step > 0: {grid_A!r}"
+            )
+    if grid_C_mid is not None:
+        lo, hi, n = grid_C_mid
+        if not (0 < float(lo) <= float(hi) and int(n) >= 1):
+            raise ValueError(
+                f"grid_C_mid must be (low, high, n) with 0 < low <= high, n >= 1: {grid_C_mid!r}"
+            )
+
+
+def _fit(x, y, r0, method, grid_A=None, grid_C_mid=None):
+    if method == "direct":
+        return _fit_direct(x, y, r0)
+    return _fit_grid(x, y, r0, grid_A=grid_A, grid_C_mid=grid_C_mid)
+
+
+def _fit_grid(x, y, r0, *, b_solver: str = "vectorized", grid_A=None, grid_C_mid=None):
     """The paper's procedure: grid over (A, C_mid), B least squares per pair, smallest SSE wins."""
-    a_vals, u_vals = _grid_axes(x, y, r0)
+    a_vals, u_vals = _grid_axes(x, y, r0, grid_A, grid_C_mid)
     aa, uu = (g.ravel() for g in np.meshgrid(a_vals, u_vals, indexing="ij"))
     if b_solver == "vectorized":
         b, sse = _solvers.fit_b_batched(x, y, r0, aa, uu, *B_BOUNDS)
@@ -538,6 +613,8 @@ def fit_sigmoid(
     level: float = 0.9,
     seed: int = 0,
     drop_nonfinite: bool = False,
+    grid_A=None,
+    grid_C_mid=None,
 ) -> SigmoidFit:
     """Fit ``R(C) = R0 + (A - R0) / (1 + (C_mid / C) ** B)`` to one run's evaluations.
 
@@ -547,15 +624,17 @@ def fit_sigmoid(
     A, B, log C_mid from several starts, polished with scipy's ``least_squares``) or "grid" (the
     paper's grid over A and C_mid with B fitted per pair).  ``bootstrap``: residual-bootstrap
     resamples for ``fit.ci`` and ``fit.predict_band`` (0 = none).  ``drop_nonfinite``: leave NaN/inf
-    points out (recorded in ``fit.excluded``) instead of failing.
+    points out (recorded in ``fit.excluded``) instead of failing.  ``grid_A``, ``grid_C_mid``: the
+    grid method's ranges (see :func:`_grid_axes`; default: from the data).
     """
     level = _check_args(method, level, bootstrap)
+    _check_grid(grid_A, grid_C_mid)
     p = _prepare(compute, reward, r0, min_compute, drop_nonfinite)
     if p.reason:
         return _failed(p, method, min_compute, level)
     x = np.log(p.compute[p.used])
     y = p.reward[p.used]
-    theta, sse = _fit_direct(x, y, p.r0) if method == "direct" else _fit_grid(x, y, p.r0)
+    theta, sse = _fit(x, y, p.r0, method, grid_A, grid_C_mid)
     return _finish(
         p,
         theta,
@@ -577,22 +656,31 @@ def fit_sigmoid(
 def fit_sigmoid_runs(
     runs: Sequence[tuple[Sequence[float], Sequence[float]]],
     r0: float | None = None,
-    min_compute: float = 0.0,
+    min_compute: float | Sequence[float] = 0.0,
     method: str = DEFAULT_METHOD,
     *,
     bootstrap: int = 200,
     level: float = 0.9,
     seed: int = 0,
     drop_nonfinite: bool = False,
+    grid_A=None,
+    grid_C_mid=None,
 ) -> SigmoidFit:
     """Fit one curve to several runs (seeds) of the same recipe, pooling their points.
 
     R0 (when not given) is the mean of the runs' start rewards.  The bootstrap resamples runs
     with replacement, then residuals within each run, so the intervals include seed-to-seed
     variation.  ``fit.run_index`` tells which run each point of ``fit.compute`` came from.
+    ``min_compute``: one cut for every run, or one per run (e.g. :func:`early_cutoff` of each run's
+    steps: the compute at a given step differs between seeds).
     """
     level = _check_args(method, level, bootstrap)
+    _check_grid(grid_A, grid_C_mid)
     runs = list(runs)
+    cuts = [float(m) for m in min_compute] if np.ndim(min_compute) else [float(min_compute)] * len(runs)
+    if len(cuts) != len(runs):
+        raise ValueError(f"min_compute: {len(cuts)} cuts for {len(runs)} runs")
+    min_compute = max(cuts, default=0.0)
     if not runs:
         return _failed(
             _Prepared(np.zeros(0), np.zeros(0), np.zeros(0, bool), {}, math.nan, 0),
@@ -601,7 +689,7 @@ def fit_sigmoid_runs(
             level,
             reason="no runs given",
         )
-    preps = [_prepare(c, y, r0, min_compute, drop_nonfinite) for c, y in runs]
+    preps = [_prepare(c, y, r0, cut, drop_nonfinite) for (c, y), cut in zip(runs, cuts)]
     # A run is only unusable for bad data, not for having few points of its own.
     cs, ys, used, run_index, excluded = [], [], [], [], {}
     offset = 0
@@ -657,7 +745,7 @@ def fit_sigmoid_runs(
         )
     x = np.log(c_all[used_all])
     y = y_all[used_all]
-    theta, sse = _fit_direct(x, y, r0_val) if method == "direct" else _fit_grid(x, y, r0_val)
+    theta, sse = _fit(x, y, r0_val, method, grid_A, grid_C_mid)
     return _finish(
         pooled,
         theta,

@@ -134,11 +134,20 @@ def _print_report(report, state: dict, t0: float) -> None:
             f"{r['job']}: {r['status']}: {r.get('error') or '(no error message)'}; log: {r.get('log') or '-'}"
         )
     say(
-        f"report: {display_path(report.out_dir)}/ (fits.csv, fits.md, fits.json, scaling_curves.png, "
+        f"report: {display_path(report.out_dir)}/ (fits.md, verdicts.csv, fits.csv, fits.json, scaling_curves.png, "
         f"linearised.png, runs/*/scaling_curve.png) and "
         f"artifacts report/* of MLflow run {report.parent_run_id} (experiment {state['name']!r}, "
         f"{state['tracking_uri']}) [{time.time() - t0:.1f} s]"
     )
+    if report.view:
+        uri = state["tracking_uri"]
+        root = uri.rstrip("/") + "/" if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000/"
+        how = (
+            ""
+            if uri.startswith(("http://", "https://"))
+            else f" (after: mlflow ui --backend-store-uri {uri})"
+        )
+        say(f"verdicts in the MLflow run table: {root}{report.view}{how}")
 
 
 def cmd_run(args, sweep: str, overrides: list[str]) -> int:

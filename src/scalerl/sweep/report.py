@@ -2,7 +2,8 @@
 and ``fit/*`` write-back as ``python -m scalerl.analysis compare``) on the sweep's finished runs,
 with ΔA and ΔB against the sweep's declared baseline variant, plus what only a sweep knows: the
 planned runs that did not finish (also those that failed before reaching MLflow) with their status,
-error and log, and the parent run, which gets the table as its description, the counts as metrics
+error and log, and the parent run, whose description opens with the verdict table (then the whole
+report), the counts as metrics
 and the files as artifacts ``report/*``. Everything is written into ``<sweep dir>/report/``.
 """
 
@@ -24,6 +25,7 @@ class Report:
     files: list[Path] = field(default_factory=list)
     failed: list[dict] = field(default_factory=list)
     parent_run_id: str = ""
+    view: str = ""  # the MLflow UI's run table with the verdict columns, after the server's root
 
 
 def _num(v) -> float:
@@ -80,7 +82,11 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
     baseline variant), the others are listed with their status and log; the files and the table
     are attached to the parent run."""
     from scalerl.analysis import FitOptions, report
+    from scalerl.analysis.experiment import DEFAULT_MIN_STEP
     from scalerl.analysis.mlflow_io import load_run
+    from scalerl.analysis.reporting import write_parent
+    from scalerl.scaling.live import grid_options
+    from scalerl.scaling.sigmoid import round_to
 
     uri, parent, exp_id = state["tracking_uri"], state["parent_run_id"], state["experiment_id"]
     sweep_dir = Path(state["runs"][0]["out_dir"]).parent if state.get("runs") else Path(".")
@@ -137,9 +143,13 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         f"# Sweep {state['name']}: {n} runs ({', '.join(f'{v} {k}' for k, v in counts.items())})\n\n"
         f"MLflow: experiment `{state['name']}`, parent run `{parent}`, tracking `{uri}`."
     )
+    grid = grid_options(scaling)
     options = FitOptions(
         method=scaling.get("method", "direct"),
-        min_compute_frac=float(scaling.get("min_compute_frac", 0.1)),
+        min_step=int(scaling.get("min_step", DEFAULT_MIN_STEP)),
+        min_compute=float(scaling.get("min_compute", 0.0)),
+        grid_A=grid["grid_A"],
+        grid_C_mid=grid["grid_C_mid"],
         bootstrap=int(scaling.get("bootstrap", 200)),
         extrapolate=float(scaling.get("extrapolate", 2.0)),
     )
@@ -155,11 +165,12 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         pending=pending,
         extra=extra,
         order=[r["name"] for r in state["runs"]],
+        variant_order=list(dict.fromkeys(r["variant"] for r in state["runs"])),
         tags={"fit.report": f"parent run {parent}"},
     )
 
     # ---- the parent run: counts, the table as its description, the files as artifacts
-    from mlflow.entities import Metric, RunTag
+    from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)
     rows = rep.rows
@@ -175,13 +186,9 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         Metric("sweep/runs_fitted", float(sum(bool(r.get("ok")) for r in rows)), ts, 0),
     ]
     if math.isfinite(rep.result.A_mean):
-        pm.append(Metric("fit/A_mean", float(rep.result.A_mean), ts, 0))
-    note = (state.get("description") or "").strip()
-    client.log_batch(
-        parent,
-        metrics=pm,
-        tags=[RunTag("mlflow.note.content", ((note + "\n\n") if note else "") + rep.markdown)],
-    )
+        pm.append(Metric("fit/A_mean", round_to(rep.result.A_mean), ts, 0))
+    client.log_batch(parent, metrics=pm)
+    view = write_parent(client, parent, rep, description=state.get("description") or "")
     for f in rep.files:
         client.log_artifact(parent, str(f), "report")
     failed = [r for r in rows if r["status"] in ("failed", "cancelled", "timeout", "interrupted")]
@@ -192,4 +199,5 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         files=rep.files,
         failed=failed,
         parent_run_id=parent,
+        view=view,
     )

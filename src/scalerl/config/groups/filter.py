@@ -1,4 +1,5 @@
-"""``filter``: zero-variance filtering and no-positive-resampling (paper Sec. 3.2)."""
+"""``filter``: zero-variance filtering and no-positive-resampling (paper Sec. 3.2), and leaving
+truncated samples out of the loss (the paper excludes them from the effective batch)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ class FilterOption(Option):
     zero_variance: bool = True  # drop groups whose rewards are all equal from the loss
     no_positive_resampling: bool = True  # retire prompts whose pass rate reaches the threshold
     pass_rate_threshold: float = 0.9
+    exclude_truncated: bool = False  # leave samples cut off at the token budget out of the loss
 
     def check(self):
         return problems(in_unit("pass_rate_threshold", self.pass_rate_threshold, low_open=True))
