@@ -8,7 +8,7 @@ head gets a bias (the real model, with edited weights; no mocks).
 from __future__ import annotations
 
 import copy
-import importlib.util
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -359,7 +359,9 @@ def test_make_generator():
         make_generator(_cfg("nope"), model, TOK, Precision(), "cpu", 0)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
-def test_make_generator_vllm_missing_is_a_clear_error():
-    with pytest.raises(RuntimeError, match=r"pip install scalerl\[vllm\]"):
-        make_generator(_cfg("vllm"), make_model(), TOK, Precision(), "cpu", 0)
+def test_make_generator_vllm_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without vLLM: import fails
+    cfg = _cfg("vllm")
+    cfg.generator.update(kv_cache_gib=1.0, gpu_memory_utilization=0.5, max_num_seqs=8)
+    with pytest.raises(RuntimeError, match=r"launch/install_vllm_cpu.sh.*pip install -e \"\.\[vllm\]\""):
+        make_generator(cfg, make_model(), TOK, Precision(), "cpu", 0)
