@@ -198,6 +198,10 @@ class VLLMGenerator(Generator):
             max_num_seqs=int(max_num_seqs),
             worker_extension_cls=WORKER_EXTENSION,
             runner="generate",
+            # whole prefills: a partially prefilled request's discarded sample rewinds its seeded
+            # generator, which CPU generators cannot do ("CPU Generator does not use offset")
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(max_len, 8192),
         )
         if precision.head == "fp32" and precision.body != "fp32":
             kwargs["hf_overrides"] = {"head_dtype": "float32"}
