@@ -24,7 +24,16 @@ import numpy as np
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, SigmoidFit, fit_fixed_A, fit_sigmoid, fit_sigmoid_runs
 
-RECIPE_GROUPS = ("loss", "async_mode", "precision", "aggregation", "norm", "filter", "length_control")
+RECIPE_GROUPS = (
+    "loss",
+    "async_mode",
+    "precision",
+    "aggregation",
+    "norm",
+    "filter",
+    "length_control",
+    "reward",
+)
 """Config groups logged as params named after the group (value = the chosen option)."""
 MARGIN_A = 0.02
 """The paper's margin on A: three seeds differed by at most 0.015."""

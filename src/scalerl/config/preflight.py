@@ -206,6 +206,10 @@ def preflight(cfg: DictConfig) -> None:
                 f"< the model's {positions} positions (config.json of {cfg.model.name_or_path}) "
                 "minus the prompt",
             )
+    if cfg.model.name == "smollm2":  # the package holding the model file (converted on first use)
+        from scalerl.model.build import smollm2_gguf
+
+        smollm2_gguf()
     check_task(cfg)
 
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 from scalerl.task.addition import AdditionTask
 from scalerl.task.base import THINK_END, Prompt, Task, final_answer, safe_score
 from scalerl.task.jsonl import DataFileError, JsonlTask
+from scalerl.task.math_tasks import ChampTask, GsmTask
 
 # task option name -> the Task class built from that option's fields (verifier_timeout_s is the loop's)
-TASKS: dict[str, type[Task]] = {"addition": AdditionTask, "jsonl": JsonlTask}
+TASKS: dict[str, type[Task]] = {
+    "addition": AdditionTask,
+    "jsonl": JsonlTask,
+    "gsm": GsmTask,
+    "champ": ChampTask,
+}
 _LOOP_FIELDS = ("name", "verifier_timeout_s")
 
 
@@ -22,6 +28,8 @@ def build_task(cfg) -> Task:
 __all__ = [
     "THINK_END",
     "AdditionTask",
+    "ChampTask",
+    "GsmTask",
     "DataFileError",
     "JsonlTask",
     "Prompt",
