@@ -43,7 +43,9 @@ def test_drawn_problems_have_the_answers_the_package_renders():
         except TemplateError:
             continue  # conditions rarely met: skipped by the task too
         ours = t.render_answer(values)
-        ref = theirs[t.index].format_answer({k: str(v) if isinstance(v, float) else v for k, v in values.items()})
+        ref = theirs[t.index].format_answer(
+            {k: str(v) if isinstance(v, float) else v for k, v in values.items()}
+        )
         ref = ref.strip().splitlines()[-1].split("####")[1].strip()
         assert check_answer(ref, f"\\boxed{{{ours}}}") == 1.0, (t.index, ours, ref)
         assert "{" not in t.render_question(values)  # every placeholder filled
@@ -89,57 +91,69 @@ def test_champ_keeps_the_answers_math_verify_can_check():
 def test_the_template_evaluator_refuses_what_the_format_does_not_need():
     env = {"x": 3, "__functions__": {}}
     assert evaluate(parse("x * 2 + 1 if x > 2 else 0"), env) == 7
-    for expr in ("__import__('os')", "x.__class__", "open('f')", "[c for c in 'ab']", "lambda: 1", "9 ** 999"):
+    for expr in (
+        "__import__('os')",
+        "x.__class__",
+        "open('f')",
+        "[c for c in 'ab']",
+        "lambda: 1",
+        "9 ** 999",
+    ):
         with pytest.raises(TemplateError):
             evaluate(parse(expr), env)
 
 
-@pytest.mark.slow
-def test_smollm2_trains_one_step_on_gsm_offline(tmp_path, mlflow_uri):
-    """The real model, converted from the packaged GGUF, one RL step on GSM problems with the HF
-    generator; then its own outputs for a known item, scored by math-verify both ways."""
+def one_step(task: str, tmp_path: Path, mlflow_uri: str, *extra: str):
+    """(config, summary, MLflow run) of one RL step of SmolLM2-135M on ``task`` with the HF generator."""
     overrides = [
         "model=smollm2",
-        "task=gsm",
-        "task.num_train=64",
+        f"task={task}",
+        *extra,
         "async_mode=sync",
         "precision=fp32",
+        "reward=plus_minus_one",
         "length_control=none",
-        "length_control.max_new_tokens=24",
+        "length_control.max_new_tokens=16",
         "trainer.batch_size=4",
         "trainer.generations_per_prompt=2",
         "trainer.total_steps=1",
         "trainer.lr=1e-6",
         "eval.every=1",
-        "eval.num_prompts=2",
+        "eval.num_prompts=1",
         "eval.samples_per_prompt=1",
         "checkpoint_every=1",
         "trainer.threads=2",
         "generator.chunk_prompts=2",
         f"out_dir={tmp_path / 'run'}",
         f"tracking.uri={mlflow_uri}",
-        "tracking.experiment=t-smollm2",
+        f"tracking.experiment=t-smollm2-{task}",
     ]
     cfg = compose(overrides)
     summary = train(cfg)
     assert summary["steps"] == 1 and len(summary["evals"]) == 2
     client = MlflowClient(mlflow_uri)
     run = client.get_run(summary["run_id"])
-    assert run.data.params["model"] == "smollm2" and run.data.params["task"] == "gsm"
-    assert "train/reward" in run.data.metrics
+    assert run.data.params["model"] == "smollm2" and run.data.params["task"].split("(")[0] == task
+    assert run.data.params["reward"] == "plus_minus_one"
+    assert -1.0 <= run.data.metrics["train/reward"] <= 1.0
     art = Path(client.download_artifacts(summary["run_id"], "samples/step_000000.jsonl", str(tmp_path)))
     rows = [json.loads(line) for line in art.read_text().splitlines()]
     assert rows and all(r["output"].strip() for r in rows)  # the model wrote text
-    assert rows[0]["prompt"].startswith("<|im_start|>system")
+    assert rows[0]["prompt"].startswith("<|im_start|>system\n" + SYSTEM_PROMPT)  # in its chat template
+    assert all(r["reward"] in (-1.0, 1.0) for r in rows)
+    return cfg, summary, run
 
-    # the model's own greedy output for a known item, then that output with its final answer
-    # made right and made wrong: math-verify tells them apart
+
+@pytest.mark.slow
+def test_smollm2_trains_one_step_on_gsm_offline(tmp_path, mlflow_uri):
+    """The real model, converted from the packaged GGUF, one RL step on GSM problems; then its own
+    output for a known item, with its final answer made right and made wrong, scored by math-verify."""
+    cfg, _, _ = one_step("gsm", tmp_path, mlflow_uri, "task.num_train=64")
     from scalerl.model.build import load_policy
 
     task = build_task(cfg)
     model, tokenizer, _ = load_policy(cfg, task)  # the converted folder, now cached
     item = task.val_prompts()[0]
-    assert item.text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT)  # the chat template
     ids = tokenizer(item.text, return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     real = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
@@ -147,3 +161,8 @@ def test_smollm2_trains_one_step_on_gsm_offline(tmp_path, mlflow_uri):
     stem = re.sub(r"\\boxed\{[^}]*\}", "", real)
     assert task.score(item, f"{stem} \\boxed{{{item.answer}}}") == 1.0
     assert task.score(item, f"{stem} \\boxed{{{int(item.answer) + 3}}}") == 0.0
+
+
+@pytest.mark.slow
+def test_smollm2_trains_one_step_on_champ_offline(tmp_path, mlflow_uri):
+    one_step("champ", tmp_path, mlflow_uri)
