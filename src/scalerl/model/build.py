@@ -277,9 +277,7 @@ def smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> tuple[Path, str]:
         ) from None
     files = [f for f in dist.files or () if str(f).endswith(".gguf")]
     if not files or not Path(dist.locate_file(files[0])).is_file():
-        raise PathError(
-            "model", "smollm2", f"no .gguf file in the installed {package}: {INSTALL_HINT}"
-        )
+        raise PathError("model", "smollm2", f"no .gguf file in the installed {package}: {INSTALL_HINT}")
     if importlib.util.find_spec("gguf") is None:
         raise PathError(
             "model", "smollm2", f"the gguf package (to read the model file) is missing: {INSTALL_HINT}"

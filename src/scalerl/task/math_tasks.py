@@ -112,18 +112,21 @@ class GsmTask(MathTask):
         train: list[tuple[str, str]] = []
         usable = list(templates)
         self.skipped: list[int] = []  # templates whose conditions rejection sampling cannot meet
-        while len(train) < num_train and usable:
-            t = usable[len(train) % len(usable)]
+        turn = 0
+        while len(train) < num_train and usable and turn < 100 * num_train:
+            t = usable[turn % len(usable)]  # round-robin: every template weighs the same
+            turn += 1
             try:
                 values = t.draw(rng, words, tries=max_tries)
-            except (TemplateError, ArithmeticError, TypeError, ValueError, IndexError):
+                question, answer = t.render_question(values), t.render_answer(values)
+            except (TemplateError, ArithmeticError, TypeError, ValueError, IndexError, KeyError):
                 usable.remove(t)
                 self.skipped.append(t.index)
                 continue
-            question = t.render_question(values)
-            if question in originals:
-                continue
-            train.append((question, t.render_answer(values)))
+            if question not in originals:  # the originals validate
+                train.append((question, answer))
+        if not train:
+            raise TemplateError(f"no training problem could be drawn from the templates in {folder}")
         self.num_templates = len(usable)
         super().__init__(train, val)
 

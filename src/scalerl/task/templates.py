@@ -60,6 +60,8 @@ _COMPARE = {
     ast.NotIn: lambda a, b: a not in b,
 }
 MAX_POWER = 64  # exponents above this are not arithmetic a word problem needs
+MAX_ITEMS = 100_000  # the longest list a template may build
+NUMBER = (int, float, Fraction)
 
 
 class TemplateError(ValueError):
@@ -94,6 +96,11 @@ def _precision(step: float) -> int:
 def _functions(rng: random.Random) -> dict[str, Any]:
     """The functions a template may call, drawing from ``rng``."""
 
+    def sized(n: int) -> int:
+        if not isinstance(n, int) or not 0 <= n <= MAX_ITEMS:
+            raise TemplateError(f"a list of {n!r} items")
+        return n
+
     def draw_range(start: int, end: int, step: int = 1) -> int:
         return rng.choice(range(start, end, step))
 
@@ -102,11 +109,11 @@ def _functions(rng: random.Random) -> dict[str, Any]:
         return round(start + step * rng.randrange(n), _precision(step))
 
     def sample(items: list, n: int = 1) -> Any:
-        return rng.choice(items) if n == 1 else rng.sample(list(items), n)
+        return rng.choice(items) if n == 1 else rng.sample(list(items), sized(n))
 
     def sample_sequential(items: list, n: int) -> list:
         i = rng.randrange(len(items))
-        return [items[(i + j) % len(items)] for j in range(n)]
+        return [items[(i + j) % len(items)] for j in range(sized(n))]
 
     def range_str(start: int, end: int, step: int, words: list) -> tuple:
         return rng.choice([(words[i - 1], i) for i in range(start, end, step) if 0 < i <= len(words)])
@@ -117,7 +124,7 @@ def _functions(rng: random.Random) -> dict[str, Any]:
         "sample": sample,
         "sample_sequential": sample_sequential,
         "range_str": range_str,
-        "range_list": lambda start, end, step=1: list(range(start, end, step)),
+        "range_list": lambda start, end, step=1: list(range(start, end, step)[: sized(MAX_ITEMS)]),
         "is_int": _is_int,
         "ensure_int": _ensure_int,
         "divides": lambda a, b: b != 0 and a % b == 0,
@@ -142,7 +149,7 @@ def evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
         return node.value
     if isinstance(node, ast.Name):
-        if node.id not in env:
+        if node.id.startswith("__") or node.id not in env:
             raise TemplateError(f"unknown name {node.id!r}")
         return env[node.id]
     if isinstance(node, (ast.Tuple, ast.List)):
@@ -150,10 +157,13 @@ def evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
         return tuple(items) if isinstance(node, ast.Tuple) else items
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = evaluate(node.left, env), evaluate(node.right, env)
-        if isinstance(node.op, ast.Pow) and (not isinstance(right, (int, float)) or abs(right) > MAX_POWER):
+        joined = isinstance(node.op, ast.Add) and isinstance(left, str) and isinstance(right, str)
+        if not joined and not (isinstance(left, NUMBER) and isinstance(right, NUMBER)):
+            raise TemplateError(
+                f"{type(node.op).__name__} of {type(left).__name__} and {type(right).__name__}"
+            )
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_POWER:
             raise TemplateError(f"exponent {right!r} too large")
-        if isinstance(node.op, ast.Mult) and (isinstance(left, str) or isinstance(right, str)):
-            raise TemplateError("string repetition")
         return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
         value = evaluate(node.operand, env)
@@ -179,8 +189,8 @@ def evaluate(node: ast.AST, env: dict[str, Any]) -> Any:
     if isinstance(node, ast.Subscript):
         return evaluate(node.value, env)[evaluate(node.slice, env)]
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-        fn = env.get(node.func.id)
-        if node.func.id not in env.get("__functions__", ()) or fn is None:
+        fn = env.get("__functions__", {}).get(node.func.id)
+        if fn is None:
             raise TemplateError(f"call of {node.func.id!r}, not a function of the format")
         return fn(*(evaluate(a, env) for a in node.args))
     raise TemplateError(f"{type(node).__name__} is not part of the template format")
@@ -275,28 +285,32 @@ class Template:
         ``tries`` draws (a template whose conditions (almost) never hold)."""
         functions = _functions(rng)
         for _ in range(tries):
-            env: dict[str, Any] = {**words, **functions, "__functions__": functions}
+            env: dict[str, Any] = {**words, "__functions__": functions}
             values: dict[str, Any] = {}
-            for names, expr in self.init:
-                value = evaluate(expr, env)
-                if len(names) == 1:
-                    parts = [value]
-                elif isinstance(value, (list, tuple)) and len(value) == len(names):
-                    parts = list(value)
-                else:  # (a, a_reg), (b, b_reg) = [[..], [..]]: one level flattened
-                    parts = [x for v in value for x in (v if isinstance(v, (list, tuple)) else [v])]
-                if len(parts) != len(names):
-                    raise TemplateError(f"template {self.index}: {len(names)} names, {len(parts)} values")
-                for n, v in zip(names, parts):
-                    values[n] = v
-                    env[n] = _as_number(v)
             try:
-                ok = all(evaluate(c, env) for c in self.conditions)
-            except ZeroDivisionError:
+                ok = self._assign(env, values) and all(evaluate(c, env) for c in self.conditions)
+            except ZeroDivisionError:  # these values divide by zero somewhere: draw again
                 ok = False
             if ok:
                 return values
         raise TemplateError(f"template {self.index}: no values met its conditions in {tries} draws")
+
+    def _assign(self, env: dict[str, Any], values: dict[str, Any]) -> bool:
+        """Evaluate the init lines in order into ``values`` (as drawn) and ``env`` (as numbers)."""
+        for names, expr in self.init:
+            value = evaluate(expr, env)
+            if len(names) == 1:
+                parts = [value]
+            elif isinstance(value, (list, tuple)) and len(value) == len(names):
+                parts = list(value)
+            else:  # (a, a_reg), (b, b_reg) = [[..], [..]]: one level flattened
+                parts = [x for v in value for x in (v if isinstance(v, (list, tuple)) else [v])]
+            if len(parts) != len(names):
+                raise TemplateError(f"template {self.index}: {len(names)} names, {len(parts)} values")
+            for n, v in zip(names, parts):
+                values[n] = v
+                env[n] = _as_number(v)
+        return True
 
     def render_question(self, values: dict[str, Any]) -> str:
         def sub(m: re.Match) -> str:
@@ -307,8 +321,7 @@ class Template:
     def render_answer(self, values: dict[str, Any]) -> str:
         """The gold answer for ``values``: the ``####`` line with its expressions evaluated."""
         env = {k: _as_number(v) for k, v in values.items()}
-        functions = _functions(random.Random(0))
-        env.update(functions, __functions__=functions)
+        env["__functions__"] = _functions(random.Random(0))
         exprs = iter(self.gold[1])
         return EXPRESSION.sub(lambda m: render(evaluate(next(exprs), env)), self.gold[0]).strip()
 
