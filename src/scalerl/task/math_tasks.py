@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from scalerl.task.base import Prompt, final_answer
+from scalerl.task.jsonl import DataFileError
 
 SYSTEM_PROMPT = (
     "Solve the following math problem step by step. Put your final answer (a number or a formula, "
@@ -32,13 +33,11 @@ INSTALL_HINT = "run launch/install_real.sh"
 
 
 def package_dir(module: str, pip_name: str, task: str) -> Path:
-    """The folder of an installed data package; a one-line PathError naming the install command
-    when it is missing."""
-    from scalerl.config.preflight import PathError
-
+    """The folder of an installed data package; a one-line DataFileError naming the install
+    command when it is missing."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        raise PathError("task", task, f"the {pip_name} package is not installed: {INSTALL_HINT}")
+        raise DataFileError(f"task={task!r}: the {pip_name} package is not installed: {INSTALL_HINT}")
     return Path(spec.origin).parent
 
 
