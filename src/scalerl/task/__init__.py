@@ -9,6 +9,7 @@ from scalerl.task.addition import AdditionTask
 from scalerl.task.base import THINK_END, ProgramFailed, Prompt, Task, final_answer, safe_score
 from scalerl.task.code import CodeTask
 from scalerl.task.jsonl import DataFileError, JsonlTask
+from scalerl.task.math_tasks import ChampTask, GsmTask
 from scalerl.task.multi import MultiTask
 
 # task option name -> the Task class built from that option's fields (verifier_timeout_s is the loop's)
@@ -17,6 +18,8 @@ TASKS: dict[str, type[Task]] = {
     "jsonl": JsonlTask,
     "code": CodeTask,
     "multi": MultiTask,
+    "gsm": GsmTask,
+    "champ": ChampTask,
 }
 _LOOP_FIELDS = ("name", "verifier_timeout_s")
 
@@ -56,6 +59,8 @@ __all__ = [
     "MultiTask",
     "ProgramFailed",
     "make_task",
+    "ChampTask",
+    "GsmTask",
     "DataFileError",
     "JsonlTask",
     "Prompt",

@@ -13,12 +13,14 @@ from scalerl.task.base import score_counted
 
 
 def score_groups(task, prompts, groups, cfg) -> Counter[str]:
-    """Set ``reward`` (with the length penalty, if configured) and ``correct`` on every sample.
-    Returns counts: ``"errors"``, the verifier calls that failed (raised or timed out), and per
-    kind the programs that failed in a counted way (``task=code``: ``"timeout"``, ``"network"`` ...);
-    all of those score 0."""
+    """Set ``correct`` (the verifier's score, 1/0: pass rates stay fractions correct) and
+    ``reward`` (that score on ``cfg.reward``'s scale, plus the length penalty if configured) on
+    every sample. Returns counts: ``"errors"``, the verifier calls that failed (raised or timed
+    out), and per kind the programs that failed in a counted way (``task=code``: ``"timeout"``,
+    ``"network"`` ...); all of those score 0."""
     counts: Counter[str] = Counter()
     lc = cfg.length_control
+    lo, hi = float(cfg.reward.incorrect), float(cfg.reward.correct)
     results = iter(_verify(task, prompts, groups, cfg.task.verifier_timeout_s))
     for group in groups:
         for s in group:
@@ -27,13 +29,13 @@ def score_groups(task, prompts, groups, cfg) -> Counter[str]:
             if kind is not None:
                 counts[kind] += 1
             s.correct = r
-            s.reward = r
+            s.reward = lo + r * (hi - lo)
         if lc.name == "length_penalty":
             lengths = torch.tensor([float(s.num_sampled) for s in group])
             correct = torch.tensor([s.correct for s in group])
             pen = algo.length_penalty(lengths, correct, lc.l_max, lc.l_cache)
             for s, p in zip(group, pen.tolist()):
-                s.reward = s.correct + p
+                s.reward += p
     return counts
 
 

