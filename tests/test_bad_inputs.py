@@ -684,7 +684,7 @@ def test_analysis_cli_refuses_an_unknown_run(tmp_path, few_points_store):
     [
         (["reward=bogus"], "unknown option reward=bogus (available: plus_minus_one, zero_one)"),
         (["model=smollm3"], "unknown option model=smollm3 (available: hf, smollm2, tiny)"),
-        (["task=gsm8k"], "unknown option task=gsm8k (available: addition, champ, gsm, jsonl)"),
+        (["task=gsm8k"], "unknown option task=gsm8k (available: addition, champ, code, gsm, jsonl, multi)"),
         (["+experiment=dapo"], "experiment"),
         (["task=gsm", "task.num_train=0"], "task.num_train=0: must be an integer >= 1"),
         (["task=gsm", "task.max_tries=-3"], "task.max_tries=-3: must be an integer >= 1"),

@@ -34,7 +34,7 @@ def scored(overrides: list[str], lengths: list[int]) -> list[Sample]:
     prompt = task.train_prompts()[0]
     texts = [f"</think>{prompt.answer}", "</think>00000", f"</think>{prompt.answer}", "</think>1"]
     group = [sample(t, n) for t, n in zip(texts, lengths)]
-    assert score_groups(task, [prompt], [group], compose(overrides)) == 0
+    assert score_groups(task, [prompt], [group], compose(overrides))["errors"] == 0
     return group
 
 
