@@ -123,35 +123,34 @@ def test_interruptions_respect_the_thinking_and_the_answer_budget():
             assert 2 in s.completion_ids[:6] or s.completion_ids[-1] == TOK.eos_token_id
 
 
-VLLM_TINY = ["generator=vllm", "model.num_heads=2", "model.num_kv_heads=2", "generator.kv_cache_gib=0.25"]
-
-
 @pytest.mark.parametrize("mode", ["sync", "ppo_off_policy", "pipeline_rl"])
 def test_each_async_mode_trains_with_vllm_and_the_pass_rate_rises(mode, tiny_overrides):
-    """A short real run: vLLM generates (in the trainer's process, and in the pipeline generator
-    process), the trainer learns from it, the held-out pass rate goes up."""
+    """A short real run of the embedded default (its own model and task; the tiny test model does
+    not learn within a few steps): vLLM generates (in the trainer's process, and in the pipeline
+    generator process), the trainer learns from it, the held-out pass rate goes up."""
+    where = [o for o in tiny_overrides if o.startswith(("out_dir=", "tracking."))]
     overrides = [
-        *tiny_overrides,
-        *VLLM_TINY,
+        *where,
+        "generator=vllm",
+        "generator.kv_cache_gib=0.25",
         f"async_mode={mode}",
-        "trainer.total_steps=12",
-        "eval.every=12",
-        "eval.num_prompts=16",
-        "eval.samples_per_prompt=4",
-        "trainer.lr=3e-3",
+        "trainer.total_steps=20",
+        "eval.every=20",
+        "eval.num_prompts=64",
+        "progress=log",
     ]
-    if mode == "pipeline_rl":
-        overrides.append("async_mode.max_lag=2")
-    summary = train(compose(overrides))
-    assert summary["pass_rate_final"] > summary["pass_rate_start"], summary
-    uri = next(o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri="))
+    cfg = compose(overrides)
+    summary = train(cfg)
+    assert summary["pass_rate_final"] > summary["pass_rate_start"] + 0.05, summary
+    uri = cfg.tracking.uri
     c = MlflowClient(uri)
     metrics = c.get_run(summary["run_id"]).data.metrics
     diff = [m.value for m in c.get_metric_history(summary["run_id"], "train/gen_train_logprob_diff")]
-    assert diff and max(diff) < 0.05, diff  # the generator samples from the trainer's weights
+    # the generator samples from the trainer's weights (real bf16 in vLLM, emulated in the trainer)
+    assert diff and max(diff) < 0.02, diff
     if mode == "pipeline_rl":
         lags = [m.value for m in c.get_metric_history(summary["run_id"], "train/policy_lag_max")]
-        assert max(lags) <= 2  # the lag bound
+        assert 0 < max(lags) <= cfg.async_mode.max_lag  # in flight, within the lag bound
     else:
         assert metrics["train/policy_lag_max"] == 0.0
 
