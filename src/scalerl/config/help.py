@@ -66,6 +66,8 @@ def _field_default(f: dataclasses.Field) -> object:
 
 
 def _show(v: object) -> str:
+    if isinstance(v, str) and v.startswith("${") and v.endswith("}"):  # an interpolation: as in the YAML
+        return v
     return "(required)" if v is dataclasses.MISSING or v == MISSING else format_value(v)
 
 
