@@ -21,9 +21,9 @@ from scalerl.config import GROUPS, compose, options
 from scalerl.config.groups.model import ARCHS
 from scalerl.generator import GENERATORS, HFGenerator, Sample
 from scalerl.loop import RunError, build, train
-from scalerl.loop.run import train_step
 from scalerl.loop.batch import prepare_batch
 from scalerl.loop.data import PromptSampler
+from scalerl.loop.run import train_step
 from scalerl.task import build_task
 
 ROOT = Path(__file__).resolve().parents[1]

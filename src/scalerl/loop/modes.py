@@ -211,7 +211,7 @@ class PipelineRL(AsyncMode):
                 self.process.publish(state, version)
 
     def next_groups(self) -> list[list[Sample]]:
-        r, st, proc, P = self.r, self.r.state, self.process, self.r.prompts_per_step
+        st, proc, P = self.r.state, self.process, self.r.prompts_per_step
         if self._busy0 is None:
             proc.wait_ready()
             self._busy0 = (st.gen_busy, proc.busy_seconds)
