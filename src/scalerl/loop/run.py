@@ -438,6 +438,7 @@ def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
         "perf/trainer_busy": min(1.0, st.train_busy / wall),
         "perf/tokens_per_s": st.gen_tokens / wall,
         "data/prompts_retired": float(len(run.pass_rates)),
+        "data/epoch": float(run.sampler.epoch + 1),  # the pass over the train split prompts come from
         "data/zero_variance_dropped": float(st.zero_variance_dropped),
         "data/stale_dropped": float(st.stale_dropped),
         **{f"async/lag_{k}": v for k, v in st.lag_summary().items()},  # over the run's trained tokens
