@@ -307,9 +307,20 @@ def test_policy_lag_statistics_of_a_batch():
     ]
     for s_ in (s_ for g in groups for s_ in g):
         s_.correct = s_.reward
-    st = prepare_batch(groups, version=6, zero_variance=True, norm="batch", pad_id=0).stats
+    prepared = prepare_batch(groups, version=6, zero_variance=True, norm="batch", pad_id=0)
+    st = prepared.stats
     assert st["train/policy_lag_max"] == 3.0 and st["train/versions_in_batch"] == 2.0
     assert st["train/policy_lag_mean"] == pytest.approx((3 * 3 + 9 * 1) / 12)
+    assert st["train/policy_lag_p90"] == 3.0  # 3 of 12 tokens at lag 3: above the 90th percentile's 1
+    # tokens per lag (every group's, the zero-variance ones included): the run's lag distribution
+    assert {k: v for k, v in prepared.counts.items() if k.startswith("lag/")} == {"lag/3": 3.0, "lag/1": 9.0}
+    from scalerl.loop.state import RunState
+
+    run = RunState(lag_tokens={1: 9, 3: 3})
+    assert run.lag_summary() == {"mean": pytest.approx(1.5), "p90": 3.0, "max": 3.0}
+    run.lag_tokens = {0: 95, 8: 5}
+    assert run.lag_summary() == {"mean": pytest.approx(0.4), "p90": 0.0, "max": 8.0}
+    assert RunState().lag_summary() == {"mean": 0.0, "p90": 0.0, "max": 0.0}
 
 
 def test_zero_variance_counter_adds_up_the_steps(tiny_overrides):
@@ -642,11 +653,17 @@ def test_run_state_round_trips_through_a_checkpoint(tmp_path):
     st = RunState(step=7, flops=1.5e9, gen_tokens=123, zero_variance_dropped=4, stale_dropped=2)
     st.evals.append({"step": 4, "pass_rate": 0.5, "flops": 1e9, "device_hours": 0.01})
     st.step0_solved = {3: 0.0, 11: 0.5}
+    st.lag_tokens = {0: 10, 2: 4}
     assert st.new_group_ids(3) == [0, 1, 2] and st.next_group_id == 3
     torch.save({"state": st.state_dict()}, tmp_path / "ck.pt")
     back = RunState()
     back.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=False)["state"])
     assert back == st
+    # a checkpoint written before a counter existed resumes with it at its default
+    old = {k: v for k, v in st.state_dict().items() if k != "lag_tokens"}
+    back = RunState()
+    back.load_state_dict(old)
+    assert back.lag_tokens == {} and back.step == 7
 
 
 def test_every_async_mode_option_has_its_class():
