@@ -547,8 +547,32 @@ def test_pass_rate_tracker_state_round_trip():
     u.load_state_dict(state)
     assert u.threshold == 0.75 and u.retired_uids() == {5} and u.pass_rate(8) == 0.5
     assert u.state_dict() == t.state_dict()
-    u.update([8, 8], [1, 1])  # 3/4 -> retired, history carried over
+    u.update([8, 8], [1, 1])  # 2/2 in this epoch -> retired
     assert u.retired(8) and not t.retired(8)
+    assert u.pass_rate(8) == 0.75  # the history was carried over
+
+
+def test_pass_rate_window_last_epoch_or_all_epochs():
+    """A prompt solved 4/8 in its first epoch and 8/8 in the next: retired after the second epoch
+    with the per-epoch rate, kept with the cumulative one (12/16 = 0.75) until 4 perfect epochs."""
+    last, every = PassRateTracker(), PassRateTracker(window="all_epochs")
+    for t in (last, every):
+        t.update([7] * 8, [1] * 4 + [0] * 4)
+        t.update([7] * 8, [1] * 8)
+    assert last.retired(7) and not every.retired(7)
+    for epoch in range(3):
+        every.update([7] * 8, [1] * 8)
+        assert every.retired(7) == (epoch == 2)  # (4 + 8 * 4) / 40 = 0.9
+    # a checkpoint keeps the window; one from before the choice was cumulative
+    state = every.state_dict()
+    restored = PassRateTracker()
+    restored.load_state_dict(state)
+    assert restored.window == "all_epochs"
+    old = {k: v for k, v in last.state_dict().items() if k != "window"}
+    restored.load_state_dict(old)
+    assert restored.window == "all_epochs"
+    with pytest.raises(ValueError, match="window must be one of last_epoch, all_epochs"):
+        PassRateTracker(window="epoch")
 
 
 def test_pass_rate_tracker_rejects_bad_input():

@@ -40,11 +40,16 @@ def test_defaults_are_the_scalerl_recipe():
     cfg = compose([])
     for group, option in DEFAULTS.items():
         assert cfg[group].name == option
-    assert cfg.async_mode.max_lag == 8 and cfg.async_mode.max_buffered_batches == 1.0
+    assert cfg.async_mode.max_lag == 8 and cfg.async_mode.max_buffered_batches == 8
+    # the generator may run as far ahead as the lag allows, whatever k is set
+    assert compose(["async_mode.max_lag=2"]).async_mode.max_buffered_batches == 2
     assert cfg.loss.eps_max == 5.0
     assert cfg.precision.body == "bf16" and cfg.precision.head == "fp32"
     assert cfg.filter.zero_variance and cfg.filter.no_positive_resampling
-    assert cfg.filter.pass_rate_threshold == 0.9
+    assert cfg.filter.pass_rate_threshold == 0.9 and cfg.filter.pass_rate_window == "last_epoch"
+    # a finite training set: the default's 200 steps x 16 prompts pass over it 3 times or more
+    prompts_drawn = cfg.trainer.total_steps * cfg.trainer.batch_size // cfg.trainer.generations_per_prompt
+    assert cfg.task.num_train * 3 < prompts_drawn
 
 
 # the paper's Sec. 2 baseline and the recipes Fig. 2 compares, as experiments: {name: the groups they set}
@@ -149,7 +154,10 @@ def test_every_option_composes_validates_and_round_trips(group, option):
     for f in option_fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if default is not dataclasses.MISSING and default != "???":
-            assert OmegaConf.to_container(node, resolve=False)[f.name] == default, (group, option, f.name)
+            stated = OmegaConf.to_container(node, resolve=False)[f.name]
+            if isinstance(stated, str) and stated.startswith("${."):  # follows a field of the option
+                stated = OmegaConf.to_container(node, resolve=True)[f.name]
+            assert stated == default, (group, option, f.name)
     # its own defaults: no fields listed (a required field's value is)
     required = ", ".join(o.split(".", 1)[1] for o in REQUIRED.get(f"{group}={option}", []))
     assert group_variants(cfg)[group] == (f"{option}({required})" if required else option)
@@ -199,6 +207,10 @@ def test_variant_params_name_the_fields_that_differ_from_the_option_yaml():
     assert v["trainer"] == "torch(lr=0.0003)"
     v = group_variants(compose(["length_control.phrase='ok, stop</think>'"]))
     assert v["length_control"] == "interruption(phrase='ok, stop</think>')"
+    # a field that follows another (max_buffered_batches: ${.max_lag}) differs only when set itself
+    assert group_variants(compose(["async_mode.max_lag=2"]))["async_mode"] == "pipeline_rl(max_lag=2)"
+    v = group_variants(compose(["async_mode.max_lag=2", "async_mode.max_buffered_batches=1"]))
+    assert v["async_mode"] == "pipeline_rl(max_lag=2, max_buffered_batches=1.0)"
 
 
 @pytest.mark.slow
@@ -220,7 +232,7 @@ def test_help_lists_groups_options_and_their_fields(tmp_path):
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"{g}: "))
         assert sorted(o.rstrip("*") for o in line[len(g) + 2 :].split(", ")) == sorted(OPTIONS[g])
     assert "loss: cispo*, dapo" in r.stdout  # the default is marked
-    assert "    max_lag=8, max_buffered_batches=1.0" in r.stdout  # async_mode=pipeline_rl's fields
+    assert "    max_lag=8, max_buffered_batches=${.max_lag}" in r.stdout  # async_mode=pipeline_rl's fields
     assert "    minibatches=8" in r.stdout
     assert "    name_or_path=(required)" in r.stdout  # model=hf
     assert "    eps_max=5.0" in r.stdout  # a loss's values come from its YAML
@@ -305,6 +317,7 @@ BAD_VALUES = [
     ("trainer.generations_per_prompt=1 trainer.batch_size=8", "trainer.generations_per_prompt", ">= 2"),
     ("length_control.think_budget_min=50 length_control.think_budget_max=40", "think_budget_max", ">="),
     ("filter.pass_rate_threshold=1.5", "filter.pass_rate_threshold", "(0, 1]"),
+    ("filter.pass_rate_window=epoch", "filter.pass_rate_window", "one of last_epoch, all_epochs"),
     ("trainer=deepspeed trainer.zero_stage=4", "trainer.zero_stage", "0, 1, 2, 3"),
     ("trainer.lr=-0.1", "trainer.lr", "> 0"),
     ("scaling.compute_axis=tokens", "scaling.compute_axis", "device_hours, flops"),

@@ -23,6 +23,7 @@ from scalerl.generator import GENERATORS, HFGenerator, Sample
 from scalerl.loop import RunError, build, train
 from scalerl.loop.batch import prepare_batch
 from scalerl.loop.data import PromptSampler
+from scalerl.loop.run import train_step
 from scalerl.task import build_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,8 +198,35 @@ def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
     assert len(lags) == 8
     assert max(versions) > 1, "no batch held tokens from more than one policy version"
     assert max(lags) <= k
+    # the run's lag distribution: its maximum is the steps', its percentile and mean below it
+    run_lag = {q: history(uri, summary["run_id"], f"async/lag_{q}")[-1][1] for q in ("mean", "p90", "max")}
+    assert run_lag["max"] == max(lags)
+    assert 0 < run_lag["mean"] <= run_lag["p90"] <= run_lag["max"]
     busy = MlflowClient(uri).get_run(summary["run_id"]).data.metrics
     assert 0 < busy["perf/generator_busy"] <= 1 and 0 < busy["perf/trainer_busy"] <= 1
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k):
+    """The generator may run max_lag batches ahead (max_buffered_batches follows max_lag), so the
+    trained data reach k versions old: PipelineRL-k and PipelineRL-1 differ. It would stay at 1 if
+    the generator only ever held one batch beyond the trainer's."""
+    overrides = [
+        *tiny_overrides,
+        "async_mode=pipeline_rl",
+        f"async_mode.max_lag={k}",
+        f"trainer.total_steps={2 * k + 2}",
+        "eval.every=100",
+        "filter.zero_variance=false",
+        # a trainer slower than the generator (as on the embedded default): the generator fills the lag
+        "trainer.micro_batch_size=4",
+    ]
+    summary = train(compose(overrides))
+    uri = uri_of(overrides)
+    lags = [v for _, v in history(uri, summary["run_id"], "train/policy_lag_max")]
+    assert max(lags) == k, lags
+    assert history(uri, summary["run_id"], "async/lag_max")[-1][1] == k
+    assert history(uri, summary["run_id"], "data/stale_dropped")[-1][1] == 0  # no work wasted
 
 
 @pytest.mark.slow
@@ -317,9 +345,20 @@ def test_policy_lag_statistics_of_a_batch():
     ]
     for s_ in (s_ for g in groups for s_ in g):
         s_.correct = s_.reward
-    st = prepare_batch(groups, version=6, zero_variance=True, norm="batch", pad_id=0).stats
+    prepared = prepare_batch(groups, version=6, zero_variance=True, norm="batch", pad_id=0)
+    st = prepared.stats
     assert st["train/policy_lag_max"] == 3.0 and st["train/versions_in_batch"] == 2.0
     assert st["train/policy_lag_mean"] == pytest.approx((3 * 3 + 9 * 1) / 12)
+    assert st["train/policy_lag_p90"] == 3.0  # 3 of 12 tokens at lag 3: above the 90th percentile's 1
+    # tokens per lag (every group's, the zero-variance ones included): the run's lag distribution
+    assert {k: v for k, v in prepared.counts.items() if k.startswith("lag/")} == {"lag/3": 3.0, "lag/1": 9.0}
+    from scalerl.loop.state import RunState
+
+    run = RunState(lag_tokens={1: 9, 3: 3})
+    assert run.lag_summary() == {"mean": pytest.approx(1.5), "p90": 3.0, "max": 3.0}
+    run.lag_tokens = {0: 95, 8: 5}
+    assert run.lag_summary() == {"mean": pytest.approx(0.4), "p90": 0.0, "max": 8.0}
+    assert RunState().lag_summary() == {"mean": 0.0, "p90": 0.0, "max": 0.0}
 
 
 def test_zero_variance_counter_adds_up_the_steps(tiny_overrides):
@@ -350,6 +389,25 @@ def test_retired_prompts_are_never_sampled_again():
     again = PromptSampler(prompts, seed=0, retired=rates)
     again.load_state_dict(sampler.state_dict())
     assert [p.uid for p in again.next(5)] == [p.uid for p in sampler.next(5)]
+
+
+def test_no_positive_resampling_retires_prompts_in_a_short_run(tiny_overrides):
+    """A train set of 16 prompts, 8 per step: 4 epochs in 8 steps. Prompts whose group is solved
+    4/4 retire (the warm-started model solves most 1-2 digit sums) and no later step trains on them."""
+    overrides = [*tiny_overrides, *SYNC, "task.num_train=16", "trainer.total_steps=8", "eval.every=100"]
+    cfg, run = make_run(overrides)
+    retired_before: set[int] = set()
+    for _ in range(8):
+        groups, _ = train_step(run)
+        uids = {g[0].prompt_uid for g in groups}
+        assert not uids & retired_before, "a retired prompt was drawn again"
+        for g in groups:
+            solved = sum(s.correct for s in g) / len(g) >= 0.9
+            assert run.pass_rates.retired(g[0].prompt_uid) == solved  # retired the epoch it is solved
+        retired_before = run.pass_rates.retired_uids()
+    assert 0 < len(retired_before) < 16
+    assert run.sampler.epoch >= 2  # the retired prompts were skipped in later epochs
+    run.source.close()
 
 
 def test_interruption_inserts_the_phrase_and_respects_budgets(tiny_overrides):
@@ -633,11 +691,17 @@ def test_run_state_round_trips_through_a_checkpoint(tmp_path):
     st = RunState(step=7, flops=1.5e9, gen_tokens=123, zero_variance_dropped=4, stale_dropped=2)
     st.evals.append({"step": 4, "pass_rate": 0.5, "flops": 1e9, "device_hours": 0.01})
     st.step0_solved = {3: 0.0, 11: 0.5}
+    st.lag_tokens = {0: 10, 2: 4}
     assert st.new_group_ids(3) == [0, 1, 2] and st.next_group_id == 3
     torch.save({"state": st.state_dict()}, tmp_path / "ck.pt")
     back = RunState()
     back.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=False)["state"])
     assert back == st
+    # a checkpoint written before a counter existed resumes with it at its default
+    old = {k: v for k, v in st.state_dict().items() if k != "lag_tokens"}
+    back = RunState()
+    back.load_state_dict(old)
+    assert back.lag_tokens == {} and back.step == 7
 
 
 def test_every_async_mode_option_has_its_class():

@@ -146,8 +146,12 @@ def test_each_async_mode_trains_with_vllm_and_the_pass_rate_rises(mode, tiny_ove
     c = MlflowClient(uri)
     metrics = c.get_run(summary["run_id"]).data.metrics
     diff = [m.value for m in c.get_metric_history(summary["run_id"], "train/gen_train_logprob_diff")]
-    # the generator samples from the trainer's weights (real bf16 in vLLM, emulated in the trainer)
-    assert diff and max(diff) < 0.02, diff
+    # the generator samples from the trainer's weights (real bf16 in vLLM, emulated in the trainer):
+    # equal up to rounding where the batch is on-policy (every step of sync; the first step of the
+    # others, whose later steps train on older policies' tokens)
+    assert diff[0] < 0.01, diff
+    if mode == "sync":
+        assert max(diff) < 0.01, diff
     if mode == "pipeline_rl":
         lags = [m.value for m in c.get_metric_history(summary["run_id"], "train/policy_lag_max")]
         assert 0 < max(lags) <= cfg.async_mode.max_lag  # in flight, within the lag bound

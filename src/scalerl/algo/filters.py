@@ -6,6 +6,17 @@ Khatri et al. 2025, Sec. 3.2 ("zero-variance filtering", "adaptive prompt filter
   carries no signal; it is dropped from the loss (not resampled).
 - no-positive-resampling: a prompt whose historical pass rate reaches 0.9 is removed from all later
   epochs for good.
+
+Which pass rate counts (:class:`PassRateTracker`, ``window``): by default the prompt's pass rate in
+the epoch just seen (its group of G samples; each epoch draws a prompt once), so a prompt is retired
+in the first epoch its group solves it at >= 0.9 (with G = 8: 8 of 8). The paper keeps "a history of
+pass rates" and removes a prompt once its pass rate reaches 0.9; the purpose is to stop spending
+generation on prompts the *current* policy has mastered, which a per-epoch rate measures. A
+cumulative rate over every epoch (``window="all_epochs"``) averages in the early policy's failures:
+a prompt solved 4/8 in the first epoch then 8/8 every epoch is retired only after 4 more epochs, by
+when it has cost 4 groups that carry no signal (all correct, dropped by the zero-variance filter).
+Its advantage is that one lucky group (a prompt solved 70% of the time gets 8/8 with probability
+0.06) retires nothing.
 """
 
 from __future__ import annotations
@@ -48,17 +59,25 @@ class PassRateTracker:
     """No-positive-resampling bookkeeping (Khatri et al. 2025, Sec. 3.2).
 
     Keeps, per prompt uid, the number of samples seen and their summed success. A prompt is
-    *retired* the moment its historical pass rate (mean success over every sample seen so far)
-    reaches ``threshold`` (paper: 0.9), and is never un-retired, whatever later samples show.
+    *retired* the moment its pass rate reaches ``threshold`` (paper: 0.9), and is never un-retired,
+    whatever later samples show. ``window``: which pass rate counts. ``"last_epoch"``: the mean
+    success of the samples of one :meth:`update` call (the loop passes one call per group, and a
+    prompt has one group per epoch); ``"all_epochs"``: over every sample seen so far (see the module
+    docstring for why the first is the default).
 
     Successes are bools or numbers in ``[0, 1]`` (a fractional value counts as that fraction of a
     success); pass a correctness flag, not a raw reward that may be negative.
     """
 
-    def __init__(self, threshold: float = 0.9):
+    WINDOWS = ("last_epoch", "all_epochs")
+
+    def __init__(self, threshold: float = 0.9, window: str = "last_epoch"):
         if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 < threshold <= 1:
             raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}")
+        if window not in self.WINDOWS:
+            raise ValueError(f"window must be one of {', '.join(self.WINDOWS)}, got {window!r}")
         self.threshold = float(threshold)
+        self.window = window
         self._seen: dict[int, int] = {}
         self._success: dict[int, float] = {}
         self._retired: set[int] = set()
@@ -66,7 +85,8 @@ class PassRateTracker:
     def update(
         self, prompt_uids: Iterable[int] | torch.Tensor, successes: Iterable[Any] | torch.Tensor
     ) -> None:
-        """Add one sample per (uid, success) pair; retire the prompts whose pass rate reaches the threshold."""
+        """Add one sample per (uid, success) pair; retire the prompts whose pass rate (over this call's
+        samples, or over all, as ``window`` says) reaches the threshold."""
         uids = [int(u) for u in _as_list(prompt_uids)]
         succ = [float(s) for s in _as_list(successes)]
         if len(uids) != len(succ):
@@ -74,17 +94,20 @@ class PassRateTracker:
         bad = [s for s in succ if not 0.0 <= s <= 1.0]
         if bad:
             raise ValueError(f"successes must be bools or numbers in [0, 1], got {bad[0]!r}")
-        touched = set()
+        now: dict[int, list[float]] = {}  # uid -> [samples, successes] of this call
         for uid, s in zip(uids, succ):
             self._seen[uid] = self._seen.get(uid, 0) + 1
             self._success[uid] = self._success.get(uid, 0.0) + s
-            touched.add(uid)
-        for uid in touched:
-            if self.pass_rate(uid) >= self.threshold:
+            n_s = now.setdefault(uid, [0.0, 0.0])
+            n_s[0] += 1
+            n_s[1] += s
+        for uid, (n, s) in now.items():
+            rate = s / n if self.window == "last_epoch" else self.pass_rate(uid)
+            if rate >= self.threshold:
                 self._retired.add(uid)
 
     def pass_rate(self, uid: int) -> float | None:
-        """Historical pass rate of ``uid``; None if it was never seen."""
+        """Pass rate of ``uid`` over every sample seen (whatever the window); None if never seen."""
         n = self._seen.get(int(uid), 0)
         return self._success[int(uid)] / n if n else None
 
@@ -108,6 +131,7 @@ class PassRateTracker:
         """JSON-serialisable state (lists and numbers only; survives ``json.dumps``/``loads``)."""
         return {
             "threshold": self.threshold,
+            "window": self.window,
             "history": [[uid, self._seen[uid], self._success[uid]] for uid in sorted(self._seen)],
             "retired": sorted(self._retired),
         }
@@ -115,6 +139,7 @@ class PassRateTracker:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from :meth:`state_dict` (replaces the current state)."""
         self.threshold = float(state["threshold"])
+        self.window = str(state.get("window", "all_epochs"))  # checkpoints from before the choice
         self._seen = {int(u): int(n) for u, n, _ in state["history"]}
         self._success = {int(u): float(s) for u, _, s in state["history"]}
         self._retired = {int(u) for u in state["retired"]}

@@ -69,6 +69,8 @@ def _show(v: object) -> str:
     if isinstance(v, dict) and v and all(isinstance(x, dict) and "name" in x for x in v.values()):
         # options nested by name (task=multi's domains): their names; their settings are in the YAML
         return "{" + ", ".join(f"{k}: {x['name']}(...)" for k, x in v.items()) + "}"
+    if isinstance(v, str) and v.startswith("${") and v.endswith("}"):  # an interpolation: as in the YAML
+        return v
     return "(required)" if v is dataclasses.MISSING or v == MISSING else format_value(v)
 
 

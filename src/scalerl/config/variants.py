@@ -41,10 +41,18 @@ def compose_choices(choices: dict[str, str]) -> DictConfig:
     return compose(overrides, check=False)
 
 
-def option_defaults(choices: dict[str, str]) -> dict[str, dict]:
-    """{group: the YAML defaults of the chosen option} for the groups in ``choices``."""
+def option_defaults(choices: dict[str, str], values: dict[str, dict] | None = None) -> dict[str, dict]:
+    """{group: the YAML defaults of the chosen option} for the groups in ``choices``. A field whose
+    YAML value follows another field of the option (``${.max_lag}``) defaults to that field's value
+    in ``values`` (the run's own, resolved), so it is no difference when only the other one changed."""
     ref = compose_choices(choices)
-    return {g: OmegaConf.to_container(ref[g], resolve=True) for g in choices}
+    out = {}
+    for g in choices:
+        out[g] = OmegaConf.to_container(ref[g], resolve=True)
+        for k, raw in OmegaConf.to_container(ref[g], resolve=False).items():
+            if values and isinstance(raw, str) and raw.startswith("${.") and raw.endswith("}"):
+                out[g][k] = values[g].get(raw[3:-1], out[g][k])
+    return out
 
 
 def variant(name: str, values: dict, defaults: dict) -> str:
@@ -56,5 +64,6 @@ def variant(name: str, values: dict, defaults: dict) -> str:
 def group_variants(cfg: DictConfig) -> dict[str, str]:
     """{group: variant} for every group of ``cfg``: what the MLflow group params record."""
     choices = {g: str(cfg[g].name) for g in GROUPS}
-    defaults = option_defaults(choices)
-    return {g: variant(choices[g], OmegaConf.to_container(cfg[g], resolve=True), defaults[g]) for g in GROUPS}
+    values = {g: OmegaConf.to_container(cfg[g], resolve=True) for g in GROUPS}
+    defaults = option_defaults(choices, values)
+    return {g: variant(choices[g], values[g], defaults[g]) for g in GROUPS}

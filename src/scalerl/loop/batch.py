@@ -4,6 +4,8 @@ also combine every rank's groups through :mod:`scalerl.loop.collective`, collect
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +41,12 @@ def mean(xs) -> float:
     """Mean of numbers or flags; 0.0 for none."""
     xs = [float(x) for x in xs]
     return sum(xs) / len(xs) if xs else 0.0
+
+
+def quantile(xs, q: float) -> float:
+    """The smallest value with at least a share ``q`` of ``xs`` at or below it (``xs`` not empty)."""
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(q * len(xs)) - 1)]
 
 
 def prepare_batch(
@@ -85,10 +93,12 @@ def prepare_batch(
         dropped = len(keep_groups) - len(kept_idx)
         stats["data/zero_variance_dropped_step"] = float(dropped)
         keep_groups = [keep_groups[i] for i in kept_idx]
-    # policy lag of the tokens trained on (paper Sec. 3.1)
+    # policy lag of the tokens trained on (paper Sec. 3.1): how many versions behind the trainer
+    # the policy that sampled each token was
     lags = [version - v for s in samples for v in s.versions if v >= 0]
     stats["train/policy_lag_mean"] = mean(lags) if lags else 0.0
     stats["train/policy_lag_max"] = float(max(lags)) if lags else 0.0
+    stats["train/policy_lag_p90"] = float(quantile(lags, 0.9)) if lags else 0.0
     stats["train/versions_in_batch"] = float(len({v for s in samples for v in s.versions if v >= 0}))
     stats["train/groups_trained"] = float(len(keep_groups))
     # only pipeline_rl (one trainer process) updates weights in flight, so only its samples carry it
@@ -109,6 +119,7 @@ def prepare_batch(
         stats.update({f"train/{k}": float("nan") for k in TRAINER_KEYS})
         stats["train/step_skipped"] = 1.0
     counts = {
+        **{f"lag/{k}": float(n) for k, n in Counter(lags).items()},  # tokens per policy lag
         "dropped": dropped,
         "gen_tokens": sum(len(s.completion_ids) for s in samples),
         "trained_tokens": trained_tokens,

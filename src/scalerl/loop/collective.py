@@ -52,7 +52,9 @@ _SUM = (
     "data/truncated_excluded_step",
     "train/groups_trained",
 )
-_MAX = ("train/policy_lag_max", "train/versions_in_batch")
+# (train/policy_lag_p90 of several ranks: the largest rank's, an upper bound; the run's async/lag_p90
+# is exact, from every rank's tokens)
+_MAX = ("train/policy_lag_max", "train/policy_lag_p90", "train/versions_in_batch")
 _BY_LAGS = ("train/policy_lag_mean",)
 
 
@@ -62,7 +64,8 @@ def reduce_step(
     """(stats of all ranks' groups, ``counts`` summed over ranks).
 
     ``stats``: per-rank means over its ``samples`` samples (or its ``lags`` policy-lag entries)
-    become means over all ranks; counts per step are summed; maxima are maxima (for
+    become means over all ranks; counts per step are summed (over the keys of any rank); maxima are
+    maxima (for
     ``train/versions_in_batch``, the most versions any rank saw).
     """
     if world_size() == 1:
@@ -71,5 +74,5 @@ def reduce_step(
     weights = [{k: (nl if k in _BY_LAGS else ns) for k in st} for st, _, ns, nl in parts]
     out = merge_stats([p[0] for p in parts], weights=weights, summed=_SUM, maxed=_MAX)
     out = {k: out[k] for k in stats}  # this rank's keys (the same on every rank)
-    summed = merge_stats([p[1] for p in parts], summed=counts.keys())
-    return out, {k: summed[k] for k in counts}
+    keys = {k for p in parts for k in p[1]}  # (the lag/<n> counts differ between ranks)
+    return out, merge_stats([p[1] for p in parts], summed=keys)

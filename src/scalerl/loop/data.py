@@ -99,6 +99,12 @@ class MixedSampler:
             out.extend(self.samplers[d].next(1))
         return out
 
+    @property
+    def epochs(self) -> float:
+        """The most passes any domain has made over its prompts (no-positive-resampling acts once
+        one domain draws a prompt again)."""
+        return max(s.epochs for s in self.samplers.values())
+
     def state_dict(self) -> dict:
         return {"drawn": dict(self.drawn), "domains": {d: s.state_dict() for d, s in self.samplers.items()}}
 

@@ -8,7 +8,9 @@ reach the policy that generates them. Each mode owns its staleness rule and its 
 * ``pipeline_rl`` (``max_lag``, ``max_buffered_batches``): a generator process streams groups while
   the trainer trains; new weights reach it in flight after every step; the trainer waits when it
   would be more than ``max_lag`` versions ahead of the oldest policy that produced data it has
-  still to train on, and drops buffered groups older than that.
+  still to train on, and drops buffered groups older than that. The generator may run up to
+  ``max_buffered_batches`` batches ahead of the trainer (default: ``max_lag``), so when it is the
+  faster of the two the trained data are up to ``max_lag`` versions old, as in PipelineRL-k.
 
 A mode reports what its generation cost into the run state: ``gen_busy``, ``gen_tokens`` (this
 rank's), ``stale_dropped``, ``verifier_errors``, ``next_group_id``.
@@ -64,8 +66,9 @@ class PipelineRLOptions(Option):
 
     name: str = "pipeline_rl"
     max_lag: int = 8  # the trainer waits while its batch holds a policy older than step - max_lag
-    # how many groups the generator may hold finished and unconsumed, in batches
-    max_buffered_batches: float = 1.0
+    # how far ahead of the trainer the generator may run (work given to it and groups it finished,
+    # not yet trained on), in batches; the YAML ties it to max_lag: more only makes stale groups
+    max_buffered_batches: float = 8.0
     # how weights reach the generator process: auto (NCCL between two GPUs, else gloo), gloo, nccl,
     # or shm (shared memory, one machine)
     transport: str = "auto"
@@ -221,16 +224,11 @@ class PipelineRL(AsyncMode):
                 self.process.publish(state, version)
 
     def next_groups(self) -> list[list[Sample]]:
-        r, st, proc, P = self.r, self.r.state, self.process, self.r.prompts_per_step
+        st, proc, P = self.r.state, self.process, self.r.prompts_per_step
         if self._busy0 is None:
             proc.wait_ready()
             self._busy0 = (st.gen_busy, proc.busy_seconds)
-        # keep the generator fed, up to the capacity
-        while len(self.buffer) + sum(n for _, n in self.outstanding.values()) + self.chunk <= self.capacity:
-            prompts = r.sampler.next(self.chunk)
-            proc.submit(self.work_id, prompts, st.new_group_ids(len(prompts)))
-            self.outstanding[self.work_id] = (st.step, len(prompts))
-            self.work_id += 1
+        self._feed()
         # the trainer at version `step` may train only on data at most max_lag versions old:
         # wait for outstanding work begun before that, drop buffered data older than that
         oldest_ok = st.step - self.max_lag
@@ -243,9 +241,26 @@ class PipelineRL(AsyncMode):
             fresh = [g for g in self.buffer if min(s.min_version for s in g if s.num_sampled) >= oldest_ok]
             st.stale_dropped += len(self.buffer) - len(fresh)
             self.buffer = fresh
+            self._feed()  # replaces what was dropped (else nothing might be left to wait for)
         batch, self.buffer = self.buffer[:P], self.buffer[P:]
         st.gen_busy = self._busy0[0] + proc.busy_seconds - self._busy0[1]
         return batch
+
+    def _feed(self) -> None:
+        """Give the generator work up to the capacity, and no more than the run's last step needs.
+        Work given at step s is generated from weights of version >= s and, with the capacity at
+        (1 + max_lag) batches, trained on by step s + max_lag at the latest: within the lag."""
+        r, st, P = self.r, self.r.state, self.r.prompts_per_step
+        needed = (r.total_steps - st.step) * P
+        while True:
+            ahead = len(self.buffer) + sum(n for _, n in self.outstanding.values())
+            n = min(self.chunk, needed - ahead)
+            if n <= 0 or ahead + n > self.capacity:
+                return
+            prompts = r.sampler.next(n)
+            self.process.submit(self.work_id, prompts, st.new_group_ids(len(prompts)))
+            self.outstanding[self.work_id] = (st.step, len(prompts))
+            self.work_id += 1
 
     def close(self) -> None:
         if self.process is not None:

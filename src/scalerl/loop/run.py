@@ -270,7 +270,7 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
     n_params, n_params_all = num_params(model, exclude_embeddings=True), num_params(model)  # before ZeRO-3
     trainer = make_trainer(cfg, model, precision, temperature=cfg.generator.temperature, device=device)
     generator = make_generator(cfg, trainer.module, tokenizer, precision, device, seed=cfg.seed + 7919 * rank)
-    pass_rates = algo.PassRateTracker(cfg.filter.pass_rate_threshold)
+    pass_rates = algo.PassRateTracker(cfg.filter.pass_rate_threshold, cfg.filter.pass_rate_window)
     sampler = make_sampler(
         task,
         task.train_prompts(),
@@ -340,6 +340,10 @@ def count_step(run: Components, own: dict, counts: dict) -> None:
     """Add one step's counts (summed over ranks) to the run state."""
     st = run.state
     st.zero_variance_dropped += int(counts["dropped"])
+    for key, n in counts.items():
+        if key.startswith("lag/"):
+            lag = int(key[len("lag/") :])
+            st.lag_tokens[lag] = st.lag_tokens.get(lag, 0) + int(n)
     st.gen_tokens += int(counts["gen_tokens"]) - int(own["gen_tokens"])  # other ranks' (own: at generation)
     st.flops += 2.0 * run.n_params * counts["gen_tokens"] + 6.0 * run.n_params * counts["trained_tokens"]
 
@@ -460,9 +464,10 @@ def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
         "perf/trainer_busy": min(1.0, st.train_busy / wall),
         "perf/tokens_per_s": st.gen_tokens / wall,
         "data/prompts_retired": float(len(run.pass_rates)),
-        "data/epochs": float(run.sampler.epochs),
+        "data/epochs": float(run.sampler.epochs),  # passes over the train split so far (fractional)
         "data/zero_variance_dropped": float(st.zero_variance_dropped),
         "data/stale_dropped": float(st.stale_dropped),
+        **{f"async/lag_{k}": v for k, v in st.lag_summary().items()},  # over the run's trained tokens
         "data/verifier_errors": float(st.verifier_errors),
     }
     # failed programs per kind (task=code): every kind the task can count, from the first step

@@ -19,6 +19,7 @@ class RunState:
     stale_dropped: int = 0  # groups too old for the async mode's staleness rule
     verifier_errors: int = 0  # verifier calls that raised or timed out (scored 0)
     verifier_kinds: dict[str, int] = field(default_factory=dict)  # failed programs per kind (task=code)
+    lag_tokens: dict[int, int] = field(default_factory=dict)  # policy lag -> tokens trained, all ranks
     evals: list[dict] = field(default_factory=list)  # {"step", "pass_rate", "flops", "device_hours"}
     step0_solved: dict[int, float] = field(default_factory=dict)  # val prompt uid -> pass rate at step 0
 
@@ -40,9 +41,24 @@ class RunState:
 
     def load_state_dict(self, state: dict) -> None:
         for f in fields(self):
-            if f.name in state or f.name != "verifier_kinds":  # (absent from older checkpoints)
+            if f.name in state:  # a checkpoint from before a counter existed starts it at its default
                 setattr(self, f.name, state[f.name])
         self.step0_solved = {int(k): v for k, v in self.step0_solved.items()}
+        self.lag_tokens = {int(k): int(v) for k, v in self.lag_tokens.items()}
+
+    def lag_summary(self) -> dict[str, float]:
+        """Mean, 90th percentile and maximum policy lag over every token trained so far."""
+        total = sum(self.lag_tokens.values())
+        if not total:
+            return {"mean": 0.0, "p90": 0.0, "max": 0.0}
+        seen, p90 = 0, 0
+        for lag in sorted(self.lag_tokens):
+            seen += self.lag_tokens[lag]
+            if seen >= 0.9 * total:
+                p90 = lag
+                break
+        mean = sum(lag * n for lag, n in self.lag_tokens.items()) / total
+        return {"mean": mean, "p90": float(p90), "max": float(max(self.lag_tokens))}
 
 
 class Clock:

@@ -114,7 +114,7 @@ def _warmstart_key(cfg) -> str:
     t = OmegaConf.to_container(cfg.task, resolve=True)
     for k in ("cache_dir", "name"):
         m.pop(k, None)
-    for k in ("num_val", "verifier_timeout_s", "min_digits"):
+    for k in ("num_val", "num_train", "verifier_timeout_s", "min_digits"):  # not what it learns from
         t.pop(k, None)
     blob = json.dumps({"model": m, "task": t, "seed": cfg.seed, "v": WARMSTART_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalerl.config.checks import in_unit, problems
+from scalerl.algo.filters import PassRateTracker
+from scalerl.config.checks import in_unit, one_of, problems
 from scalerl.config.options import Option, register_option
 
 
@@ -16,9 +17,14 @@ class FilterOption(Option):
     no_positive_resampling: bool = True  # retire prompts whose pass rate reaches the threshold
     pass_rate_threshold: float = 0.9
     exclude_truncated: bool = False  # leave samples cut off at the token budget out of the loss
+    # which pass rate retires a prompt: its group's in the epoch just seen, or over all its epochs
+    pass_rate_window: str = "last_epoch"
 
     def check(self):
-        return problems(in_unit("pass_rate_threshold", self.pass_rate_threshold, low_open=True))
+        return problems(
+            in_unit("pass_rate_threshold", self.pass_rate_threshold, low_open=True),
+            one_of("pass_rate_window", self.pass_rate_window, PassRateTracker.WINDOWS),
+        )
 
 
 @register_option("filter", "scalerl")

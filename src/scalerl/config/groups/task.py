@@ -34,7 +34,7 @@ class Addition(Option):
     warmstart_max_digits: int = 3  # warm-start problems have 1..warmstart_max_digits digits
     warmstart_hard_frac: float = 0.1  # share of warm-start problems at max_digits
     warmstart_slip_prob: float = 0.25  # chance a warm-start scratchpad column is off by one
-    num_train: int = 100_000
+    num_train: int = 1024
     num_val: int = 128
     verifier_timeout_s: float = 2.0
 
