@@ -106,47 +106,45 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "torch_threads": torch.get_num_threads(),
         "settings": vars(args) | {"out": str(args.out)},
-        "sizes": {},
     }
-    for size in [args.size]:
-        model, tok = build(size)
-        n_params = sum(p.numel() for p in model.parameters())
-        ps = prompts(model, args.prompts, args.prompt_len)
-        t0 = time.perf_counter()
-        vllm = VLLMGenerator(model, tok, Precision(), lc, temperature=1.0, seed=0, kv_cache_gib=2.0)
-        startup = time.perf_counter() - t0
-        hf = HFGenerator(model, tok, Precision(), lc, temperature=1.0, seed=0)
-        rows: dict[str, list[float]] = {"hf": [], "vllm": []}
-        sync: list[float] = []
-        for r in range(args.repeats):
-            for name, gen in (("hf", hf), ("vllm", vllm)) if r % 2 == 0 else (("vllm", vllm), ("hf", hf)):
-                t = time.perf_counter()
-                groups = gen.generate(ps, args.n, version=0)
-                dt = time.perf_counter() - t
-                tokens = sum(s.num_tokens for g in groups for s in g)
-                rows[name].append(tokens / dt)
+    size = args.size
+    model, tok = build(size)
+    n_params = sum(p.numel() for p in model.parameters())
+    ps = prompts(model, args.prompts, args.prompt_len)
+    t0 = time.perf_counter()
+    vllm = VLLMGenerator(model, tok, Precision(), lc, temperature=1.0, seed=0, kv_cache_gib=2.0)
+    startup = time.perf_counter() - t0
+    hf = HFGenerator(model, tok, Precision(), lc, temperature=1.0, seed=0)
+    rows: dict[str, list[float]] = {"hf": [], "vllm": []}
+    sync: list[float] = []
+    for r in range(args.repeats):
+        for name, gen in (("hf", hf), ("vllm", vllm)) if r % 2 == 0 else (("vllm", vllm), ("hf", hf)):
             t = time.perf_counter()
-            vllm.load_weights(PolicyWeights(model), r + 1)
-            sync.append(time.perf_counter() - t)
-        load = os.getloadavg()
-        entry = {
-            "params": n_params,
-            "tokens_per_s": {k: statistics.median(v) for k, v in rows.items()},
-            "tokens_per_s_all": rows,
-            "vllm_over_hf": statistics.median(rows["vllm"]) / statistics.median(rows["hf"]),
-            "vllm_weight_sync_s": statistics.median(sync),
-            "vllm_startup_s": startup,
-            "load_average": load,
-        }
-        results["sizes"][size] = entry
-        print(
-            f"{size}: {n_params / 1e6:.1f}M params, HF {entry['tokens_per_s']['hf']:.0f} tok/s, "
-            f"vLLM {entry['tokens_per_s']['vllm']:.0f} tok/s ({entry['vllm_over_hf']:.2f}x), "
-            f"weight sync {entry['vllm_weight_sync_s'] * 1000:.0f} ms, engine start {startup:.0f} s, load {load[0]:.1f}",
-            flush=True,
-        )
-        vllm.close()
-        del vllm, hf
+            groups = gen.generate(ps, args.n, version=0)
+            dt = time.perf_counter() - t
+            tokens = sum(s.num_tokens for g in groups for s in g)
+            rows[name].append(tokens / dt)
+        t = time.perf_counter()
+        vllm.load_weights(PolicyWeights(model), r + 1)
+        sync.append(time.perf_counter() - t)
+    load = os.getloadavg()
+    entry = {
+        "params": n_params,
+        "tokens_per_s": {k: statistics.median(v) for k, v in rows.items()},
+        "tokens_per_s_all": rows,
+        "vllm_over_hf": statistics.median(rows["vllm"]) / statistics.median(rows["hf"]),
+        "vllm_weight_sync_s": statistics.median(sync),
+        "vllm_startup_s": startup,
+        "load_average": load,
+    }
+    results["size"] = size
+    results.update(entry)
+    print(
+        f"{size}: {n_params / 1e6:.1f}M params, HF {entry['tokens_per_s']['hf']:.0f} tok/s, "
+        f"vLLM {entry['tokens_per_s']['vllm']:.0f} tok/s ({entry['vllm_over_hf']:.2f}x), "
+        f"weight sync {entry['vllm_weight_sync_s'] * 1000:.0f} ms, engine start {startup:.0f} s, load {load[0]:.1f}",
+        flush=True,
+    )
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
 

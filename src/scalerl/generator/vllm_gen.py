@@ -29,7 +29,6 @@ follow from its state (saved in checkpoints) as the HF generator's do.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ def import_vllm():
     """vLLM, imported in-process mode (the engine core runs in this process: weights are reloaded
     by reference, and the loop can drive it step by step); a clear error when it is missing."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would bury the run's own
     try:
         import vllm
     except ImportError as e:
@@ -60,27 +60,17 @@ def import_vllm():
     return vllm
 
 
-def vllm_state(
-    module: torch.nn.Module, tensors: dict[str, torch.Tensor] | None = None
-) -> dict[str, torch.Tensor]:
-    """The policy's weights under the names a checkpoint has (without the parametrizations that
-    emulate low precision; those weights are rounded as the trainer sees them), tied copies once."""
-    from torch.nn.utils import parametrize
-
-    state = module.state_dict() if tensors is None else tensors
+def vllm_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's weights under the names a checkpoint has: a weight behind a parametrization
+    (emulated low precision) as the layer computes with it (rounded), tied copies once."""
     out: dict[str, torch.Tensor] = {}
-    for name, value in state.items():
+    for name, value in module.state_dict().items():
         if ".parametrizations." in name:
             if not name.endswith(".original"):
                 continue
             owner_name, _, rest = name.partition(".parametrizations.")
             pname = rest[: -len(".original")]
-            owner = module.get_submodule(owner_name)
-            if tensors is None and parametrize.is_parametrized(owner, pname):
-                value = getattr(owner, pname)  # the rounded weight the layer computes with
-            else:  # tensors given: round them the way the parametrization does
-                for p in owner.parametrizations[pname]:
-                    value = p(value)
+            value = getattr(module.get_submodule(owner_name), pname)  # the rounded weight
             name = f"{owner_name}.{pname}"
         out[name] = value.detach()
     if getattr(getattr(module, "config", None), "tie_word_embeddings", False):
@@ -183,11 +173,11 @@ class VLLMGenerator(Generator):
         device = torch.device(device)
         if device.type != "cuda":
             check_cpu_head_dim(model.config)
-        self._dir = tempfile.mkdtemp(prefix="scalerl-vllm-")
-        save_for_vllm(model, self._dir)
+        folder = tempfile.TemporaryDirectory(prefix="scalerl-vllm-")  # read once, at the engine's start
+        save_for_vllm(model, folder.name)
         max_len = int(getattr(model.config, "max_position_embeddings", 0) or model.config.n_positions)
         kwargs: dict[str, Any] = dict(
-            model=self._dir,
+            model=folder.name,
             skip_tokenizer_init=True,
             enforce_eager=True,
             dtype=_DTYPES[precision.body],
@@ -214,6 +204,7 @@ class VLLMGenerator(Generator):
             self.llm = vllm.LLM(**kwargs)
         finally:
             torch.set_num_threads(threads)
+            folder.cleanup()
         self.engine = self.llm.llm_engine
         self.head_dtype = self.llm.collective_rpc("scalerl_head_dtype")[0]
         want = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision.head]
@@ -222,9 +213,6 @@ class VLLMGenerator(Generator):
                 f"precision.head={precision.head}: the vLLM engine computes its LM head in {self.head_dtype} "
                 f"(this vLLM has no head_dtype override); generator and trainer would disagree"
             )
-
-    def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ Generator interface
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
