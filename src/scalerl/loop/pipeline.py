@@ -287,11 +287,6 @@ class PipelineGenerator:
         self.transport.publish(state, version)
 
     @property
-    def publish_seconds(self) -> float:
-        """Time the trainer spent handing over weights (packing, waiting for the generator)."""
-        return float(self.transport.seconds)
-
-    @property
     def busy_seconds(self) -> float:
         return float(self.status[0])
 
