@@ -18,6 +18,17 @@ from scalerl.generator.sample import Sample
 from scalerl.model.weights import PolicyWeights
 
 
+def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
+    """The prompt's token ids: its own ``prompt_ids`` when it has them, else its text tokenized."""
+    ids = getattr(prompt, "prompt_ids", None)
+    if ids is None:
+        ids = tokenizer(prompt.text)["input_ids"]
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError(f"prompt {getattr(prompt, 'uid', '?')} tokenizes to nothing")
+    return ids
+
+
 class Generator(abc.ABC):
     """Samples groups of completions from the policy at version :attr:`version`."""
 

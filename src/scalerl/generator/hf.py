@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from scalerl.config.options import options
-from scalerl.generator.base import Generator
+from scalerl.generator.base import Generator, encode_prompt
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.precision import Precision
@@ -150,7 +150,7 @@ class HFGenerator(Generator):
             group_ids = list(range(len(prompts)))
         if len(group_ids) != len(prompts):
             raise ValueError("group_ids must have one id per prompt")
-        prompt_ids = [self._encode(p) for p in prompts]
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
 
         was_training = self.model.training
         self.model.eval()
@@ -167,15 +167,6 @@ class HFGenerator(Generator):
         return groups
 
     # ------------------------------------------------------------------ internals
-    def _encode(self, prompt: Any) -> list[int]:
-        ids = getattr(prompt, "prompt_ids", None)
-        if ids is None:
-            ids = self.tokenizer(prompt.text)["input_ids"]
-        ids = [int(i) for i in ids]
-        if not ids:
-            raise ValueError(f"prompt {getattr(prompt, 'uid', '?')} tokenizes to nothing")
-        return ids
-
     def _logprobs(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
         body = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
         with self.precision.autocast(self.model):

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from scalerl.generator.base import Generator
+from scalerl.generator.base import Generator, encode_prompt
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.precision import Precision
@@ -121,9 +121,7 @@ class _Row:
     answering: bool = False
     interrupted: bool = False
     think_tokens: int = 0
-    answer_tokens: int = 0
     sampled: int = 0
-    done: bool = False
     truncated: bool = False
 
 
@@ -247,17 +245,16 @@ class VLLMGenerator(Generator):
         """After a request ended: finish the row, or continue it as its next request."""
         last = row.ids[-1] if row.ids else None
         if last is not None and last in eos and row.mask[-1]:
-            row.done = True
             return
         left = self.max_new_tokens - row.sampled
         if self.mode != "interruption" or row.answering:
-            row.done = row.truncated = True  # the answer budget or max_new_tokens ended it
+            row.truncated = True  # the answer budget or max_new_tokens ended it
             return
         if last is not None and last == self.think_end_id and row.mask[-1]:
             row.answering = True
         else:  # the thinking budget is spent: force the phrase in
             if left <= 0:
-                row.done = row.truncated = True
+                row.truncated = True
                 return
             k = len(self.phrase_ids)
             row.ids += self.phrase_ids
@@ -267,7 +264,7 @@ class VLLMGenerator(Generator):
             row.interrupted = row.answering = True
         budget = min(int(self.lc.answer_budget), left)
         if budget <= 0:
-            row.done = row.truncated = True
+            row.truncated = True
             return
         self._add(rid, row, budget, eos)
 
@@ -289,7 +286,7 @@ class VLLMGenerator(Generator):
         group_ids = list(range(len(prompts))) if group_ids is None else list(group_ids)
         if len(group_ids) != len(prompts):
             raise ValueError("group_ids must have one id per prompt")
-        prompt_ids = [self._encode(p) for p in prompts]
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         eos = [] if self.eos_id is None else [int(self.eos_id)]
         interrupt = self.mode == "interruption"
         if interrupt:
@@ -322,12 +319,9 @@ class VLLMGenerator(Generator):
                 new_ids = [int(t) for t in c.token_ids]
                 lps = [float(d[t].logprob) for t, d in zip(new_ids, c.logprobs or [])]
                 lps += [0.0] * (len(new_ids) - len(lps))
-                for t in new_ids:
-                    row.sampled += 1
-                    if row.answering:
-                        row.answer_tokens += 1
-                    elif t != self.think_end_id and t not in eos:
-                        row.think_tokens += 1
+                row.sampled += len(new_ids)
+                if not row.answering:
+                    row.think_tokens += sum(t != self.think_end_id and t not in eos for t in new_ids)
                 row.ids += new_ids
                 row.logprobs += lps
                 row.versions += [self.version] * len(new_ids)
@@ -342,15 +336,6 @@ class VLLMGenerator(Generator):
                 self.model, self.precision, self.temperature, groups, self.version, self.stale_kv_samples
             )
         return groups
-
-    def _encode(self, prompt: Any) -> list[int]:
-        ids = getattr(prompt, "prompt_ids", None)
-        if ids is None:
-            ids = self.tokenizer(prompt.text)["input_ids"]
-        ids = [int(i) for i in ids]
-        if not ids:
-            raise ValueError(f"prompt {getattr(prompt, 'uid', '?')} tokenizes to nothing")
-        return ids
 
     def _to_samples(self, prompts, group_ids, rows: list[_Row], eos: list[int]) -> list[list[Sample]]:
         groups: list[list[Sample]] = [[] for _ in prompts]

@@ -188,7 +188,6 @@ class CollectiveTransport:
         self._pending: dict[str, torch.Tensor] | None = None
         self._error: BaseException | None = None
         self.seconds = 0.0  # time spent publishing (packing, waiting for the previous update)
-        self.bytes = sum(b.numel() * b.element_size() for b in self.layout.empty("meta").values())
         first = self.layout.pack(state, self.device)
         # the generator process joins the group once it has built its model: connect and send the
         # first weights in the background, so the trainer goes on meanwhile (evaluating step 0)
