@@ -207,10 +207,23 @@ def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k):
+def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k, monkeypatch):
     """The generator may run max_lag batches ahead (max_buffered_batches follows max_lag), so the
     trained data reach k versions old: PipelineRL-k and PipelineRL-1 differ. It would stay at 1 if
     the generator only ever held one batch beyond the trainer's."""
+    from scalerl.loop.modes import PipelineRL
+
+    take = PipelineRL.next_groups
+
+    def slow_trainer(self):
+        # a trainer slower than the generator, whatever the machine's load: before each step it
+        # waits until the generator has finished all the work it was given (up to k batches ahead)
+        if self._busy0 is not None:
+            while self.outstanding:
+                self.receive_one(self.r.state.step - self.max_lag)
+        return take(self)
+
+    monkeypatch.setattr(PipelineRL, "next_groups", slow_trainer)
     overrides = [
         *tiny_overrides,
         "async_mode=pipeline_rl",
@@ -218,8 +231,6 @@ def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k
         f"trainer.total_steps={2 * k + 2}",
         "eval.every=100",
         "filter.zero_variance=false",
-        # a trainer slower than the generator (as on the embedded default): the generator fills the lag
-        "trainer.micro_batch_size=4",
     ]
     summary = train(compose(overrides))
     uri = uri_of(overrides)

@@ -233,18 +233,24 @@ class PipelineRL(AsyncMode):
         # wait for outstanding work begun before that, drop buffered data older than that
         oldest_ok = st.step - self.max_lag
         while any(v < oldest_ok for v, _ in self.outstanding.values()) or len(self.buffer) < P:
-            wid, groups, errors = proc.receive()
-            self.outstanding.pop(wid, None)
-            st.count_verifier(errors)
-            st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
-            self.buffer.extend(groups)
-            fresh = [g for g in self.buffer if min(s.min_version for s in g if s.num_sampled) >= oldest_ok]
-            st.stale_dropped += len(self.buffer) - len(fresh)
-            self.buffer = fresh
-            self._feed()  # replaces what was dropped (else nothing might be left to wait for)
+            self.receive_one(oldest_ok)
         batch, self.buffer = self.buffer[:P], self.buffer[P:]
         st.gen_busy = self._busy0[0] + proc.busy_seconds - self._busy0[1]
         return batch
+
+    def receive_one(self, oldest_ok: int) -> None:
+        """Wait for one piece of finished work; keep its groups, drop buffered groups older than
+        ``oldest_ok``, and give the generator work to replace them."""
+        st = self.r.state
+        wid, groups, errors = self.process.receive()
+        self.outstanding.pop(wid, None)
+        st.count_verifier(errors)
+        st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
+        self.buffer.extend(groups)
+        fresh = [g for g in self.buffer if min(s.min_version for s in g if s.num_sampled) >= oldest_ok]
+        st.stale_dropped += len(self.buffer) - len(fresh)
+        self.buffer = fresh
+        self._feed()  # replaces what was dropped (else nothing might be left to wait for)
 
     def _feed(self) -> None:
         """Give the generator work up to the capacity, and no more than the run's last step needs.
