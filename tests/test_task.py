@@ -56,3 +56,29 @@ def test_clean_warmstart_has_no_slips_and_val_prompts_never_leak():
     assert all(_check_consistent(task, p, sol) == 0 for p, sol in examples)
     assert not val & {p for p, _ in examples}
     assert not val & {p.text for p in task.train_prompts()[:5000]}
+
+
+def test_overthinking_warmstart_rechecks_and_answers_after_the_phrase():
+    """warmstart_recheck_prob: that share of solutions go over their columns again before
+    </think>, half of them cut part-way by the interruption phrase; every one still ends with the
+    answer its own first pass computed."""
+    phrase = " time is up.</think>"
+    task = AdditionTask(warmstart_slip_prob=0.25, warmstart_recheck_prob=0.3, warmstart_phrase=phrase)
+    examples = task.warmstart_examples(3000, random.Random(2))
+    plain = rechecked = interrupted = 0
+    for prompt, sol in examples:
+        first = task.width * len("0+0+0=00,")
+        steps, rest = sol[:first], sol[first:]
+        _check_consistent(task, prompt, steps + "</think>" + sol.rsplit("</think>", 1)[1])  # the answer follows
+        if rest.startswith("</think>"):
+            plain += 1
+        elif phrase in rest:
+            interrupted += 1
+            cut = rest.split(phrase)[0]
+            assert f"check:{steps}".startswith(cut) and len(cut) < len(steps) + 6
+        else:
+            rechecked += 1
+            assert rest.startswith(f"check:{steps}</think>")
+    assert 0.27 < (rechecked + interrupted) / len(examples) < 0.33
+    assert 0.4 < interrupted / (rechecked + interrupted) < 0.6
+    assert plain + rechecked + interrupted == len(examples)

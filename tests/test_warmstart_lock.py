@@ -48,11 +48,19 @@ def test_a_warmstart_waiting_on_another_process_says_so_until_it_can_go(tmp_path
             text=True,
             env=env,
         )
-        time.sleep(8)  # imports, then about one notice a second
-        assert waiter.poll() is None  # still waiting
+        seen, waits_before = [], 0
+        deadline = time.monotonic() + 240
+        while waits_before < 2 and time.monotonic() < deadline:  # imports, then a notice a second
+            line = waiter.stdout.readline()
+            if not line:
+                break  # it ended: the asserts below say how
+            seen.append(line)
+            waits_before += "waiting for the warm-start cache" in line
+        assert waiter.poll() is None, "".join(seen)  # still waiting, and saying so
         holder.kill()
         holder.wait()
-        text, _ = waiter.communicate(timeout=240)
+        rest, _ = waiter.communicate(timeout=240)
+        text = "".join(seen) + rest
     finally:
         for p in (holder, waiter):
             if p is not None and p.poll() is None:

@@ -116,7 +116,7 @@ def _warmstart_key(cfg) -> str:
         m.pop(k, None)
     for k in ("num_val", "num_train", "verifier_timeout_s", "min_digits"):  # not what it learns from
         t.pop(k, None)
-    blob = json.dumps({"model": m, "task": t, "seed": cfg.seed, "v": WARMSTART_VERSION}, sort_keys=True)
+    blob = json.dumps({"model": m, "task": t, "v": WARMSTART_VERSION}, sort_keys=True)  # m has warmstart_seed
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -235,14 +235,15 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     with hold(root / f"warmstart-{key}.lock", f"the warm-start cache {path}", wait=True, every=WAIT_NOTICE_S):
         if not (path / "meta.json").is_file():
             log.info("warm-start: training %d supervised steps (cached as %s)", mcfg.warmstart_steps, path)
+            seed = int(mcfg.warmstart_seed)
             model = build_model(
                 mcfg,
                 len(tokenizer),
-                seed=cfg.seed,
+                seed=seed,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
             )
-            info = warmstart(model, tokenizer, task, mcfg, seed=cfg.seed)
+            info = warmstart(model, tokenizer, task, mcfg, seed=seed)
             tmp = root / f".tmp-{key}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             with _no_progress_bars():

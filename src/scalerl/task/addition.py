@@ -10,6 +10,14 @@ length matters: cut the scratchpad short (an interruption, a truncation) and the
 guess. RL and validation prompts have ``min_digits..max_digits`` digits; the warm-start sees at
 most ``warmstart_max_digits`` (plus a small fraction ``warmstart_hard_frac`` of full-length ones),
 so RL must learn to add in columns the warm-start rarely exercised, not only sharpen it.
+
+Overthinking: with probability ``warmstart_recheck_prob`` a warm-start solution goes over its columns
+a second time before ``</think>`` (``check:`` and the same steps again), about twice the thinking a
+solution needs, as a base model that talks on past its answer. Half of those stop part-way through
+the re-check with the interruption phrase (``warmstart_phrase``) and then answer at once, as a base
+model that follows a forced "time is up" does. So under a thinking budget between one and two
+scratchpads, forced interruptions fire and cost nothing once the columns are done, while a run
+without them must learn to stop re-checking before the token limit cuts the answer off.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ class AdditionTask:
         warmstart_max_digits: int = 3,
         warmstart_hard_frac: float = 0.0,
         warmstart_slip_prob: float = 0.0,
+        warmstart_recheck_prob: float = 0.0,
+        warmstart_phrase: str = " time is up.</think>",
         num_val: int = 128,
         num_train: int = 100_000,
     ):
@@ -39,6 +49,8 @@ class AdditionTask:
         self.ws_max_digits = warmstart_max_digits
         self.ws_hard_frac = warmstart_hard_frac
         self.ws_slip_prob = warmstart_slip_prob
+        self.ws_recheck_prob = warmstart_recheck_prob
+        self.ws_phrase = warmstart_phrase
         self.width = max(max_digits, warmstart_max_digits)
         self.num_val = num_val
         self.num_train = num_train
@@ -117,7 +129,14 @@ class AdditionTask:
                 a, b, d = self._draw(rng, 1, self.ws_max_digits)
             if (a, b) in self._val_pairs:
                 continue
-            target = self.solution(a, b, slip_prob=self.ws_slip_prob, rng=rng)
+            steps, answer = self._work(a, b, self.ws_slip_prob, rng)
+            target = f"{steps}{THINK_END}{answer}"
+            if rng.random() < self.ws_recheck_prob:
+                recheck = f"check:{steps}"
+                if rng.random() < 0.5:  # interrupted part-way through the re-check
+                    target = f"{steps}{recheck[: rng.randrange(len(recheck))]}{self.ws_phrase}{answer}"
+                else:
+                    target = f"{steps}{recheck}{THINK_END}{answer}"
             out.append((self._prompt(-1, a, b, d).text, target))
         return out
 

@@ -30,6 +30,9 @@ class TinyModel(Option):
     warmstart_steps: int = 400  # supervised steps; 0 = no warm-start
     warmstart_batch_size: int = 64
     warmstart_lr: float = 2.0e-3
+    # the base model's seed (its init and warm-start): runs with different `seed` start from the
+    # same warm-started model, as RL runs of one pretrained checkpoint do
+    warmstart_seed: int = 0
     cache_dir: str = "${oc.env:SCALERL_CACHE,${oc.env:HOME,.}/.cache/scalerl}"
 
     def check(self):

@@ -34,6 +34,10 @@ class Addition(Option):
     warmstart_max_digits: int = 3  # warm-start problems have 1..warmstart_max_digits digits
     warmstart_hard_frac: float = 0.1  # share of warm-start problems at max_digits
     warmstart_slip_prob: float = 0.25  # chance a warm-start scratchpad column is off by one
+    # chance a warm-start solution re-checks its columns before </think> (half of those are cut
+    # part-way by warmstart_phrase, the interruption phrase, and then answer)
+    warmstart_recheck_prob: float = 0.3
+    warmstart_phrase: str = " time is up.</think>"
     num_train: int = 1024
     num_val: int = 128
     verifier_timeout_s: float = 2.0
@@ -44,6 +48,7 @@ class Addition(Option):
             at_least("warmstart_max_digits", self.warmstart_max_digits, 1, ""),
             in_unit("warmstart_hard_frac", self.warmstart_hard_frac),
             in_unit("warmstart_slip_prob", self.warmstart_slip_prob),
+            in_unit("warmstart_recheck_prob", self.warmstart_recheck_prob),
             at_least("num_val", self.num_val, 1),
             at_least("num_train", self.num_train, 1),
             positive("verifier_timeout_s", self.verifier_timeout_s),
