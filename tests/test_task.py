@@ -69,7 +69,8 @@ def test_overthinking_warmstart_rechecks_and_answers_after_the_phrase():
     for prompt, sol in examples:
         first = task.width * len("0+0+0=00,")
         steps, rest = sol[:first], sol[first:]
-        _check_consistent(task, prompt, steps + "</think>" + sol.rsplit("</think>", 1)[1])  # the answer follows
+        answer = sol.rsplit("</think>", 1)[1]
+        _check_consistent(task, prompt, steps + "</think>" + answer)  # the answer the first pass computed
         if rest.startswith("</think>"):
             plain += 1
         elif phrase in rest:
