@@ -34,7 +34,9 @@ def receiver(spec, width: int, versions: int, out) -> None:
             if v is not None:
                 assert v == current + 1, f"version {v} after {current}"
                 current = v
-                out.put((v, state_of(model)))
+                # numpy copies travel by value; torch tensors would be shared through this process's
+                # file descriptors, gone once it has exited
+                out.put((v, {k: t.numpy().copy() for k, t in state_of(model).items()}))
         out.put(("done", None))
     except Exception as e:  # noqa: BLE001 - reported to the test
         out.put(("error", f"{type(e).__name__}: {e}"))
@@ -82,7 +84,7 @@ def test_gloo_transport_delivers_every_version_bit_exact_to_another_process():
     assert sorted(got) == [0, 1, 2, 3]
     for v, state in got.items():
         for k, t in sent[v].items():
-            assert torch.equal(state[k], t), f"{k} of version {v} differs"
+            assert torch.equal(torch.from_numpy(state[k]), t), f"{k} of version {v} differs"
     assert tx.seconds > 0
 
 
