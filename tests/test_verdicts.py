@@ -16,6 +16,7 @@ from scalerl.analysis.verdicts import (
     Estimate,
     Protocol,
     inactive_reason,
+    prediction_summary,
     verdict_table,
     verdicts,
 )
@@ -177,3 +178,27 @@ def test_inactive_variants_are_flagged_not_scored():
     v = vs["no_npr"]
     assert v.verdict.startswith("inactive: no-positive-resampling") and v.called == {}
     assert "inactive" in verdict_table(list(vs.values()))
+
+
+def test_the_prediction_summary_says_why_the_goal_was_missed():
+    """Precise, dense curves meet the half-budget prediction goal; one seed apart from the others,
+    with 512-sample evaluations and 10 points a run, it is missed, and the summary names the
+    noise of one evaluation, the seeds' spread and the few points the half-budget fit had."""
+    good = _verdicts({"base": _runs("base", BASE), "same": _runs("same", BASE, params={"loss": "dapo"})})
+    assert prediction_summary(list(good.values())).startswith(
+        "Prediction: 2 of 2 variants' final pass rates were predicted within 0.02"
+    )
+    params = {"eval.num_prompts": "128", "eval.samples_per_prompt": "4"}
+    sparse = {
+        v: _runs(v, BASE, trials=512, n_points=10, reach=2.0, params={**params, "loss": v})
+        for v in ("base", "dapo")
+    }
+    for i, r in enumerate(sparse["dapo"] + sparse["base"]):
+        r.reward = r.reward + 0.06 * (i % 3 - 1)  # the seeds end 0.06 apart
+    vs = list(_verdicts(sparse).values())
+    text = prediction_summary(vs)
+    assert "not met. Why:" in text, text
+    assert "standard error of about 0.02" in text  # sqrt(0.3 * 0.7 / 512)
+    assert "differs between seeds by a median sd of 0.06" in text
+    assert "points a seed" in text
+    assert all(v.final_se == pytest.approx(0.021, abs=0.002) for v in vs)

@@ -28,7 +28,13 @@ from scalerl.analysis.experiment import (
     rows_to_markdown,
 )
 from scalerl.analysis.mlflow_io import RunData, write_back
-from scalerl.analysis.verdicts import VariantVerdict, prediction_cell, verdict_legend, verdict_table
+from scalerl.analysis.verdicts import (
+    VariantVerdict,
+    prediction_cell,
+    prediction_summary,
+    verdict_legend,
+    verdict_table,
+)
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, round_sig, round_to
 
 WRITE_BACK_KEYS = (
@@ -164,7 +170,13 @@ def write_parent(client, parent_id: str, rep: Report, *, description: str = "") 
 
     head = ""
     if rep.verdict_table:
-        head = "## Verdicts per variant\n\n" + rep.verdict_table + "\n"
+        head = (
+            "## Verdicts per variant\n\n"
+            + rep.verdict_table
+            + "\n"
+            + prediction_summary(rep.verdicts)
+            + "\n\n"
+        )
     note = head + ((description.strip() + "\n\n") if description.strip() else "") + rep.markdown
     lines = "; ".join(f"{v.variant}: {v.verdict}" for v in rep.verdicts if not v.baseline)
     tags = [RunTag("mlflow.note.content", note)]
@@ -385,6 +397,8 @@ def report(
             "## Verdicts per variant\n\n"
             + vtable
             + "\n"
+            + prediction_summary(res.verdicts)
+            + "\n\n"
             + "".join(line + "\n" for line in verdict_legend(opts.level))
             + "\n## Runs\n\n"
         )

@@ -80,6 +80,9 @@ class VariantVerdict:
     pooled: SigmoidFit | None = None
     pred_err: float = math.nan  # mean over seeds of (predicted - observed) final pass rate
     pred_n: int = 0  # seeds with a prediction
+    final_sd: float = math.nan  # sd over seeds of the observed final pass rate
+    final_se: float = math.nan  # binomial standard error of one final evaluation (its samples)
+    half_points: float = math.nan  # mean points per seed the half-budget fit rests on
     inactive: str = ""  # why the variant's component never acted ("" = active or unknown)
     reason: str = ""  # why nothing could be fitted
     verdict: str = ""
@@ -247,6 +250,77 @@ def predict_final(runs: Sequence[RunData], p: Protocol) -> tuple[float, int]:
     return (float(np.mean(errs)), len(errs)) if errs else (math.nan, 0)
 
 
+def _prediction_limits(runs: Sequence[RunData], p: Protocol) -> tuple[float, float, float]:
+    """What bounds a half-budget prediction of these runs: the sd over seeds of the final pass rate,
+    one final evaluation's binomial standard error (from its logged sample count), and the points
+    per seed left to the half-budget fit after the early cut."""
+    finals, ses, points = [], [], []
+    for r in runs:
+        fin = np.isfinite(r.compute) & np.isfinite(r.reward)
+        if not fin.any():
+            continue
+        last = int(np.argmax(np.where(fin, r.compute, -np.inf)))
+        y = float(r.reward[last])
+        finals.append(y)
+        n = _num(r.params.get("eval.num_prompts")) * _num(r.params.get("eval.samples_per_prompt"))
+        if math.isfinite(n) and n > 0:
+            ses.append(math.sqrt(max(y * (1 - y), 0.0) / n))
+        half = float(np.max(r.compute[fin])) / 2
+        points.append(int(np.sum(fin & (r.compute <= half) & (r.compute >= p.cut(r)))))
+    sd = float(np.std(finals, ddof=1)) if len(finals) > 1 else math.nan
+    return (
+        sd,
+        float(np.mean(ses)) if ses else math.nan,
+        float(np.mean(points)) if points else math.nan,
+    )
+
+
+def prediction_summary(vs: Sequence[VariantVerdict], goal: int = 8) -> str:
+    """One paragraph: how many variants' half-budget predictions landed within the tolerance, and,
+    when fewer than ``goal`` (of 9, scaled to the variants there are) did, what in the data stands
+    in the way: the measurement's own noise, the seed-to-seed spread, the points the fit had."""
+    scored = [v for v in vs if v.pred_ok is not None]
+    if not scored:
+        return "Prediction: no variant could be predicted from half of its budget."
+    ok = sum(bool(v.pred_ok) for v in scored)
+    need = math.ceil(goal / 9 * len(scored))
+    text = (
+        f"Prediction: {ok} of {len(scored)} variants' final pass rates were predicted within "
+        f"{PRED_TOLERANCE:g} from the first half of their compute (goal: {need} of {len(scored)})"
+    )
+    if ok >= need:
+        return text + "."
+    why = []
+    se = [v.final_se for v in scored if math.isfinite(v.final_se)]
+    if se and float(np.median(se)) >= PRED_TOLERANCE / 2:
+        why.append(
+            f"one final evaluation measures the pass rate with a standard error of about "
+            f"{float(np.median(se)):.3f} (its sample count), so {PRED_TOLERANCE:g} is within the measurement's noise"
+        )
+    sd = [v.final_sd for v in scored if math.isfinite(v.final_sd)]
+    if sd and float(np.median(sd)) > PRED_TOLERANCE:
+        why.append(
+            f"the final pass rate itself differs between seeds by a median sd of {float(np.median(sd)):.3f}, "
+            "more than the tolerance"
+        )
+    pts = [v.half_points for v in scored if math.isfinite(v.half_points)]
+    if pts and float(np.median(pts)) < 6:
+        why.append(
+            f"after the early cut the half-budget fit rests on {float(np.median(pts)):.0f} points a seed, "
+            "too few to place a ceiling before the curve bends (a longer budget, or evaluations more "
+            "often, gives it more)"
+        )
+    bias = float(np.mean([v.pred_err for v in scored]))
+    if abs(bias) > PRED_TOLERANCE:
+        side = "over" if bias > 0 else "under"
+        why.append(
+            f"the misses lean one way (mean {bias:+.3f}): the half-budget fits {side}-estimate the ceiling"
+        )
+    if not why:
+        why.append("no single cause stands out in the data")
+    return text + ": not met. Why: " + "; ".join(why) + "."
+
+
 def verdicts(
     runs: Sequence[RunData],
     names: dict[str, str],
@@ -272,6 +346,7 @@ def verdicts(
             v.reason = next((f.reason for f in own if f.reason), "no run could be fitted")
         v.A, v.B = _estimates(own, v.pooled)
         v.pred_err, v.pred_n = predict_final(members, protocol)
+        v.final_sd, v.final_se, v.half_points = _prediction_limits(members, protocol)
         out[name] = v
     base = out.get(baseline) if baseline else None
     for name, v in out.items():
