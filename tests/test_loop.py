@@ -421,6 +421,23 @@ def test_no_positive_resampling_retires_prompts_in_a_short_run(tiny_overrides):
     run.source.close()
 
 
+def test_without_no_positive_resampling_no_prompt_is_counted_as_retired(tiny_overrides):
+    """filter.no_positive_resampling=false: solved prompts are counted as reaching the threshold but
+    not as retired (they are drawn again), so a report cannot read them as the filter acting."""
+    overrides = [
+        *tiny_overrides,
+        *SYNC,
+        "filter.no_positive_resampling=false",
+        "task.num_train=16",
+        "trainer.total_steps=8",
+        "eval.every=100",
+    ]
+    summary = train(compose(overrides))
+    uri = uri_of(overrides)
+    assert history(uri, summary["run_id"], "data/prompts_at_threshold")[-1][1] > 0
+    assert {v for _, v in history(uri, summary["run_id"], "data/prompts_retired")} == {0.0}
+
+
 def test_interruption_inserts_the_phrase_and_respects_budgets(tiny_overrides):
     """The run's own generator (the warm-started model, the configured length control)."""
     cfg, run = make_run(
