@@ -354,3 +354,12 @@ def test_wrong_type_is_an_error():
         compose(["async_mode.max_lag=1.5"])
     with pytest.raises(Exception, match="filter.zero_variance"):
         compose(["filter.zero_variance=maybe"])
+
+
+def test_the_warm_start_learns_the_configured_interruption_phrase():
+    """The embedded warm-start's interrupted examples use length_control.phrase when there is one,
+    so a changed phrase is one the base model has seen (and its warm-start is cached apart)."""
+    assert compose(['length_control.phrase=" stop.</think>"']).task.warmstart_phrase == " stop.</think>"
+    default = compose([]).task.warmstart_phrase
+    assert default == compose([]).length_control.phrase
+    assert compose(["length_control=length_penalty"]).task.warmstart_phrase == default
