@@ -365,7 +365,9 @@ def test_a_multi_task_run_logs_and_fits_each_domain(tmp_path, mlflow_uri):
         assert len(history) == 5 and all(0 <= m.value <= 1 for m in history)
         assert metrics[f"fit/{d}/n_points"] >= 4
         # each domain is fitted on its own pass rates: the fit's start is that domain's first evaluation
-        assert metrics[f"fit/{d}/R0"] == pytest.approx(sorted(history, key=lambda m: m.step)[0].value)
+        # (fit metrics are logged to 3 decimals: a pass rate of 0.0625 is logged as 0.062)
+        first = sorted(history, key=lambda m: m.step)[0].value
+        assert metrics[f"fit/{d}/R0"] == pytest.approx(first, abs=5e-4 + 1e-9)
         assert f"fit/{d}/A" in metrics
         assert (tmp_path / "run" / f"scaling_curve_{d}.png").is_file()
     # the mix is the mean of the domains (equal validation shares)
