@@ -1209,6 +1209,8 @@ def main() -> None:
                 flush=True,
             )
             runs.append(r)
+            # the report so far after every run: a run stopped part-way still leaves its figures
+            write_report(a, info, matmul, runs, None, quiet=True)
     dflt = None
     if a.defaults_steps > 0:
         dargs = [x for x in common if not x.startswith("--steps=")] + [
@@ -1218,13 +1220,18 @@ def main() -> None:
         dflt = run_child(a, "trl_defaults", dargs)
         dflt["steps_run"] = a.defaults_steps
         print(f"[bench] TRL defaults: {dflt['wall_s'] / a.defaults_steps:.3f} s/step", flush=True)
+    write_report(a, info, matmul, runs, dflt)
+
+
+def write_report(a, info, matmul, runs, dflt, quiet: bool = False) -> None:
     md, data = report(a, info, matmul, runs, dflt)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(md)
     out.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    print(md)
-    print(f"[bench] wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+    if not quiet:
+        print(md)
+    print(f"[bench] wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}", flush=True)
 
 
 if __name__ == "__main__":
