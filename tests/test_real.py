@@ -85,6 +85,7 @@ def test_gsm_templates_pick_what_trains_and_validates():
     ]
     questions = [p.text.split("\n\n", 1)[1].strip() for p in task.train_prompts()]
     assert len(questions) == 30
+    assert [task.train_templates.count(i) for i in picked] == [10, 10, 10]
     assert [sum(bool(s.fullmatch(q)) for q in questions) for s in shapes] == [10, 10, 10]
     with pytest.raises(DataFileError, match=r"no GSM-symbolic template numbered \[100\]"):
         GsmTask(seed=7, num_train=5, templates=[3, 100])

@@ -138,6 +138,7 @@ class GsmTask(MathTask):
         train: list[tuple[str, str]] = []
         usable = list(templates)
         self.skipped: list[int] = []  # templates whose conditions rejection sampling cannot meet
+        self.train_templates: list[int] = []  # the template each training problem was drawn from
         turn = 0
         while len(train) < num_train and usable and turn < 100 * num_train:
             t = usable[turn % len(usable)]  # round-robin: every template weighs the same
@@ -151,6 +152,7 @@ class GsmTask(MathTask):
                 continue
             if question not in originals:  # the originals validate
                 train.append((question, answer))
+                self.train_templates.append(t.index)
         if not train:
             raise TemplateError(f"no training problem could be drawn from the templates in {folder}")
         if picked and self.skipped:
