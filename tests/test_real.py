@@ -89,6 +89,8 @@ def test_gsm_templates_pick_what_trains_and_validates():
     assert [sum(bool(s.fullmatch(q)) for q in questions) for s in shapes] == [10, 10, 10]
     with pytest.raises(DataFileError, match=r"no GSM-symbolic template numbered \[100\]"):
         GsmTask(seed=7, num_train=5, templates=[3, 100])
+    with pytest.raises(DataFileError, match=r"no values meet the conditions of template\(s\) \[7\]"):
+        GsmTask(seed=7, num_train=5, templates=[3, 7], max_tries=50)  # 7's conditions: rarely met
 
 
 def test_number_scale_draws_small_values_from_each_range():

@@ -5,8 +5,10 @@
 original GSM8K problems are the validation split (a drawn problem identical to an original is
 redrawn). ``templates`` narrows both to the listed templates (a model too weak for all of GSM8K can
 train on the ones it sometimes solves); ``number_scale`` < 1 draws every ranged value from the
-lowest share of its range (smaller numbers; the originals keep theirs). ``task=champ``: the CHAMP competition problems whose reference answer math-verify can
-check (a number or a formula; answers in words, "No" or "376 and 625", are left out); a seeded
+lowest share of its range (smaller numbers; the originals keep theirs).
+
+``task=champ``: the CHAMP competition problems whose reference answer math-verify can check (a
+number or a formula; answers in words, "No" or "376 and 625", are left out); a seeded
 ``val_fraction`` of them validates, the rest train.
 
 Prompts: the system prompt :data:`SYSTEM_PROMPT` asks for the final answer in ``\\boxed{}`` (what
@@ -153,13 +155,13 @@ class GsmTask(MathTask):
             if question not in originals:  # the originals validate
                 train.append((question, answer))
                 self.train_templates.append(t.index)
-        if not train:
-            raise TemplateError(f"no training problem could be drawn from the templates in {folder}")
         if picked and self.skipped:
             raise DataFileError(
                 f"task.templates: no values meet the conditions of template(s) {self.skipped} "
                 f"in task.max_tries={max_tries} draws; leave them out or raise task.max_tries"
             )
+        if not train:
+            raise TemplateError(f"no training problem could be drawn from the templates in {folder}")
         self.num_templates = len(usable)
         super().__init__(train, val)
 
