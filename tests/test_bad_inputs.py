@@ -689,6 +689,14 @@ def test_analysis_cli_refuses_an_unknown_run(tmp_path, few_points_store):
         (["task=gsm", "task.num_train=0"], "task.num_train=0: must be an integer >= 1"),
         (["task=gsm", "task.max_tries=-3"], "task.max_tries=-3: must be an integer >= 1"),
         (["task=gsm", "task.path=x.jsonl"], "unknown key task.path"),
+        (
+            ["task=gsm", "task.templates=[3,3]"],
+            "task.templates=[3, 3]: must be distinct template numbers in 0..99 (empty: all)",
+        ),
+        (["task=gsm", "task.templates=[-1]"], "task.templates=[-1]: must be distinct template numbers"),
+        (["task=gsm", "task.templates=[100]"], "task.templates=[100]: must be distinct template numbers"),
+        (["task=gsm", "task.number_scale=0"], "task.number_scale=0.0: must be a number in (0, 1]"),
+        (["task=gsm", "task.number_scale=1.5"], "task.number_scale=1.5: must be a number in (0, 1]"),
         (["task=champ", "task.val_fraction=1"], "task.val_fraction=1.0: must be a number in (0, 1)"),
         (["model=smollm2", "model.name_or_path=/m"], "unknown key model.name_or_path"),
         (

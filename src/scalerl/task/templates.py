@@ -93,8 +93,16 @@ def _precision(step: float) -> int:
     return len(text.split(".")[1].rstrip("0")) if "." in text else 0
 
 
-def _functions(rng: random.Random) -> dict[str, Any]:
-    """The functions a template may call, drawing from ``rng``."""
+def _scaled(start: float, end: float, step: float, scale: float) -> float:
+    """The end of the lowest ``scale`` share of the range ``start..end`` (at least one step wide)."""
+    if scale >= 1 or end <= start:
+        return end
+    return start + max(step, math.ceil((end - start) * scale / step) * step)
+
+
+def _functions(rng: random.Random, number_scale: float = 1.0) -> dict[str, Any]:
+    """The functions a template may call, drawing from ``rng``; ``range`` and ``arange`` draw from
+    the lowest ``number_scale`` share of their range (small numbers: an easier problem)."""
 
     def sized(n: int) -> int:
         if not isinstance(n, int) or not 0 <= n <= MAX_ITEMS:
@@ -102,9 +110,13 @@ def _functions(rng: random.Random) -> dict[str, Any]:
         return n
 
     def draw_range(start: int, end: int, step: int = 1) -> int:
+        if step > 0:
+            end = min(end, _scaled(start, end, step, number_scale))
         return rng.choice(range(start, end, step))
 
     def arange(start: float, end: float, step: float = 1.0) -> float:
+        if step > 0 and number_scale < 1:
+            end = min(end, _scaled(start, end, step, number_scale) - step)  # arange includes its end
         n = round((end - start) / step) + 1
         return round(start + step * rng.randrange(n), _precision(step))
 
@@ -280,10 +292,13 @@ class Template:
             gold=(line, tuple(parse(e) for e in EXPRESSION.findall(line))),
         )
 
-    def draw(self, rng: random.Random, words: dict[str, list], *, tries: int = 5000) -> dict[str, Any]:
+    def draw(
+        self, rng: random.Random, words: dict[str, list], *, tries: int = 5000, number_scale: float = 1.0
+    ) -> dict[str, Any]:
         """Values for every variable, drawn until every condition holds; TemplateError after
-        ``tries`` draws (a template whose conditions (almost) never hold)."""
-        functions = _functions(rng)
+        ``tries`` draws (a template whose conditions (almost) never hold). ``number_scale`` < 1
+        draws each ranged value from the lowest share of its range."""
+        functions = _functions(rng, number_scale)
         for _ in range(tries):
             env: dict[str, Any] = {**words, "__functions__": functions}
             values: dict[str, Any] = {}

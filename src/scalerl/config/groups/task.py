@@ -224,6 +224,9 @@ class Multi(Option):
         return []
 
 
+GSM_TEMPLATES = 100  # the English GSM-symbolic templates, 0000.toml to 0099.toml
+
+
 @register_option("task", "gsm")
 @dataclass
 class Gsm(Option):
@@ -234,14 +237,27 @@ class Gsm(Option):
     seed: int = 1234
     num_train: int = 2000  # problems drawn from the templates (round-robin over them)
     max_tries: int = 2000  # draws per problem before a template whose conditions never hold is skipped
+    # the templates (file numbers 0-99) to train and validate on; empty: all of them
+    templates: list[int] = field(default_factory=list)
+    # draw each ranged value from the lowest share of its template's range (1: the whole range)
+    number_scale: float = 1.0
     verifier_timeout_s: float = 2.0
 
     def check(self):
-        return problems(
+        out = problems(
             at_least("num_train", self.num_train, 1),
             at_least("max_tries", self.max_tries, 1),
             positive("verifier_timeout_s", self.verifier_timeout_s),
+            in_unit("number_scale", self.number_scale, low_open=True),
         )
+        picked = list(self.templates)
+        bad = [
+            t for t in picked if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < GSM_TEMPLATES
+        ]
+        if not out and (bad or len(set(picked)) != len(picked)):
+            allowed = f"distinct template numbers in 0..{GSM_TEMPLATES - 1} (empty: all)"
+            out = [("templates", picked, allowed)]
+        return out
 
 
 @register_option("task", "champ")
