@@ -161,6 +161,12 @@ def share_verdict_view(client, experiment_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
 
 
+def verdict_head(vtable: str, vs: Sequence[VariantVerdict]) -> str:
+    """The verdict section's opening, in the report and the parent run's description alike: the
+    table, then how well the half-budget fits predicted the final pass rates."""
+    return "## Verdicts per variant\n\n" + vtable + "\n" + prediction_summary(vs) + "\n\n"
+
+
 def write_parent(client, parent_id: str, rep: Report, *, description: str = "") -> str:
     """The parent (sweep) run's description opens with the verdict table, then ``description`` and
     the full report; its tags ``2 verdict`` (one line per variant) and ``1 variant`` (the baseline)
@@ -170,13 +176,7 @@ def write_parent(client, parent_id: str, rep: Report, *, description: str = "") 
 
     head = ""
     if rep.verdict_table:
-        head = (
-            "## Verdicts per variant\n\n"
-            + rep.verdict_table
-            + "\n"
-            + prediction_summary(rep.verdicts)
-            + "\n\n"
-        )
+        head = verdict_head(rep.verdict_table, rep.verdicts)
     note = head + ((description.strip() + "\n\n") if description.strip() else "") + rep.markdown
     lines = "; ".join(f"{v.variant}: {v.verdict}" for v in rep.verdicts if not v.baseline)
     tags = [RunTag("mlflow.note.content", note)]
@@ -394,11 +394,7 @@ def report(
     markdown = "\n".join(parts) + "\n"
     if vtable:
         markdown += (
-            "## Verdicts per variant\n\n"
-            + vtable
-            + "\n"
-            + prediction_summary(res.verdicts)
-            + "\n\n"
+            verdict_head(vtable, res.verdicts)
             + "".join(line + "\n" for line in verdict_legend(opts.level))
             + "\n## Runs\n\n"
         )

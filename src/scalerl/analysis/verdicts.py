@@ -242,12 +242,16 @@ def predict_final(runs: Sequence[RunData], p: Protocol) -> tuple[float, int]:
         return math.nan, 0
     errs = []
     for r in usable:
-        fin = np.isfinite(r.compute) & np.isfinite(r.reward)
-        if not fin.any():
-            continue
-        last = int(np.argmax(np.where(fin, r.compute, -np.inf)))
-        errs.append(float(fit.predict(r.compute[last])) - float(r.reward[last]))
+        last = _last_point(r)
+        if last is not None:
+            errs.append(float(fit.predict(r.compute[last])) - float(r.reward[last]))
     return (float(np.mean(errs)), len(errs)) if errs else (math.nan, 0)
+
+
+def _last_point(r: RunData) -> int | None:
+    """Index of the run's evaluation at its largest finite compute (None: no finite point)."""
+    fin = np.isfinite(r.compute) & np.isfinite(r.reward)
+    return int(np.argmax(np.where(fin, r.compute, -np.inf))) if fin.any() else None
 
 
 def _prediction_limits(runs: Sequence[RunData], p: Protocol) -> tuple[float, float, float]:
@@ -256,10 +260,10 @@ def _prediction_limits(runs: Sequence[RunData], p: Protocol) -> tuple[float, flo
     per seed left to the half-budget fit after the early cut."""
     finals, ses, points = [], [], []
     for r in runs:
-        fin = np.isfinite(r.compute) & np.isfinite(r.reward)
-        if not fin.any():
+        last = _last_point(r)
+        if last is None:
             continue
-        last = int(np.argmax(np.where(fin, r.compute, -np.inf)))
+        fin = np.isfinite(r.compute) & np.isfinite(r.reward)
         y = float(r.reward[last])
         finals.append(y)
         n = _num(r.params.get("eval.num_prompts")) * _num(r.params.get("eval.samples_per_prompt"))

@@ -113,7 +113,8 @@ def select_templates(templates: list, picked: Sequence[int]) -> list:
         raise DataFileError(
             f"task.templates: no GSM-symbolic template numbered {missing} (have {min(have)}..{max(have)})"
         )
-    return [t for t in templates if t.index in set(picked)]
+    keep = set(picked)
+    return [t for t in templates if t.index in keep]
 
 
 class GsmTask(MathTask):
