@@ -697,6 +697,8 @@ def test_analysis_cli_refuses_an_unknown_run(tmp_path, few_points_store):
         (["task=gsm", "task.templates=[100]"], "task.templates=[100]: must be distinct template numbers"),
         (["task=gsm", "task.number_scale=0"], "task.number_scale=0.0: must be a number in (0, 1]"),
         (["task=gsm", "task.number_scale=1.5"], "task.number_scale=1.5: must be a number in (0, 1]"),
+        (["task=gsm", "task.val_split=test"], "task.val_split='test': must be one of"),
+        (["task=gsm", "task.num_val=0"], "task.num_val=0: must be an integer >= 1"),
         (["task=champ", "task.val_fraction=1"], "task.val_fraction=1.0: must be a number in (0, 1)"),
         (["model=smollm2", "model.name_or_path=/m"], "unknown key model.name_or_path"),
         (

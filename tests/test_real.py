@@ -113,6 +113,29 @@ def test_number_scale_draws_small_values_from_each_range():
     ]  # originals as they are
 
 
+def test_gsm_drawn_validation_is_held_out_from_training_draws():
+    """task.val_split=drawn: num_val problems from the training distribution (same templates, same
+    number scale), none equal to a training problem, seeded; too few possible draws is one line."""
+    picked = [2, 5, 8]
+    task = GsmTask(seed=7, num_train=60, templates=picked, number_scale=0.1, val_split="drawn", num_val=12)
+    val, train_ = task.val_prompts(), task.train_prompts()
+    assert len(val) == 12 and len({p.text for p in val}) == 12
+    assert not {p.text for p in val} & {p.text for p in train_}
+    originals = {p.text for p in GsmTask(seed=7, num_train=60, templates=picked).val_prompts()}
+    assert not {p.text for p in val} & originals
+    # small numbers, as training's: the median value is below that of draws over the whole ranges
+    def median_number(prompts):
+        xs = sorted(float(x) for p in prompts for x in re.findall(r"\d+(?:\.\d+)?", p.text.split("\n\n", 1)[1]))
+        return xs[len(xs) // 2]
+
+    whole = GsmTask(seed=7, num_train=60, templates=picked, val_split="drawn", num_val=12).val_prompts()
+    assert median_number(val) < median_number(whole)
+    again = GsmTask(seed=7, num_train=60, templates=picked, number_scale=0.1, val_split="drawn", num_val=12)
+    assert [(p.text, p.answer) for p in again.val_prompts()] == [(p.text, p.answer) for p in val]
+    with pytest.raises(DataFileError, match=r"task.num_val=5000: the templates gave only \d+ problems"):
+        GsmTask(seed=7, num_train=60, templates=[38], number_scale=0.01, val_split="drawn", num_val=5000)
+
+
 def test_gsm_answers_are_checked_by_math_verify(gsm):
     p = gsm.val_prompts()[0]  # GSM8K: the shark and its remoras, 10 %
     assert p.answer == "10"

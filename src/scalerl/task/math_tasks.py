@@ -5,7 +5,10 @@
 original GSM8K problems are the validation split (a drawn problem identical to an original is
 redrawn). ``templates`` narrows both to the listed templates (a model too weak for all of GSM8K can
 train on the ones it sometimes solves); ``number_scale`` < 1 draws every ranged value from the
-lowest share of its range (smaller numbers; the originals keep theirs).
+lowest share of its range (smaller numbers; the originals keep theirs). ``val_split="drawn"``
+validates instead on ``num_val`` problems drawn from the same templates and number scale as
+training (with another seed, none equal to a training problem): the paper's held-out split of the
+training distribution, for a model that cannot yet solve the originals.
 
 ``task=champ``: the CHAMP competition problems whose reference answer math-verify can check (a
 number or a formula; answers in words, "No" or "376 and 625", are left out); a seeded
@@ -128,6 +131,8 @@ class GsmTask(MathTask):
         max_tries: int = 2000,
         templates: Sequence[int] = (),
         number_scale: float = 1.0,
+        val_split: str = "originals",
+        num_val: int = 100,
     ):
         from scalerl.task.templates import TemplateError, load_templates
 
@@ -164,7 +169,41 @@ class GsmTask(MathTask):
         if not train:
             raise TemplateError(f"no training problem could be drawn from the templates in {folder}")
         self.num_templates = len(usable)
+        if val_split == "drawn":
+            val = self._draw_val(usable, words, seed, num_val, max_tries, number_scale, train, originals)
+        elif val_split != "originals":
+            raise ValueError(f"task.val_split={val_split!r}: must be one of originals, drawn")
         super().__init__(train, val)
+
+    @staticmethod
+    def _draw_val(templates, words, seed, num_val, max_tries, number_scale, train, originals):
+        """``num_val`` distinct problems drawn round-robin from ``templates`` with a seed of their
+        own, none equal to a training problem or an original; a DataFileError when the templates
+        cannot give that many (their ranges are too narrow at this number scale)."""
+        from scalerl.task.templates import TemplateError
+
+        taken = {q for q, _ in train} | originals
+        rng = random.Random(f"gsm-val-{seed}")
+        val: list[tuple[str, str]] = []
+        turn = 0
+        while len(val) < num_val and turn < 100 * num_val:
+            t = templates[turn % len(templates)]
+            turn += 1
+            try:
+                values = t.draw(rng, words, tries=max_tries, number_scale=number_scale)
+                question, answer = t.render_question(values), t.render_answer(values)
+            except (TemplateError, ArithmeticError, TypeError, ValueError, IndexError, KeyError):
+                continue
+            if question not in taken:
+                taken.add(question)
+                val.append((question, answer))
+        if len(val) < num_val:
+            raise DataFileError(
+                f"task.num_val={num_val}: the templates gave only {len(val)} problems unlike every training "
+                f"problem at task.number_scale={number_scale}; lower task.num_val or task.num_train, or "
+                "raise task.number_scale"
+            )
+        return val
 
 
 # names of functions and constants a formula may hold (not words of an answer in prose)

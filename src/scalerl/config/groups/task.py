@@ -241,12 +241,18 @@ class Gsm(Option):
     templates: list[int] = field(default_factory=list)
     # draw each ranged value from the lowest share of its template's range (1: the whole range)
     number_scale: float = 1.0
+    # validation: the original GSM8K problems of the templates, or num_val problems drawn from the
+    # training distribution (same templates and number scale, another seed, none seen in training)
+    val_split: str = "originals"
+    num_val: int = 100
     verifier_timeout_s: float = 2.0
 
     def check(self):
         out = problems(
             at_least("num_train", self.num_train, 1),
             at_least("max_tries", self.max_tries, 1),
+            one_of("val_split", self.val_split, ("originals", "drawn")),
+            at_least("num_val", self.num_val, 1),
             positive("verifier_timeout_s", self.verifier_timeout_s),
             in_unit("number_scale", self.number_scale, low_open=True),
         )
