@@ -123,9 +123,12 @@ def test_gsm_drawn_validation_is_held_out_from_training_draws():
     assert not {p.text for p in val} & {p.text for p in train_}
     originals = {p.text for p in GsmTask(seed=7, num_train=60, templates=picked).val_prompts()}
     assert not {p.text for p in val} & originals
+
     # small numbers, as training's: the median value is below that of draws over the whole ranges
     def median_number(prompts):
-        xs = sorted(float(x) for p in prompts for x in re.findall(r"\d+(?:\.\d+)?", p.text.split("\n\n", 1)[1]))
+        xs = sorted(
+            float(x) for p in prompts for x in re.findall(r"\d+(?:\.\d+)?", p.text.split("\n\n", 1)[1])
+        )
         return xs[len(xs) // 2]
 
     whole = GsmTask(seed=7, num_train=60, templates=picked, val_split="drawn", num_val=12).val_prompts()
