@@ -259,6 +259,20 @@ def test_malformed_tracking_uris(tmp_path, uri, expect):
     assert msg.startswith("tracking.uri=") and expect in msg
 
 
+def test_a_folder_store_this_mlflow_refuses_is_one_line_before_anything_is_built(tmp_path, monkeypatch):
+    """MLflow 3 raises deep inside the run on a folder (file) store unless MLFLOW_ALLOW_FILE_STORE
+    is set: preflight says so first; with the variable set, the same URI passes."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for uri in (f"file:{tmp_path / 'mlruns'}", str(tmp_path / "mlruns")):
+        msg = env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri={uri}"])
+        assert (
+            msg.startswith("tracking.uri=") and "MLFLOW_ALLOW_FILE_STORE=true" in msg and "sqlite:///" in msg
+        )
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    checked([f"out_dir={tmp_path / 'run'}", f"tracking.uri=file:{tmp_path / 'mlruns'}"])
+
+
 def test_unreachable_tracking_server_is_one_line_at_once(tmp_path):
     port = closed_port()
     t0 = time.perf_counter()

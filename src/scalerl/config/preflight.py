@@ -102,6 +102,23 @@ def check_tracking_uri(uri: str, key: str = "tracking.uri") -> None:
         folder = Path(parsed.path if scheme == "file" else uri).expanduser()
         if folder.exists() and not folder.is_dir():
             raise PathError(key, shown, "is a file; a file store is a folder")
+        if file_store_refused():
+            raise PathError(
+                key,
+                shown,
+                "this MLflow refuses folder (file) stores unless MLFLOW_ALLOW_FILE_STORE=true is set; "
+                "use sqlite:///<folder>/mlflow.db, or set that variable",
+            )
+
+
+def file_store_refused() -> bool:
+    """The installed MLflow raises on a folder store (3.x keeps it in maintenance mode) unless
+    ``MLFLOW_ALLOW_FILE_STORE`` is true."""
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    except ImportError:  # an MLflow without the switch stores to folders as it always did
+        return False
+    return not MLFLOW_ALLOW_FILE_STORE.get()
 
 
 def _looks_like_path(name: str) -> bool:
