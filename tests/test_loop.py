@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -755,6 +756,13 @@ def test_summary_names_the_fit_with_its_intervals():
     ]
     assert lines[-1] == "open it: http://127.0.0.1:5000"  # a server: its own UI
     assert not any(line.startswith("scaling fit") for line in summary_lines({**base, "fit": {"fit/ok": 0.0}}))
+    # three points after the early cut: an exact fit, no intervals, the ceiling at its bound
+    exact = {"fit/ok": 1.0, "fit/A": 1.0, "fit/B": 1.75, "fit/n_points": 3.0}
+    exact.update({"fit/A_lo": math.nan, "fit/A_hi": math.nan, "fit/B_lo": math.nan, "fit/B_hi": math.nan})
+    assert summary_lines({**base, "fit": exact})[2] == (
+        "scaling fit: A = 1, B = 1.75 (no intervals: 3 points after the early cut leave none to "
+        "estimate them; A at its bound 1: these points do not determine the ceiling)"
+    )
 
 
 def test_rerunning_a_finished_run_the_store_did_not_mark_finished_marks_it(tiny_overrides):

@@ -665,7 +665,7 @@ def summary_lines(summary: dict) -> list[str]:
             return f"{name} = {v:.3g}" + ("" if math.isnan(lo) else f" [{lo:.3g}, {hi:.3g}]")
 
         level = summary.get("fit_level", FIT_LEVEL)
-        lines.append(f"scaling fit: {est('A')}, {est('B')} ({level:.0%} intervals)")
+        lines.append(f"scaling fit: {est('A')}, {est('B')} " + fit_caveat(fit, level))
     lines.append(f"outputs: {summary['out_dir']}")
     uri = summary.get("tracking_uri", "")
     if uri.startswith("sqlite:///") and not uri[len("sqlite:///") :].startswith("/"):
@@ -676,6 +676,19 @@ def summary_lines(summary: dict) -> list[str]:
     elif uri:
         lines.append(f"open it: {uri}")
     return lines
+
+
+def fit_caveat(fit: dict, level: float) -> str:
+    """What a run's fitted A and B can be read as: with their intervals, or why they have none and
+    whether the ceiling sits at its bound (then these points do not determine it)."""
+    n = int(fit.get("fit/n_points", 0) or 0)
+    a, lo = fit.get("fit/A", math.nan), fit.get("fit/A_lo", math.nan)
+    notes = [] if math.isnan(lo) else [f"{level:.0%} intervals"]
+    if math.isnan(lo):
+        notes.append(f"no intervals: {n} points after the early cut leave none to estimate them")
+    if a >= 0.999:
+        notes.append("A at its bound 1: these points do not determine the ceiling")
+    return "(" + "; ".join(notes) + ")"
 
 
 def print_summary(summary: dict) -> None:
