@@ -1,8 +1,9 @@
 """How often SmolLM2-135M-Instruct (``model=smollm2``) solves ``task=gsm`` training problems, per
 template: the measurement behind the README's choice of ``task.templates`` / ``task.number_scale``.
 
-    python benchmarks/bench_gsm_passrate.py --templates 2 5 8 12 37 --number-scale 0.1 \\
-        --per-template 4 --samples 8 --temperature 0.6 --out /tmp/passrate.json
+    python benchmarks/bench_gsm_passrate.py --number-scale 0.1 --per-template 2 --samples 8 \\
+        --temperature 0.6 --out /tmp/passrate.json     # every template: ~11 min on 2 cores
+    python benchmarks/bench_gsm_passrate.py --templates 0 3 5 37 38 41 96 --number-scale 0.1 ...
 
 Problems come from :class:`~scalerl.task.GsmTask` (so the same draws, chat-template prompts and
 math-verify scorer as training), sampled by a vLLM engine over the converted SmolLM2 folder in one
