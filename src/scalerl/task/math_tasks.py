@@ -120,6 +120,18 @@ def select_templates(templates: list, picked: Sequence[int]) -> list:
     return [t for t in templates if t.index in keep]
 
 
+def draw_problem(template, rng: random.Random, words, max_tries: int, number_scale: float):
+    """One (question, answer) drawn from a GSM-symbolic ``template``, or None when no draw meets
+    its conditions in ``max_tries`` tries (or its formula fails on the values drawn)."""
+    from scalerl.task.templates import TemplateError
+
+    try:
+        values = template.draw(rng, words, tries=max_tries, number_scale=number_scale)
+        return template.render_question(values), template.render_answer(values)
+    except (TemplateError, ArithmeticError, TypeError, ValueError, IndexError, KeyError):
+        return None
+
+
 class GsmTask(MathTask):
     name = "gsm"
 
@@ -151,13 +163,12 @@ class GsmTask(MathTask):
         while len(train) < num_train and usable and turn < 100 * num_train:
             t = usable[turn % len(usable)]  # round-robin: every template weighs the same
             turn += 1
-            try:
-                values = t.draw(rng, words, tries=max_tries, number_scale=number_scale)
-                question, answer = t.render_question(values), t.render_answer(values)
-            except (TemplateError, ArithmeticError, TypeError, ValueError, IndexError, KeyError):
+            drawn = draw_problem(t, rng, words, max_tries, number_scale)
+            if drawn is None:
                 usable.remove(t)
                 self.skipped.append(t.index)
                 continue
+            question, answer = drawn
             if question not in originals:  # the originals validate
                 train.append((question, answer))
                 self.train_templates.append(t.index)
@@ -180,23 +191,16 @@ class GsmTask(MathTask):
         """``num_val`` distinct problems drawn round-robin from ``templates`` with a seed of their
         own, none equal to a training problem or an original; a DataFileError when the templates
         cannot give that many (their ranges are too narrow at this number scale)."""
-        from scalerl.task.templates import TemplateError
-
         taken = {q for q, _ in train} | originals
         rng = random.Random(f"gsm-val-{seed}")
         val: list[tuple[str, str]] = []
         turn = 0
         while len(val) < num_val and turn < 100 * num_val:
-            t = templates[turn % len(templates)]
+            drawn = draw_problem(templates[turn % len(templates)], rng, words, max_tries, number_scale)
             turn += 1
-            try:
-                values = t.draw(rng, words, tries=max_tries, number_scale=number_scale)
-                question, answer = t.render_question(values), t.render_answer(values)
-            except (TemplateError, ArithmeticError, TypeError, ValueError, IndexError, KeyError):
-                continue
-            if question not in taken:
-                taken.add(question)
-                val.append((question, answer))
+            if drawn is not None and drawn[0] not in taken:
+                taken.add(drawn[0])
+                val.append(drawn)
         if len(val) < num_val:
             raise DataFileError(
                 f"task.num_val={num_val}: the templates gave only {len(val)} problems unlike every training "
