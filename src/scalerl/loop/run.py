@@ -683,9 +683,10 @@ def fit_caveat(fit: dict, level: float) -> str:
     whether the ceiling sits at its bound (then these points do not determine it)."""
     n = int(fit.get("fit/n_points", 0) or 0)
     a, lo = fit.get("fit/A", math.nan), fit.get("fit/A_lo", math.nan)
-    notes = [] if math.isnan(lo) else [f"{level:.0%} intervals"]
     if math.isnan(lo):
-        notes.append(f"no intervals: {n} points after the early cut leave none to estimate them")
+        notes = [f"no intervals: {n} points after the early cut leave none to estimate them"]
+    else:
+        notes = [f"{level:.0%} intervals"]
     if a >= 0.999:
         notes.append("A at its bound 1: these points do not determine the ceiling")
     return "(" + "; ".join(notes) + ")"
