@@ -97,7 +97,11 @@ class CodeTask:
         timeout_s: float = 4.0,
         memory_mb: int = 512,
         max_output_bytes: int = 65536,
+        boundary: str | None = None,
     ):
+        if boundary is not None and boundary not in sandbox.BOUNDARIES:
+            raise ValueError(f"boundary={boundary!r}: must be one of {', '.join(sandbox.BOUNDARIES)}")
+        self.boundary = boundary  # None: the strongest that works here (sandbox.boundary())
         if source not in SOURCES:
             raise ValueError(f"task.source={source!r}: must be one of {', '.join(SOURCES)}")
         self.source, self.seed = source, seed
@@ -189,11 +193,11 @@ class CodeTask:
             return 0.0
         if "task_id" in spec:
             check = self._checks[spec["task_id"]]
-            outcome = sandbox.run_program(code, check.calls, self.limits)
+            outcome = sandbox.run_program(code, check.calls, self.limits, boundary_name=self.boundary)
             judge = check.judge
         else:
             calls = [(spec["entry_point"], (x,)) for x in spec["inputs"]]
-            outcome = sandbox.run_program(code, calls, self.limits)
+            outcome = sandbox.run_program(code, calls, self.limits, boundary_name=self.boundary)
 
             def judge(results):
                 return grader.judge_values(results, spec["expected"])

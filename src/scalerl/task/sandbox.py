@@ -110,6 +110,7 @@ _CODES = {"crash": _CRASH, **{kind: code for code, kind in _EXIT_KINDS.items()}}
 # this code runs before the limits are in place. It decides nothing: the parent grades.
 _HARNESS = r"""
 import errno, json, os, resource, sys
+from json.encoder import encode_basestring_ascii as quote  # C: PyUnicode_Check, not isinstance
 
 def _main():
     job = json.loads(sys.stdin.read())
@@ -122,7 +123,7 @@ def _main():
     hidden = tuple(os.path.realpath(r) for r in job["hidden_roots"])
     codes = job["codes"]
     W = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    dumps, write, exit_now = json.dumps, os.write, os._exit
+    write, exit_now = os.write, os._exit
 
     def bye(code):
         for stream in (sys.__stdout__, sys.__stderr__):
@@ -208,7 +209,7 @@ def _main():
     kind_of, text = type, str
     codec = {"__builtins__": pristine, "__name__": "plain"}
     exec(job["codec"], codec)
-    encode, decode = codec["encode"], codec["decode"]
+    encode, decode, to_json = codec["encode"], codec["decode"], codec["to_json"]
     calls = [(name, decode(args)) for name, args in job["calls"]]  # each args: a tuple
     ns = {"__name__": "__main__"}
     try:
@@ -243,9 +244,11 @@ def _main():
             label = kind_of(value).__name__
             results.append(["bad", label if kind_of(label) is text else "?"])
     try:
-        data = dumps(results).encode()
+        data = to_json(results, quote).encode()
     except MemoryError:
         bye(codes["memory"])
+    except BaseException as e:
+        crashed(e)
     try:
         sys.__stdout__.flush()
     except BaseException:
