@@ -2,7 +2,7 @@
 the problem, each really run through task=code's verifier (and math answers through math-verify).
 
 Every program here must score 0 and be counted under the kind in its row (None: a plain wrong answer,
-the trick changed nothing), under the strongest boundary this machine has and under none at all
+the trick changed nothing), under every boundary that works on this machine, down to none at all
 (rlimits and the audit hook only: the verdict is made out of process either way), while correct
 programs still pass. Add a row whenever a new way is found.
 """
@@ -15,8 +15,10 @@ from scalerl.task import CodeTask, Prompt
 from scalerl.task.base import score_counted
 from scalerl.task.code import _humaneval_problems
 from scalerl.task.math_tasks import check_answer
-from scalerl.task.sandbox import boundary
+from scalerl.task.sandbox import available
 
+# every boundary that works here (bwrap, unshare, none): the fallbacks must hold as well
+WHERE = list(available())
 ALWAYS_EQUAL = "class A:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\n"
 
 # program -> the kind it must be counted under (None: a wrong answer). The problem's function is f.
@@ -146,11 +148,11 @@ def problem():
     task = CodeTask(num_val=16, timeout_s=1.5, memory_mb=256)
     p = task.val_prompts()[0]
     ys = [int(part.split("=")[1]) for part in p.text.rstrip(";").split(";")]
-    tasks = {"strongest": task, "none": CodeTask(num_val=16, timeout_s=1.5, memory_mb=256, boundary="none")}
+    tasks = {where: CodeTask(num_val=16, timeout_s=1.5, memory_mb=256, boundary=where) for where in WHERE}
     return p, f"def f(x):\n    return x * {ys[1] - ys[0]} + {ys[0]}\n", tasks
 
 
-@pytest.mark.parametrize("where", ["strongest", "none"])
+@pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("attack", list(FORGERIES))
 def test_no_program_is_rewarded_for_a_trick(problem, attack, where):
     p, _, tasks = problem
@@ -158,11 +160,10 @@ def test_no_program_is_rewarded_for_a_trick(problem, attack, where):
     assert score_counted(tasks[where], p, code, 10.0) == (0.0, None, kind)
 
 
-@pytest.mark.parametrize("where", ["strongest", "none"])
+@pytest.mark.parametrize("where", WHERE)
 def test_right_programs_still_pass_and_wrong_ones_fail(problem, where):
     p, right, tasks = problem
     task = tasks[where]
-    assert boundary() in ("bwrap", "unshare", "none")
     helper = "import math\n\ndef _slope():\n    return int(math.sqrt(4)) - 2\n\n" + right.replace(
         "x *", "x * (1 + _slope()) *"
     )

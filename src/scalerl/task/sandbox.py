@@ -290,6 +290,18 @@ def boundary() -> str:
     return "none"
 
 
+@functools.lru_cache(maxsize=1)
+def available() -> tuple[str, ...]:
+    """Every boundary that works here, strongest first (``none`` always does)."""
+    return tuple(name for name in BOUNDARIES if name == "none" or _works(name))
+
+
+def network_isolation() -> str:
+    """The network part of :func:`boundary`: ``"namespace+audit-hook"`` (bwrap or unshare: an empty
+    network namespace, which holds for native code too) or ``"audit-hook"`` (in-process only)."""
+    return "audit-hook" if boundary() == "none" else "namespace+audit-hook"
+
+
 def describe(name: str) -> str:
     """One line saying what the boundary ``name`` is, for the run's log."""
     return {
