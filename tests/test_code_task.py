@@ -257,6 +257,28 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail():
         assert score_counted(task, p, stub, 10.0)[0] == 0.0, r["task_id"]  # fails (or its tests raise: crash)
 
 
+@pytest.mark.slow
+def test_every_humaneval_reference_passes_when_its_tests_are_replayed_out_of_process():
+    """All 164 problems: each check, recorded with the reference and replayed here against the
+    results the sandbox brought back, passes the reference and fails a stub."""
+    cfg = compose(["task=code", "task.source=humaneval"])
+    task = CodeTask(source="humaneval", num_val=8, timeout_s=4.0)
+    rows = _humaneval_problems()
+    prompts = [task._humaneval_prompt(0, r) for r in rows]
+    stub = "```python\ndef {}(*args):\n    return None\n```"
+    groups = [
+        [
+            _sample("```python\n" + r["prompt"] + r["canonical_solution"] + "```"),
+            _sample(stub.format(r["entry_point"])),
+        ]
+        for r in rows
+    ]
+    counts = score_groups(task, prompts, groups, cfg)
+    assert [r["task_id"] for r, g in zip(rows, groups) if g[0].correct != 1.0] == []
+    assert [r["task_id"] for r, g in zip(rows, groups) if g[1].correct != 0.0] == []
+    assert counts["errors"] == 0 and counts["timeout"] == 0
+
+
 def _sample(text: str) -> Sample:
     return Sample(0, 0, [1], [2, 3], [0.0, 0.0], [0, 0], [1, 1], text, False, False, 0)
 
