@@ -9,6 +9,8 @@ programs still pass. Add a row whenever a new way is found.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from scalerl.task import CodeTask, Prompt
@@ -20,6 +22,9 @@ from scalerl.task.sandbox import available
 # every boundary that works here (bwrap, unshare, none): the fallbacks must hold as well
 WHERE = list(available())
 ALWAYS_EQUAL = "class A:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\n"
+
+# RLIMIT_NPROC = 0 stops new threads too, except for root (exempt from it): then the thread runs
+THREAD_KIND = "no_report" if os.geteuid() == 0 else "crash"
 
 # program -> the kind it must be counted under (None: a wrong answer). The problem's function is f.
 FORGERIES = {
@@ -79,7 +84,7 @@ FORGERIES = {
         "import os, threading\ndef w():\n    for fd in range(3, 64):\n        try:\n"
         "            os.write(fd, b'[]')\n        except OSError:\n            pass\n"
         "t = threading.Thread(target=w)\nt.start()\ndef f(x):\n    t.join()\n    return 0\n",
-        "no_report",
+        THREAD_KIND,
     ),
     "a fake pass token and report printed": (
         "print('\\n' + 'f' * 32)\nprint('[[\"ok\", [\"i\", \"7\"]]]')\ndef f(x):\n    return 0\n",
