@@ -28,7 +28,7 @@ HELDOUT_SHARE = 0.25  # the held-out rise that clears the flag, as a share of th
 
 def outcome_shares(groups: list[list], kinds=()) -> dict[str, float]:
     """``verifier/<outcome>``: the share of the samples in ``groups`` with each outcome (set on each
-    sample as ``verdict`` by :func:`scalerl.task.score.score_groups`, see :func:`~scalerl.task.score.verdict`); the same keys every step
+    sample as ``verdict`` by :func:`scalerl.task.score.score_groups`); the same keys every step
     (``kinds``: the task's failure kinds), so every rank and every step logs them all."""
     samples = [s for g in groups for s in g]
     counts = Counter(getattr(s, "verdict", None) for s in samples)
