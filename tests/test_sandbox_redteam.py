@@ -137,7 +137,8 @@ FORGERIES = {
         "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n",
         "forbidden",
     ),
-    "exhaust memory": ("x = []\nwhile True:\n    x.append(bytearray(32 * 2**20))\n", "memory"),
+    # bytes(n) is calloc'd: the address-space limit is reached without touching pages (fast under load)
+    "exhaust memory": ("x = []\nwhile True:\n    x.append(bytes(32 * 2**20))\n", "memory"),
     "one huge allocation": ("x = bytearray(2**40)\n", "memory"),
     "flood the output": ("while True:\n    print('spam' * 100)\n", "output"),
     "a result too big to report": ("def f(x):\n    return 'x' * 2**22\n", "output"),
@@ -150,10 +151,10 @@ FORGERIES = {
 @pytest.fixture(scope="module")
 def problem():
     """A templated problem, its right program, and a task per boundary."""
-    task = CodeTask(num_val=16, timeout_s=1.5, memory_mb=256)
+    task = CodeTask(num_val=16, timeout_s=2.0, memory_mb=256)
     p = task.val_prompts()[0]
     ys = [int(part.split("=")[1]) for part in p.text.rstrip(";").split(";")]
-    tasks = {where: CodeTask(num_val=16, timeout_s=1.5, memory_mb=256, boundary=where) for where in WHERE}
+    tasks = {where: CodeTask(num_val=16, timeout_s=2.0, memory_mb=256, boundary=where) for where in WHERE}
     return p, f"def f(x):\n    return x * {ys[1] - ys[0]} + {ys[0]}\n", tasks
 
 
