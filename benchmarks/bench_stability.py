@@ -73,7 +73,9 @@ def curve(uri: str, run_name: str, axis: str) -> tuple[list[int], list[float], l
 
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name("stability")
-    runs = c.search_runs([exp.experiment_id], f"attributes.run_name = '{run_name}'", max_results=1)
+    runs = c.search_runs(  # the newest run of that name (an earlier, stopped attempt may be there)
+        [exp.experiment_id], f"attributes.run_name = '{run_name}'", max_results=1, order_by=["start_time DESC"]
+    )
     if not runs:
         return [], [], []
     rid = runs[0].info.run_id
@@ -102,6 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--out", default="/tmp/scalerl-stability")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--report-only", action="store_true", help="read the runs already in --out, run nothing")
     args = ap.parse_args(argv)
 
     from scalerl.config import compose  # noqa: F401  (fails early, with the path set below)
@@ -117,8 +120,17 @@ def main(argv=None) -> int:
         jobs += [(name, ov, seed, int(round(budget * args.horizon))) for seed in args.seeds]
     t0 = time.time()
     threads = 1 if args.parallel > 1 else 0
-    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
-        runs = list(pool.map(lambda j: run_one(*j, out, uri, threads), jobs))
+    runs = []
+    if not args.report_only:
+        # create the store and the experiment once: runs that each create a new sqlite store at the
+        # same moment race in its schema migration
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(uri)
+        if client.get_experiment_by_name("stability") is None:
+            client.create_experiment("stability")
+        with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+            runs = list(pool.map(lambda j: run_one(*j, out, uri, threads), jobs))
     wall = time.time() - t0
 
     report = {
