@@ -75,7 +75,7 @@ def plot_variants(
     ncols = min(3, n)
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(4.3 * ncols, 3.1 * nrows + 1.0))
-    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.55 / (3.1 * nrows + 1.0), bottom=0.75 / (3.1 * nrows + 1.0),
+    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.95 / (3.1 * nrows + 1.0), bottom=0.75 / (3.1 * nrows + 1.0),
                         hspace=0.45, wspace=0.18)  # fmt: skip
     base = next((v for v in vs if v.baseline), None)
     ymax = 0.0
@@ -199,7 +199,7 @@ def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
     )
     fig.suptitle(
         title
-        or f"Difference from the baseline, simultaneous intervals (Welch t, Bonferroni over {m}, "
+        or f"Difference from the baseline, simultaneous intervals (t-test, Bonferroni over {m}, "
         f"family-wise {FAMILY_LEVEL:.0%}); red: called; hollow: not tested",
         fontsize=9.5,
     )
@@ -207,12 +207,15 @@ def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
 
 
 def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
-    """Predicted (from the first half of the compute) against observed mean last evaluation per
-    variant, the prediction band as a vertical bar, the diagonal and the ±0.03 tolerance."""
+    """Left: predicted (from the first half of the compute) against observed mean last evaluation
+    per variant, the diagonal and the ±0.03 tolerance (misses named). Right: the error per variant,
+    observed - predicted, with the prediction band around it (relative to the prediction)."""
     pts = [v for v in vs if math.isfinite(v.prediction.err)]
-    fig = Figure(figsize=(6.0, 6.0))
-    fig.subplots_adjust(left=0.13, right=0.97, top=0.9, bottom=0.11)
-    ax = fig.add_subplot(1, 1, 1)
+    n = max(len(pts), 1)
+    h = max(4.8, 0.36 * n + 1.6)
+    fig = Figure(figsize=(11.0, h))
+    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.8 / h, bottom=0.55 / h, wspace=0.45)
+    ax = fig.add_subplot(1, 2, 1)
     vals = [
         x
         for v in pts
@@ -224,31 +227,53 @@ def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> 
     grid = np.array([lo, hi])
     ax.fill_between(grid, grid - PRED_TOLERANCE, grid + PRED_TOLERANCE, color="0.88", lw=0)
     ax.plot(grid, grid, "-", color="0.4", lw=0.9)
-    ok_n = 0
+
+    def color(v):
+        return ("tab:green" if v.pred_ok else CALLED) if (v.baseline or v.scored) else "0.6"
+
     for v in pts:
         pr = v.prediction
-        scored = v.baseline or v.scored
-        color = ("tab:green" if v.pred_ok else CALLED) if scored else "0.6"
-        ok_n += bool(v.pred_ok) and scored
-        if math.isfinite(pr.lo):
-            ax.plot([pr.predicted, pr.predicted], [pr.lo, pr.hi], "-", color=color, lw=2.5, alpha=0.35)
-        ax.plot([pr.predicted], [pr.observed], "o", color=color, ms=6)
-        ax.annotate(
-            v.variant, (pr.predicted, pr.observed), xytext=(4, 3), textcoords="offset points", fontsize=7.5
-        )
+        ax.plot([pr.predicted], [pr.observed], "o", color=color(v), ms=6)
+        if not v.pred_ok:
+            ax.annotate(
+                v.variant,
+                (pr.predicted, pr.observed),
+                xytext=(4, 3),
+                textcoords="offset points",
+                fontsize=7.5,
+            )
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_aspect("equal")
     ax.grid(True, alpha=0.25)
     ax.set_xlabel("predicted from the first half of the compute", fontsize=9)
     ax.set_ylabel("observed: mean of the seeds' last evaluations", fontsize=9)
+    ax.set_title(f"grey band: ±{PRED_TOLERANCE:g}; misses named", fontsize=9)
+    axe = fig.add_subplot(1, 2, 2)
+    ys = np.arange(len(pts))[::-1]
+    axe.axvspan(-PRED_TOLERANCE, PRED_TOLERANCE, color="0.88", lw=0)
+    axe.axvline(0.0, color="0.4", lw=0.9)
+    for y, v in zip(ys, pts):
+        pr = v.prediction
+        if math.isfinite(pr.lo):
+            axe.plot(
+                [pr.lo - pr.predicted, pr.hi - pr.predicted], [y, y], "-", color=color(v), lw=3, alpha=0.35
+            )
+        axe.plot([pr.observed - pr.predicted], [y], "o", color=color(v), ms=6)
+    axe.set_yticks(ys)
+    axe.set_yticklabels([v.variant for v in pts], fontsize=8.5)
+    axe.set_ylim(-0.7, len(pts) - 0.3)
+    axe.grid(True, axis="x", alpha=0.25)
+    axe.set_xlabel("observed - predicted (bar: the prediction band)", fontsize=9)
+    axe.set_title(f"{PRED_LEVEL:.0%} prediction band: half fit's bootstrap + binomial noise", fontsize=9)
     scored = [v for v in pts if v.baseline or v.scored]
+    ok_n = sum(bool(v.pred_ok) for v in scored)
     banded = [v for v in scored if v.prediction.inside is not None]
     cov = f"; coverage {sum(bool(v.prediction.inside) for v in banded) / len(banded):.0%}" if banded else ""
-    ax.set_title(
+    fig.suptitle(
         title
-        or f"Prediction: {ok_n} of {len(scored)} within {PRED_TOLERANCE:g}{cov}\n(grey band: ±{PRED_TOLERANCE:g}; "
-        f"bars: {PRED_LEVEL:.0%} prediction band; grey points: not scored)",
-        fontsize=9.5,
+        or f"Prediction from half the compute: {ok_n} of {len(scored)} scored variants within {PRED_TOLERANCE:g}{cov} "
+        "(green: within; red: missed; grey: not scored)",
+        fontsize=10,
     )
     return _save(fig, path)

@@ -384,6 +384,11 @@ def fixed_A_fits(runs: Sequence[RunData], fits: dict[str, SigmoidFit], A: float)
     return out
 
 
+HETERO_LEVEL = 0.01
+"""A pair of variants whose own seed spread exceeds the pooled one at this level (F-test) is
+compared with Welch's test on its own spread instead of the pooled one."""
+
+
 def t_test(
     x: Sequence[float],
     y: Sequence[float],
@@ -393,29 +398,34 @@ def t_test(
     df: int = 0,
 ) -> Comparison:
     """Two-sample t-test of mean(x) - mean(y), two-sided at ``alpha``, with the ``1 - alpha`` interval
-    of the difference; called (+1/-1) when the interval excludes 0 and ``|delta| > margin``.
+    of the difference and the smallest difference it detects with :data:`POWER`; called (+1/-1)
+    when the interval excludes 0 and ``|delta| > margin``.
 
-    The standard error uses the seeds' spread ``sd`` pooled over the sweep's variants (``df`` degrees
-    of freedom: the many-to-one comparison of a leave-one-out table), unless the pair's own spread
-    (Welch's standard error and degrees of freedom) is larger: a variant noisier than the others is
-    judged by its own noise."""
+    The standard error uses the seeds' spread ``sd`` pooled over the sweep's variants (``df``
+    degrees of freedom: the many-to-one comparison of a leave-one-out table), unless the pair's own
+    spread is larger than the pool beyond chance (F-test at :data:`HETERO_LEVEL`): then Welch's test
+    on the pair alone (a variant noisier than the others is judged by its own noise). Without a
+    pooled spread: Welch's test."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     c = Comparison(alpha=alpha, margin=margin, tested=True)
     c.delta = float(x.mean() - y.mean())
     vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
     se = math.sqrt(vx + vy)
     c.df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1)) if se > 0 else math.inf
-    if math.isfinite(sd) and df > 0:
-        se_pool = sd * math.sqrt(1 / x.size + 1 / y.size)
-        if se_pool >= se:
-            se, c.df = se_pool, float(df)
+    if math.isfinite(sd) and sd > 0 and df > 0:
+        k = x.size + y.size - 2
+        own = (x.var(ddof=1) * (x.size - 1) + y.var(ddof=1) * (y.size - 1)) / k
+        if stats.f.sf(own / sd**2, k, df) >= HETERO_LEVEL:
+            se, c.df = sd * math.sqrt(1 / x.size + 1 / y.size), float(df)
     if se == 0.0:  # identical values within each group (e.g. a grid fit): no spread to test with
         c.p = 0.0 if c.delta != 0 else 1.0
         c.lo = c.hi = c.delta
+        c.mdd = margin
     else:
         c.p = float(2 * stats.t.sf(abs(c.delta / se), c.df))
-        h = float(stats.t.ppf(1 - alpha / 2, c.df)) * se
-        c.lo, c.hi = c.delta - h, c.delta + h
+        q = float(stats.t.ppf(1 - alpha / 2, c.df))
+        c.lo, c.hi = c.delta - q * se, c.delta + q * se
+        c.mdd = float(max((q + stats.t.ppf(POWER, c.df)) * se, margin))
     if c.p < alpha and abs(c.delta) > margin:
         c.called = 1 if c.delta > 0 else -1
     return c
@@ -686,16 +696,16 @@ def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix:
                 v.dA = t_test(v.A.values, base.A.values, fam.alpha, MARGIN_A, fam.sd_A, fam.df_sd)
             else:
                 v.dA = Comparison(alpha=fam.alpha, margin=MARGIN_A)
+                v.dA.mdd = detectable(fam.sd_A, nv, nb, fam.alpha, MARGIN_A, fam.df_sd)
                 if math.isfinite(v.A.mean) and math.isfinite(base.A.mean):
                     v.dA.delta = v.A.mean - base.A.mean
-            v.dA.mdd = detectable(fam.sd_A, nv, nb, fam.alpha, MARGIN_A, fam.df_sd)
             if v.A.settled and v.B.settled and base.B.settled:
                 v.dB = t_test(v.B.values, base.B.values, fam.alpha, 0.0, fam.sd_B, fam.df_sd_B)
             else:
                 v.dB = Comparison(alpha=fam.alpha)
+                v.dB.mdd = detectable(fam.sd_B, nv, nb, fam.alpha, 0.0, fam.df_sd_B)
                 if math.isfinite(v.B.mean) and math.isfinite(base.B.mean):
                     v.dB.delta = v.B.mean - base.B.mean
-            v.dB.mdd = detectable(fam.sd_B, nv, nb, fam.alpha, 0.0, fam.df_sd_B)
         v.verdict = _verdict(v, base)
 
 
@@ -728,6 +738,8 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
             f"(ΔB {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}])"
         )
     v.called = called
+    if parts and "A" not in called:
+        parts.append(f"A {INCONCLUSIVE} (ΔA {v.dA.delta:+.3f}; smallest detectable {v.dA.mdd:.3f})")
     if parts:
         return "; ".join(parts)
     text = (
@@ -822,7 +834,7 @@ def family_summary(vs: Sequence[VariantVerdict]) -> str:
     mdd = f"{fam.mdd_A:.3f}" if math.isfinite(fam.mdd_A) else "unknown"
     return (
         f"Test: t-test per comparison on the settled per-seed values, the seeds' spread pooled over the "
-        f"variants (Welch's where a pair is noisier), Bonferroni over {fam.m} comparisons (A and B of "
+        f"variants (Welch's where a pair is noisier than the pool), Bonferroni over {fam.m} comparisons (A and B of "
         f"{fam.m // 2} scored variants), family-wise level {FAMILY_LEVEL:.0%} (each test at "
         f"{fam.alpha:.4f}); {called} variant{'s' if called != 1 else ''} called. Seeds' spread of A "
         f"(pooled sd): {sd}; smallest detectable ΔA at {fam.seeds} seeds per variant and "
@@ -837,11 +849,13 @@ def verdict_legend(level: float = 0.9) -> list[str]:
         "a variant with fewer than 2 settled seeds (or fewer than half) is unsettled and not scored.",
         "B @ A: every run refitted with A fixed to the baseline's A (the paper's protocol), the same "
         "estimator over the seeds whose B is off its bounds.",
-        f"Verdict: ΔA and ΔB are tested with Welch's two-sample t-test on the per-seed values, two-sided, "
-        f"Bonferroni-corrected over every comparison of the table (family-wise level {FAMILY_LEVEL:.0%}); "
+        f"Verdict: ΔA and ΔB are tested with a two-sample t-test on the per-seed values (the seeds' spread pooled "
+        f"over the variants; Welch's test on the pair alone where its spread exceeds the pool, F-test at "
+        f"{HETERO_LEVEL:.0%}), two-sided, Bonferroni-corrected over every comparison of the table "
+        f"(family-wise level {FAMILY_LEVEL:.0%}); "
         f"[sim. CI]: the matching simultaneous interval. A difference is called when that interval excludes 0 "
         f'and, for A, |ΔA| > {MARGIN_A:g} (the paper\'s margin); otherwise "{INCONCLUSIVE}" with the '
-        f"smallest ΔA the test detects with {POWER:.0%} power (the seeds' spread pooled over the variants).",
+        f"smallest ΔA the test detects with {POWER:.0%} power (detectable ΔA).",
         "cannot act here / inactive: the component cannot act on this hardware (a bf16 head emulated on "
         "CPU), or never acted in its or the baseline's runs (0 prompts retired or under one epoch, policy lag "
         "never beyond the smaller k, no interruption, no zero-variance group): not scored, not in the family.",
