@@ -4,7 +4,8 @@ A variant is all the runs of one recipe (its seeds). The protocol:
 
 - **One estimator.** Each seed is fitted on its own (the per-run fits of the report). A seed is
   *settled* when its fitted A is off the bounds of the pass rate (not within
-  :data:`A_BOUND_TOL` of 1 or of R0). A variant's A is the **mean over its settled seeds**, and its
+  :data:`A_BOUND_TOL` of 1 or of R0) and, when the fit has a bootstrap interval, that interval
+  does not reach 1 (the data do not bound the ceiling). A variant's A is the **mean over its settled seeds**, and its
   interval the **t-interval** over them (``level``, n - 1 degrees of freedom): point estimate and
   interval come from the same numbers. Unsettled seeds are neither averaged in nor called; a
   variant with fewer than 2 settled seeds, or fewer than half its fitted seeds settled, is
@@ -332,6 +333,9 @@ def a_unsettled(fit: SigmoidFit | None) -> str:
         return "A at 1"
     if fit.A <= fit.R0 + A_BOUND_TOL:
         return "A at R0"
+    lo, hi = fit.ci.get("A", (math.nan, math.nan))
+    if math.isfinite(hi) and hi >= A_UNSETTLED:
+        return "A's interval reaches 1"
     return ""
 
 
@@ -844,7 +848,8 @@ def family_summary(vs: Sequence[VariantVerdict]) -> str:
 
 def verdict_legend(level: float = 0.9) -> list[str]:
     return [
-        f"A: mean over the variant's settled seeds (fitted A not within {A_BOUND_TOL:g} of 1 or R0) [{level:.0%} "
+        f"A: mean over the variant's settled seeds (fitted A not within {A_BOUND_TOL:g} of 1 or R0, its bootstrap "
+        f"interval not reaching 1) [{level:.0%} "
         "t-interval over them]; seeds settled: settled / all. Unsettled seeds are neither averaged in nor called; "
         "a variant with fewer than 2 settled seeds (or fewer than half) is unsettled and not scored.",
         "B @ A: every run refitted with A fixed to the baseline's A (the paper's protocol), the same "
