@@ -364,6 +364,8 @@ def _estimate(values: Sequence[float], why: Sequence[str], total: int, level: fl
     detail = ", ".join(f"{w} in {k}" for w, k in counts.items())
     if v.size < 2 or 2 * v.size < total:
         e.unsettled = f"{name}: {v.size} of {total} seeds settled" + (f" ({detail})" if detail else "")
+        if v.size < 2 and not detail:
+            e.unsettled += ", and an interval over seeds needs 2 or more"
     return e
 
 
@@ -724,6 +726,8 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
         return f"unfittable: {v.reason}"
     if base is None or not base.fitted:
         return "no baseline fit to compare with"
+    if v.A.n < 2 and base.A.n < 2 and v.A.n == v.fitted and base.A.n == base.fitted:
+        return f"{INCONCLUSIVE}: one seed each, no seed-to-seed spread to test with (run 2 or more seeds)"
     if not base.A.settled:
         return f"not scored: the baseline is unsettled ({base.A.unsettled})"
     if not v.A.settled:
