@@ -495,7 +495,7 @@ def test_sweep_report_and_analysis_cli_give_the_same_table(synthetic_sweep, caps
     tags = sw["client"].get_run(sw["ids"]["dapo-seed1"]).data.tags
     assert tags["1 variant"] == "dapo" and tags["2 verdict"] == verdicts["dapo"]["verdict"]
     note = sw["client"].get_run(sw["parent"]).data.tags["mlflow.note.content"]
-    assert note.startswith("## Verdicts per variant\n\n| variant | seeds | A mean ± sd [90% CI] |")
+    assert note.startswith("## Verdicts per variant\n\n| variant | seeds settled | A [90% CI] |")
     assert (
         "| dapo | 2/2 | " in note
         and "dapo: A lower" in sw["client"].get_run(sw["parent"]).data.tags["2 verdict"]

@@ -8,8 +8,9 @@ A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last, verdict``.
 
 The baseline is a variant (all its runs, i.e. its seeds): ``delta_A = A - mean A`` and
 ``delta_B = B - mean B`` over its fitted runs (:func:`choose_baseline`). These per-run deltas are
-point estimates and flag nothing; what the runs support about each variant (intervals over seeds,
-differences called only where intervals separate, inactive components, prediction) is
+point estimates and flag nothing; ``B_fixed_A`` is B refitted with A fixed to ``A_fixed``, the
+baseline's A. What the runs support about each variant (estimates over settled seeds, a t-test
+Bonferroni-corrected over the table, components that cannot or did not act, prediction) is
 :mod:`scalerl.analysis.verdicts`, whose verdict every row of that variant carries.
 """
 

@@ -5,9 +5,11 @@ report (:mod:`scalerl.sweep.report`) both call :func:`report`.
 Files written into ``out_dir``: ``fits.csv`` (every row key), ``fits.md`` (the title, the fit
 settings, the verdict table per variant and its legend, then the per-run table and its legend),
 ``fits.json``, ``verdicts.csv`` (one row per variant), ``runs/<run>/scaling_curve.png`` (one per run),
-and with ``comparison``: ``scaling_curves.png`` (every run on one figure), ``linearised.png``
-(``log F(R)`` against ``log C``, A fixed to the mean A: slope = B) and, with seeds pooled,
-``pooled_curves.png`` / ``pooled_fits.csv``.
+and with ``comparison``: ``variants.png`` (one panel per variant), ``forest.png`` (ΔA and ΔB with
+their intervals), ``calibration.png`` (predicted vs observed end) (:mod:`scalerl.analysis.figures`),
+``linearised.png`` (``log F(R)`` against ``log C``, A fixed to the baseline's A: slope = B; one line
+per variant beyond :data:`MAX_LINES` runs), up to :data:`MAX_LINES` runs ``scaling_curves.png``
+(every run on one figure) and, with seeds pooled, ``pooled_curves.png`` / ``pooled_fits.csv``.
 """
 
 from __future__ import annotations
