@@ -705,7 +705,7 @@ def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix:
                 v.dA.mdd = detectable(fam.sd_A, nv, nb, fam.alpha, MARGIN_A, fam.df_sd)
                 if math.isfinite(v.A.mean) and math.isfinite(base.A.mean):
                     v.dA.delta = v.A.mean - base.A.mean
-            if v.A.settled and v.B.settled and base.B.settled:
+            if v.A.settled and base.A.settled and v.B.settled and base.B.settled:
                 v.dB = t_test(v.B.values, base.B.values, fam.alpha, 0.0, fam.sd_B, fam.df_sd_B)
             else:
                 v.dB = Comparison(alpha=fam.alpha)
@@ -834,6 +834,7 @@ def family_summary(vs: Sequence[VariantVerdict]) -> str:
     if not fam.m:
         return "Test: no variant is scored against the baseline."
     called = sum(bool(v.called) for v in vs)
+    tested = sum(v.dA.tested + v.dB.tested for v in vs)
     sd = (
         f"{fam.sd_A:.3f} ({fam.df_sd} df)"
         if math.isfinite(fam.sd_A)
@@ -844,7 +845,8 @@ def family_summary(vs: Sequence[VariantVerdict]) -> str:
         f"Test: t-test per comparison on the settled per-seed values, the seeds' spread pooled over the "
         f"variants (Welch's where a pair is noisier than the pool), Bonferroni over {fam.m} comparisons (A and B of "
         f"{fam.m // 2} scored variants), family-wise level {FAMILY_LEVEL:.0%} (each test at "
-        f"{fam.alpha:.4f}); {called} variant{'s' if called != 1 else ''} called. Seeds' spread of A "
+        f"{fam.alpha:.4f}); {tested} of the {fam.m} comparisons could be tested (both sides settled), "
+        f"{called} variant{'s' if called != 1 else ''} called. Seeds' spread of A "
         f"(pooled sd): {sd}; smallest detectable ΔA at {fam.seeds} seeds per variant and "
         f"{POWER:.0%} power: {mdd}."
     )
