@@ -150,7 +150,16 @@ def test_cli_compare(store):
     bf16 = next(r for r in rows if r["run_name"] == "bf16")
     assert float(bf16["C_mid"]) == pytest.approx(1.5e18 / FLOPS_PER_DEVICE_HOUR, rel=0.2)
 
-    for f in ("scaling_curves.png", "linearised.png", "fits.csv", "fits.md", "fits.json"):
+    for f in (
+        "scaling_curves.png",
+        "linearised.png",
+        "variants.png",
+        "forest.png",
+        "calibration.png",
+        "fits.csv",
+        "fits.md",
+        "fits.json",
+    ):
         assert (out / f).stat().st_size > 0, f
     assert len(list(out.glob("runs/*/scaling_curve.png"))) == 4
 

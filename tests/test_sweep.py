@@ -500,6 +500,10 @@ def test_sweep_report_and_analysis_cli_give_the_same_table(synthetic_sweep, caps
         "| dapo | 2/2 | " in note
         and "dapo: A lower" in sw["client"].get_run(sw["parent"]).data.tags["2 verdict"]
     )
+    # the figures of the verdicts are artifacts of the parent run
+    arts = {a.path for a in sw["client"].list_artifacts(sw["parent"], "report")}
+    assert {"report/variants.png", "report/forest.png", "report/calibration.png"} <= arts, arts
+    assert not list((sw["out"] / "report").glob("*.error.txt"))
 
     # --baseline by run name: that run's variant, both seeds, the same numbers
     rc = analysis_main(
