@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from scipy import stats
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from scalerl.analysis import load_runs  # noqa: E402
+from scalerl.analysis import FitOptions, load_runs, report  # noqa: E402
 from scalerl.analysis.synthetic import BASELINE, Design, analyse_sweep, log_sweep, sweep_runs  # noqa: E402
 from scalerl.analysis.verdicts import FAMILY_LEVEL, INCONCLUSIVE, family_summary  # noqa: E402
 from scalerl.scaling.synthetic import TrueCurve  # noqa: E402
@@ -30,10 +31,12 @@ def _called(vs) -> list[str]:
     return [f"{v.variant}: {v.verdict}" for v in vs if v.called]
 
 
+@pytest.mark.slow
 def test_the_mlflow_path_and_the_in_memory_path_give_the_same_verdicts(tmp_path):
     """Two sweeps (one null, one with dapo's ceiling 0.20 lower) logged as training runs log them,
     read back with load_runs: the verdicts equal those of the same runs analysed in memory, every
-    component counts as active (the activity metrics were read), and dapo is called lower."""
+    component counts as active (the activity metrics were read), and dapo is called lower. The
+    report of the logged 27 runs draws the verdict figures, and no one-line-per-run figure."""
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     for k, deltas in enumerate((None, {"dapo": -0.20})):
         runs = sweep_runs(np.random.default_rng([7, k]), deltas=deltas)
@@ -46,6 +49,11 @@ def test_the_mlflow_path_and_the_in_memory_path_give_the_same_verdicts(tmp_path)
         if deltas:
             dapo = next(v for v in logged if v.variant == "dapo")
             assert dapo.called.get("A") == -1, dapo.verdict
+            rep = report(loaded, tmp_path / "report", baseline=BASELINE, options=FitOptions(bootstrap=20))
+            names = {f.name for f in rep.files}
+            assert {"variants.png", "forest.png", "calibration.png", "linearised.png"} <= names, names
+            assert "scaling_curves.png" not in names and not list((tmp_path / "report").glob("*.error.txt"))
+            assert "| dapo | 3/3 | " in rep.markdown and "family-wise level 5%" in rep.markdown
 
 
 def test_null_sweeps_call_no_more_than_the_stated_family_wise_level():
