@@ -54,10 +54,11 @@ class TrackingConfig(Option):
 
 @dataclass
 class ScalingConfig(Option):
-    # the fit's x-axis: device_hours = wall clock x devices held, idle time included (the paper's
-    # GPU-hours; on CPU a device is one CPU thread of the run), flops = 2N per generated + 6N per
-    # trained token (idle time not counted)
-    compute_axis: str = "device_hours"  # device_hours | flops
+    # the fit's x-axis: flops = 2N per generated + 6N per trained token (counted work: machine load
+    # and idle time do not move it, so runs on a shared machine stay comparable); device_hours = wall
+    # clock x devices held, idle time included (the paper's GPU-hours; on CPU a device is one CPU
+    # thread), for runs whose generation and training hold separate devices (conf/experiment/paper_scale)
+    compute_axis: str = "flops"  # flops | device_hours
     refit_every: int = 5  # refit the sigmoid every M evaluations
     # early points left out of every fit (live, final, report, half-budget check), the same absolute
     # cut for every run of a sweep: evaluations before optimiser step min_step, and below min_compute

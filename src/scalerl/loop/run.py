@@ -28,7 +28,7 @@ from scalerl import algo
 from scalerl.config import ConfigError
 from scalerl.generator import Generator, make_generator
 from scalerl.lock import hold
-from scalerl.loop import collective
+from scalerl.loop import collective, health
 from scalerl.loop.batch import prepare_batch, step_statistics
 from scalerl.loop.data import MixedSampler, PromptSampler, make_sampler
 from scalerl.loop.errors import RunError
@@ -214,8 +214,10 @@ def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
     )
     trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
     st.train_busy += time.perf_counter() - t0
+    prepared.stats.update(health.outcome_shares(groups, getattr(run.task, "verifier_kinds", ())))
     stats, counts = step_statistics(prepared, trainer_stats)
     count_step(run, prepared.counts, counts)
+    st.train_correct.append(stats["train/correct"])
     st.step += 1
     hand_over_weights(run)
     return groups, stats
@@ -365,6 +367,7 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
         if f"val/pass_rate/{d}" in metrics:  # (eval.num_prompts may leave a domain out)
             point[f"pass_rate/{d}"] = metrics[f"val/pass_rate/{d}"]
     st.evals.append(point)
+    metrics.update(health.hacking_metrics(st.train_correct, st.evals))
     n_evals = len(st.evals)
     if n_evals >= 4 and n_evals % cfg.scaling.refit_every == 0:
         metrics.update(fit_metrics(run))
