@@ -27,7 +27,7 @@ PROGRESS = ("auto", "bar", "log")
 @dataclass
 class EvalConfig(Option):
     # the default's design: 192 prompts x 4 samples (one point's standard error <= 0.018; the mean of
-    # the last 3, the "final" pass rate the prediction is checked on, <= 0.011), every 15 steps
+    # 3 seeds' last evaluations, the end the prediction is checked on, <= 0.011), every 15 steps
     # (10 points after the early cut in the first half of 300 steps; about a sixth of the run's time)
     every: int = 15  # evaluate every N optimiser steps (and at step 0)
     num_prompts: int = 192
