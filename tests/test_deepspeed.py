@@ -240,7 +240,7 @@ def _run_in_process(overrides: list[str], *, resume: bool = False):
 
     from scalerl.config import compose
     from scalerl.loop import build, train
-    from scalerl.loop.run import restore
+    from scalerl.loop.checkpointing import restore
 
     cfg = compose(overrides)
     OmegaConf.resolve(cfg)
