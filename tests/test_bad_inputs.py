@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from scalerl.config import ConfigError, compose, preflight
+from scalerl.cli import preflight
+from scalerl.config import ConfigError, compose
 from scalerl.config.errors import explain
 from scalerl.config.preflight import PathError
 from scalerl.sweep.plan import make_plan

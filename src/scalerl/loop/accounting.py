@@ -14,7 +14,7 @@ from scalerl.loop.modes import Placement
 from scalerl.loop.state import Clock
 
 if TYPE_CHECKING:
-    from scalerl.loop.setup import Components
+    from scalerl.loop.components import Components
 
 
 def record_pass_rates(pass_rates: algo.PassRateTracker, groups: list[list]) -> None:

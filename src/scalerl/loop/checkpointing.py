@@ -20,7 +20,7 @@ from scalerl.tracking.secrets import redact
 from scalerl.tracking.tracker import flatten
 
 if TYPE_CHECKING:
-    from scalerl.loop.setup import Components
+    from scalerl.loop.components import Components
 
 log = logging.getLogger("scalerl")
 

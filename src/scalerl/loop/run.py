@@ -28,10 +28,11 @@ from scalerl.lock import hold
 from scalerl.loop.accounting import compute_metrics, count_step, device_hours, record_pass_rates
 from scalerl.loop.batch import prepare_batch, step_statistics
 from scalerl.loop.checkpointing import check_same_recipe, checkpoint, checkpoint_safe, restore
+from scalerl.loop.components import Components
 from scalerl.loop.errors import RunError
 from scalerl.loop.evaluate import evaluate
 from scalerl.loop.progress import Progress
-from scalerl.loop.setup import Components, build
+from scalerl.loop.setup import build
 from scalerl.loop.signals import Interrupted, StopSignals
 from scalerl.loop.state import Clock
 from scalerl.loop.summary import (

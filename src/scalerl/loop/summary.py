@@ -16,7 +16,7 @@ from scalerl.tracking import Checkpointer, Tracker
 from scalerl.tracking.secrets import redact
 
 if TYPE_CHECKING:
-    from scalerl.loop.setup import Components
+    from scalerl.loop.components import Components
 
 log = logging.getLogger("scalerl")
 
