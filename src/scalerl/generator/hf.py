@@ -32,6 +32,7 @@ from scalerl.config.options import options
 from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
+from scalerl.model.kv_cache import with_cache
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
 
@@ -156,8 +157,8 @@ class HFGenerator(Generator):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=cache,
                 use_cache=True,
+                **with_cache(body, cache),
             )
         logits = self.precision.logits(self.model, out.last_hidden_state[:, -1])
         temperature = self.temperature if self.temperature > 0 else 1.0
