@@ -107,6 +107,7 @@ def train_one_step(trainer: Trainer, gen: Generator) -> None:
     assert stats["train/step_skipped"] == 0.0
 
 
+@pytest.mark.slow  # trains: an optimiser step per generator
 @pytest.mark.parametrize("make", list(GENERATORS.values()), ids=list(GENERATORS))
 def test_after_load_weights_behaviour_logprobs_are_the_trainers(make):
     trainer = new_trainer()

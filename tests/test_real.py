@@ -118,6 +118,7 @@ def test_number_scale_draws_small_values_from_each_range():
     ]  # originals as they are
 
 
+@pytest.mark.slow  # draws thousands of problems
 @pytest.mark.needs_extra("real-parts")
 def test_gsm_drawn_validation_is_held_out_from_training_draws():
     """task.val_split=drawn: num_val problems from the training distribution (same templates, same
