@@ -45,6 +45,15 @@ _SLOW_MARKERS = ("slurm", "browser", "deepspeed")
 _SLOW_FIXTURES = ("tiny_overrides", "tiny_sweep")
 
 
+def pytest_runtest_setup(item):
+    """A test marked ``needs_extra(name)`` is skipped with the reason when that extra is missing, and
+    fails instead under SCALERL_REQUIRE_EXTRAS=1 (CI): tests/extras.py."""
+    from extras import need
+
+    for mark in item.iter_markers("needs_extra"):
+        need(*mark.args)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         fixtures = getattr(item, "fixturenames", ())

@@ -682,3 +682,21 @@ def test_new_registered_loss_works_through_policy_loss(scratch_loss):
     assert check_loss_params(scratch_loss, {"scale": -1}) == [("scale", -1, "a number > 0")]
     stats = loss_stats(scratch_loss, logp, gen, adv, mask, scale=2.0)
     assert math.isnan(stats["clip_fraction"])  # no clip_indicator registered
+
+
+def test_dapo_and_grpo_are_one_function_with_their_own_help_lines():
+    """dapo and grpo share their surrogate: one function registered under both names, each with its
+    own line in --help and the same numbers for the same clip."""
+    from scalerl.config import options
+
+    assert LOSSES["dapo"].fn is LOSSES["grpo"].fn
+    assert options("loss")["dapo"].__doc__.startswith("DAPO per-token loss")
+    assert options("loss")["grpo"].__doc__.startswith("GRPO per-token loss")
+    g = torch.Generator().manual_seed(5)
+    logp, gen = torch.randn(3, 6, generator=g), torch.randn(3, 6, generator=g)
+    adv, mask = torch.randn(3, generator=g), torch.ones(3, 6)
+    args = (logp, gen, adv, mask, torch.tensor([0, 0, 1]))
+    assert torch.equal(
+        LOSSES["dapo"].fn(*args, eps_low=0.2, eps_high=0.28),
+        LOSSES["grpo"].fn(*args, eps_low=0.2, eps_high=0.28),
+    )

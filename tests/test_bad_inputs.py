@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from scalerl.config import ConfigError, compose, preflight
+from scalerl.cli import preflight
+from scalerl.config import ConfigError, compose
 from scalerl.config.errors import explain
 from scalerl.config.preflight import PathError
 from scalerl.sweep.plan import make_plan
@@ -742,6 +743,7 @@ def test_a_missing_real_package_is_one_line_naming_the_install_command():
     )
 
 
+@pytest.mark.needs_extra("real-parts")
 def test_gsm_with_more_eval_prompts_than_its_100_originals(tmp_path, store):
     overrides = ["model=smollm2", "task=gsm", "task.num_train=10", f"out_dir={tmp_path / 'run'}", *store]
     msg = env_error(overrides)  # eval.num_prompts=128 by default
@@ -750,6 +752,7 @@ def test_gsm_with_more_eval_prompts_than_its_100_originals(tmp_path, store):
     assert list(tmp_path.iterdir()) == []  # nothing converted or written
 
 
+@pytest.mark.needs_extra("real-parts")
 def test_gsm_prompts_are_too_long_for_the_tiny_model(tmp_path, store):
     msg = env_error(
         ["task=gsm", "task.num_train=10", "eval.num_prompts=8", f"out_dir={tmp_path / 'r'}", *store]

@@ -244,6 +244,7 @@ def test_extracting_the_program():
     assert extract_program("```python\ndef f(): return 1") == "def f(): return 1"  # unclosed block
 
 
+@pytest.mark.needs_extra("real")
 def test_humaneval_canonical_solutions_pass_and_stubs_fail():
     task = CodeTask(source="humaneval", num_val=8)
     by_prompt = {task._humaneval_prompt(0, r).text: r for r in _humaneval_problems()}

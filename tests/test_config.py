@@ -365,3 +365,22 @@ def test_the_warm_start_learns_the_configured_interruption_phrase():
     default = compose([]).task.warmstart_phrase
     assert default == compose([]).length_control.phrase
     assert compose(["length_control=length_penalty"]).task.warmstart_phrase == default
+
+
+def test_every_resumable_change_names_a_key_of_the_config():
+    """RESUMABLE_CHANGES (what may change when a run resumes) names keys and groups that exist."""
+    from omegaconf import OmegaConf
+
+    from scalerl.config.schema import RESUMABLE_CHANGES
+    from scalerl.tracking.tracker import flatten
+
+    keys = set(flatten(OmegaConf.to_container(compose(["out_dir=/tmp/x"]), resolve=False)))
+    for entry in RESUMABLE_CHANGES:
+        assert any(k == entry or (entry.endswith(".") and k.startswith(entry)) for k in keys), entry
+
+
+def test_the_recipe_groups_are_the_first_config_groups():
+    from scalerl.analysis.experiment import RECIPE_GROUPS as analysed
+    from scalerl.config.options import RECIPE_GROUPS
+
+    assert analysed is RECIPE_GROUPS and GROUPS[: len(RECIPE_GROUPS)] == RECIPE_GROUPS

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from extras import need
 from procs import descendants
 from test_trainer_contract import LENGTH, PROMPT, SHORT
 
@@ -37,7 +38,7 @@ from test_trainer_contract import LENGTH, PROMPT, SHORT
 _ds_acc = os.environ.get("DS_ACCELERATOR")
 os.environ["DS_ACCELERATOR"] = "cpu"
 try:
-    pytest.importorskip("deepspeed")
+    need("deepspeed")
 finally:
     if _ds_acc is None:
         del os.environ["DS_ACCELERATOR"]
@@ -240,7 +241,7 @@ def _run_in_process(overrides: list[str], *, resume: bool = False):
 
     from scalerl.config import compose
     from scalerl.loop import build, train
-    from scalerl.loop.run import restore
+    from scalerl.loop.checkpointing import restore
 
     cfg = compose(overrides)
     OmegaConf.resolve(cfg)

@@ -21,6 +21,7 @@ from transformers.pytorch_utils import Conv1D
 
 from scalerl.generator import HFGenerator, Sample, make_generator
 from scalerl.model.build import build_model
+from scalerl.model.kv_cache import with_cache
 from scalerl.model.precision import Precision
 from scalerl.model.tokenizer import build_char_tokenizer
 
@@ -291,10 +292,11 @@ def test_inflight_weight_update_keeps_stale_cache():
         c = s.completion_ids
         with torch.no_grad():
             cache = DynamicCache()
-            old.get_decoder()(
-                input_ids=torch.tensor([s.prompt_ids + c[:2]]), past_key_values=cache, use_cache=True
+            old_body, new_body = old.get_decoder(), new.get_decoder()
+            old_body(
+                input_ids=torch.tensor([s.prompt_ids + c[:2]]), use_cache=True, **with_cache(old_body, cache)
             )
-            h = new.get_decoder()(input_ids=torch.tensor([c[2:-1]]), past_key_values=cache, use_cache=True)
+            h = new_body(input_ids=torch.tensor([c[2:-1]]), use_cache=True, **with_cache(new_body, cache))
             logp = prec.log_softmax(prec.logits(new, h.last_hidden_state[0]))
         ref_stale = logp.gather(1, torch.tensor(c[3:])[:, None]).squeeze(1)
         assert torch.allclose(got[3:], ref_stale, atol=1e-4)

@@ -107,6 +107,7 @@ def train_one_step(trainer: Trainer, gen: Generator) -> None:
     assert stats["train/step_skipped"] == 0.0
 
 
+@pytest.mark.slow  # trains: an optimiser step per generator
 @pytest.mark.parametrize("make", list(GENERATORS.values()), ids=list(GENERATORS))
 def test_after_load_weights_behaviour_logprobs_are_the_trainers(make):
     trainer = new_trainer()
@@ -155,7 +156,7 @@ def test_rng_state_round_trip_reproduces_the_samples(make):
 
 def test_a_generator_without_load_weights_cannot_be_built():
     class NoWeights(Generator):
-        def generate(self, prompts, n, *, version, group_ids=None, weight_update=None):
+        def _generate(self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step):
             return []
 
         def rng_state(self):
@@ -169,3 +170,18 @@ def test_a_generator_without_load_weights_cannot_be_built():
 
     with pytest.raises(TypeError, match="load_weights"):
         NoWeights()
+
+
+@pytest.mark.parametrize("make", list(GENERATORS.values()), ids=list(GENERATORS))
+def test_every_generator_checks_its_inputs_the_same_way(make):
+    """The base class checks generate()'s inputs once for every engine (one line naming the value)."""
+    gen = make(new_trainer())
+    assert gen.generate([], 4, version=0) == []
+    with pytest.raises(ValueError, match=r"^n=0: the samples per prompt must be >= 1$"):
+        gen.generate(PROMPTS, 0, version=0)
+    with pytest.raises(
+        ValueError, match=r"^group_ids has 1 ids for \d+ prompts: it must have one per prompt$"
+    ):
+        gen.generate(PROMPTS, 2, version=0, group_ids=[7])
+    groups = gen.generate(PROMPTS[:2], 2, version=0, group_ids=[7, 9])
+    assert [[s.group_id for s in g] for g in groups] == [[7, 7], [9, 9]]

@@ -106,3 +106,56 @@ def test_no_subprocess_goes_through_a_shell():
             if shell or (named and f.attr in ("system", "popen")):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
+
+
+# The package's layers, lowest first: a subpackage imports (anywhere, lazy imports included) only from
+# its own layer's leaves below it, never upwards. config holds the options and their checks, and
+# knows no task, model or tracking store; tracking (MLflow, checkpoints) and scaling (the sigmoid
+# fits) know no config; the loop puts the pieces together; analysis reads what runs logged; sweeps
+# and the CLI sit on top.
+LAYERS = [
+    {"messages", "lock", "distributed", "algo"},  # leaves: pure tensor functions, helpers
+    {"storage"},
+    {"tracking", "scaling"},
+    {"config"},
+    {"task", "model"},
+    {"generator"},
+    {"trainer"},
+    {"loop"},
+    {"analysis"},
+    {"sweep", "cli"},
+]
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else module
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> imported`` for each import of a subpackage from its own layer or one above it."""
+    layer = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
+    bad = []
+    for module, deps in graph.items():
+        pkg = _package(module)
+        for dep in deps:
+            other = _package(dep)
+            if other not in (pkg, "scalerl") and layer[other] >= layer[pkg]:
+                bad.append(f"{module} -> {dep}")
+    return sorted(bad)
+
+
+def test_every_subpackage_has_a_layer():
+    packages = {_package(m) for m in import_graph()} - {"scalerl"}
+    assert packages == set().union(*LAYERS)
+
+
+def test_no_subpackage_imports_from_its_layer_or_above():
+    bad = upward_imports(import_graph())
+    assert not bad, "upward imports: " + "; ".join(bad)
+
+
+def test_the_layer_check_finds_an_upward_import():
+    assert upward_imports({"scalerl.tracking.tracker": {"scalerl.config"}}) == [
+        "scalerl.tracking.tracker -> scalerl.config"
+    ]
+    assert upward_imports({"scalerl.loop.run": {"scalerl.config", "scalerl.loop.state"}}) == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import subprocess
@@ -745,30 +744,6 @@ def test_every_async_mode_option_has_its_class():
     assert all(MODES[name].name == name for name in MODES)
 
 
-def test_summary_names_the_fit_with_its_intervals():
-    from scalerl.loop.run import summary_lines
-
-    fit = {"fit/ok": 1.0, "fit/A": 0.612, "fit/A_lo": 0.55, "fit/A_hi": 0.68, "fit/B": 1.8}
-    fit.update({"fit/B_lo": 1.5, "fit/B_hi": 2.1})
-    base = {"steps": 200, "wall_seconds": 90.0, "pass_rate_start": 0.1, "pass_rate_final": 0.45}
-    base.update({"out_dir": "/o", "run_id": "abc", "tracking_uri": "http://127.0.0.1:5000"})
-    lines = summary_lines({**base, "fit": fit})
-    assert lines[:3] == [
-        "done: 200 steps in 90 s",
-        "held-out pass rate: 0.100 -> 0.450",
-        "scaling fit: A = 0.612 [0.55, 0.68], B = 1.8 [1.5, 2.1] (90% intervals)",
-    ]
-    assert lines[-1] == "open it: http://127.0.0.1:5000"  # a server: its own UI
-    assert not any(line.startswith("scaling fit") for line in summary_lines({**base, "fit": {"fit/ok": 0.0}}))
-    # three points after the early cut: an exact fit, no intervals, the ceiling at its bound
-    exact = {"fit/ok": 1.0, "fit/A": 1.0, "fit/B": 1.75, "fit/n_points": 3.0}
-    exact.update({"fit/A_lo": math.nan, "fit/A_hi": math.nan, "fit/B_lo": math.nan, "fit/B_hi": math.nan})
-    assert summary_lines({**base, "fit": exact})[2] == (
-        "scaling fit: A = 1, B = 1.75 (no intervals: 3 points after the early cut leave none to "
-        "estimate them; A at its bound 1: these points do not determine the ceiling)"
-    )
-
-
 def test_rerunning_a_finished_run_the_store_did_not_mark_finished_marks_it(tiny_overrides):
     """The store was unreachable when the run ended (summary.json says so, MLflow says RUNNING): the
     same command marks it FINISHED, writes nothing twice and trains nothing."""
@@ -782,39 +757,6 @@ def test_rerunning_a_finished_run_the_store_did_not_mark_finished_marks_it(tiny_
     assert again["run_id"] == first["run_id"] and again["mlflow_status"] == "FINISHED"
     assert c.get_run(first["run_id"]).info.status == "FINISHED"
     assert [s for s, _ in history(uri, first["run_id"], "progress/step")] == [0, 1, 2]
-
-
-def test_weights_that_stop_being_finite_never_reach_a_checkpoint(tiny_overrides):
-    """Weights that are no longer finite are never checkpointed: the last good checkpoint stays the
-    last one, and the run stops in one line."""
-    from scalerl.loop.run import checkpoint
-    from scalerl.loop.state import Clock
-
-    cfg, run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=2"])
-    train(cfg, components=run)
-    with torch.no_grad():
-        next(run.trainer.module.parameters()).view(-1)[0] = float("inf")
-    with pytest.raises(RunError, match="no longer finite at step 2") as e:
-        checkpoint(run, Clock(run.state))
-    assert "\n" not in str(e.value) and str(run.ckpt.path) in str(e.value)
-    kept = run.ckpt.load()
-    assert kept["step"] == 2
-    assert all(bool(torch.isfinite(v).all()) for v in kept["trainer"]["model"].values())
-
-
-def test_resuming_with_a_changed_recipe_is_refused_in_one_line(tiny_overrides):
-    """A run resumed in its out_dir keeps its recipe (the MLflow run's params describe it); its length
-    may grow."""
-    from scalerl.config import ConfigError
-
-    train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
-    with pytest.raises(
-        ConfigError, match=r"loss\.eps_max='4\.0': must be '5\.0' as in the run being resumed"
-    ) as e:
-        train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3", "loss.eps_max=4.0"]))
-    assert "\n" not in str(e.value)
-    summary = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3"]))  # longer: allowed
-    assert summary["steps"] == 3
 
 
 def test_a_truncated_latest_checkpoint_resumes_from_the_one_before_without_gaps(tiny_overrides):
@@ -832,23 +774,3 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_one_before_without_gaps(
     uri = uri_of(tiny_overrides)
     assert [s for s, _ in history(uri, summary["run_id"], "train/reward")] == [1, 2, 3, 4, 5, 6]
     assert [s for s, _ in history(uri, summary["run_id"], "val/pass_rate")] == [0, 2, 4, 6]
-
-
-def test_devices_held_count_every_device_of_the_run():
-    """compute/device_hours = wall clock x devices held: on CPU a device is one CPU thread (the
-    trainer's plus a pipeline generator process's own), on GPU a GPU."""
-    from scalerl.loop.modes import Placement
-    from scalerl.loop.run import devices_held
-
-    cpu, gpu0, gpu1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
-    # sync / ppo_off_policy on CPU: the generator shares the trainer's threads
-    assert devices_held(cpu, Placement(2, 2, cpu), 1, generator_process=False) == 2
-    # pipeline_rl on CPU: the generator process has threads of its own
-    assert devices_held(cpu, Placement(1, 1, cpu), 1, generator_process=True) == 2
-    assert devices_held(cpu, Placement(6, 2, cpu), 1, generator_process=True) == 8
-    # several trainer processes on CPU: each one's threads
-    assert devices_held(cpu, Placement(4, 4, cpu), 2, generator_process=False) == 8
-    # GPUs: the trainers', plus the generator's when it has one of its own
-    assert devices_held(gpu0, Placement(8, 8, gpu0), 1, generator_process=True) == 1
-    assert devices_held(gpu0, Placement(8, 8, gpu1), 1, generator_process=True) == 2
-    assert devices_held(gpu0, Placement(8, 8, gpu0), 4, generator_process=False) == 4

@@ -1,4 +1,5 @@
-"""The real parts (launch/install_real.sh installs them; without them these tests fail, naming it): GSM
+"""The real parts (launch/install_real.sh installs them; without them these tests are skipped naming it,
+or fail under SCALERL_REQUIRE_EXTRAS=1 as in CI): GSM
 problems from the GSM-symbolic templates, CHAMP problems, math-verify scoring, and SmolLM2-135M
 trained for one RL step offline (slow)."""
 
@@ -25,6 +26,7 @@ def gsm() -> GsmTask:
     return GsmTask(seed=7, num_train=300)
 
 
+@pytest.mark.needs_extra("real-parts")
 def test_drawn_problems_have_the_answers_the_package_renders():
     """Our sampler and evaluator against the package's own renderer of the same values: the
     answer formula of every template gives the number its annotated answer's #### line shows."""
@@ -53,6 +55,7 @@ def test_drawn_problems_have_the_answers_the_package_renders():
     assert checked >= 90
 
 
+@pytest.mark.needs_extra("real-parts")
 def test_gsm_splits_are_seeded_and_the_originals_validate(gsm):
     val, train_ = gsm.val_prompts(), gsm.train_prompts()
     assert len(val) == 100 and len(train_) == 300
@@ -69,6 +72,7 @@ def test_gsm_splits_are_seeded_and_the_originals_validate(gsm):
     assert gsm.num_templates >= 90
 
 
+@pytest.mark.needs_extra("real-parts")
 def test_gsm_templates_pick_what_trains_and_validates():
     """task.templates: training problems are drawn from the listed templates only (round-robin, so
     each gets its share) and their originals validate; a number with no template is one line."""
@@ -93,6 +97,7 @@ def test_gsm_templates_pick_what_trains_and_validates():
         GsmTask(seed=7, num_train=5, templates=[3, 7], max_tries=50)  # 7's conditions: rarely met
 
 
+@pytest.mark.needs_extra("real-parts")
 def test_number_scale_draws_small_values_from_each_range():
     """task.number_scale: range/arange draw from the lowest share of their range (at least one
     step); the whole range at 1. The drawn problems then carry smaller numbers."""
@@ -113,6 +118,8 @@ def test_number_scale_draws_small_values_from_each_range():
     ]  # originals as they are
 
 
+@pytest.mark.slow  # draws thousands of problems
+@pytest.mark.needs_extra("real-parts")
 def test_gsm_drawn_validation_is_held_out_from_training_draws():
     """task.val_split=drawn: num_val problems from the training distribution (same templates, same
     number scale), none equal to a training problem, seeded; too few possible draws is one line."""
@@ -139,6 +146,7 @@ def test_gsm_drawn_validation_is_held_out_from_training_draws():
         GsmTask(seed=7, num_train=60, templates=[38], number_scale=0.01, val_split="drawn", num_val=5000)
 
 
+@pytest.mark.needs_extra("real-parts")
 def test_gsm_answers_are_checked_by_math_verify(gsm):
     p = gsm.val_prompts()[0]  # GSM8K: the shark and its remoras, 10 %
     assert p.answer == "10"
@@ -148,6 +156,7 @@ def test_gsm_answers_are_checked_by_math_verify(gsm):
     assert gsm.score(p, "I do not know.") == 0.0
 
 
+@pytest.mark.needs_extra("real-parts")
 def test_champ_keeps_the_answers_math_verify_can_check():
     champ = ChampTask(seed=0, val_fraction=0.5)
     n = len(champ.train_prompts()) + len(champ.val_prompts())
@@ -219,6 +228,7 @@ def one_step(task: str, tmp_path: Path, mlflow_uri: str, *extra: str):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_extra("real-parts")
 def test_smollm2_trains_one_step_on_gsm_offline(tmp_path, mlflow_uri):
     """The real model, converted from the packaged GGUF, one RL step on GSM problems; then its own
     output for a known item, with its final answer made right and made wrong, scored by math-verify."""
@@ -238,5 +248,6 @@ def test_smollm2_trains_one_step_on_gsm_offline(tmp_path, mlflow_uri):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_extra("real-parts")
 def test_smollm2_trains_one_step_on_champ_offline(tmp_path, mlflow_uri):
     one_step("champ", tmp_path, mlflow_uri)

@@ -21,7 +21,7 @@ from scalerl.scaling import (
     plot_fit,
     plot_linearised,
 )
-from scalerl.scaling.live import final_report, fit_metrics
+from scalerl.scaling.live import FIT_LEVEL, evaluation_fits, final_report, fit_metrics
 from scalerl.scaling.sigmoid import (
     PAPER_GRID_A,
     PAPER_GRID_C_MID,
@@ -424,6 +424,42 @@ def test_fit_metrics_and_final_report(tmp_path):
     # A failing fit still writes a plot of the points and returns NaN metrics.
     fit3, metrics3 = final_report([0, 1], [0.1, 0.2], out_png=tmp_path / "bad.png", extrapolate=2.0)
     assert not fit3.ok and math.isnan(metrics3["fit/A"]) and (tmp_path / "bad.png").exists()
+
+
+def test_a_runs_evaluations_are_fitted_per_domain_and_the_final_fit_draws_each_curve(tmp_path):
+    """The live fit of a run's evaluations: the pass rate under fit/, each task=multi domain under
+    fit/<domain>/ (a domain with fewer than 4 points is not fitted); the final one draws each curve."""
+    from omegaconf import OmegaConf
+
+    rng = np.random.default_rng(11)
+    _, c, y = _run(rng)
+    evals = [
+        {"step": 10 * i, "device_hours": float(ci), "pass_rate": float(yi)}
+        for i, (ci, yi) in enumerate(zip(c, y))
+    ]
+    for e in evals:
+        e["pass_rate/math"] = e["pass_rate"] * 0.9
+    evals[-1]["pass_rate/code"] = 0.3  # one point: no fit
+    scaling = OmegaConf.create(
+        {
+            "compute_axis": "device_hours",
+            "min_step": 0,
+            "min_compute": 0.0,
+            "method": "direct",
+            "bootstrap": 20,
+        }
+        | {"grid_A": None, "grid_C_mid": None, "extrapolate": 2.0}
+    )
+    metrics, figures = evaluation_fits(evals, scaling, domains=["math", "code"])
+    assert metrics["fit/ok"] == 1.0 and metrics["fit/math/ok"] == 1.0 and figures == []
+    assert not any(k.startswith("fit/code/") for k in metrics)
+    _, direct = fit_metrics(c, y, steps=[e["step"] for e in evals], bootstrap=20, level=FIT_LEVEL)
+    assert metrics["fit/A"] == direct["fit/A"] and metrics["fit/B"] == direct["fit/B"]
+    final, figures = evaluation_fits(evals, scaling, domains=["math", "code"], out_dir=tmp_path)
+    assert sorted(p.name for p in figures) == ["scaling_curve.png", "scaling_curve_math.png"]
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in figures) and "fit/pred_at_2x" in final
+    # too few points: nothing, and no error
+    assert evaluation_fits(evals[:3], scaling) == ({}, [])
 
 
 def test_plots(tmp_path):

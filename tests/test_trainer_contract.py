@@ -19,6 +19,7 @@ import socket
 
 import pytest
 import torch
+from extras import need
 
 CPU = torch.device("cpu")
 VOCAB = 40
@@ -100,7 +101,7 @@ def ds_process(tmp_path_factory):
     """This process as a one-rank DeepSpeed job on the CPU; the rank variables are restored afterwards."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DS_ACCELERATOR", "cpu")
-        pytest.importorskip("deepspeed")
+        need("deepspeed")
         for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0"}.items():
             mp.setenv(k, v)
         mp.setenv("WORLD_SIZE", "1")

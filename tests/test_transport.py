@@ -52,6 +52,7 @@ def test_layout_packs_one_buffer_per_dtype_and_unpacks_bit_exact():
     assert all(torch.equal(back[k], v) for k, v in state.items())
 
 
+@pytest.mark.slow  # starts a process
 def test_gloo_transport_delivers_every_version_bit_exact_to_another_process():
     ctx = mp.get_context("spawn")
     trainer = make_model(0)
@@ -88,6 +89,7 @@ def test_gloo_transport_delivers_every_version_bit_exact_to_another_process():
     assert tx.seconds > 0
 
 
+@pytest.mark.slow  # starts a process
 def test_a_generator_with_another_model_gets_a_clear_error():
     ctx = mp.get_context("spawn")
     tx = CollectiveTransport(state_of(make_model(0)), 0, backend="gloo")

@@ -7,9 +7,19 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from scalerl.config import ConfigError, conf_dir, preflight, register_configs, validate
+from scalerl.config import conf_dir, register_configs, validate
 
 register_configs()
+
+
+def preflight(cfg: DictConfig) -> None:
+    """What the config points at, before anything is built or written: out_dir, tracking store, model
+    folder (:func:`scalerl.config.preflight`), then the task's data (:func:`scalerl.task.checks.check_task`)."""
+    from scalerl.config.preflight import preflight as check_environment
+    from scalerl.task.checks import check_task
+
+    check_environment(cfg)
+    check_task(cfg)
 
 
 @hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")
@@ -18,8 +28,8 @@ def _main(cfg: DictConfig) -> None:
     from scalerl.loop import RunError
     from scalerl.loop.run import Stopped
     from scalerl.loop.signals import Interrupted, exit_code
+    from scalerl.messages import UserError
     from scalerl.storage import CheckpointError
-    from scalerl.task import DataFileError
 
     try:
         validate(cfg)
@@ -27,7 +37,7 @@ def _main(cfg: DictConfig) -> None:
         from scalerl.loop import train
 
         train(cfg)
-    except (ConfigError, DataFileError, CheckpointError) as e:
+    except (UserError, CheckpointError) as e:  # a ConfigError, a task's DataFileError
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except Stopped as e:  # SIGINT/SIGTERM: stopped at a step boundary with a checkpoint

@@ -1,6 +1,11 @@
-"""What a one-line error message quotes of the exception behind it."""
+"""One-line error messages: the base of user errors, and what a message quotes of the exception behind it."""
 
 from __future__ import annotations
+
+
+class UserError(ValueError):
+    """A mistake in what the user gave (a config value, a data file): its message is one line, shown
+    as it is (``error: <message>``, exit status 2)."""
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:

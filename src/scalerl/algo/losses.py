@@ -90,8 +90,19 @@ def _ppo_clipped(logp, gen_logp, advantages, mask, *, eps_low: float, eps_high: 
 _PPO_PARAMS = {"eps_low": unit_interval_open, "eps_high": positive}
 
 
-@register_loss("dapo", params=_PPO_PARAMS, clip_indicator=_ppo_clipped)
-def dapo_loss(
+@register_loss(
+    "grpo",
+    params=_PPO_PARAMS,
+    clip_indicator=_ppo_clipped,
+    doc="GRPO per-token loss: the DAPO surrogate, used with a symmetric clip (Khatri et al. 2025, Sec. 3.2).",
+)
+@register_loss(
+    "dapo",
+    params=_PPO_PARAMS,
+    clip_indicator=_ppo_clipped,
+    doc="DAPO per-token loss ``-min(rho * A, clip(rho, 1-eps_low, 1+eps_high) * A)`` (Khatri et al. 2025, Sec. 3.2).",
+)
+def ppo_clip_loss(
     logp: torch.Tensor,
     gen_logp: torch.Tensor,
     advantages: torch.Tensor,
@@ -101,33 +112,19 @@ def dapo_loss(
     eps_low: float,
     eps_high: float,
 ) -> torch.Tensor:
-    """DAPO per-token loss ``-min(rho * A, clip(rho, 1-eps_low, 1+eps_high) * A)`` (Khatri et al. 2025, Sec. 3.2).
+    """Per-token ``-min(rho * A, clip(rho, 1-eps_low, 1+eps_high) * A)`` (Khatri et al. 2025, Sec. 3.2):
+    the loss of both ``dapo`` and ``grpo``.
 
-    Asymmetric clip (paper: eps_low=0.2, eps_high=0.26/0.28). Tokens where the clipped branch wins
-    get zero gradient.
+    DAPO: an asymmetric clip (paper: eps_low=0.2, eps_high=0.26/0.28); tokens where the clipped
+    branch wins get zero gradient. GRPO: the same surrogate with a symmetric clip; GRPO as published
+    also uses sample-level aggregation and prompt-level advantage norm, chosen by the
+    aggregation/norm config, not here. No KL term.
     """
     ratio = torch.exp(_log_ratio(logp, gen_logp, mask))
     return _clipped_surrogate(ratio, advantages.unsqueeze(1), eps_low, eps_high)
 
 
-@register_loss("grpo", params=_PPO_PARAMS, clip_indicator=_ppo_clipped)
-def grpo_loss(
-    logp: torch.Tensor,
-    gen_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: torch.Tensor,
-    *,
-    eps_low: float,
-    eps_high: float,
-) -> torch.Tensor:
-    """GRPO per-token loss: the DAPO surrogate, used with a symmetric clip (Khatri et al. 2025, Sec. 3.2).
-
-    GRPO as published also uses sample-level aggregation and prompt-level advantage norm; those are
-    chosen by the aggregation/norm config, not here. No KL term.
-    """
-    ratio = torch.exp(_log_ratio(logp, gen_logp, mask))
-    return _clipped_surrogate(ratio, advantages.unsqueeze(1), eps_low, eps_high)
+dapo_loss = grpo_loss = ppo_clip_loss  # the names the registry gives it
 
 
 # ---------------------------------------------------------------------------------------------- GSPO

@@ -43,6 +43,7 @@ class LossSpec:
     fn: Callable
     params: dict[str, ParamCheck] = field(default_factory=dict)
     clip_indicator: Callable | None = None
+    doc: str | None = None  # one line for --help (default: the first line of fn's docstring)
 
 
 LOSSES: dict[str, LossSpec] = {}
@@ -53,16 +54,20 @@ def register_loss(
     params: dict[str, ParamCheck] | None = None,
     *,
     clip_indicator: Callable | None = None,
+    doc: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register a per-token loss function under ``name`` with its parameter checks.
 
     ``clip_indicator`` (optional) marks the tokens where the loss clips; see the module docstring.
+    ``doc``: the option's one line in ``--help`` when one function is registered under several names.
     """
 
     def deco(fn: Callable) -> Callable:
         if name in LOSSES:
             raise ValueError(f"loss {name!r} is already registered")
-        LOSSES[name] = LossSpec(name=name, fn=fn, params=dict(params or {}), clip_indicator=clip_indicator)
+        LOSSES[name] = LossSpec(
+            name=name, fn=fn, params=dict(params or {}), clip_indicator=clip_indicator, doc=doc
+        )
         return fn
 
     return deco

@@ -27,6 +27,7 @@ import numpy as np
 
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
 from scalerl.analysis.verdicts import A_UNSETTLED, Protocol, VariantVerdict, fixed_A_fits, settled_A, verdicts
+from scalerl.config.options import RECIPE_GROUPS  # groups logged as params named after the group
 from scalerl.scaling.sigmoid import (
     DEFAULT_METHOD,
     SigmoidFit,
@@ -34,17 +35,6 @@ from scalerl.scaling.sigmoid import (
     fit_sigmoid_runs,
 )
 
-RECIPE_GROUPS = (
-    "loss",
-    "async_mode",
-    "precision",
-    "aggregation",
-    "norm",
-    "filter",
-    "length_control",
-    "reward",
-)
-"""Config groups logged as params named after the group (value = the chosen option)."""
 MARGIN_A = 0.02
 """The paper's margin on A (three seeds differed by at most 0.015): the prediction check's tolerance."""
 DEFAULT_MIN_STEP = 10

@@ -49,7 +49,8 @@ def compose(overrides: list[str] | None = None, *, check: bool = True) -> DictCo
 
 
 def preflight(cfg: DictConfig) -> None:
-    """Checks on the folders, files and servers ``cfg`` points at (:mod:`scalerl.config.preflight`)."""
+    """Checks on the folders and servers ``cfg`` points at (:mod:`scalerl.config.preflight`); the task's
+    data is checked by :func:`scalerl.task.checks.check_task` (both: :func:`scalerl.cli.preflight`)."""
     from scalerl.config.preflight import preflight as _preflight
 
     _preflight(cfg)

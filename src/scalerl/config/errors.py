@@ -82,13 +82,11 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
     """One line for a compose/validate error, naming the override at fault."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
-    from scalerl.config import ConfigError
+    from scalerl.messages import UserError
 
     msg = str(exc)
     first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
-    from scalerl.task import DataFileError
-
-    if isinstance(exc, (ConfigError, DataFileError)):
+    if isinstance(exc, UserError):  # a ConfigError, a task's DataFileError: one line already
         return msg
     if isinstance(exc, MissingConfigException):
         m = re.search(r"Could not (?:find|load) '([^'/]+)/([^']+)'", msg)

@@ -24,8 +24,8 @@ import importlib
 import sys
 from collections.abc import Iterable
 
-# The config groups (axes), in the order they are shown; each has a module registering its options.
-GROUPS: tuple[str, ...] = (
+# The recipe's groups: the paper's design axes, which runs of one experiment compare.
+RECIPE_GROUPS: tuple[str, ...] = (
     "loss",
     "async_mode",
     "precision",
@@ -34,6 +34,10 @@ GROUPS: tuple[str, ...] = (
     "filter",
     "length_control",
     "reward",
+)
+# The config groups, in the order they are shown; each has a module registering its options.
+GROUPS: tuple[str, ...] = (
+    *RECIPE_GROUPS,
     "model",
     "task",
     "generator",
@@ -41,12 +45,8 @@ GROUPS: tuple[str, ...] = (
     "launcher",
 )
 
-# the module whose import registers each group's options (each registers its own on import); an
-# option that configures a component declared with it (an async mode) lives in that component's module
-PROVIDERS: dict[str, str] = {
-    **{g: f"scalerl.config.groups.{g}" for g in GROUPS},
-    "async_mode": "scalerl.loop.modes",
-}
+# the module whose import registers each group's options (each registers its own on import)
+PROVIDERS: dict[str, str] = {g: f"scalerl.config.groups.{g}" for g in GROUPS}
 
 # Where the option schemas live in Hydra's ConfigStore: ``<SCHEMA_ROOT>/<group>/<name>``; each
 # option's YAML lists ``/<SCHEMA_ROOT>/<group>/<name>@_here_`` first in its defaults.

@@ -205,37 +205,10 @@ def max_positions(config: dict) -> int | None:
     return None
 
 
-def check_task(cfg: DictConfig) -> int:
-    """Load the task's data (a data file is parsed here, so a bad one fails before anything is
-    built) and check ``eval.num_prompts`` against its validation prompts; returns their number."""
-    from scalerl.task import build_task
-
-    if cfg.task.name == "addition":  # decided by the config alone (validate)
-        return int(cfg.task.num_val)
-    task = build_task(cfg)
-    n_val = len(task.val_prompts())
-    if cfg.model.name == "tiny":  # the character tokenizer: one position per character
-        longest = max(len(p.text) for p in [*task.train_prompts(), *task.val_prompts()])
-        new, positions = int(cfg.length_control.max_new_tokens), int(cfg.model.max_position_embeddings)
-        if longest + new > positions:
-            raise ConfigError(
-                "length_control.max_new_tokens",
-                new,
-                f"<= model.max_position_embeddings - the longest prompt ({positions} - {longest} characters"
-                f" in {cfg.task.path if 'path' in cfg.task else cfg.task.name})",
-            )
-    if cfg.eval.num_prompts > n_val:
-        where = f" in {cfg.task.path}" if "path" in cfg.task else ""
-        raise ConfigError(
-            "eval.num_prompts",
-            cfg.eval.num_prompts,
-            f"<= {n_val}, the validation prompts task={cfg.task.name} has{where}",
-        )
-    return n_val
-
-
 def preflight(cfg: DictConfig) -> None:
-    """Raise on the first thing ``cfg`` points at that the run could not use. Writes nothing."""
+    """Raise on the first thing ``cfg`` points at that the run could not use: out_dir, tracking store,
+    model folder. Writes nothing. (The data file is the task's own check,
+    :func:`scalerl.task.checks.check_task`; ``python train.py`` runs both, :func:`scalerl.cli.preflight`.)"""
     from scalerl.tracking.tracker import tracking_uri
 
     check_out_dir(cfg.out_dir)
@@ -253,14 +226,12 @@ def preflight(cfg: DictConfig) -> None:
             )
     if cfg.model.name == "smollm2":  # the package holding the model file (converted on first use)
         smollm2_gguf()
-    check_task(cfg)
 
 
 __all__ = [
     "PathError",
     "check_model_folder",
     "check_out_dir",
-    "check_task",
     "check_tracking_uri",
     "preflight",
     "smollm2_gguf",

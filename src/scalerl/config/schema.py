@@ -128,6 +128,21 @@ class Config:
     progress: str = "auto"  # auto | bar | log
 
 
+# what may differ when a run is resumed in its out_dir (keys, or prefixes ending in "."): its length,
+# cadences, threads, where it logs, runs or caches; every other key is its recipe and must match
+RESUMABLE_CHANGES = (
+    "trainer.total_steps",
+    "trainer.threads",
+    "checkpoint_every",
+    "progress",
+    "out_dir",
+    "eval.log_samples",
+    "model.cache_dir",
+    "tracking.",
+    "launcher.",
+    "scaling.",
+)
+
 # the run-wide sections, checked like options
 SECTIONS = {"eval": EvalConfig, "tracking": TrackingConfig, "scaling": ScalingConfig}
 

@@ -18,9 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from scalerl.config.checks import non_finite
 from scalerl.config.options import GROUPS, options
 from scalerl.config.schema import PROGRESS, SECTIONS
+from scalerl.messages import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user error in the configuration; its message is one line."""
 
     def __init__(self, key: str, value: object, allowed: str, where: str = ""):

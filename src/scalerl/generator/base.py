@@ -30,11 +30,14 @@ def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
 
 
 class Generator(abc.ABC):
-    """Samples groups of completions from the policy at version :attr:`version`."""
+    """Samples groups of completions from the policy at version :attr:`version`.
+
+    :meth:`generate` checks its inputs and tokenizes the prompts once for every engine, then calls
+    the engine's own :meth:`_generate`."""
 
     version: int = 0  # the policy version of the weights this generator holds
+    tokenizer: Any  # the policy's tokenizer (prompts without their own ``prompt_ids`` are encoded with it)
 
-    @abc.abstractmethod
     def generate(
         self,
         prompts: Sequence[Any],
@@ -43,11 +46,49 @@ class Generator(abc.ABC):
         version: int,
         group_ids: list[int] | None = None,
         weight_update: Callable[[], int | None] | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> list[list[Sample]]:
-        """``n`` samples for each prompt, groups in prompt order, their tokens stamped ``version``.
+        """``n`` samples for each prompt (objects with ``.uid`` and ``.text``, or ``.prompt_ids``),
+        groups in prompt order, their tokens stamped ``version``; ``group_ids``: one id per prompt
+        (default 0, 1, ...).
 
         ``weight_update``: called between decode steps; when it returns a version, newer weights
-        have been put into the generator's model in place, and later tokens carry that version."""
+        have been put into the generator's model in place, and later tokens carry that version.
+        ``on_step``: called after every decode step."""
+        if not prompts:
+            return []
+        if n < 1:
+            raise ValueError(f"n={n}: the samples per prompt must be >= 1")
+        group_ids = list(range(len(prompts))) if group_ids is None else list(group_ids)
+        if len(group_ids) != len(prompts):
+            raise ValueError(
+                f"group_ids has {len(group_ids)} ids for {len(prompts)} prompts: it must have one per prompt"
+            )
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        return self._generate(
+            prompts,
+            prompt_ids,
+            n,
+            version=version,
+            group_ids=group_ids,
+            weight_update=weight_update,
+            on_step=on_step,
+        )
+
+    @abc.abstractmethod
+    def _generate(
+        self,
+        prompts: Sequence[Any],
+        prompt_ids: list[list[int]],
+        n: int,
+        *,
+        version: int,
+        group_ids: list[int],
+        weight_update: Callable[[], int | None] | None,
+        on_step: Callable[[], None] | None,
+    ) -> list[list[Sample]]:
+        """The engine's sampling, on checked inputs: ``prompt_ids`` are the prompts' token ids (none
+        empty), ``n >= 1``, one group id per prompt (:meth:`generate` says what each argument means)."""
 
     @abc.abstractmethod
     def load_weights(self, weights: PolicyWeights, version: int) -> None:

@@ -23,15 +23,16 @@ a step costs one forward pass plus a fixed number of batched tensor ops whatever
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from scalerl.config.options import options
-from scalerl.generator.base import Generator, encode_prompt
+from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
+from scalerl.model.kv_cache import with_cache
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
 
@@ -131,27 +132,9 @@ class HFGenerator(Generator):
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: Sequence[Any],
-        n: int,
-        *,
-        version: int,
-        group_ids: list[int] | None = None,
-        weight_update: Callable[[], int | None] | None = None,
-        on_step: Callable[[], None] | None = None,
+    def _generate(
+        self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step
     ) -> list[list[Sample]]:
-        """``n`` samples for each prompt (objects with ``.uid`` and ``.text``); groups in prompt order."""
-        if not prompts:
-            return []
-        if n < 1:
-            raise ValueError("n must be >= 1")
-        if group_ids is None:
-            group_ids = list(range(len(prompts)))
-        if len(group_ids) != len(prompts):
-            raise ValueError("group_ids must have one id per prompt")
-        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
-
         was_training = self.model.training
         self.model.eval()
         try:
@@ -174,8 +157,8 @@ class HFGenerator(Generator):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=cache,
                 use_cache=True,
+                **with_cache(body, cache),
             )
         logits = self.precision.logits(self.model, out.last_hidden_state[:, -1])
         temperature = self.temperature if self.temperature > 0 else 1.0
@@ -189,16 +172,39 @@ class HFGenerator(Generator):
         return (logp.float() - e.log()).argmax(-1)
 
     def _decode(self, prompt_ids, n, version, weight_update, on_step, cached=None) -> dict[str, Any]:
-        dev = self.device
-        P, B = len(prompt_ids), len(prompt_ids) * n
-        lens = [len(ids) for ids in prompt_ids]
-        L = max(lens)
-        interrupt = self.mode == "interruption"
-        n_phrase = len(self.phrase_ids)
-        max_steps = self.max_new_tokens + (n_phrase if interrupt else 0)
+        """Decode all ``len(prompt_ids) * n`` rows together, one token per step: take new weights,
+        the next log-probs, sample, force phrase tokens and count budgets, record, drop finished rows
+        from the KV cache."""
+        B = len(prompt_ids) * n
+        max_steps = self.max_new_tokens + (len(self.phrase_ids) if self.mode == "interruption" else 0)
+        rs = self._row_state(B, max_steps)
+        feed = _Prefill.of(prompt_ids, n, max_steps, self.pad_id, self.device)
+        cache = _make_cache(feed.L + max_steps)
+        record = _Record()
+        tok = torch.empty(0, dtype=torch.long, device=self.device)  # the tokens fed at the next step
+        # rows still in the KV cache (None: all B). Finished rows are dropped from the cache once they
+        # are half of it; the others' log-probs are scattered back into a [B, vocab] tensor, so the
+        # sampling (and its random stream) is the same as without the compaction.
+        rows = None
+        for step in range(max_steps):
+            version = self._take_new_weights(weight_update, version, cached)
+            logp = self._next_logprobs(step, feed, cache, tok, rows, n, B)
+            tok = self._sample(logp)
+            lp = logp.gather(1, tok[:, None]).squeeze(1).float()
+            tok, sampled, active = self._advance(rs, tok)
+            record.add(tok, torch.where(sampled, lp, 0.0), sampled, active, version)
+            if on_step is not None:
+                on_step()
+            n_active = int((~rs.done).sum())
+            if n_active == 0:
+                break
+            rows = self._compact(cache, rs.done, rows, n_active, B)
+        return record.result(rs, B, self.device)
 
-        # ---- per-row state
-        if interrupt:
+    def _row_state(self, B: int, max_steps: int) -> _RowState:
+        """Each row's budgets (drawn for interruption) and its state before the first token."""
+        dev = self.device
+        if self.mode == "interruption":
             budget = torch.randint(
                 self.think_budget_min, self.think_budget_max + 1, (B,), generator=self.rng, device=dev
             )
@@ -206,124 +212,84 @@ class HFGenerator(Generator):
         else:
             budget = torch.full((B,), max_steps + 1, dtype=torch.long, device=dev)
             answer_budget = max_steps + 1
-        zeros_b = torch.zeros(B, dtype=torch.bool, device=dev)
-        done, eos_hit, truncated, answering, interrupted = (zeros_b.clone() for _ in range(5))
-        n_sampled = torch.zeros(B, dtype=torch.long, device=dev)
-        n_think = torch.zeros_like(n_sampled)
-        n_answer = torch.zeros_like(n_sampled)
-        force_idx = torch.full((B,), -1, dtype=torch.long, device=dev)
+        return _RowState.start(B, budget, answer_budget, dev)
+
+    def _take_new_weights(self, weight_update, version: int, cached) -> int:
+        """In-flight weights (PipelineRL): the version the next tokens carry."""
+        if weight_update is not None:
+            new_version = weight_update()
+            if new_version is not None:
+                version = self.version = int(new_version)
+                if cached is not None:
+                    cached.refresh()  # the weights were replaced in place
+        return version
+
+    def _next_logprobs(self, step: int, feed: _Prefill, cache, tok, rows, n: int, B: int) -> torch.Tensor:
+        """[B, vocab] log-probs of the next token: the prefill (each prompt once, its cache then repeated
+        for its n samples) at step 0, else the last tokens of the rows still in the cache."""
+        if step == 0:
+            logp = self._logprobs(feed.ids, cache, feed.pmask, feed.prefill_pos)
+            if n > 1:
+                cache.batch_repeat_interleave(n)
+                logp = logp.repeat_interleave(n, 0)
+            return logp
+        inp = tok[:, None] if rows is None else tok[rows, None]
+        if feed.same_length:
+            logp = self._logprobs(inp, cache)
+        else:
+            L = feed.L
+            mask_now = feed.mask_full[:, : L + step] if rows is None else feed.mask_full[rows, : L + step]
+            pos_now = feed.next_pos if rows is None else feed.next_pos[rows]
+            logp = self._logprobs(inp, cache, mask_now, pos_now[:, None])
+            feed.next_pos = feed.next_pos + 1
+        if rows is not None:
+            full = logp.new_zeros((B, logp.shape[-1]))
+            full[rows] = logp
+            logp = full
+        return logp
+
+    def _advance(self, rs: _RowState, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step of every row's state: force the phrase's next token where a thinking budget ran
+        out (interruption), count sampled/thinking/answer tokens, finish rows at eos or a limit.
+        Returns (the tokens to record and feed, which rows sampled theirs, which rows were active)."""
+        active = ~rs.done
+        if self.mode == "interruption":
+            start = active & ~rs.answering & (rs.force_idx < 0) & (rs.n_think >= rs.budget)
+            rs.interrupted |= start
+            rs.force_idx = torch.where(start, 0, rs.force_idx)
+            forcing = rs.force_idx >= 0
+            tok = torch.where(forcing, self._phrase[rs.force_idx.clamp_min(0)], tok)
+            rs.force_idx = torch.where(forcing, rs.force_idx + 1, rs.force_idx)
+            phrase_done = forcing & (rs.force_idx >= len(self.phrase_ids))
+            rs.force_idx = torch.where(phrase_done, -1, rs.force_idx)
+            sampled = active & ~forcing
+        else:
+            phrase_done = torch.zeros_like(active)
+            sampled = active
         eos_id = -1 if self.eos_id is None else int(self.eos_id)
         think_end_id = -1 if self.think_end_id is None else int(self.think_end_id)
+        tok = torch.where(active, tok, self.pad_id)
+        is_eos = sampled & (tok == eos_id)
+        is_think_end = sampled & ~rs.answering & (tok == think_end_id)
+        rs.n_sampled += sampled
+        rs.n_think += sampled & ~rs.answering & ~is_think_end & ~is_eos
+        rs.n_answer += sampled & rs.answering
+        rs.answering |= is_think_end | phrase_done
+        rs.eos_hit |= is_eos
+        limit = (rs.n_sampled >= self.max_new_tokens) | (rs.answering & (rs.n_answer >= rs.answer_budget))
+        trunc = active & ~is_eos & limit
+        rs.truncated |= trunc
+        rs.done |= is_eos | trunc
+        return tok, sampled, active
 
-        # ---- prefill each distinct prompt once, then repeat its cache for its n samples
-        cache = _make_cache(L + max_steps)
-        same_length = all(x == L for x in lens)
-        if same_length:
-            ids = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
-            pmask = prefill_pos = mask_full = next_pos = None
-        else:
-            ids = torch.full((P, L), self.pad_id, dtype=torch.long, device=dev)
-            pmask = torch.zeros((P, L), dtype=torch.long, device=dev)
-            for i, row in enumerate(prompt_ids):
-                ids[i, L - len(row) :] = torch.tensor(row, dtype=torch.long, device=dev)
-                pmask[i, L - len(row) :] = 1
-            prefill_pos = (pmask.cumsum(-1) - 1).clamp_min(0)
-            mask_full = torch.ones((B, L + max_steps), dtype=torch.long, device=dev)
-            mask_full[:, :L] = pmask.repeat_interleave(n, 0)
-            next_pos = torch.tensor(lens, dtype=torch.long, device=dev).repeat_interleave(n)
-
-        toks, lps, sampled_steps, active_steps, step_versions = [], [], [], [], []
-        tok = torch.empty(0, dtype=torch.long, device=dev)  # the tokens fed at the next step
-        # rows still in the KV cache (None: all B). Finished rows are dropped from the cache once they
-        # are half of it; the others' log-probs are scattered back into a [B, vocab] tensor, so the
-        # sampling (and its random stream) is the same as without the compaction.
-        rows = None
-        for step in range(max_steps):
-            if weight_update is not None:
-                new_version = weight_update()
-                if new_version is not None:
-                    version = self.version = int(new_version)
-                    if cached is not None:
-                        cached.refresh()  # the weights were replaced in place
-            if step == 0:
-                logp = self._logprobs(ids, cache, pmask, prefill_pos)
-                if n > 1:
-                    cache.batch_repeat_interleave(n)
-                    logp = logp.repeat_interleave(n, 0)
-            else:
-                inp = tok[:, None] if rows is None else tok[rows, None]
-                if same_length:
-                    logp = self._logprobs(inp, cache)
-                else:
-                    mask_now = mask_full[:, : L + step] if rows is None else mask_full[rows, : L + step]
-                    pos_now = next_pos if rows is None else next_pos[rows]
-                    logp = self._logprobs(inp, cache, mask_now, pos_now[:, None])
-                    next_pos = next_pos + 1
-                if rows is not None:
-                    full = logp.new_zeros((B, logp.shape[-1]))
-                    full[rows] = logp
-                    logp = full
-
-            tok = self._sample(logp)
-            lp = logp.gather(1, tok[:, None]).squeeze(1).float()
-            active = ~done
-
-            if interrupt:
-                start = active & ~answering & (force_idx < 0) & (n_think >= budget)
-                interrupted |= start
-                force_idx = torch.where(start, 0, force_idx)
-                forcing = force_idx >= 0
-                tok = torch.where(forcing, self._phrase[force_idx.clamp_min(0)], tok)
-                force_idx = torch.where(forcing, force_idx + 1, force_idx)
-                phrase_done = forcing & (force_idx >= n_phrase)
-                force_idx = torch.where(phrase_done, -1, force_idx)
-                sampled = active & ~forcing
-            else:
-                phrase_done = zeros_b
-                sampled = active
-
-            tok = torch.where(active, tok, self.pad_id)
-            is_eos = sampled & (tok == eos_id)
-            is_think_end = sampled & ~answering & (tok == think_end_id)
-            n_sampled += sampled
-            n_think += sampled & ~answering & ~is_think_end & ~is_eos
-            n_answer += sampled & answering
-            answering |= is_think_end | phrase_done
-            eos_hit |= is_eos
-            limit = (n_sampled >= self.max_new_tokens) | (answering & (n_answer >= answer_budget))
-            trunc = active & ~is_eos & limit
-            truncated |= trunc
-            done |= is_eos | trunc
-
-            toks.append(tok)
-            lps.append(torch.where(sampled, lp, 0.0))
-            sampled_steps.append(sampled)
-            active_steps.append(active)
-            step_versions.append(version)
-            if on_step is not None:
-                on_step()
-            n_active = int((~done).sum())
-            if n_active == 0:
-                break
-            in_cache = B if rows is None else int(rows.numel())
-            if in_cache >= self.compact_min_rows and 2 * n_active <= in_cache:
-                keep = (~done).nonzero().squeeze(1)  # ascending row ids, a subset of `rows`
-                cache.batch_select_indices(keep if rows is None else torch.searchsorted(rows, keep))
-                rows = keep
-
-        sampled_m = torch.stack(sampled_steps, 1)
-        versions = torch.tensor(step_versions, dtype=torch.long, device=dev).expand(B, -1)
-        return {
-            "tokens": torch.stack(toks, 1).tolist(),
-            "logprobs": torch.stack(lps, 1).tolist(),
-            "mask": sampled_m.long().tolist(),
-            "versions": torch.where(sampled_m, versions, -1).tolist(),
-            "lengths": torch.stack(active_steps, 1).sum(1).tolist(),
-            "truncated": truncated.tolist(),
-            "interrupted": interrupted.tolist(),
-            "think_tokens": n_think.tolist(),
-            "eos": eos_hit.tolist(),
-        }
+    def _compact(self, cache, done: torch.Tensor, rows, n_active: int, B: int):
+        """Drop finished rows from the KV cache once they are half of it; returns the rows left in it."""
+        in_cache = B if rows is None else int(rows.numel())
+        if in_cache >= self.compact_min_rows and 2 * n_active <= in_cache:
+            keep = (~done).nonzero().squeeze(1)  # ascending row ids, a subset of `rows`
+            cache.batch_select_indices(keep if rows is None else torch.searchsorted(rows, keep))
+            return keep
+        return rows
 
     def _to_samples(self, prompts, prompt_ids, group_ids, n, out) -> list[list[Sample]]:
         rows = []
@@ -352,6 +318,100 @@ class HFGenerator(Generator):
                 )
             )
         return groups
+
+
+@dataclass
+class _RowState:
+    """Per-row decode state, [B] tensors: budgets, finished/eos/truncated/answering/interrupted, the
+    tokens counted, the position inside a forced phrase (-1: none)."""
+
+    budget: torch.Tensor
+    answer_budget: int
+    done: torch.Tensor
+    eos_hit: torch.Tensor
+    truncated: torch.Tensor
+    answering: torch.Tensor
+    interrupted: torch.Tensor
+    n_sampled: torch.Tensor
+    n_think: torch.Tensor
+    n_answer: torch.Tensor
+    force_idx: torch.Tensor
+
+    @classmethod
+    def start(cls, B: int, budget: torch.Tensor, answer_budget: int, dev) -> _RowState:
+        zeros_b = torch.zeros(B, dtype=torch.bool, device=dev)
+        n_sampled = torch.zeros(B, dtype=torch.long, device=dev)
+        return cls(
+            budget,
+            answer_budget,
+            *(zeros_b.clone() for _ in range(5)),
+            n_sampled,
+            torch.zeros_like(n_sampled),
+            torch.zeros_like(n_sampled),
+            torch.full((B,), -1, dtype=torch.long, device=dev),
+        )
+
+
+@dataclass
+class _Prefill:
+    """The prompts as the model is fed them: one row per distinct prompt; prompts of unequal length
+    left-padded with a mask and positions, and the [B, L + max_steps] mask and next positions of the
+    rows decoded from them."""
+
+    ids: torch.Tensor
+    L: int
+    same_length: bool
+    pmask: torch.Tensor | None = None
+    prefill_pos: torch.Tensor | None = None
+    mask_full: torch.Tensor | None = None
+    next_pos: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, prompt_ids: list[list[int]], n: int, max_steps: int, pad_id: int, dev) -> _Prefill:
+        lens = [len(ids) for ids in prompt_ids]
+        P, L = len(prompt_ids), max(lens)
+        if all(x == L for x in lens):
+            return cls(torch.tensor(prompt_ids, dtype=torch.long, device=dev), L, True)
+        ids = torch.full((P, L), pad_id, dtype=torch.long, device=dev)
+        pmask = torch.zeros((P, L), dtype=torch.long, device=dev)
+        for i, row in enumerate(prompt_ids):
+            ids[i, L - len(row) :] = torch.tensor(row, dtype=torch.long, device=dev)
+            pmask[i, L - len(row) :] = 1
+        prefill_pos = (pmask.cumsum(-1) - 1).clamp_min(0)
+        mask_full = torch.ones((P * n, L + max_steps), dtype=torch.long, device=dev)
+        mask_full[:, :L] = pmask.repeat_interleave(n, 0)
+        next_pos = torch.tensor(lens, dtype=torch.long, device=dev).repeat_interleave(n)
+        return cls(ids, L, False, pmask, prefill_pos, mask_full, next_pos)
+
+
+class _Record:
+    """The tokens of every step, their log-probs, which were sampled, which rows were active, and the
+    policy version of each step; :meth:`result` turns them into per-row lists."""
+
+    def __init__(self):
+        self.toks, self.lps, self.sampled, self.active, self.versions = [], [], [], [], []
+
+    def add(self, tok, lp, sampled, active, version: int) -> None:
+        self.toks.append(tok)
+        self.lps.append(lp)
+        self.sampled.append(sampled)
+        self.active.append(active)
+        self.versions.append(version)
+
+    def result(self, rs: _RowState, B: int, dev) -> dict[str, Any]:
+        sampled_m = torch.stack(self.sampled, 1)
+        versions = torch.tensor(self.versions, dtype=torch.long, device=dev).expand(B, -1)
+        return {
+            "tokens": torch.stack(self.toks, 1).tolist(),
+            "logprobs": torch.stack(self.lps, 1).tolist(),
+            "mask": sampled_m.long().tolist(),
+            "versions": torch.where(sampled_m, versions, -1).tolist(),
+            "lengths": torch.stack(self.active, 1).sum(1).tolist(),
+            "truncated": rs.truncated.tolist(),
+            "interrupted": rs.interrupted.tolist(),
+            "think_tokens": rs.n_think.tolist(),
+            "eos": rs.eos_hit.tolist(),
+        }
 
 
 class _CachedWeights:

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from scalerl.generator.base import Generator, encode_prompt
+from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.precision import Precision
@@ -269,24 +268,9 @@ class VLLMGenerator(Generator):
         self._add(rid, row, budget, eos)
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: Sequence[Any],
-        n: int,
-        *,
-        version: int,
-        group_ids: list[int] | None = None,
-        weight_update: Callable[[], int | None] | None = None,
-        on_step: Callable[[], None] | None = None,
+    def _generate(
+        self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step
     ) -> list[list[Sample]]:
-        if not prompts:
-            return []
-        if n < 1:
-            raise ValueError("n must be >= 1")
-        group_ids = list(range(len(prompts))) if group_ids is None else list(group_ids)
-        if len(group_ids) != len(prompts):
-            raise ValueError("group_ids must have one id per prompt")
-        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         eos = [] if self.eos_id is None else [int(self.eos_id)]
         interrupt = self.mode == "interruption"
         if interrupt:

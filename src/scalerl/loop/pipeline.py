@@ -110,15 +110,34 @@ def generator_worker(
     torch.set_num_threads(max(1, threads))
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, threads)))
     try:
+        cfg = OmegaConf.create(cfg_yaml)
+        worker = _Worker.build(cfg, transport, torch.device(device), owner)
+        if worker is None:  # the trainer's process ended before it sent the first weights
+            return
+        result_q.put(("ready", None, None))
+        worker.serve(work_q, result_q, status)
+    except Exception:
+        result_q.put(("error", None, traceback.format_exc()))
+
+
+class _Worker:
+    """The generator process's parts: its own policy (weights written in place by the transport),
+    a generator over it, the task that scores the groups; :meth:`serve` is its loop."""
+
+    def __init__(self, cfg, task, model, gen, transport, in_place, owner: int):
+        self.cfg, self.task, self.model, self.gen = cfg, task, model, gen
+        self.transport, self.in_place, self.owner = transport, in_place, owner
+
+    @classmethod
+    def build(cls, cfg, transport, device: torch.device, owner: int) -> _Worker | None:
+        """Build the policy, join the trainer's transport, wait for the first weights (None if the
+        trainer's process is gone first), and build the generator at that version."""
         from scalerl.generator import make_generator
         from scalerl.model.build import build_policy
         from scalerl.model.weights import PolicyWeights
         from scalerl.task import build_task
-        from scalerl.task.score import score_groups
 
-        cfg = OmegaConf.create(cfg_yaml)
         task = build_task(cfg)
-        device = torch.device(device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         model, tokenizer, precision = build_policy(cfg, task, device, trained=False)
@@ -130,76 +149,90 @@ def generator_worker(
             version = transport.poll(model, -1)
             if version is None:
                 if not _alive(owner):
-                    return
+                    return None
                 time.sleep(0.01)
         gen = make_generator(cfg, model, tokenizer, precision, device, seed=cfg.seed * 7919 + 17)
         in_place = PolicyWeights(model)  # the transport writes the new weights into `model` in place
         gen.load_weights(in_place, version)
+        return cls(cfg, task, model, gen, transport, in_place, owner)
 
-        def weight_update() -> int | None:
-            v = transport.poll(model, gen.version)
-            if v is not None:
-                gen.load_weights(in_place, v)
-            return v
+    def weight_update(self) -> int | None:
+        """Take the newest weights the trainer sent, if any; returns their version."""
+        v = self.transport.poll(self.model, self.gen.version)
+        if v is not None:
+            self.gen.load_weights(self.in_place, v)
+        return v
 
-        def next_item():
-            """The next piece of work; None to stop, also once the run's process is gone (killed
-            with SIGKILL, say: no work will ever come, and nothing else would end this process)."""
-            waited = 0.0
-            while True:
-                try:
-                    return work_q.get(timeout=0.05)
-                except queue.Empty:
-                    weight_update()  # take new weights while idle: the trainer waits for them
-                    waited += 0.05
-                    if waited >= 1.0:
-                        waited = 0.0
-                        if not _alive(owner):
-                            return None
+    def next_item(self, work_q):
+        """The next piece of work; None to stop, also once the run's process is gone (killed with
+        SIGKILL, say: no work will ever come, and nothing else would end this process)."""
+        waited = 0.0
+        while True:
+            try:
+                return work_q.get(timeout=0.05)
+            except queue.Empty:
+                self.weight_update()  # take new weights while idle: the trainer waits for them
+                waited += 0.05
+                if waited >= 1.0:
+                    waited = 0.0
+                    if not _alive(self.owner):
+                        return None
 
-        result_q.put(("ready", None, None))
-        # work already waiting is decoded in one batch, up to a training batch of prompts (a decode
-        # step costs nearly the same for 32 rows as for 128); results still go back per work item
-        max_prompts = max(1, int(cfg.trainer.batch_size) // int(cfg.trainer.generations_per_prompt))
+    def next_batch(self, work_q) -> tuple[list, bool]:
+        """The work waiting, decoded in one batch up to a training batch of prompts (a decode step
+        costs nearly the same for 32 rows as for 128); returns (its items, whether to stop after it)."""
+        item = self.next_item(work_q)
+        if item is None:
+            return [], True
+        max_prompts = max(1, int(self.cfg.trainer.batch_size) // int(self.cfg.trainer.generations_per_prompt))
+        items = [item]
+        while sum(len(it[1]) for it in items) < max_prompts:
+            try:
+                nxt = work_q.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                return items, True
+            items.append(nxt)
+        return items, False
+
+    def generate_and_score(self, items) -> tuple[list, list]:
+        """Generate the groups of all ``items`` together, then score each item's groups; returns
+        (all groups, [(work id, its groups, its verifier errors)])."""
+        from scalerl.task.score import score_groups
+
+        prompts = [p for it in items for p in it[1]]
+        group_ids = [g for it in items for g in it[2]]
+        groups = self.gen.generate(
+            prompts,
+            self.cfg.trainer.generations_per_prompt,
+            version=self.gen.version,
+            group_ids=group_ids,
+            weight_update=self.weight_update,
+        )
+        done = []
+        lo = 0
+        for work_id, part, _ in items:
+            hi = lo + len(part)
+            done.append((work_id, groups[lo:hi], score_groups(self.task, part, groups[lo:hi], self.cfg)))
+            lo = hi
+        return groups, done
+
+    def serve(self, work_q, result_q, status) -> None:
+        """Until told to stop (or the trainer is gone): the next batch of work -> generate and score
+        -> the busy time and tokens into ``status`` -> each item's groups back, per work item."""
         stop = False
         while not stop:
-            item = next_item()
-            if item is None:
+            items, stop = self.next_batch(work_q)
+            if not items:
                 break
-            items = [item]
-            while sum(len(it[1]) for it in items) < max_prompts:
-                try:
-                    nxt = work_q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                items.append(nxt)
-            prompts = [p for it in items for p in it[1]]
-            group_ids = [g for it in items for g in it[2]]
-            weight_update()
+            self.weight_update()
             t0 = time.perf_counter()
-            groups = gen.generate(
-                prompts,
-                cfg.trainer.generations_per_prompt,
-                version=gen.version,
-                group_ids=group_ids,
-                weight_update=weight_update,
-            )
-            done = []
-            lo = 0
-            for work_id, part, _ in items:
-                hi = lo + len(part)
-                done.append((work_id, groups[lo:hi], score_groups(task, part, groups[lo:hi], cfg)))
-                lo = hi
-            dt = time.perf_counter() - t0
-            status[0] += dt
+            groups, done = self.generate_and_score(items)
+            status[0] += time.perf_counter() - t0
             status[1] += sum(len(s.completion_ids) for g in groups for s in g)
             for work_id, part_groups, errors in done:
                 result_q.put(("groups", work_id, (part_groups, errors)))
-    except Exception:
-        result_q.put(("error", None, traceback.format_exc()))
 
 
 class PipelineGenerator:

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import torch
 
-TRANSPORTS = ("auto", "gloo", "nccl", "shm")
+from scalerl.config.groups.async_mode import TRANSPORTS  # noqa: F401  (the names, declared with the option)
 
 
 class WeightTransport(Protocol):

@@ -28,6 +28,31 @@ from scalerl.model.tokenizer import build_char_tokenizer
 
 log = logging.getLogger(__name__)
 WARMSTART_VERSION = 2  # bump when the warm-start procedure changes, to invalidate caches
+# long phases (warm-start, model conversion) log a line this often, so that a run whose output is a
+# log file (not a terminal) shows them moving
+PROGRESS_EVERY_S = float(os.environ.get("SCALERL_PROGRESS_EVERY_S", "15"))
+
+
+@contextlib.contextmanager
+def still_working(what: str, every_s: float | None = None):
+    """Log ``<what>: still working (N s)`` every ``every_s`` seconds (default :data:`PROGRESS_EVERY_S`)
+    while the block runs: for a long call that reports nothing itself (a model conversion)."""
+    import threading
+
+    every = PROGRESS_EVERY_S if every_s is None else float(every_s)
+    done, t0 = threading.Event(), time.time()
+
+    def beat() -> None:
+        while not done.wait(every):
+            log.info("%s: still working (%.0f s)", what, time.time() - t0)
+
+    thread = threading.Thread(target=beat, name="scalerl-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def build_policy(cfg, task, device: torch.device, *, trained: bool = True):
@@ -130,7 +155,8 @@ def warmstart(model: PreTrainedModel, tokenizer, task, mcfg, *, seed: int) -> di
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     model.train()
     t0, loss_val = time.time(), float("nan")
-    for _ in range(steps):
+    last_log = t0
+    for step in range(steps):
         rows, masks = [], []
         for prompt, target in task.warmstart_examples(bs, rng):
             p = tokenizer(prompt, add_special_tokens=False).input_ids
@@ -149,6 +175,10 @@ def warmstart(model: PreTrainedModel, tokenizer, task, mcfg, *, seed: int) -> di
         opt.step()
         sched.step()
         loss_val = loss.item()
+        now = time.time()
+        if now - last_log >= PROGRESS_EVERY_S and step + 1 < steps:  # a log line, not only a terminal's bar
+            log.info("warm-start: step %d/%d, loss %.3f (%.0f s)", step + 1, steps, loss_val, now - t0)
+            last_log = now
     model.eval()
     return {"warmstart_loss": loss_val, "warmstart_seconds": time.time() - t0, "warmstart_steps": steps}
 
@@ -244,6 +274,9 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
                 eos_token_id=tokenizer.eos_token_id,
             )
             info = warmstart(model, tokenizer, task, mcfg, seed=seed)
+            log.info(
+                "warm-start: done in %.0f s (loss %.3f)", info["warmstart_seconds"], info["warmstart_loss"]
+            )
             tmp = root / f".tmp-{key}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             with _no_progress_bars():
@@ -289,7 +322,7 @@ def smollm2_folder(cache_dir: str) -> Path:
                 raise PathError("model", "smollm2", problem)
             log.info("model=smollm2: converting %s into %s (once)", gguf_path.name, path)
             t0 = time.time()
-            with _no_progress_bars():
+            with _no_progress_bars(), still_working(f"model=smollm2: converting {gguf_path.name}"):
                 tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
                 model = AutoModelForCausalLM.from_pretrained(
                     gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-# the dtype names the precision options may use, and the implementations of reduced precision
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-IMPLS = ("auto", "native", "emulated")
+from scalerl.config.groups.precision import DTYPE_NAMES, IMPLS  # noqa: F401  (IMPLS: declared with the option)
+
+# each dtype name the precision options may use -> its torch dtype
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
 
 class _RoundTo(torch.autograd.Function):

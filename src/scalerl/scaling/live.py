@@ -1,6 +1,6 @@
 """Scaling fits inside a training run: the calls the training loop makes.
 
-Neither function raises: a failure of any kind yields a fit with ``ok == False`` and its reason,
+None of these functions raises: a failure of any kind yields a fit with ``ok == False`` and its reason,
 and metrics with NaN values, so a bad refit can never stop training.
 """
 
@@ -138,3 +138,52 @@ def final_report(
     except Exception as e:  # noqa: BLE001 - the plot is a nicety
         log.warning("scaling plot failed: %s", e)
     return fit, metrics
+
+
+FIT_LEVEL = 0.9  # the confidence level of a run's scaling-fit intervals
+
+
+def evaluation_fits(
+    evals: list[dict], scaling, *, domains=(), out_dir: Path | None = None
+) -> tuple[dict[str, float], list[Path]]:
+    """The live fit over a run's evaluations so far: of the pass rate (``fit/*``) and, for
+    ``task=multi``, of each domain's (``fit/<domain>/*``, as the paper's Fig. 11 fits math and code
+    apart). ``evals``: the run's points (``step``, the ``scaling.compute_axis`` and ``pass_rate[/d]``);
+    ``scaling``: the run's ``scaling`` config. With ``out_dir`` (the final fit) each curve's figure is
+    written there too (``scaling_curve[_<domain>].png``). Returns the metrics and the figures written;
+    never raises (a fit must never stop a run)."""
+    series = [("pass_rate", "fit/", "scaling_curve.png")]
+    series += [(f"pass_rate/{d}", f"fit/{d}/", f"scaling_curve_{d}.png") for d in domains]
+    metrics: dict[str, float] = {}
+    figures: list[Path] = []
+    for key, prefix, png_name in series:
+        points = [e for e in evals if key in e]
+        if len(points) < 4:
+            continue
+        compute = [e[scaling.compute_axis] for e in points]
+        reward = [e[key] for e in points]
+        protocol = dict(
+            steps=[e["step"] for e in points],
+            min_step=scaling.min_step,
+            min_compute=scaling.min_compute,
+            method=scaling.method,
+            bootstrap=scaling.bootstrap,
+            level=FIT_LEVEL,
+            grid=grid_options(scaling),
+            prefix=prefix,
+        )
+        try:
+            if out_dir is not None:
+                png = Path(out_dir) / png_name
+                _, m = final_report(
+                    compute, reward, out_png=str(png), extrapolate=scaling.extrapolate, **protocol
+                )
+                if png.is_file():
+                    figures.append(png)
+            else:
+                _, m = fit_metrics(compute, reward, **protocol)
+        except Exception as e:  # noqa: BLE001 - a fit must never kill a run
+            log.warning("scaling fit failed: %s", e)
+            continue
+        metrics.update(m)
+    return metrics, figures

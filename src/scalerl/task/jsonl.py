@@ -6,10 +6,11 @@ import json
 import random
 from pathlib import Path
 
+from scalerl.messages import UserError
 from scalerl.task.base import Prompt, final_answer
 
 
-class DataFileError(ValueError):
+class DataFileError(UserError):
     """A malformed data file; the message is one line naming the file, the line and the problem."""
 
 

@@ -63,14 +63,13 @@ def flatten(d, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def run_params(cfg: DictConfig) -> dict[str, str]:
-    """The flat resolved config, plus under each group's name the variant that ran: the option's name
-    and the fields that differ from its YAML, e.g. ``filter=scalerl(zero_variance=false)``."""
-    from scalerl.config import group_variants
-
+def run_params(cfg: DictConfig, variants: dict[str, str] | None = None) -> dict[str, str]:
+    """The flat resolved config, plus ``variants``: under each group's name the variant that ran (the
+    option's name and the fields that differ from its YAML, e.g. ``filter=scalerl(zero_variance=false)``,
+    :func:`scalerl.config.group_variants`; the caller passes them, tracking knows no config groups)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     params = flatten(container)
-    params.update(group_variants(cfg))
+    params.update(variants or {})
     return {k[:250]: redact(v)[:6000] for k, v in params.items()}
 
 
@@ -92,7 +91,11 @@ class Tracker:
         self.status = "RUNNING"  # as this tracker last set it in MLflow (UNKNOWN: could not)
 
     # ------------------------------------------------------------------ run lifecycle
-    def start(self, run_id: str | None, extra_params: dict[str, str]) -> str:
+    def start(
+        self, run_id: str | None, extra_params: dict[str, str], *, variants: dict[str, str] | None = None
+    ) -> str:
+        """Open the MLflow run (a new one, or ``run_id``/the one ``run_info.json`` names when resuming);
+        a new one gets the config, ``variants`` and ``extra_params`` as params."""
         if not self.enabled:
             self.run_id = run_id or "disabled"
             return self.run_id
@@ -121,7 +124,7 @@ class Tracker:
         tmp = info.with_suffix(".tmp")
         tmp.write_text(json.dumps({"run_id": self.run_id, "experiment_id": exp_id, "uri": redact(self.uri)}))
         os.replace(tmp, info)
-        params = {**run_params(self.cfg), **extra_params}
+        params = {**run_params(self.cfg, variants), **extra_params}
         self._log_params(params)
         self.log_artifact_text("config.yaml", redact(OmegaConf.to_yaml(self.cfg, resolve=True)))
         return self.run_id

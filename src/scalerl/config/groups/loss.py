@@ -43,7 +43,7 @@ def register_losses() -> None:
             (key, float if check in _FLOAT_CHECKS else Any, dataclasses.field(default=MISSING))
             for key, check in spec.params.items()
         ]
-        doc = (spec.fn.__doc__ or f"The {name} loss.").strip().splitlines()[0]
+        doc = spec.doc or (spec.fn.__doc__ or f"The {name} loss.").strip().splitlines()[0]
         make_option("loss", name, fields, base=LossOption, doc=doc, module=__name__)
 
 

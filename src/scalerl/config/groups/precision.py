@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from scalerl.config.checks import one_of, problems
 from scalerl.config.options import Option, register_option
 
+# the dtype names a precision option may use (scalerl.model.precision maps each to its torch dtype),
+# and the implementations of reduced precision
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+IMPLS = ("auto", "native", "emulated")
+
 
 @dataclass
 class PrecisionOption(Option):
@@ -18,11 +23,9 @@ class PrecisionOption(Option):
     impl: str = "auto"
 
     def check(self):
-        from scalerl.model.precision import DTYPES, IMPLS  # the dtypes and implementations it supports
-
         return problems(
-            one_of("body", self.body, DTYPES),
-            one_of("head", self.head, DTYPES),
+            one_of("body", self.body, DTYPE_NAMES),
+            one_of("head", self.head, DTYPE_NAMES),
             one_of("impl", self.impl, IMPLS),
         )
 

@@ -1,0 +1,53 @@
+"""``async_mode``: where each optimiser step's groups come from (the modes: :mod:`scalerl.loop.modes`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scalerl.config.checks import at_least, one_of, positive, problems
+from scalerl.config.options import Option, register_option
+
+# how weights reach a pipeline_rl generator process (scalerl.loop.transport implements each)
+TRANSPORTS = ("auto", "gloo", "nccl", "shm")
+
+
+@register_option("async_mode", "sync")
+@dataclass
+class SyncOptions(Option):
+    """Generate one batch with the current weights, take one optimiser step, repeat."""
+
+    name: str = "sync"
+
+
+@register_option("async_mode", "ppo_off_policy")
+@dataclass
+class PPOOffPolicyOptions(Option):
+    """Generate `minibatches` batches with the current weights, then take one optimiser step on each."""
+
+    name: str = "ppo_off_policy"
+    minibatches: int = 8  # optimiser steps per generation round
+
+    def check(self):
+        return problems(at_least("minibatches", self.minibatches, 1))
+
+
+@register_option("async_mode", "pipeline_rl")
+@dataclass
+class PipelineRLOptions(Option):
+    """Generator and trainer run concurrently; new weights reach the generator in flight."""
+
+    name: str = "pipeline_rl"
+    max_lag: int = 8  # the trainer waits while its batch holds a policy older than step - max_lag
+    # how far ahead of the trainer the generator may run (work given to it and groups it finished,
+    # not yet trained on), in batches; the YAML ties it to max_lag: more only makes stale groups
+    max_buffered_batches: float = 8.0
+    # how weights reach the generator process: auto (NCCL between two GPUs, else gloo), gloo, nccl,
+    # or shm (shared memory, one machine)
+    transport: str = "auto"
+
+    def check(self):
+        return problems(
+            at_least("max_lag", self.max_lag, 1),
+            positive("max_buffered_batches", self.max_buffered_batches),
+            one_of("transport", self.transport, TRANSPORTS),
+        )

@@ -1,0 +1,126 @@
+"""Checkpoints and resume: the recipe a resumed run must keep (all but ``RESUMABLE_CHANGES``),
+writing a checkpoint (every rank's engine part, rank 0's run state), and restoring one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import OmegaConf
+
+from scalerl.config import ConfigError
+from scalerl.config.schema import RESUMABLE_CHANGES
+from scalerl.loop.errors import RunError
+from scalerl.loop.state import Clock
+from scalerl.tracking import rng_state, set_rng_state
+from scalerl.tracking.secrets import redact
+from scalerl.tracking.tracker import flatten
+
+if TYPE_CHECKING:
+    from scalerl.loop.components import Components
+
+log = logging.getLogger("scalerl")
+
+
+def engine_dir(run: Components) -> str:
+    """Where each rank writes its part of the trainer's engine (DeepSpeed's ZeRO state)."""
+    return str(run.out_dir / "checkpoint" / "engine")
+
+
+def recipe(cfg) -> dict[str, str]:
+    """The resolved config, flat, without what may change on resume: what a resumed run must match."""
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
+    return {k: redact(v) for k, v in flat.items() if not k.startswith(RESUMABLE_CHANGES)}
+
+
+def recipe_path(out_dir) -> Path:
+    """Where a run keeps the recipe it started with."""
+    return Path(out_dir) / "checkpoint" / "recipe.json"
+
+
+def check_same_recipe(cfg) -> None:
+    """A run resumed in ``cfg.out_dir`` must have the recipe it started with: ConfigError (one line)
+    naming the first key that differs, else the new recipe would train under the old run's params."""
+    path = recipe_path(cfg.out_dir)
+    if not path.is_file():
+        return
+    before, now = json.loads(path.read_text()), recipe(cfg)
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            raise ConfigError(
+                key,
+                now.get(key, "(unset)"),
+                f"{before.get(key, '(unset)')!r} as in the run being resumed (when resuming, only "
+                f"{', '.join(k.rstrip('.') for k in RESUMABLE_CHANGES)} may change: start a new recipe "
+                "in another out_dir)",
+                where=f"out_dir {cfg.out_dir}",
+            )
+
+
+def checkpoint(run: Components, clock: Clock) -> None:
+    """Every rank writes its part of the trainer's engine (if it has one; collective); rank 0 the
+    run checkpoint, then sends the metrics it covers to MLflow."""
+    clock.tick()
+    st = run.state
+    if not run.trainer.weights_finite():  # the last good checkpoint stays the last one
+        kept = (
+            f"the last good checkpoint is kept in {run.ckpt.path}" if run.ckpt.exists() else "no checkpoint"
+        )
+        raise RunError(f"the weights are no longer finite at step {st.step} (trainer.lr too high?); {kept}")
+    own = {"rng": rng_state(), "generator_rng": run.generator.rng_state()}  # this rank's own streams
+    tag = run.trainer.save_engine_checkpoint(engine_dir(run), tag=f"step_{st.step:08d}", rank_state=own)
+    if run.is_main:
+        run.ckpt.save(
+            {
+                "step": st.step,
+                "state": st.state_dict(),
+                "trainer": run.trainer.state_dict(),
+                "rng": rng_state(),
+                "generator_rng": run.generator.rng_state(),
+                "sampler": run.sampler.state_dict(),
+                "pass_rate_tracker": run.pass_rates.state_dict(),
+                "run_id": run.tracker.run_id,
+                "pending_metrics": run.tracker.pending_state(),
+                "engine_tag": tag,
+            }
+        )
+        if not recipe_path(run.out_dir).is_file():
+            write_json(recipe_path(run.out_dir), recipe(run.cfg))
+        run.tracker.flush()
+
+
+def checkpoint_safe(run: Components, clock: Clock) -> None:
+    """After repeated non-finite steps the weights were never updated with them: keep a checkpoint
+    (unless the weights themselves are no longer finite: then the last good one stays)."""
+    try:
+        checkpoint(run, clock)
+    except Exception as e:
+        log.warning("could not write a checkpoint: %s", e)
+
+
+def restore(run: Components) -> tuple[str, list] | None:
+    """Load the run checkpoint if there is one; returns (MLflow run id, metrics pending at it)."""
+    if not run.ckpt.exists():
+        return None
+    ck = run.ckpt.load()
+    run.trainer.load_state_dict(ck["trainer"])
+    own = run.trainer.load_engine_checkpoint(engine_dir(run), tag=ck["engine_tag"])
+    set_rng_state(ck["rng"])
+    run.sampler.load_state_dict(ck["sampler"])
+    run.pass_rates.load_state_dict(ck["pass_rate_tracker"])
+    run.state.load_state_dict(ck["state"])
+    run.generator.set_rng_state(ck["generator_rng"])
+    if own:  # this rank's own RNG streams (the run checkpoint holds rank 0's)
+        set_rng_state(own["rng"])
+        run.generator.set_rng_state(own["generator_rng"])
+    return ck["run_id"], ck["pending_metrics"]
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (a temporary file beside it, then a rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)

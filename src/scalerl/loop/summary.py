@@ -1,0 +1,142 @@
+"""The end of a run: its ``summary.json``, the lines it prints, and a rerun of a finished run (which
+writes the metrics the tracking store lacked, then only prints its summary)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from scalerl.loop.checkpointing import write_json
+from scalerl.loop.errors import RunError
+from scalerl.scaling.live import FIT_LEVEL
+from scalerl.tracking import Checkpointer, Tracker
+from scalerl.tracking.secrets import redact
+
+if TYPE_CHECKING:
+    from scalerl.loop.components import Components
+
+log = logging.getLogger("scalerl")
+
+
+class MetricsUnflushed(RunError):
+    """The run ended, but the tracking store did not take all its metrics: they are kept in the
+    checkpoint, and running the same command again writes them."""
+
+
+def unflushed_message(n: int, uri: str, ckpt) -> str:
+    return (
+        f"the run ended, but {n} metric values could not be written to the tracking store {redact(uri)}; "
+        f"they are kept in {ckpt}: run the same command again to write them"
+    )
+
+
+def write_summary(run: Components) -> dict:
+    """The run's summary (``summary.json`` in its out_dir, written by rank 0)."""
+    st = run.state
+    summary = {
+        "run_id": run.tracker.run_id,
+        "out_dir": str(run.out_dir),
+        "steps": st.step,
+        "evals": st.evals,
+        "pass_rate_start": st.evals[0]["pass_rate"] if st.evals else None,
+        "pass_rate_final": st.evals[-1]["pass_rate"] if st.evals else None,
+        "wall_seconds": st.elapsed,
+        "metrics_unflushed": len(run.tracker.pending),
+        "mlflow_status": run.tracker.status,
+        "tracking_uri": redact(run.tracker.uri),
+        "fit": run.final_fit or {},
+        "fit_level": FIT_LEVEL,
+    }
+    if run.is_main:
+        write_json(run.out_dir / "summary.json", summary)
+    return summary
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The lines a finished run ends with: pass rate, fit, where its outputs and MLflow run are."""
+    wall = summary["wall_seconds"]
+    took = f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.1f} min"
+    lines = [f"done: {summary['steps']} steps in {took}"]
+    if summary.get("pass_rate_start") is not None:
+        lines.append(
+            f"held-out pass rate: {summary['pass_rate_start']:.3f} -> {summary['pass_rate_final']:.3f}"
+        )
+    fit = summary.get("fit") or {}
+    if fit.get("fit/ok") == 1.0:
+
+        def est(name: str) -> str:
+            v, lo, hi = (fit.get(f"fit/{name}{s}", math.nan) for s in ("", "_lo", "_hi"))
+            return f"{name} = {v:.3g}" + ("" if math.isnan(lo) else f" [{lo:.3g}, {hi:.3g}]")
+
+        level = summary.get("fit_level", FIT_LEVEL)
+        lines.append(f"scaling fit: {est('A')}, {est('B')} " + fit_caveat(fit, level))
+    lines.append(f"outputs: {summary['out_dir']}")
+    uri = summary.get("tracking_uri", "")
+    if uri.startswith("sqlite:///") and not uri[len("sqlite:///") :].startswith("/"):
+        uri = f"sqlite:///{Path(uri[len('sqlite:///') :]).resolve()}"  # opens from any directory
+    lines.append(f"MLflow run {summary['run_id']} in {uri}")
+    if uri and not uri.startswith(("http://", "https://", "databricks")):
+        lines.append(f"open it: mlflow ui --backend-store-uri {uri}")
+    elif uri:
+        lines.append(f"open it: {uri}")
+    return lines
+
+
+def fit_caveat(fit: dict, level: float) -> str:
+    """What a run's fitted A and B can be read as: with their intervals, or why they have none and
+    whether the ceiling sits at its bound (then these points do not determine it)."""
+    n = int(fit.get("fit/n_points", 0) or 0)
+    a, lo = fit.get("fit/A", math.nan), fit.get("fit/A_lo", math.nan)
+    if math.isnan(lo):
+        notes = [f"no intervals: {n} points after the early cut leave none to estimate them"]
+    else:
+        notes = [f"{level:.0%} intervals"]
+    if a >= 0.999:
+        notes.append("A at its bound 1: these points do not determine the ceiling")
+    return "(" + "; ".join(notes) + ")"
+
+
+def print_summary(summary: dict) -> None:
+    for line in summary_lines(summary):
+        print(f"[scalerl] {line}", flush=True)
+
+
+def finished_summary(cfg) -> dict | None:
+    """The summary of the finished run in ``cfg.out_dir``, or None if it has not finished. Metrics its
+    checkpoint holds that the tracking store lacks are written first, and its MLflow run is marked
+    FINISHED (the store was unreachable when it ended)."""
+    out_dir = Path(cfg.out_dir)
+    done = out_dir / "summary.json"
+    if not done.is_file():
+        return None
+    summary = json.loads(done.read_text())
+    if summary.get("steps", 0) < cfg.trainer.total_steps:
+        return None
+    if summary.get("metrics_unflushed", 0) or summary.get("mlflow_status") != "FINISHED":
+        ck = Checkpointer(out_dir)
+        if ck.exists():
+            state = ck.load()
+            run_id, pending = state["run_id"], state["pending_metrics"]
+        else:  # nothing kept to write: only the run's status to set
+            run_id, pending = summary["run_id"], []
+        tracker = Tracker(cfg, out_dir)
+        try:
+            written = tracker.catch_up(run_id, pending)
+        except Exception as e:
+            raise MetricsUnflushed(
+                unflushed_message(len(pending), tracker.uri, ck.path) + f" ({type(e).__name__})"
+            ) from None
+        if tracker.pending or tracker.status != "FINISHED":
+            raise MetricsUnflushed(unflushed_message(len(tracker.pending), tracker.uri, ck.path))
+        summary.update(metrics_unflushed=0, mlflow_status=tracker.status, tracking_uri=redact(tracker.uri))
+        write_json(done, summary)
+        log.info(
+            "wrote %d metric values the tracking store lacked; MLflow run %s is FINISHED",
+            written,
+            summary["run_id"],
+        )
+    log.info("run in %s already finished (%d steps); nothing to do", cfg.out_dir, summary["steps"])
+    return summary

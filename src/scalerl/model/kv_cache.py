@@ -1,0 +1,34 @@
+"""The KV-cache argument of a transformers model's forward, across the versions the package allows:
+``cache`` from transformers 5.2x on (where ``past_key_values`` is deprecated, with a FutureWarning at
+every call), ``past_key_values`` before."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters  # follows the deprecation wrappers (__wrapped__)
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The keyword ``module.forward`` takes its KV cache (a ``transformers`` ``Cache``) under."""
+    return _cache_kwarg_of(type(module))
+
+
+def with_cache(module: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for ``module(**inputs, **with_cache(module, cache))``."""
+    return {cache_kwarg(module): cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a forward returned (``use_cache=True``): ``out.cache``, or ``out.past_key_values``
+    on transformers versions before the rename (reading that name on later ones warns)."""
+    fields = getattr(type(out), "__dataclass_fields__", {})
+    return out.cache if "cache" in fields else out.past_key_values

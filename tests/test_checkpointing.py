@@ -1,0 +1,64 @@
+"""Checkpoints and resume (loop/checkpointing.py): the recipe a resumed run must keep, what may
+change, and checkpoints that never hold weights that stopped being finite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_loop import SYNC, make_run
+
+from scalerl.config import ConfigError, compose
+from scalerl.config.schema import RESUMABLE_CHANGES
+from scalerl.loop import RunError, train
+from scalerl.loop.checkpointing import check_same_recipe, recipe, recipe_path, write_json
+
+
+def test_the_recipe_leaves_out_what_may_change_on_resume(tmp_path):
+    cfg = compose([f"out_dir={tmp_path}", "trainer.total_steps=7", "tracking.uri=sqlite:///x.db"])
+    keys = recipe(cfg)
+    assert "loss.eps_max" in keys and "trainer.lr" in keys and "seed" in keys
+    assert not [k for k in keys if k.startswith(RESUMABLE_CHANGES)]
+    assert "trainer.total_steps" not in keys and "out_dir" not in keys and "tracking.uri" not in keys
+
+
+def test_a_changed_recipe_is_named_in_one_line_and_a_longer_run_is_not(tmp_path):
+    base = [f"out_dir={tmp_path}", "trainer.total_steps=4"]
+    recipe_path(tmp_path).parent.mkdir(parents=True)
+    write_json(recipe_path(tmp_path), recipe(compose(base)))
+    check_same_recipe(compose([*base, "trainer.total_steps=8", "checkpoint_every=2"]))  # resumable
+    with pytest.raises(ConfigError, match=r"trainer\.lr=.*as in the run being resumed") as e:
+        check_same_recipe(compose([*base, "trainer.lr=0.5"]))
+    assert "\n" not in str(e.value) and "trainer.total_steps" in str(e.value)
+
+
+def test_weights_that_stop_being_finite_never_reach_a_checkpoint(tiny_overrides):
+    """Weights that are no longer finite are never checkpointed: the last good checkpoint stays the
+    last one, and the run stops in one line."""
+    from scalerl.loop.checkpointing import checkpoint
+    from scalerl.loop.state import Clock
+
+    cfg, run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=2"])
+    train(cfg, components=run)
+    with torch.no_grad():
+        next(run.trainer.module.parameters()).view(-1)[0] = float("inf")
+    with pytest.raises(RunError, match="no longer finite at step 2") as e:
+        checkpoint(run, Clock(run.state))
+    assert "\n" not in str(e.value) and str(run.ckpt.path) in str(e.value)
+    kept = run.ckpt.load()
+    assert kept["step"] == 2
+    assert all(bool(torch.isfinite(v).all()) for v in kept["trainer"]["model"].values())
+
+
+def test_resuming_with_a_changed_recipe_is_refused_in_one_line(tiny_overrides):
+    """A run resumed in its out_dir keeps its recipe (the MLflow run's params describe it); its length
+    may grow."""
+    from scalerl.config import ConfigError
+
+    train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=2"]))
+    with pytest.raises(
+        ConfigError, match=r"loss\.eps_max='4\.0': must be '5\.0' as in the run being resumed"
+    ) as e:
+        train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3", "loss.eps_max=4.0"]))
+    assert "\n" not in str(e.value)
+    summary = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3"]))  # longer: allowed
+    assert summary["steps"] == 3

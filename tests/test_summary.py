@@ -1,0 +1,49 @@
+"""The end of a run (loop/summary.py): the lines it prints and its caveats on the fit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from scalerl.loop.checkpointing import write_json
+from scalerl.loop.summary import fit_caveat
+
+
+def test_summary_names_the_fit_with_its_intervals():
+    from scalerl.loop.summary import summary_lines
+
+    fit = {"fit/ok": 1.0, "fit/A": 0.612, "fit/A_lo": 0.55, "fit/A_hi": 0.68, "fit/B": 1.8}
+    fit.update({"fit/B_lo": 1.5, "fit/B_hi": 2.1})
+    base = {"steps": 200, "wall_seconds": 90.0, "pass_rate_start": 0.1, "pass_rate_final": 0.45}
+    base.update({"out_dir": "/o", "run_id": "abc", "tracking_uri": "http://127.0.0.1:5000"})
+    lines = summary_lines({**base, "fit": fit})
+    assert lines[:3] == [
+        "done: 200 steps in 90 s",
+        "held-out pass rate: 0.100 -> 0.450",
+        "scaling fit: A = 0.612 [0.55, 0.68], B = 1.8 [1.5, 2.1] (90% intervals)",
+    ]
+    assert lines[-1] == "open it: http://127.0.0.1:5000"  # a server: its own UI
+    assert not any(line.startswith("scaling fit") for line in summary_lines({**base, "fit": {"fit/ok": 0.0}}))
+    # three points after the early cut: an exact fit, no intervals, the ceiling at its bound
+    exact = {"fit/ok": 1.0, "fit/A": 1.0, "fit/B": 1.75, "fit/n_points": 3.0}
+    exact.update({"fit/A_lo": math.nan, "fit/A_hi": math.nan, "fit/B_lo": math.nan, "fit/B_hi": math.nan})
+    assert summary_lines({**base, "fit": exact})[2] == (
+        "scaling fit: A = 1, B = 1.75 (no intervals: 3 points after the early cut leave none to "
+        "estimate them; A at its bound 1: these points do not determine the ceiling)"
+    )
+
+
+def test_fit_caveat_names_the_level_or_why_there_are_no_intervals():
+    assert fit_caveat({"fit/A": 0.6, "fit/A_lo": 0.5, "fit/n_points": 9.0}, 0.8) == "(80% intervals)"
+    assert fit_caveat({"fit/A": 1.0, "fit/A_lo": math.nan, "fit/n_points": 2.0}, 0.9) == (
+        "(no intervals: 2 points after the early cut leave none to estimate them; "
+        "A at its bound 1: these points do not determine the ceiling)"
+    )
+
+
+def test_a_summary_is_written_whole_and_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "summary.json"
+    write_json(path, {"steps": 3})
+    write_json(path, {"steps": 4, "fit": {}})
+    assert json.loads(path.read_text()) == {"steps": 4, "fit": {}}
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
