@@ -2,6 +2,7 @@
 # Installs the Debian packages the test suite needs (Debian 12, run as root).
 #  - SLURM single-node cluster with accounting: launch/start_slurm.sh
 #  - chromium + chromium-driver: browser tests
+#  - bubblewrap: the code sandbox's OS boundary (namespaces, read-only system), src/scalerl/task/sandbox.py
 # Idempotent: apt is not touched at all when every package is already installed.
 set -euo pipefail
 
@@ -10,6 +11,7 @@ export DEBIAN_FRONTEND=noninteractive
 PACKAGES=(
   slurmctld slurmd slurm-client slurmdbd munge mariadb-server
   chromium chromium-driver
+  bubblewrap
 )
 
 is_installed() {

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -21,18 +23,26 @@ from scalerl.loop.data import MixedSampler, make_sampler
 from scalerl.task import CodeTask, MultiTask, Prompt, make_task
 from scalerl.task.base import score_counted
 from scalerl.task.code import _humaneval_problems, extract_program
-from scalerl.task.sandbox import KINDS, Limits, network_isolation, run_program
+from scalerl.task.sandbox import BOUNDARIES, KINDS, Limits, boundary, run_program
 from scalerl.task.score import score_groups
 
 FAST = Limits(timeout_s=1.5, cpu_s=2, memory_mb=256, max_output_bytes=16_384)
 
 
 # ---------------------------------------------------------------------- the sandbox
-def test_a_correct_program_passes_and_a_wrong_one_fails_without_a_kind():
-    tests = "assert f(2) == 5\nassert f(-1) == -1\n"
-    assert run_program("def f(x):\n    return 2 * x + 1\n", tests, FAST).passed
-    wrong = run_program("def f(x):\n    return x\n", tests, FAST)
-    assert not wrong.passed and wrong.kind is None  # a wrong answer, not a failure to count
+CALLS = [("f", (2,)), ("f", (-1,))]
+
+
+def test_the_sandbox_brings_back_each_result_as_plain_data():
+    out = run_program("def f(x):\n    print(x)\n    return 2 * x + 1\n", CALLS, FAST)
+    assert (out.kind, out.results, out.output) == (None, [("ok", 5), ("ok", -1)], "2\n-1\n")
+    mixed = "def f(x):\n    if x < 0:\n        raise KeyError(x)\n    return [x, 2.5, 'a', (None, True), {1: b'z'}]\n"
+    out = run_program(mixed, CALLS, FAST)
+    assert out.results == [("ok", [2, 2.5, "a", (None, True), {1: b"z"}]), ("raise", "KeyError")]
+    # results that are not plain data come back as their type's name, never as the object
+    cheat = "class A(int):\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A(5)\n"
+    assert run_program(cheat, CALLS, FAST).results == [("bad", "A"), ("bad", "A")]
+    assert run_program("g = 1\n", CALLS, FAST).results == [("raise", "NameError")] * 2
 
 
 @pytest.fixture
@@ -70,7 +80,7 @@ ATTACKS = {
     "syntax error": ("def f(:\n", "syntax"),
     "null byte": ("x = 1\0\n", "syntax"),
     "recursion": ("def f(x):\n    return f(x + 1)\nf(0)\n", "crash"),
-    "exit 0 before the tests": ("import os\nos._exit(0)\n", "crash"),
+    "exit 0 before the tests": ("import os\nos._exit(0)\n", "no_report"),
     "sys.exit(0)": ("import sys\nsys.exit(0)\n", "crash"),
 }
 
@@ -107,21 +117,42 @@ def test_every_attack_scores_zero_with_its_kind_and_harms_nothing(attack, run_fi
     code, kind = ATTACKS[attack]
     code = code.format(run=str(run_file), folder=str(run_file.parent), port=port)
     t0 = time.time()
-    out = run_program(code, "assert True\n", FAST)
-    assert (out.passed, out.kind) == (False, kind), out.output[-500:]
+    out = run_program(code, [("f", (1,))], FAST)
+    assert (out.kind, out.results) == (kind, None), out.output[-500:]
     assert time.time() - t0 < FAST.timeout_s + 3  # killed, not waited for
     assert run_file.read_text() == "weights"
     assert sorted(p.name for p in run_file.parent.iterdir()) == ["checkpoint.pt"]
     assert connections["n"] == 0
 
 
-def test_a_timed_out_program_is_killed():
-    out = run_program("import os\nprint(os.getpid(), flush=True)\nwhile True:\n    pass\n", "", FAST)
-    assert out.kind == "timeout"
-    pid = int(out.output.split()[0])
+def _holding(name: str) -> list[int]:
+    """Processes (seen from here, whatever their PID namespace) holding a file called ``name`` open."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}").endswith("/" + name) for fd in fds):
+                pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.parametrize("where", [b for b in BOUNDARIES if b == "none" or b == boundary()])
+def test_a_timed_out_program_is_killed(where):
+    name = f"marker-{os.getpid()}-{time.monotonic_ns()}"
+    code = f"f = open({name!r}, 'w')\nwhile True:\n    pass\n"
+    result = {}
+    t = threading.Thread(target=lambda: result.update(out=run_program(code, [], FAST, boundary_name=where)))
+    t.start()
+    deadline = time.time() + 1.0
+    while not _holding(name) and time.time() < deadline:
+        time.sleep(0.02)
+    assert _holding(name)  # it ran (and held its file open) ...
+    t.join()
+    assert result["out"].kind == "timeout"
     time.sleep(0.2)
-    state = open(f"/proc/{pid}/stat").read().split()[2] if os.path.exists(f"/proc/{pid}") else "gone"
-    assert state in ("gone", "Z"), state
+    assert _holding(name) == []  # ... and is gone
 
 
 def test_the_program_sees_a_throwaway_folder_and_no_environment(monkeypatch):
@@ -131,8 +162,8 @@ def test_the_program_sees_a_throwaway_folder_and_no_environment(monkeypatch):
         "open('mine.txt', 'w').write('ok')\n"
         "print(json.dumps({'cwd': os.getcwd(), 'env': dict(os.environ), 'mine': open('mine.txt').read()}))\n"
     )
-    out = run_program(code, "", FAST)
-    assert out.passed, out.output
+    out = run_program(code, [], FAST)
+    assert out.kind is None, out.output
     seen = json.loads(out.output.strip().splitlines()[-1])
     assert seen["mine"] == "ok"
     assert seen["env"]["HOME"] == seen["cwd"] == seen["env"]["TMPDIR"]
@@ -140,8 +171,11 @@ def test_the_program_sees_a_throwaway_folder_and_no_environment(monkeypatch):
     assert not os.path.exists(seen["cwd"])  # removed afterwards
 
 
-def test_network_isolation_is_reported():
-    assert network_isolation() in ("namespace+audit-hook", "audit-hook")
+def test_the_boundary_is_the_strongest_that_works_here():
+    assert boundary() in BOUNDARIES
+    if shutil.which("bwrap"):  # .ci/install_system.sh installs it; it works where user namespaces do
+        probe = subprocess.run(["bwrap", "--unshare-all", "--ro-bind", "/", "/", "true"], capture_output=True)
+        assert (boundary() == "bwrap") == (probe.returncode == 0)
 
 
 # ---------------------------------------------------------------------- task=code
@@ -172,9 +206,11 @@ def test_templated_problems_are_scored_by_their_unit_tests(code_task):
     )
     assert code_task.score(p, f"def f(x): return {table}.get(x, 0)") == 0.0
     cheat = "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n"
-    assert code_task.score(p, cheat) == 0.0
-    patched = "import builtins\nbuiltins.type = lambda o: int\n" + cheat  # the tests keep the real type()
-    assert code_task.score(p, patched) == 0.0
+    assert score_counted(code_task, p, cheat, 10.0) == (0.0, None, "result_type")
+    patched = "import builtins\nbuiltins.type = lambda o: int\n" + cheat  # the results cross as plain data
+    assert score_counted(code_task, p, patched, 10.0) == (0.0, None, "result_type")
+    as_float = right.replace("return", "return float(") + ")"
+    assert score_counted(code_task, p, as_float, 10.0) == (0.0, None, None)  # 7.0 is not 7
     assert code_task.score(p, "") == 0.0
 
 
@@ -220,6 +256,28 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail():
         assert task.score(p, r["canonical_solution"]) == 1.0, r["task_id"]  # the body only
         stub = f"```python\ndef {r['entry_point']}(*args):\n    return None\n```"
         assert score_counted(task, p, stub, 10.0)[0] == 0.0, r["task_id"]  # fails (or its tests raise: crash)
+
+
+@pytest.mark.slow
+def test_every_humaneval_reference_passes_when_its_tests_are_replayed_out_of_process():
+    """All 164 problems: each check, recorded with the reference and replayed here against the
+    results the sandbox brought back, passes the reference and fails a stub."""
+    cfg = compose(["task=code", "task.source=humaneval"])
+    task = CodeTask(source="humaneval", num_val=8, timeout_s=4.0)
+    rows = _humaneval_problems()
+    prompts = [task._humaneval_prompt(0, r) for r in rows]
+    stub = "```python\ndef {}(*args):\n    return None\n```"
+    groups = [
+        [
+            _sample("```python\n" + r["prompt"] + r["canonical_solution"] + "```"),
+            _sample(stub.format(r["entry_point"])),
+        ]
+        for r in rows
+    ]
+    counts = score_groups(task, prompts, groups, cfg)
+    assert [r["task_id"] for r, g in zip(rows, groups) if g[0].correct != 1.0] == []
+    assert [r["task_id"] for r, g in zip(rows, groups) if g[1].correct != 0.0] == []
+    assert counts["errors"] == 0 and counts["timeout"] == 0
 
 
 def _sample(text: str) -> Sample:

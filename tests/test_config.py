@@ -81,9 +81,9 @@ RECIPES = {
         "filter": "scalerl(no_positive_resampling=false)",
         "length_control": "length_penalty",
     },
-    "magistral": {
+    "magistral": {  # Magistral streams generations with in-flight weight updates: PipelineRL-k
         "loss": "dapo(eps_high=0.28)",
-        "async_mode": "ppo_off_policy",
+        "async_mode": "pipeline_rl",
         "precision": "bf16",
         "aggregation": "token",
         "norm": "batch",

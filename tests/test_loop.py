@@ -531,6 +531,10 @@ def test_resume_after_sigkill_continues_the_same_run_without_gaps(tmp_path, mlfl
         expected = list(range(1, 15)) if key == "train/reward" else list(range(0, 15))
         assert steps == expected, (key, steps)
     assert [s for s, _ in history(mlflow_uri, run_id, "val/pass_rate")] == [0, 2, 4, 6, 8, 10, 12, 14]
+    # each step's train/correct is in the checkpoint: the reward-hacking flag has every evaluation
+    assert [s for s, _ in history(mlflow_uri, run_id, "health/reward_without_heldout_gain")] == list(
+        range(2, 15, 2)
+    )
     assert c.get_run(run_id).info.status == "FINISHED"
 
 

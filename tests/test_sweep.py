@@ -495,11 +495,15 @@ def test_sweep_report_and_analysis_cli_give_the_same_table(synthetic_sweep, caps
     tags = sw["client"].get_run(sw["ids"]["dapo-seed1"]).data.tags
     assert tags["1 variant"] == "dapo" and tags["2 verdict"] == verdicts["dapo"]["verdict"]
     note = sw["client"].get_run(sw["parent"]).data.tags["mlflow.note.content"]
-    assert note.startswith("## Verdicts per variant\n\n| variant | seeds | A mean ± sd [90% CI] |")
+    assert note.startswith("## Verdicts per variant\n\n| variant | seeds settled | A [90% CI] |")
     assert (
         "| dapo | 2/2 | " in note
         and "dapo: A lower" in sw["client"].get_run(sw["parent"]).data.tags["2 verdict"]
     )
+    # the figures of the verdicts are artifacts of the parent run
+    arts = {a.path for a in sw["client"].list_artifacts(sw["parent"], "report")}
+    assert {"report/variants.png", "report/forest.png", "report/calibration.png"} <= arts, arts
+    assert not list((sw["out"] / "report").glob("*.error.txt"))
 
     # --baseline by run name: that run's variant, both seeds, the same numbers
     rc = analysis_main(

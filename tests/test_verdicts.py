@@ -1,6 +1,8 @@
 """The per-variant verdicts on synthetic seeded curves (no MLflow, no training; a few seconds):
-a difference is called only where the intervals separate, unsettled fits are never called,
-inactive components are flagged instead of scored, and the half-budget prediction is reported."""
+a difference is called only where the t-test over the seeds (Bonferroni over the table) finds it
+and it exceeds the margin, unsettled seeds are neither averaged nor called, components that cannot
+act or did not act are flagged instead of scored, and the half-budget prediction is reported with
+its band. (The calibration over many sweeps: tests/test_verdict_calibration.py.)"""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import pytest
 
 from scalerl.analysis.mlflow_io import RunData
 from scalerl.analysis.verdicts import (
-    NO_DIFFERENCE,
-    Estimate,
+    INCONCLUSIVE,
+    MARGIN_A,
     Protocol,
+    cannot_act_reason,
     inactive_reason,
     prediction_summary,
+    t_test,
     verdict_table,
     verdicts,
 )
@@ -59,12 +63,12 @@ def _runs(variant, curve, seeds=3, *, trials=2048, params=None, activity=None, n
     return out
 
 
-def _verdicts(groups: dict[str, list[RunData]], baseline="base"):
+def _verdicts(groups: dict[str, list[RunData]], baseline="base", bootstrap=0):
     runs = [r for g in groups.values() for r in g]
     names = {r.run_id: v for v, g in groups.items() for r in g}
     fits = {
         r.run_id: fit_sigmoid(
-            r.compute, r.reward, min_compute=PROTOCOL.cut(r), bootstrap=0, drop_nonfinite=True
+            r.compute, r.reward, min_compute=PROTOCOL.cut(r), bootstrap=bootstrap, drop_nonfinite=True
         )
         for r in runs
     }
@@ -83,58 +87,90 @@ def test_separated_ceilings_are_called_and_close_ones_are_not():
         }
     )
     base, lower, same = vs["base"], vs["lower"], vs["same"]
-    assert base.verdict == "baseline" and base.fitted == 3
-    # per-seed spread and the pooled fit's interval around the truth
-    assert abs(base.A.mean - 0.62) < 0.02 and 0 < base.A.sd < 0.02
-    assert base.A.lo <= 0.62 <= base.A.hi
-    assert lower.called["A"] == -1 and lower.verdict.startswith("A lower")
+    assert base.verdict == "baseline" and base.fitted == 3 and base.A.n == 3
+    # one estimator: the mean over the settled seeds and the t-interval around it, about the truth
+    assert base.A.mean == pytest.approx(np.mean(base.A.values)) and abs(base.A.mean - 0.62) < 0.02
+    assert 0 < base.A.sd < 0.02 and base.A.lo <= 0.62 <= base.A.hi
+    assert base.A.lo < base.A.mean < base.A.hi
+    # B compared at A fixed to the baseline's A
+    assert base.family.A_fixed == pytest.approx(base.A.mean) and base.family.m == 4
+    assert lower.called["A"] == -1 and lower.verdict.startswith("A lower (ΔA -0.1")
     assert lower.delta_A == pytest.approx(lower.A.mean - base.A.mean)
-    # 0.002 apart: the intervals overlap, nothing is called
-    assert same.called == {} and same.verdict.startswith(NO_DIFFERENCE)
-    # the prediction from each seed's first half of the compute
+    assert lower.dA.hi < 0 and lower.dA.p < lower.dA.alpha == pytest.approx(0.05 / 4)
+    # 0.002 apart: nothing is called, and the verdict states what the design could have detected
+    assert same.called == {} and same.verdict.startswith(INCONCLUSIVE + ": smallest detectable ΔA = 0.")
+    assert MARGIN_A <= same.dA.mdd < 0.1
+    # the prediction from the seeds' first half of the compute, inside its band
     for v in vs.values():
-        assert v.pred_n == 3 and abs(v.pred_err) < 0.02 and v.pred_ok is True
+        assert v.pred_n == 3 and abs(v.pred_err) < 0.03 and v.pred_ok is True
+        assert v.prediction.inside is True and v.prediction.lo < v.prediction.hi
     table = verdict_table(list(vs.values()))
     assert table.splitlines()[2].startswith("| base | 3/3 | 0.6") and "A lower" in table
 
 
-def test_one_noisy_seed_calls_nothing():
-    """With one seed of 64-sample evaluations the intervals are wide: a 0.04 gap is not called."""
+def test_one_seed_calls_nothing():
+    """One seed per variant has no seed-to-seed spread: even a 0.08 gap is not called."""
     vs = _verdicts(
         {
-            "base": _runs("base", BASE, seeds=1, trials=64),
-            "other": _runs(
-                "other", TrueCurve(0.15, 0.58, 1.9, 1000.0), seeds=1, trials=64, params={"loss": "dapo"}
-            ),
+            "base": _runs("base", BASE, seeds=1),
+            "other": _runs("other", TrueCurve(0.15, 0.54, 1.9, 1000.0), seeds=1, params={"loss": "dapo"}),
         }
     )
     other = vs["other"]
-    assert math.isnan(other.A.sd)  # one seed: no spread over seeds
-    assert other.A.hi - other.A.lo > 0.04 and other.verdict.startswith(NO_DIFFERENCE)
+    assert math.isnan(other.A.sd) and other.A.n == 1
+    assert other.called == {} and "no seed-to-seed spread" in other.verdict, other.verdict
 
 
 def test_unsettled_fits_are_never_called():
-    """Curves still rising at the end of the budget: the interval of A reaches 1, so a variant is
-    not called even when its point estimates differ a lot."""
+    """Curves still rising at the end of the budget: A runs to 1 in the seeds' fits, so those seeds
+    are not averaged and the variant is not scored, even when its curve differs a lot."""
     rising = TrueCurve(0.15, 0.95, 1.5, 1000.0)
     vs = _verdicts(
         {
             "base": _runs("base", rising, reach=0.8),
             "slow": _runs("slow", TrueCurve(0.15, 0.95, 1.5, 3000.0), reach=0.8 / 3, params={"loss": "dapo"}),
-        }
+        },
+        bootstrap=50,
     )
     base, slow = vs["base"], vs["slow"]
-    assert base.A.hi >= 0.999 and "reaches 1" in base.A.unsettled
-    assert not base.B.settled  # B is not scored while A is unsettled
-    assert slow.called == {} and slow.verdict.startswith(NO_DIFFERENCE + " (unsettled: ")
-    assert "reaches 1" in slow.verdict, slow.verdict
+    assert not base.A.settled and "seeds settled" in base.A.unsettled, base.A
+    assert all(a < 0.995 for a in base.A.values + slow.A.values)
+    assert slow.called == {} and "unsettled" in slow.verdict, slow.verdict
 
 
-def test_estimate_separation_needs_both_settled():
-    a, b = Estimate(0.8, 0.01, 0.78, 0.82), Estimate(0.6, 0.01, 0.58, 0.62)
-    assert a.separates(b) == 1 and b.separates(a) == -1
-    assert a.separates(Estimate(0.79, 0.01, 0.77, 0.81)) == 0
-    assert a.separates(Estimate(0.6, 0.01, 0.58, 0.62, unsettled="A's interval reaches 1")) == 0
+def test_the_t_test_calls_only_beyond_the_interval_and_the_margin():
+    a = [0.60, 0.61, 0.62]
+    assert t_test([0.50, 0.51, 0.52], a, 0.01, MARGIN_A).called == -1
+    assert t_test([0.70, 0.71, 0.72], a, 0.01, MARGIN_A).called == 1
+    # significant but within the margin: not called
+    tight = t_test([0.625, 0.626, 0.627], [0.610, 0.611, 0.612], 0.01, MARGIN_A)
+    assert tight.p < 0.01 and tight.called == 0
+    # the seeds' spread pooled over a sweep (sd 0.05) makes the same gap inconclusive
+    wide = t_test([0.50, 0.51, 0.52], a, 0.01, MARGIN_A, sd=0.05, df=18)
+    assert wide.called == 0 and wide.df == 18 and wide.lo < 0 < wide.hi
+    # a pair far noisier than the pool is judged by its own spread (Welch)
+    noisy = t_test([0.40, 0.60, 0.80], [0.58, 0.60, 0.62], 0.01, MARGIN_A, sd=0.01, df=18)
+    assert noisy.df < 18 and noisy.called == 0
+
+
+def test_a_component_that_cannot_act_here_is_not_scored():
+    emulated = {"precision": "bf16", "precision/head_dtype": "bf16 (emulated: fp32 math, rounded)"}
+    vs = _verdicts(
+        {
+            "base": _runs("base", BASE, params={"precision": "fp32_head", "precision/head_dtype": "fp32"}),
+            "bf16": _runs("bf16", TrueCurve(0.15, 0.45, 1.9, 1000.0), params=emulated),
+        }
+    )
+    v = vs["bf16"]
+    assert v.verdict.startswith("cannot act here: precision") and v.called == {} and not v.scored
+    assert v.family.m == 0
+    gpu = {"precision": "bf16", "precision/head_dtype": "bf16 (native)", "device": "cuda:0"}
+    base = _runs("base", BASE, seeds=1, params={"precision": "fp32_head", "device": "cuda:0"})
+    assert cannot_act_reason(_runs("v", BASE, seeds=1, params=gpu), base) == ""
+    cpu = {"precision": "bf16", "device": "cpu"}
+    assert "on CPU" in cannot_act_reason(
+        _runs("v", BASE, seeds=1, params=cpu), _runs("b", BASE, seeds=1, params={"device": "cpu"})
+    )
 
 
 @pytest.mark.parametrize(
@@ -182,11 +218,12 @@ def test_inactive_variants_are_flagged_not_scored():
 
 def test_the_prediction_summary_says_why_the_goal_was_missed():
     """Precise, dense curves meet the half-budget prediction goal; one seed apart from the others,
-    with 512-sample evaluations and 10 points a run, it is missed, and the summary names the
-    noise of one evaluation, the seeds' spread and the few points the half-budget fit had."""
+    with 512-sample evaluations and 10 points a run, it is missed, and the summary says by how much
+    and names the noise of one evaluation, the seeds' spread and the few points the fit had."""
     good = _verdicts({"base": _runs("base", BASE), "same": _runs("same", BASE, params={"loss": "dapo"})})
-    assert prediction_summary(list(good.values())).startswith(
-        "Prediction: 2 of 2 variants' final pass rates were predicted within 0.02"
+    text = prediction_summary(list(good.values()))
+    assert "2 of 2 within 0.03; coverage 100% (2 of 2 inside their 90% band)" in text and text.endswith(
+        ": met."
     )
     params = {"eval.num_prompts": "128", "eval.samples_per_prompt": "4"}
     sparse = {
@@ -195,10 +232,11 @@ def test_the_prediction_summary_says_why_the_goal_was_missed():
     }
     for i, r in enumerate(sparse["dapo"] + sparse["base"]):
         r.reward = r.reward + 0.06 * (i % 3 - 1)  # the seeds end 0.06 apart
+        r.reward[-1] += 0.25  # and the last evaluations jump, out of the band
     vs = list(_verdicts(sparse).values())
     text = prediction_summary(vs)
-    assert "not met. Why:" in text, text
-    assert "standard error of about 0.02" in text  # sqrt(0.3 * 0.7 / 512)
-    assert "differs between seeds by a median sd of 0.06" in text
+    assert ": missed by 2 more variants within 0.03 and coverage short by 80 points" in text, text
+    assert "Why:" in text and "differs between seeds by a median sd of 0.06" in text
     assert "points a seed" in text
-    assert all(v.final_se == pytest.approx(0.021, abs=0.002) for v in vs)
+    assert all(v.final_se == pytest.approx(0.02, abs=0.003) for v in vs)
+    assert all(v.prediction.noise_sd == pytest.approx(0.012, abs=0.003) for v in vs)  # 3 seeds' mean

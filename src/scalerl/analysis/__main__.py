@@ -1,11 +1,15 @@
 """``python -m scalerl.analysis fit|compare``: sigmoid fits of the runs of an MLflow experiment.
 
 fit      per-run fits (with bootstrap CIs and the half-budget prediction check), the verdict
-         table per variant (A and B over seeds with intervals, differences from the baseline called
-         only where intervals separate, inactive components, prediction error), the per-run table, per-run plots, and write-back of
-         ``fit/*`` metrics + ``scaling_curve.png`` to each run.
-compare  all of ``fit``, plus the comparison plots: every run's curve on one figure and the
-         linearised leave-one-out plot (B refitted with A fixed to the sweep mean).
+         table per variant (A and B at the baseline's A over settled seeds with t-intervals,
+         differences called under a t-test Bonferroni-corrected over the table at a 5% family-wise
+         level, else the smallest detectable ΔA; components that cannot or did not act; the
+         half-budget prediction with its band), the per-run table, per-run plots, and write-back
+         of ``fit/*`` metrics + ``scaling_curve.png`` to each run.
+compare  all of ``fit``, plus the comparison plots: panels per variant (variants.png), the forest
+         plot of ΔA and ΔB (forest.png), predicted vs observed (calibration.png), the linearised
+         leave-one-out plot (B refitted with A fixed to the baseline's A) and, up to 8 runs, every
+         run's curve on one figure (scaling_curves.png).
 
 The same report as ``python sweep.py`` writes for a sweep (both call scalerl.analysis.report).
 """
@@ -210,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         print(rows_to_markdown(rep.result.pooled_rows, level=args.level))
     print(
         f"\nwrote {out}/ (fits.csv, fits.md, fits.json, runs/*/scaling_curve.png"
-        + (", scaling_curves.png, linearised.png" if args.command == "compare" else "")
+        + (
+            ", " + ", ".join(f.name for f in rep.files if f.suffix == ".png")
+            if args.command == "compare"
+            else ""
+        )
         + ")"
     )
     if rep.written_back:

@@ -8,8 +8,9 @@ A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last, verdict``.
 
 The baseline is a variant (all its runs, i.e. its seeds): ``delta_A = A - mean A`` and
 ``delta_B = B - mean B`` over its fitted runs (:func:`choose_baseline`). These per-run deltas are
-point estimates and flag nothing; what the runs support about each variant (intervals over seeds,
-differences called only where intervals separate, inactive components, prediction) is
+point estimates and flag nothing; ``B_fixed_A`` is B refitted with A fixed to ``A_fixed``, the
+baseline's A. What the runs support about each variant (estimates over settled seeds, a t-test
+Bonferroni-corrected over the table, components that cannot or did not act, prediction) is
 :mod:`scalerl.analysis.verdicts`, whose verdict every row of that variant carries.
 """
 
@@ -25,12 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
-from scalerl.analysis.verdicts import A_UNSETTLED, Protocol, VariantVerdict, verdicts
+from scalerl.analysis.verdicts import A_UNSETTLED, Protocol, VariantVerdict, fixed_A_fits, settled_A, verdicts
 from scalerl.config.options import RECIPE_GROUPS  # groups logged as params named after the group
 from scalerl.scaling.sigmoid import (
     DEFAULT_METHOD,
     SigmoidFit,
-    fit_fixed_A,
     fit_sigmoid,
     fit_sigmoid_runs,
 )
@@ -64,12 +64,14 @@ class ExperimentResult:
     fits: dict[str, SigmoidFit]
     """run_id -> full fit."""
     fixed_fits: dict[str, SigmoidFit] = field(default_factory=dict)
-    """run_id -> fit with A fixed to the sweep mean."""
+    """run_id -> fit with A fixed to the baseline's A (the mean over its settled seeds)."""
     half_fits: dict[str, SigmoidFit] = field(default_factory=dict)
     """run_id -> fit on the first half of the compute (prediction check)."""
     differing: list[str] = field(default_factory=list)
     baseline: Baseline | None = None
     A_mean: float = math.nan
+    A_fixed: float = math.nan
+    """The baseline's A (mean over its settled seeds), at which every run's B is refitted."""
     pooled_rows: list[dict] = field(default_factory=list)
     pooled_fits: dict[str, SigmoidFit] = field(default_factory=dict)
     verdicts: list[VariantVerdict] = field(default_factory=list)
@@ -373,7 +375,9 @@ def analyse_runs(
     )
     ok_a = [f.A for f in fits.values() if f.ok]
     a_mean = float(np.mean(ok_a)) if ok_a else math.nan
-    fixed_fits: dict[str, SigmoidFit] = {}
+    base_fits = [fits[i] for i in base.run_ids] if base.variant is not None else []
+    a_fix = settled_A(base_fits)
+    fixed_fits = fixed_A_fits(runs, fits, a_fix) if fixed_A else {}
     for row in rows:
         rid = row["run_id"]
         row["baseline"] = base.variant is not None and row["variant"] == base.variant
@@ -383,17 +387,20 @@ def analyse_runs(
         else:
             row["delta_A"] = math.nan
             row["delta_B"] = math.nan
-        row["A_fixed"] = a_mean
-        row["B_fixed_A"] = math.nan
-        row["C_mid_fixed_A"] = math.nan
-        if fixed_A and row["ok"] and math.isfinite(a_mean):
-            f = fits[rid]
-            ff = fit_fixed_A(f.compute, f.reward, a_mean, min_compute=f.min_compute, drop_nonfinite=True)
-            fixed_fits[rid] = ff
-            if ff.ok:
-                row["B_fixed_A"] = ff.B
-                row["C_mid_fixed_A"] = ff.C_mid
-    vs = verdicts(runs, names, fits, base.variant, protocol, order=variant_order)
+        row["A_fixed"] = a_fix
+        ff = fixed_fits.get(rid)
+        row["B_fixed_A"] = ff.B if ff is not None and ff.ok else math.nan
+        row["C_mid_fixed_A"] = ff.C_mid if ff is not None and ff.ok else math.nan
+    vs = verdicts(
+        runs,
+        names,
+        fits,
+        base.variant,
+        protocol,
+        order=variant_order,
+        fixed_fits=fixed_fits if fixed_A else None,
+        predict=predict_check,
+    )
     by_variant = {v.variant: v.verdict for v in vs}
     for row in rows:
         row["verdict"] = by_variant.get(row["variant"], "")
@@ -408,6 +415,7 @@ def analyse_runs(
         differing=differing,
         baseline=base,
         A_mean=a_mean,
+        A_fixed=a_fix,
         verdicts=vs,
     )
     if pool_seeds:

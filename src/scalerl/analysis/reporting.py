@@ -5,9 +5,11 @@ report (:mod:`scalerl.sweep.report`) both call :func:`report`.
 Files written into ``out_dir``: ``fits.csv`` (every row key), ``fits.md`` (the title, the fit
 settings, the verdict table per variant and its legend, then the per-run table and its legend),
 ``fits.json``, ``verdicts.csv`` (one row per variant), ``runs/<run>/scaling_curve.png`` (one per run),
-and with ``comparison``: ``scaling_curves.png`` (every run on one figure), ``linearised.png``
-(``log F(R)`` against ``log C``, A fixed to the mean A: slope = B) and, with seeds pooled,
-``pooled_curves.png`` / ``pooled_fits.csv``.
+and with ``comparison``: ``variants.png`` (one panel per variant), ``forest.png`` (ΔA and ΔB with
+their intervals), ``calibration.png`` (predicted vs observed end) (:mod:`scalerl.analysis.figures`),
+``linearised.png`` (``log F(R)`` against ``log C``, A fixed to the baseline's A: slope = B; one line
+per variant beyond :data:`MAX_LINES` runs), up to :data:`MAX_LINES` runs ``scaling_curves.png``
+(every run on one figure) and, with seeds pooled, ``pooled_curves.png`` / ``pooled_fits.csv``.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from scalerl.analysis.experiment import (
 )
 from scalerl.analysis.mlflow_io import RunData, write_back
 from scalerl.analysis.verdicts import (
+    Protocol,
     VariantVerdict,
+    family_summary,
     prediction_cell,
     prediction_summary,
     verdict_legend,
     verdict_table,
 )
-from scalerl.scaling.sigmoid import DEFAULT_METHOD, round_sig, round_to
+from scalerl.scaling.sigmoid import DEFAULT_METHOD, fit_fixed_A, round_sig, round_to
 
 WRITE_BACK_KEYS = (
     "delta_A",
@@ -116,30 +120,50 @@ class Report:
 
 def verdict_row(v: VariantVerdict) -> dict:
     """One row of ``verdicts.csv``."""
+    pr = v.prediction
     return {
         "variant": v.variant,
         "baseline": v.baseline,
         "runs": len(v.run_ids),
         "fitted": v.fitted,
+        "A_settled": v.A.n,
         "A_mean": v.A.mean,
         "A_sd": v.A.sd,
         "A_lo": v.A.lo,
         "A_hi": v.A.hi,
         "A_unsettled": v.A.unsettled,
+        "A_fixed": v.family.A_fixed,
+        "B_settled": v.B.n,
         "B_mean": v.B.mean,
         "B_sd": v.B.sd,
         "B_lo": v.B.lo,
         "B_hi": v.B.hi,
         "B_unsettled": v.B.unsettled,
-        "delta_A": v.delta_A,
-        "delta_B": v.delta_B,
-        "pred_err": v.pred_err,
+        "delta_A": v.dA.delta,
+        "delta_A_lo": v.dA.lo,
+        "delta_A_hi": v.dA.hi,
+        "delta_A_p": v.dA.p,
+        "detectable_A": v.dA.mdd,
+        "delta_B": v.dB.delta,
+        "delta_B_lo": v.dB.lo,
+        "delta_B_hi": v.dB.hi,
+        "delta_B_p": v.dB.p,
+        "test_alpha": v.dA.alpha,
+        "pred": pr.predicted,
+        "observed": pr.observed,
+        "pred_err": pr.err,
+        "pred_lo": pr.lo,
+        "pred_hi": pr.hi,
         "pred_ok": v.pred_ok,
+        "pred_inside": pr.inside,
+        "cannot_act": v.cannot_act,
         "inactive": v.inactive,
         "verdict": v.verdict,
     }
 
 
+MAX_LINES = 8
+"""Figures with one line per run are drawn only up to this many runs (a sweep reads as panels per variant)."""
 VIEW_KEY = "scalerl-verdicts"
 """The MLflow UI's shared view (experiment tag ``mlflow.sharedViewState.<key>``) the report writes."""
 
@@ -164,7 +188,15 @@ def share_verdict_view(client, experiment_id: str) -> str:
 def verdict_head(vtable: str, vs: Sequence[VariantVerdict]) -> str:
     """The verdict section's opening, in the report and the parent run's description alike: the
     table, then how well the half-budget fits predicted the final pass rates."""
-    return "## Verdicts per variant\n\n" + vtable + "\n" + prediction_summary(vs) + "\n\n"
+    return (
+        "## Verdicts per variant\n\n"
+        + vtable
+        + "\n"
+        + family_summary(vs)
+        + "\n\n"
+        + prediction_summary(vs)
+        + "\n\n"
+    )
 
 
 def write_parent(client, parent_id: str, rep: Report, *, description: str = "") -> str:
@@ -219,10 +251,10 @@ def _legend(res: ExperimentResult, opts: FitOptions) -> list[str]:
         )
     elif base is not None:
         lines.append(f"ΔA, ΔB: {base.describe()}.")
-    if math.isfinite(res.A_mean):
+    if math.isfinite(res.A_fixed):
         lines.append(
-            f"B @ A={res.A_mean:.3f}: B refitted with A fixed to the mean A over the fitted runs (the paper's "
-            "way to compare efficiency when the ceilings are close)."
+            f"B @ A={res.A_fixed:.3f}: B refitted with A fixed to the baseline's A (the mean over its settled "
+            "seeds; the paper's way to compare efficiency)."
         )
     if any("pred_mae" in r for r in res.rows):
         lines.append(
@@ -250,32 +282,72 @@ def _plots(res: ExperimentResult, opts: FitOptions, out: Path, *, name: str, com
     if not comparison or not res.runs:
         return files, run_plots
     order = [row["run_id"] for row in res.rows if row.get("run_id") in res.fits]
-    files.append(
-        plot_fit(
-            out / "scaling_curves.png",
-            [(labels[i], res.fits[i]) for i in order],
-            extrapolate=opts.extrapolate,
-            title=f"{name}: validation pass rate vs compute",
-            xlabel=xlabel,
+    if len(order) <= MAX_LINES:
+        files.append(
+            plot_fit(
+                out / "scaling_curves.png",
+                [(labels[i], res.fits[i]) for i in order],
+                extrapolate=opts.extrapolate,
+                title=f"{name}: validation pass rate vs compute",
+                xlabel=xlabel,
+            )
         )
-    )
-    lin = [(labels[i], res.fixed_fits[i]) for i in order if i in res.fixed_fits and res.fixed_fits[i].ok]
-    title = f"{name}: linearised, A fixed to the mean {res.A_mean:.3f} (slope = B)"
+    title = f"{name}: linearised, A fixed to the baseline's {res.A_fixed:.3f} (slope = B)"
+    if len(order) <= MAX_LINES:
+        lin = [(labels[i], res.fixed_fits[i]) for i in order if i in res.fixed_fits and res.fixed_fits[i].ok]
+    else:  # one line per variant: its seeds' points together, refitted at the baseline's A
+        lin = []
+        for v in res.verdicts:
+            f = v.pooled
+            if f is not None and f.ok and math.isfinite(res.A_fixed):
+                ff = fit_fixed_A(
+                    f.compute, f.reward, res.A_fixed, min_compute=f.min_compute, drop_nonfinite=True
+                )
+                if ff.ok:
+                    lin.append((v.variant, ff))
     if not lin:
-        lin = [(labels[i], res.fits[i]) for i in order if res.fits[i].ok]
+        lin = [(labels[i], res.fits[i]) for i in order if res.fits[i].ok][:MAX_LINES]
         title = f"{name}: linearised fits (slope = B)"
     files.append(plot_linearised(out / "linearised.png", lin, title=title, xlabel=xlabel))
     if res.pooled_fits:
         files.append(
             plot_fit(
                 out / "pooled_curves.png",
-                list(res.pooled_fits.items()),
+                list(res.pooled_fits.items())[:MAX_LINES],
                 extrapolate=opts.extrapolate,
                 title=f"{name}: seeds pooled per recipe",
                 xlabel=xlabel,
             )
         )
+    if res.verdicts:
+        files += _verdict_figures(res, opts, out, name=name, xlabel=xlabel)
     return files, run_plots
+
+
+def _verdict_figures(
+    res: ExperimentResult, opts: FitOptions, out: Path, *, name: str, xlabel: str
+) -> list[Path]:
+    """``variants.png`` (one panel per variant), ``forest.png`` (ΔA, ΔB with intervals; with a
+    baseline) and ``calibration.png`` (predicted vs observed end). A figure that fails to draw is
+    reported in its place, never the report."""
+    from scalerl.analysis.figures import plot_calibration, plot_forest, plot_variants
+
+    protocol = Protocol(min_step=opts.min_step, min_compute=opts.min_compute)
+    by_id = {r.run_id: r for r in res.runs}
+    jobs = [
+        ("variants.png", lambda p: plot_variants(p, res.verdicts, by_id, protocol.cut, xlabel=xlabel,
+                                                 title=f"{name}: validation pass rate per variant")),
+        ("calibration.png", lambda p: plot_calibration(p, res.verdicts)),
+    ]  # fmt: skip
+    if any(not v.baseline for v in res.verdicts) and any(v.baseline for v in res.verdicts):
+        jobs.insert(1, ("forest.png", lambda p: plot_forest(p, res.verdicts)))
+    files = []
+    for fname, draw in jobs:
+        try:
+            files.append(draw(out / fname))
+        except Exception as e:  # noqa: BLE001 - a figure must not cost the sweep its report
+            (out / (fname + ".error.txt")).write_text(f"{type(e).__name__}: {e}\n")
+    return files
 
 
 def ui_tags(v: VariantVerdict | None, variant: str, level: float) -> dict[str, str]:

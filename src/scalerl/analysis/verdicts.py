@@ -1,27 +1,46 @@
-"""Per-variant verdicts: what a sweep's runs support about each recipe against the baseline.
+"""Per-variant verdicts: the paper's leave-one-out protocol with one estimator, a named test and a stated level.
 
-A variant is all the runs of one recipe (its seeds). For each variant:
+A variant is all the runs of one recipe (its seeds). The protocol:
 
-- **A and B** as the mean and standard deviation of the per-seed fits, and a ``level`` interval
-  from the *pooled* fit of its seeds (:func:`~scalerl.scaling.sigmoid.fit_sigmoid_runs`: the
-  bootstrap resamples the seeds, then residuals within each seed, so the interval includes
-  seed-to-seed variation; with one seed it is that run's residual bootstrap).
-- **A difference** from the baseline is called only where the two variants' intervals do not
-  overlap (for A and for B separately). Two non-overlapping 90% intervals is a conservative test:
-  for estimates of similar precision it rejects "no difference" at roughly the 1% level.
-  Otherwise the verdict is "no difference detected at this budget".
-- **Unsettled fits are never called**: an interval of A that reaches 1 (or R0) is bounded by the
-  pass rate's range, not by the data; an interval of B that reaches B's bounds likewise; and B is
-  not scored while A is unsettled (the fit trades one against the other).
-- **Inactive components are not scored**: a variant that differs from the baseline in a component
-  that never acted in their runs (no prompt retired, policy lag never beyond the smaller k, no
-  interruption, no zero-variance group) is reported as ``inactive: <reason>``.
-- **Prediction**: the pooled fit on each seed's first half of the compute predicts each seed's
-  final pass rate; the error is the mean over seeds of predicted minus observed, within
-  :data:`PRED_TOLERANCE` counts as predicted.
+- **One estimator.** Each seed is fitted on its own (the per-run fits of the report). A seed is
+  *settled* when its fitted A is off the bounds of the pass rate (not within
+  :data:`A_BOUND_TOL` of 1 or of R0) and, when the fit has a bootstrap interval, that interval
+  does not reach 1 (the data do not bound the ceiling). A variant's A is the **mean over its settled seeds**, and its
+  interval the **t-interval** over them (``level``, n - 1 degrees of freedom): point estimate and
+  interval come from the same numbers. Unsettled seeds are neither averaged in nor called; a
+  variant with fewer than 2 settled seeds, or fewer than half its fitted seeds settled, is
+  reported as *unsettled* and not scored.
+- **B at a fixed A** (the paper's protocol): every run is refitted with A fixed to the
+  baseline's A (the mean over its settled seeds), and B is compared at that A, estimated the same
+  way (mean and t-interval over the seeds whose B is off its bounds). B is not scored while the
+  variant's A is unsettled.
+- **The test.** A difference from the baseline (in A, and in B at the fixed A) is tested with
+  **Welch's two-sample t-test** on the settled per-seed values, two-sided, **Bonferroni-corrected**
+  over the family of every comparison in the table (A and B of each scored variant: m = 2 x the
+  scored variants) at a **family-wise level of** :data:`FAMILY_LEVEL` (each test at
+  ``FAMILY_LEVEL / m``). A difference is called only when the simultaneous ``1 - FAMILY_LEVEL / m``
+  interval of the difference excludes 0 **and** the difference exceeds the paper's margin
+  (:data:`MARGIN_A` = 0.02 for A; the paper gives no margin for B). Otherwise the verdict is
+  "inconclusive at this budget: smallest detectable ΔA = x".
+- **Smallest detectable ΔA** (the design's resolution): the difference this test finds with
+  :data:`POWER` probability, ``(t(1 - a/2, df) + t(POWER, df)) * s * sqrt(1/n_v + 1/n_b)``, with
+  ``s`` the seeds' spread of A pooled over the sweep's variants, ``n_v``, ``n_b`` the seeds of the
+  variant and the baseline, ``df = n_v + n_b - 2`` and ``a`` the per-test level; never below the
+  margin.
+- **Not scored**: a variant whose component cannot act on this hardware (a bf16 LM head emulated
+  on CPU: the paper's mechanism, a generator/trainer kernel mismatch, cannot act) or did not act
+  in its runs (no prompt retired, policy lag never beyond the smaller k, no interruption, no
+  zero-variance group) is reported as such and left out of the family.
+- **Prediction** (:class:`Prediction`): the pooled fit of the seeds' first half of the compute
+  predicts the mean of the seeds' last evaluations; the 90% prediction band combines the half fit's
+  bootstrap (seeds, then residuals within each seed) with the binomial noise of those evaluations
+  (their logged ``eval.num_prompts x eval.samples_per_prompt``; the half fit's rmse when not
+  logged). Goal: abs error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the scored
+  variants and coverage >= :data:`PRED_GOAL_COVERAGE`.
 
 Every fit uses the same absolute early cut (:func:`~scalerl.scaling.sigmoid.early_cutoff`) as the
-live refits and the per-run table.
+live refits and the per-run table. The calibration of the test on synthetic null sweeps is checked
+in tests/test_verdict_calibration.py and measured by benchmarks/bench_verdicts.py.
 """
 
 from __future__ import annotations
@@ -31,40 +50,115 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
 from scalerl.analysis.mlflow_io import RunData
-from scalerl.scaling.sigmoid import B_BOUNDS, DEFAULT_METHOD, SigmoidFit, early_cutoff, fit_sigmoid_runs
+from scalerl.scaling.sigmoid import (
+    B_BOUNDS,
+    DEFAULT_METHOD,
+    SigmoidFit,
+    _predict,
+    early_cutoff,
+    fit_fixed_A,
+    fit_sigmoid_runs,
+)
 
-PRED_TOLERANCE = 0.02
-"""A prediction within this of the observed final pass rate counts as predicted (the paper's margin)."""
-A_UNSETTLED = 0.999
-"""An interval of A reaching this is bounded by the pass rate's range (1), not by the data."""
-NO_DIFFERENCE = "no difference detected at this budget"
+FAMILY_LEVEL = 0.05
+"""Family-wise error rate of the verdict table: the chance that any comparison is called when no
+variant differs from the baseline (Bonferroni over every A and B comparison)."""
+MARGIN_A = 0.02
+"""The paper's margin on A (three seeds differed by at most 0.015): smaller differences are not called."""
+POWER = 0.8
+"""The power at which the smallest detectable ΔA is stated."""
+A_BOUND_TOL = 0.005
+"""A seed whose fitted A lies within this of 1 or R0 is unsettled (A at a bound of the pass rate)."""
+A_UNSETTLED = 1.0 - A_BOUND_TOL
+PRED_TOLERANCE = 0.03
+"""A prediction within this of the observed mean of the last evaluations counts as predicted."""
+PRED_LEVEL = 0.9
+"""Level of the prediction band."""
+PRED_GOAL_SHARE = 0.75
+"""The prediction goal: this share of the scored variants (6 of 8) within :data:`PRED_TOLERANCE` ..."""
+PRED_GOAL_COVERAGE = 0.8
+"""... and this share of observed values inside their prediction band."""
+INCONCLUSIVE = "inconclusive at this budget"
+NO_DIFFERENCE = INCONCLUSIVE  # the name of earlier versions
 
 
 @dataclass
 class Estimate:
-    """One parameter of a variant: per-seed mean and sd, the pooled fit's interval."""
+    """One parameter of a variant: the mean and t-interval over its settled seeds."""
 
     mean: float = math.nan
     sd: float = math.nan
     lo: float = math.nan
     hi: float = math.nan
-    unsettled: str = ""  # why the interval cannot be trusted ("" = settled)
+    n: int = 0  # settled seeds
+    total: int = 0  # seeds
+    unsettled: str = ""  # why the variant's value cannot be scored ("" = settled)
+    values: list[float] = field(default_factory=list)
 
     @property
     def settled(self) -> bool:
-        return not self.unsettled and math.isfinite(self.lo) and math.isfinite(self.hi)
+        return not self.unsettled and self.n >= 2
 
-    def separates(self, other: Estimate) -> int:
-        """+1 / -1 when this interval lies wholly above / below ``other``'s (both settled), else 0."""
-        if not (self.settled and other.settled):
-            return 0
-        if self.lo > other.hi:
-            return 1
-        if self.hi < other.lo:
-            return -1
-        return 0
+
+@dataclass
+class Comparison:
+    """One difference from the baseline (variant - baseline) under Welch's t-test."""
+
+    delta: float = math.nan
+    lo: float = math.nan  # simultaneous (1 - FAMILY_LEVEL / m) interval
+    hi: float = math.nan
+    p: float = math.nan  # two-sided p-value of the single test
+    alpha: float = math.nan  # the per-test level FAMILY_LEVEL / m
+    df: float = math.nan
+    margin: float = 0.0
+    mdd: float = math.nan  # smallest detectable difference at POWER
+    called: int = 0  # +1 / -1: a difference called
+    tested: bool = False
+
+    @property
+    def significant(self) -> bool:
+        return self.tested and math.isfinite(self.p) and self.p < self.alpha
+
+
+@dataclass
+class Prediction:
+    """The half-budget prediction of a variant's mean last evaluation."""
+
+    predicted: float = math.nan
+    observed: float = math.nan
+    lo: float = math.nan  # PRED_LEVEL prediction band
+    hi: float = math.nan
+    n: int = 0  # seeds
+    noise_sd: float = math.nan  # sd of the observed mean from the evaluations' binomial noise
+    reason: str = ""
+
+    @property
+    def err(self) -> float:
+        return self.predicted - self.observed
+
+    @property
+    def inside(self) -> bool | None:
+        if not (math.isfinite(self.lo) and math.isfinite(self.observed)):
+            return None
+        return bool(self.lo <= self.observed <= self.hi)
+
+
+@dataclass
+class Family:
+    """What the whole table's test shares: its size, levels, the seeds' spread and the resolution."""
+
+    m: int = 0  # comparisons in the family
+    alpha: float = math.nan  # per-test level
+    sd_A: float = math.nan  # seeds' spread of A, pooled over variants
+    sd_B: float = math.nan
+    df_sd: int = 0
+    df_sd_B: int = 0
+    seeds: int = 0  # seeds per variant in the design (median)
+    mdd_A: float = math.nan  # smallest detectable ΔA at the design's seeds
+    A_fixed: float = math.nan  # the baseline's A, at which B is compared
 
 
 @dataclass
@@ -74,23 +168,47 @@ class VariantVerdict:
     baseline: bool = False
     fitted: int = 0
     A: Estimate = field(default_factory=Estimate)
-    B: Estimate = field(default_factory=Estimate)
-    delta_A: float = math.nan  # mean A - baseline's mean A
-    delta_B: float = math.nan
-    pooled: SigmoidFit | None = None
-    pred_err: float = math.nan  # mean over seeds of (predicted - observed) final pass rate
-    pred_n: int = 0  # seeds with a prediction
+    B: Estimate = field(default_factory=Estimate)  # B at A fixed to the baseline's A
+    dA: Comparison = field(default_factory=Comparison)
+    dB: Comparison = field(default_factory=Comparison)
+    pooled: SigmoidFit | None = None  # the pooled fit of all the variant's fitted seeds (figures)
+    half: SigmoidFit | None = None  # the pooled fit of the seeds' first half (the prediction)
+    prediction: Prediction = field(default_factory=Prediction)
     final_sd: float = math.nan  # sd over seeds of the observed final pass rate
     final_se: float = math.nan  # binomial standard error of one final evaluation (its samples)
     half_points: float = math.nan  # mean points per seed the half-budget fit rests on
+    cannot_act: str = ""  # why the component cannot act on this hardware
     inactive: str = ""  # why the variant's component never acted ("" = active or unknown)
     reason: str = ""  # why nothing could be fitted
     verdict: str = ""
     called: dict[str, int] = field(default_factory=dict)  # "A"/"B" -> +1/-1 where a difference is called
+    family: Family = field(default_factory=Family)
+
+    @property
+    def scored(self) -> bool:
+        """Compared with the baseline (not the baseline, not unable to act, not inactive, fitted)."""
+        return not self.baseline and not self.cannot_act and not self.inactive and self.fitted > 0
+
+    @property
+    def delta_A(self) -> float:
+        return self.dA.delta
+
+    @property
+    def delta_B(self) -> float:
+        return self.dB.delta
+
+    @property
+    def pred_err(self) -> float:
+        return self.prediction.err
+
+    @property
+    def pred_n(self) -> int:
+        return self.prediction.n
 
     @property
     def pred_ok(self) -> bool | None:
-        return None if not math.isfinite(self.pred_err) else abs(self.pred_err) <= PRED_TOLERANCE
+        e = self.pred_err
+        return None if not math.isfinite(e) else abs(e) <= PRED_TOLERANCE
 
 
 @dataclass
@@ -110,7 +228,7 @@ class Protocol:
 
 
 # ------------------------------------------------------------------------------------------------
-# Which component a variant changes, and whether it acted
+# Which component a variant changes, and whether it acted (or can act here)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -129,6 +247,32 @@ def _num(v) -> float:
 def _most(runs: Sequence[RunData], key: str, how=max) -> float:
     vals = [r.activity[key] for r in runs if key in r.activity and math.isfinite(r.activity[key])]
     return float(how(vals)) if vals else math.nan
+
+
+def cannot_act_reason(variant: Sequence[RunData], baseline: Sequence[RunData]) -> str:
+    """Why the component in which ``variant`` differs from ``baseline`` cannot act on the hardware
+    the runs ran on ("" when it can, or when the runs do not log what would tell): a precision
+    change whose reduced-precision head was emulated (param ``precision/head_dtype`` says
+    "emulated") or ran on CPU (param ``device``) -- the paper's mechanism behind the FP32 head, a
+    kernel mismatch between the generator's and the trainer's head, needs distinct native kernels."""
+    if not variant or not baseline:
+        return ""
+    vp, bp = variant[0].params, baseline[0].params
+    keys = [k for k in set(vp) | set(bp) if k == "precision" or k.startswith("precision.")]
+    if not any(vp.get(k) != bp.get(k) for k in keys):
+        return ""
+    heads = [str(r.params.get("precision/head_dtype", "")) for r in [*variant, *baseline]]
+    devices = {str(r.params.get("device", "")).split(":")[0] for r in [*variant, *baseline]}
+    if any("emulated" in h for h in heads):
+        how = "emulated on this hardware (fp32 math, rounded)"
+    elif devices == {"cpu"}:
+        how = "run on CPU"
+    else:
+        return ""
+    return (
+        f"precision: the reduced-precision LM head was {how}, so the paper's mechanism "
+        "(a kernel mismatch between generator and trainer) cannot act"
+    )
 
 
 def inactive_reason(variant: Sequence[RunData], baseline: Sequence[RunData]) -> str:
@@ -177,35 +321,150 @@ def inactive_reason(variant: Sequence[RunData], baseline: Sequence[RunData]) -> 
 
 
 # ------------------------------------------------------------------------------------------------
-# Fits
+# Per-seed values, estimates, tests
 # ------------------------------------------------------------------------------------------------
 
 
-def _estimates(fits: Sequence[SigmoidFit], pooled: SigmoidFit | None) -> tuple[Estimate, Estimate]:
-    ok = [f for f in fits if f.ok]
+def a_unsettled(fit: SigmoidFit | None) -> str:
+    """Why a seed's A cannot be used ("" = settled): unfitted, or A at a bound of the pass rate."""
+    if fit is None or not fit.ok:
+        return "unfitted"
+    if fit.A >= 1.0 - A_BOUND_TOL:
+        return "A at 1"
+    if fit.A <= fit.R0 + A_BOUND_TOL:
+        return "A at R0"
+    lo, hi = fit.ci.get("A", (math.nan, math.nan))
+    if math.isfinite(hi) and hi >= A_UNSETTLED:
+        return "A's interval reaches 1"
+    return ""
 
-    def per_seed(name):
-        v = np.array([getattr(f, name) for f in ok], dtype=float)
-        return (
-            float(v.mean()) if v.size else math.nan,
-            float(v.std(ddof=1)) if v.size > 1 else math.nan,
-        )
 
-    A, B = Estimate(*per_seed("A")), Estimate(*per_seed("B"))
-    if pooled is None or not pooled.ok or not pooled.ci:
-        A.unsettled = B.unsettled = "no interval (the pooled fit failed or has no bootstrap)"
-        return A, B
-    A.lo, A.hi = pooled.ci["A"]
-    B.lo, B.hi = pooled.ci["B"]
-    if A.hi >= A_UNSETTLED:
-        A.unsettled = "A's interval reaches 1"
-    elif A.lo <= pooled.R0 + 1e-3:
-        A.unsettled = "A's interval reaches R0"
-    if B.lo <= B_BOUNDS[0] * 1.01 or B.hi >= B_BOUNDS[1] * 0.99:
-        B.unsettled = "B's interval reaches its bound"
-    elif A.unsettled:
-        B.unsettled = "B not scored while A is unsettled"
-    return A, B
+def b_unsettled(fit: SigmoidFit | None) -> str:
+    """Why a seed's B (at the fixed A) cannot be used ("" = settled)."""
+    if fit is None or not fit.ok:
+        return "not refitted at the fixed A" if fit is None else "the fixed-A fit failed"
+    if fit.B <= B_BOUNDS[0] * 1.01 or fit.B >= B_BOUNDS[1] * 0.99:
+        return "B at its bound"
+    return ""
+
+
+def _estimate(values: Sequence[float], why: Sequence[str], total: int, level: float, name: str) -> Estimate:
+    """Mean and t-interval over the settled ``values`` (``why``: the unsettled seeds' reasons)."""
+    v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
+    e = Estimate(n=int(v.size), total=total, values=[float(x) for x in v])
+    if v.size:
+        e.mean = float(v.mean())
+    if v.size > 1:
+        e.sd = float(v.std(ddof=1))
+        h = float(stats.t.ppf((1 + level) / 2, v.size - 1)) * e.sd / math.sqrt(v.size)
+        e.lo, e.hi = e.mean - h, e.mean + h
+    counts: dict[str, int] = {}
+    for w in why:
+        counts[w] = counts.get(w, 0) + 1
+    detail = ", ".join(f"{w} in {k}" for w, k in counts.items())
+    if v.size < 2 or 2 * v.size < total:
+        e.unsettled = f"{name}: {v.size} of {total} seeds settled" + (f" ({detail})" if detail else "")
+        if v.size < 2 and not detail:
+            e.unsettled += ", and an interval over seeds needs 2 or more"
+    return e
+
+
+def settled_A(fits: Sequence[SigmoidFit]) -> float:
+    """The mean A over the settled fits (NaN when none is settled): the baseline's A at which every
+    run's B is compared."""
+    a = [f.A for f in fits if not a_unsettled(f)]
+    return float(np.mean(a)) if a else math.nan
+
+
+def fixed_A_fits(runs: Sequence[RunData], fits: dict[str, SigmoidFit], A: float) -> dict[str, SigmoidFit]:
+    """Every fitted run refitted with A fixed to ``A`` (same points and early cut as its own fit)."""
+    out: dict[str, SigmoidFit] = {}
+    if not math.isfinite(A):
+        return out
+    for r in runs:
+        f = fits.get(r.run_id)
+        if f is not None and f.ok:
+            out[r.run_id] = fit_fixed_A(
+                f.compute, f.reward, A, min_compute=f.min_compute, drop_nonfinite=True
+            )
+    return out
+
+
+HETERO_LEVEL = 0.01
+"""A pair of variants whose own seed spread exceeds the pooled one at this level (F-test) is
+compared with Welch's test on its own spread instead of the pooled one."""
+
+
+def t_test(
+    x: Sequence[float],
+    y: Sequence[float],
+    alpha: float,
+    margin: float = 0.0,
+    sd: float = math.nan,
+    df: int = 0,
+) -> Comparison:
+    """Two-sample t-test of mean(x) - mean(y), two-sided at ``alpha``, with the ``1 - alpha`` interval
+    of the difference and the smallest difference it detects with :data:`POWER`; called (+1/-1)
+    when the interval excludes 0 and ``|delta| > margin``.
+
+    The standard error uses the seeds' spread ``sd`` pooled over the sweep's variants (``df``
+    degrees of freedom: the many-to-one comparison of a leave-one-out table), unless the pair's own
+    spread is larger than the pool beyond chance (F-test at :data:`HETERO_LEVEL`): then Welch's test
+    on the pair alone (a variant noisier than the others is judged by its own noise). Without a
+    pooled spread: Welch's test."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    c = Comparison(alpha=alpha, margin=margin, tested=True)
+    c.delta = float(x.mean() - y.mean())
+    vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    se = math.sqrt(vx + vy)
+    c.df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1)) if se > 0 else math.inf
+    if math.isfinite(sd) and sd > 0 and df > 0:
+        k = x.size + y.size - 2
+        own = (x.var(ddof=1) * (x.size - 1) + y.var(ddof=1) * (y.size - 1)) / k
+        if stats.f.sf(own / sd**2, k, df) >= HETERO_LEVEL:
+            se, c.df = sd * math.sqrt(1 / x.size + 1 / y.size), float(df)
+    if se == 0.0:  # identical values within each group (e.g. a grid fit): no spread to test with
+        c.p = 0.0 if c.delta != 0 else 1.0
+        c.lo = c.hi = c.delta
+        c.mdd = margin
+    else:
+        c.p = float(2 * stats.t.sf(abs(c.delta / se), c.df))
+        q = float(stats.t.ppf(1 - alpha / 2, c.df))
+        c.lo, c.hi = c.delta - q * se, c.delta + q * se
+        c.mdd = float(max((q + stats.t.ppf(POWER, c.df)) * se, margin))
+    if c.p < alpha and abs(c.delta) > margin:
+        c.called = 1 if c.delta > 0 else -1
+    return c
+
+
+def detectable(
+    sd: float, n_v: int, n_b: int, alpha: float, margin: float, df: int = 0, power: float = POWER
+) -> float:
+    """The difference the two-sided t-test at ``alpha`` finds with probability ``power`` given the
+    seeds' spread ``sd`` (``df`` degrees of freedom; 0: ``n_v + n_b - 2``) and ``n_v``, ``n_b``
+    seeds; never below ``margin``; NaN when unknown."""
+    if not (math.isfinite(sd) and n_v >= 1 and n_b >= 1 and math.isfinite(alpha)):
+        return math.nan
+    df = df or n_v + n_b - 2
+    if df < 1:
+        return math.nan
+    d = (stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * sd * math.sqrt(1 / n_v + 1 / n_b)
+    return float(max(d, margin))
+
+
+def _pooled_sd(estimates: Sequence[Estimate]) -> tuple[float, int]:
+    """The within-variant sd pooled over variants with 2+ settled seeds, and its degrees of freedom."""
+    ss, df = 0.0, 0
+    for e in estimates:
+        if e.n >= 2 and math.isfinite(e.sd):
+            ss += e.sd**2 * (e.n - 1)
+            df += e.n - 1
+    return (math.sqrt(ss / df), df) if df else (math.nan, 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Fits and the prediction
+# ------------------------------------------------------------------------------------------------
 
 
 def _pooled(runs: Sequence[RunData], p: Protocol, *, half: bool = False, bootstrap: int | None = None):
@@ -231,27 +490,49 @@ def _pooled(runs: Sequence[RunData], p: Protocol, *, half: bool = False, bootstr
     )
 
 
-def predict_final(runs: Sequence[RunData], p: Protocol) -> tuple[float, int]:
-    """(mean over seeds of predicted - observed final pass rate, seeds predicted) from the pooled
-    fit on each seed's first half of the compute; (NaN, 0) when that fit fails."""
-    usable = [r for r in runs if r.compute.size >= 2 and np.isfinite(r.compute).any()]
-    if not usable:
-        return math.nan, 0
-    fit = _pooled(usable, p, half=True, bootstrap=0)
-    if not fit.ok:
-        return math.nan, 0
-    errs = []
-    for r in usable:
-        last = _last_point(r)
-        if last is not None:
-            errs.append(float(fit.predict(r.compute[last])) - float(r.reward[last]))
-    return (float(np.mean(errs)), len(errs)) if errs else (math.nan, 0)
-
-
 def _last_point(r: RunData) -> int | None:
     """Index of the run's evaluation at its largest finite compute (None: no finite point)."""
     fin = np.isfinite(r.compute) & np.isfinite(r.reward)
     return int(np.argmax(np.where(fin, r.compute, -np.inf))) if fin.any() else None
+
+
+def eval_trials(r: RunData) -> float:
+    """Samples of one evaluation (``eval.num_prompts x eval.samples_per_prompt``; NaN when not logged)."""
+    n = _num(r.params.get("eval.num_prompts")) * _num(r.params.get("eval.samples_per_prompt"))
+    return n if math.isfinite(n) and n > 0 else math.nan
+
+
+def predict_variant(
+    runs: Sequence[RunData], p: Protocol, *, draws: int = 4000
+) -> tuple[Prediction, SigmoidFit | None]:
+    """The pooled fit of the seeds' first half of the compute, its prediction of the mean of the
+    seeds' last evaluations and the :data:`PRED_LEVEL` band (bootstrap of the half fit plus the
+    evaluations' binomial noise)."""
+    usable = [r for r in runs if _last_point(r) is not None and r.compute.size >= 2]
+    if not usable:
+        return Prediction(reason="no evaluations"), None
+    fit = _pooled(usable, p, half=True)
+    if not fit.ok:
+        return Prediction(n=len(usable), reason=f"the half-budget fit failed: {fit.reason}"), fit
+    last_c = np.array([r.compute[_last_point(r)] for r in usable], dtype=float)
+    last_y = np.array([r.reward[_last_point(r)] for r in usable], dtype=float)
+    pr = Prediction(n=len(usable))
+    pr.predicted = float(np.mean(fit.predict(last_c)))
+    pr.observed = float(np.mean(last_y))
+    trials = np.array([eval_trials(r) for r in usable])
+    q = min(max(pr.predicted, 0.0), 1.0)
+    if np.isfinite(trials).all():
+        per = q * (1 - q) / trials
+    else:
+        per = np.full(len(usable), fit.rmse**2 if math.isfinite(fit.rmse) else math.nan)
+    pr.noise_sd = float(math.sqrt(np.sum(per)) / len(usable))
+    if fit.boot is not None and len(fit.boot) >= 2 and math.isfinite(pr.noise_sd):
+        b = fit.boot
+        reps = _predict(last_c[None, :], b[:, 3:4], b[:, 0:1], b[:, 1:2], b[:, 2:3]).mean(axis=1)
+        rng = np.random.default_rng(p.seed)
+        sim = reps[rng.integers(0, reps.size, draws)] + rng.normal(0.0, pr.noise_sd, draws)
+        pr.lo, pr.hi = (float(x) for x in np.quantile(sim, [(1 - PRED_LEVEL) / 2, (1 + PRED_LEVEL) / 2]))
+    return pr, fit
 
 
 def _prediction_limits(runs: Sequence[RunData], p: Protocol) -> tuple[float, float, float]:
@@ -266,8 +547,8 @@ def _prediction_limits(runs: Sequence[RunData], p: Protocol) -> tuple[float, flo
         fin = np.isfinite(r.compute) & np.isfinite(r.reward)
         y = float(r.reward[last])
         finals.append(y)
-        n = _num(r.params.get("eval.num_prompts")) * _num(r.params.get("eval.samples_per_prompt"))
-        if math.isfinite(n) and n > 0:
+        n = eval_trials(r)
+        if math.isfinite(n):
             ses.append(math.sqrt(max(y * (1 - y), 0.0) / n))
         half = float(np.max(r.compute[fin])) / 2
         points.append(int(np.sum(fin & (r.compute <= half) & (r.compute >= p.cut(r)))))
@@ -279,27 +560,44 @@ def _prediction_limits(runs: Sequence[RunData], p: Protocol) -> tuple[float, flo
     )
 
 
-def prediction_summary(vs: Sequence[VariantVerdict], goal: int = 8) -> str:
-    """One paragraph: how many variants' half-budget predictions landed within the tolerance, and,
-    when fewer than ``goal`` (of 9, scaled to the variants there are) did, what in the data stands
-    in the way: the measurement's own noise, the seed-to-seed spread, the points the fit had."""
-    scored = [v for v in vs if v.pred_ok is not None]
+def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
+    """One paragraph: "k of n within 0.03; coverage p%" over the scored variants (and the baseline),
+    whether the goal (:data:`PRED_GOAL_SHARE` within the tolerance, :data:`PRED_GOAL_COVERAGE`
+    coverage) was met, by how much it was missed, and what in the data stands in the way."""
+    pool = [v for v in vs if v.baseline or v.scored]
+    scored = [v for v in pool if v.pred_ok is not None]
     if not scored:
         return "Prediction: no variant could be predicted from half of its budget."
     ok = sum(bool(v.pred_ok) for v in scored)
-    need = math.ceil(goal / 9 * len(scored))
-    text = (
-        f"Prediction: {ok} of {len(scored)} variants' final pass rates were predicted within "
-        f"{PRED_TOLERANCE:g} from the first half of their compute (goal: {need} of {len(scored)})"
+    banded = [v for v in scored if v.prediction.inside is not None]
+    inside = sum(bool(v.prediction.inside) for v in banded)
+    need = math.ceil(PRED_GOAL_SHARE * len(scored) - 1e-9)
+    cov = inside / len(banded) if banded else math.nan
+    cov_txt = (
+        f"coverage {cov:.0%} ({inside} of {len(banded)} inside their {PRED_LEVEL:.0%} band)"
+        if banded
+        else ("coverage not measured (no bootstrap)")
     )
-    if ok >= need:
-        return text + "."
+    text = (
+        f"Prediction (fit on the first half of the compute, seeds pooled; the mean of the last "
+        f"evaluations): {ok} of {len(scored)} within {PRED_TOLERANCE:g}; {cov_txt}. Goal: {need} of "
+        f"{len(scored)} within {PRED_TOLERANCE:g} and coverage >= {PRED_GOAL_COVERAGE:.0%}"
+    )
+    missed = []
+    if ok < need:
+        missed.append(f"{need - ok} more variant{'s' if need - ok != 1 else ''} within {PRED_TOLERANCE:g}")
+    if banded and cov < PRED_GOAL_COVERAGE:
+        missed.append(f"coverage short by {(PRED_GOAL_COVERAGE - cov) * 100:.0f} points")
+    if not missed:
+        return text + ": met."
+    errs = sorted(abs(v.pred_err) for v in scored)
+    text += f": missed by {' and '.join(missed)} (abs errors: median {float(np.median(errs)):.3f}, max {errs[-1]:.3f})"
     why = []
     se = [v.final_se for v in scored if math.isfinite(v.final_se)]
     if se and float(np.median(se)) >= PRED_TOLERANCE / 2:
         why.append(
             f"one final evaluation measures the pass rate with a standard error of about "
-            f"{float(np.median(se)):.3f} (its sample count), so {PRED_TOLERANCE:g} is within the measurement's noise"
+            f"{float(np.median(se)):.3f} (its sample count), comparable to the {PRED_TOLERANCE:g} tolerance"
         )
     sd = [v.final_sd for v in scored if math.isfinite(v.final_sd)]
     if sd and float(np.median(sd)) > PRED_TOLERANCE:
@@ -318,11 +616,16 @@ def prediction_summary(vs: Sequence[VariantVerdict], goal: int = 8) -> str:
     if abs(bias) > PRED_TOLERANCE:
         side = "over" if bias > 0 else "under"
         why.append(
-            f"the misses lean one way (mean {bias:+.3f}): the half-budget fits {side}-estimate the ceiling"
+            f"the misses lean one way (mean {bias:+.3f}): the half-budget fits {side}-estimate the outcome"
         )
     if not why:
         why.append("no single cause stands out in the data")
-    return text + ": not met. Why: " + "; ".join(why) + "."
+    return text + ". Why: " + "; ".join(why) + "."
+
+
+# ------------------------------------------------------------------------------------------------
+# The verdicts
+# ------------------------------------------------------------------------------------------------
 
 
 def verdicts(
@@ -332,63 +635,132 @@ def verdicts(
     baseline: str | None,
     protocol: Protocol,
     order: Sequence[str] = (),
+    *,
+    fixed_fits: dict[str, SigmoidFit] | None = None,
+    predict: bool = True,
 ) -> list[VariantVerdict]:
     """One :class:`VariantVerdict` per variant (``names``: run id -> variant; ``fits``: run id ->
-    its own fit), the baseline first, then in ``order`` (variant names), then by name."""
+    its own fit), the baseline first, then in ``order`` (variant names), then by name.
+    ``fixed_fits``: run id -> its fit with A fixed to the baseline's A (:func:`fixed_A_fits` of
+    :func:`settled_A`; computed here when not given). ``predict``: also the half-budget prediction
+    and the pooled fits (the figures'); off, only the verdicts (fast: the calibration tests)."""
     by: dict[str, list[RunData]] = {}
     for r in runs:
         by.setdefault(names[r.run_id], []).append(r)
+    base_runs = by.get(baseline, []) if baseline else []
+    A_fix = settled_A([fits[r.run_id] for r in base_runs])
+    if fixed_fits is None:
+        fixed_fits = fixed_A_fits(runs, fits, A_fix)
     out: dict[str, VariantVerdict] = {}
     for name, members in by.items():
         v = VariantVerdict(name, [r.run_id for r in members], baseline=name == baseline)
         own = [fits[r.run_id] for r in members]
         v.fitted = sum(f.ok for f in own)
         ok_runs = [r for r in members if fits[r.run_id].ok]
-        if ok_runs:
-            v.pooled = _pooled(ok_runs, protocol)
-        else:
+        if not ok_runs:
             v.reason = next((f.reason for f in own if f.reason), "no run could be fitted")
-        v.A, v.B = _estimates(own, v.pooled)
-        v.pred_err, v.pred_n = predict_final(members, protocol)
+        a_why = [a_unsettled(f) for f in own if f.ok]
+        v.A = _estimate(
+            [f.A for f in own if not a_unsettled(f)], [w for w in a_why if w], v.fitted, protocol.level, "A"
+        )
+        fixed = [fixed_fits.get(r.run_id) for r in ok_runs]
+        b_why = [b_unsettled(f) for f in fixed]
+        v.B = _estimate(
+            [f.B for f in fixed if not b_unsettled(f)], [w for w in b_why if w], v.fitted, protocol.level, "B"
+        )
+        if predict:
+            if ok_runs:
+                v.pooled = _pooled(ok_runs, protocol)
+            v.prediction, v.half = predict_variant(members, protocol)
         v.final_sd, v.final_se, v.half_points = _prediction_limits(members, protocol)
+        if base_runs and not v.baseline:
+            v.cannot_act = cannot_act_reason(members, base_runs)
+            v.inactive = inactive_reason(members, base_runs)
         out[name] = v
     base = out.get(baseline) if baseline else None
-    for name, v in out.items():
-        if base is not None and not v.baseline:
-            v.inactive = inactive_reason(by[name], by[baseline])
-            v.delta_A = v.A.mean - base.A.mean
-            v.delta_B = v.B.mean - base.B.mean
-        v.verdict = _verdict(v, base)
+    _compare(out, base, A_fix)
     rank = {n: i for i, n in enumerate(order)}
     return sorted(out.values(), key=lambda v: (not v.baseline, rank.get(v.variant, len(rank)), v.variant))
+
+
+def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix: float) -> None:
+    scored = [v for v in out.values() if v.scored]
+    fam = Family(m=2 * len(scored), A_fixed=A_fix)
+    fam.alpha = FAMILY_LEVEL / fam.m if fam.m else math.nan
+    counted = [v for v in out.values() if v.baseline or v.scored]
+    fam.sd_A, fam.df_sd = _pooled_sd([v.A for v in counted])
+    fam.sd_B, fam.df_sd_B = _pooled_sd([v.B for v in counted])
+    seeds = [len(v.run_ids) for v in counted]
+    fam.seeds = int(np.median(seeds)) if seeds else 0
+    fam.mdd_A = detectable(fam.sd_A, fam.seeds, fam.seeds, fam.alpha, MARGIN_A, fam.df_sd)
+    for v in out.values():
+        v.family = fam
+        if base is not None and v.scored:
+            nv = v.A.n if v.A.n >= 2 else len(v.run_ids)
+            nb = base.A.n if base.A.n >= 2 else len(base.run_ids)
+            if v.A.settled and base.A.settled:
+                v.dA = t_test(v.A.values, base.A.values, fam.alpha, MARGIN_A, fam.sd_A, fam.df_sd)
+            else:
+                v.dA = Comparison(alpha=fam.alpha, margin=MARGIN_A)
+                v.dA.mdd = detectable(fam.sd_A, nv, nb, fam.alpha, MARGIN_A, fam.df_sd)
+                if math.isfinite(v.A.mean) and math.isfinite(base.A.mean):
+                    v.dA.delta = v.A.mean - base.A.mean
+            if v.A.settled and base.A.settled and v.B.settled and base.B.settled:
+                v.dB = t_test(v.B.values, base.B.values, fam.alpha, 0.0, fam.sd_B, fam.df_sd_B)
+            else:
+                v.dB = Comparison(alpha=fam.alpha)
+                v.dB.mdd = detectable(fam.sd_B, nv, nb, fam.alpha, 0.0, fam.df_sd_B)
+                if math.isfinite(v.B.mean) and math.isfinite(base.B.mean):
+                    v.dB.delta = v.B.mean - base.B.mean
+        v.verdict = _verdict(v, base)
 
 
 def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
     if v.baseline:
         return "baseline"
+    if v.cannot_act:
+        return f"cannot act here: {v.cannot_act} (not scored)"
     if v.inactive:
-        return f"inactive: {v.inactive}"
+        return f"inactive: {v.inactive} (not scored)"
     if not v.fitted:
         return f"unfittable: {v.reason}"
     if base is None or not base.fitted:
         return "no baseline fit to compare with"
-    called, unsettled = {}, []
-    for name in ("A", "B"):
-        mine, theirs = getattr(v, name), getattr(base, name)
-        m, t = mine.unsettled, theirs.unsettled
-        if m and m == t:
-            unsettled.append(f"{m}, here and in the baseline")
-        else:
-            unsettled += [m] if m else []
-            unsettled += [f"in the baseline {t}"] if t else []
-        sign = mine.separates(theirs)
-        if sign:
-            called[name] = sign
+    if v.A.n < 2 and base.A.n < 2 and v.A.n == v.fitted and base.A.n == base.fitted:
+        return f"{INCONCLUSIVE}: one seed each, no seed-to-seed spread to test with (run 2 or more seeds)"
+    if not base.A.settled:
+        return f"not scored: the baseline is unsettled ({base.A.unsettled})"
+    if not v.A.settled:
+        return f"unsettled, not scored: {v.A.unsettled}"
+    called = {}
+    parts = []
+    if v.dA.called:
+        called["A"] = v.dA.called
+        parts.append(
+            f"A {'higher' if v.dA.called > 0 else 'lower'} (ΔA {v.dA.delta:+.3f} [{v.dA.lo:+.3f}, {v.dA.hi:+.3f}])"
+        )
+    if v.dB.called:
+        called["B"] = v.dB.called
+        parts.append(
+            f"B {'higher' if v.dB.called > 0 else 'lower'} at A={v.family.A_fixed:.3f} "
+            f"(ΔB {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}])"
+        )
     v.called = called
-    if called:
-        return ", ".join(f"{k} {'higher' if s > 0 else 'lower'}" for k, s in called.items())
-    note = f" (unsettled: {'; '.join(dict.fromkeys(unsettled))})" if unsettled else ""
-    return NO_DIFFERENCE + note
+    if parts and "A" not in called:
+        parts.append(f"A {INCONCLUSIVE} (ΔA {v.dA.delta:+.3f}; smallest detectable {v.dA.mdd:.3f})")
+    if parts:
+        return "; ".join(parts)
+    text = (
+        f"{INCONCLUSIVE}: smallest detectable ΔA = {v.dA.mdd:.3f}"
+        if math.isfinite(v.dA.mdd)
+        else INCONCLUSIVE
+    )
+    if v.dA.significant and abs(v.dA.delta) <= MARGIN_A:
+        text += f" (ΔA {v.dA.delta:+.3f} is within the ±{MARGIN_A:g} margin)"
+    notes = [e.unsettled for e in (v.B, base.B) if e.unsettled]
+    if notes:
+        text += f" (B not compared: {'; '.join(dict.fromkeys(notes))})"
+    return text
 
 
 # ------------------------------------------------------------------------------------------------
@@ -402,38 +774,51 @@ def _f(x: float, spec: str) -> str:
 
 def _est(e: Estimate, spec: str) -> str:
     s = _f(e.mean, spec)
-    if math.isfinite(e.sd):
-        s += f" ± {_f(e.sd, spec)}"
     if math.isfinite(e.lo):
         s += f" [{_f(e.lo, spec)}, {_f(e.hi, spec)}]"
     return s
 
 
+def _cmp(c: Comparison, spec: str) -> str:
+    s = _f(c.delta, "+" + spec)
+    if c.tested and math.isfinite(c.lo):
+        s += f" [{_f(c.lo, '+' + spec)}, {_f(c.hi, '+' + spec)}]"
+    return s
+
+
 def prediction_cell(v: VariantVerdict) -> str:
-    if not math.isfinite(v.pred_err):
+    pr = v.prediction
+    if not math.isfinite(pr.err):
         return "-"
-    return f"{v.pred_err:+.3f} ({'ok' if v.pred_ok else 'missed'})"
+    s = f"{pr.predicted:.3f} vs {pr.observed:.3f} ({pr.err:+.3f}, {'ok' if v.pred_ok else 'missed'}"
+    if pr.inside is not None:
+        s += f"; {'inside' if pr.inside else 'outside'} [{pr.lo:.3f}, {pr.hi:.3f}]"
+    return s + ")"
 
 
 def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
-    """The Markdown verdict table: variant, seeds, A and B (mean ± sd over seeds [pooled interval]),
-    ΔA, ΔB, the half-budget prediction's error, the verdict."""
+    """The Markdown verdict table: variant, settled seeds, A and B at the baseline's A (mean
+    [t-interval over settled seeds]), ΔA and ΔB [simultaneous interval], the smallest detectable
+    ΔA, the half-budget prediction, the verdict."""
+    a_fix = next((v.family.A_fixed for v in vs if math.isfinite(v.family.A_fixed)), math.nan)
+    b_head = f"B @ A={a_fix:.3f}" if math.isfinite(a_fix) else "B @ baseline A"
     head = (
-        f"| variant | seeds | A mean ± sd [{level:.0%} CI] | B mean ± sd [{level:.0%} CI] | ΔA | ΔB "
-        f"| prediction error (half budget) | verdict |"
+        f"| variant | seeds settled | A [{level:.0%} CI] | {b_head} [{level:.0%} CI] | ΔA [sim. CI] | ΔB [sim. CI] "
+        f"| detectable ΔA | predicted vs observed end [{PRED_LEVEL:.0%} band] | verdict |"
     )
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for v in vs:
         lines.append(
             "| "
             + " | ".join(
                 [
                     v.variant,
-                    f"{v.fitted}/{len(v.run_ids)}",
+                    f"{v.A.n}/{len(v.run_ids)}",
                     _est(v.A, ".3f"),
                     _est(v.B, ".2f"),
-                    _f(v.delta_A, "+.3f") if not v.baseline else "",
-                    _f(v.delta_B, "+.2f") if not v.baseline else "",
+                    _cmp(v.dA, ".3f") if not v.baseline else "",
+                    _cmp(v.dB, ".2f") if not v.baseline else "",
+                    _f(v.dA.mdd, ".3f") if v.scored else "",
                     prediction_cell(v),
                     v.verdict.replace("|", "/"),
                 ]
@@ -443,17 +828,49 @@ def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
     return "\n".join(lines) + "\n"
 
 
+def family_summary(vs: Sequence[VariantVerdict]) -> str:
+    """One line: the test, its family and level, the seeds' spread and the design's resolution."""
+    fam = next((v.family for v in vs), Family())
+    if not fam.m:
+        return "Test: no variant is scored against the baseline."
+    called = sum(bool(v.called) for v in vs)
+    tested = sum(v.dA.tested + v.dB.tested for v in vs)
+    sd = (
+        f"{fam.sd_A:.3f} ({fam.df_sd} df)"
+        if math.isfinite(fam.sd_A)
+        else "unknown (fewer than 2 settled seeds)"
+    )
+    mdd = f"{fam.mdd_A:.3f}" if math.isfinite(fam.mdd_A) else "unknown"
+    return (
+        f"Test: t-test per comparison on the settled per-seed values, the seeds' spread pooled over the "
+        f"variants (Welch's where a pair is noisier than the pool), Bonferroni over {fam.m} comparisons (A and B of "
+        f"{fam.m // 2} scored variants), family-wise level {FAMILY_LEVEL:.0%} (each test at "
+        f"{fam.alpha:.4f}); {tested} of the {fam.m} comparisons could be tested (both sides settled), "
+        f"{called} variant{'s' if called != 1 else ''} called. Seeds' spread of A "
+        f"(pooled sd): {sd}; smallest detectable ΔA at {fam.seeds} seeds per variant and "
+        f"{POWER:.0%} power: {mdd}."
+    )
+
+
 def verdict_legend(level: float = 0.9) -> list[str]:
     return [
-        f"A, B: mean ± sd over the variant's fitted seeds; [..]: {level:.0%} interval of the pooled fit of "
-        "its seeds (bootstrap over seeds, then residuals within each seed).",
-        f"Verdict: a difference from the baseline is called only where the two {level:.0%} intervals do not "
-        f"overlap (a conservative test: about the 1% level for estimates of similar precision); otherwise "
-        f'"{NO_DIFFERENCE}". Intervals reaching a bound (A at 1 or R0, B at {B_BOUNDS[0]:g} or {B_BOUNDS[1]:g}) '
-        "are unsettled and never called; neither is B while A is unsettled.",
-        "inactive: the component the variant changes never acted in its or the baseline's runs (0 prompts "
-        "retired or under one epoch, policy lag never beyond the smaller k, no interruption, no "
-        "zero-variance group): not scored.",
-        f"Prediction error: the pooled fit on each seed's first half of the compute predicts its final pass "
-        f"rate; predicted - observed, mean over seeds; ok when within {PRED_TOLERANCE:g}.",
+        f"A: mean over the variant's settled seeds (fitted A not within {A_BOUND_TOL:g} of 1 or R0, its bootstrap "
+        f"interval not reaching 1) [{level:.0%} "
+        "t-interval over them]; seeds settled: settled / all. Unsettled seeds are neither averaged in nor called; "
+        "a variant with fewer than 2 settled seeds (or fewer than half) is unsettled and not scored.",
+        "B @ A: every run refitted with A fixed to the baseline's A (the paper's protocol), the same "
+        "estimator over the seeds whose B is off its bounds.",
+        f"Verdict: ΔA and ΔB are tested with a two-sample t-test on the per-seed values (the seeds' spread pooled "
+        f"over the variants; Welch's test on the pair alone where its spread exceeds the pool, F-test at "
+        f"{HETERO_LEVEL:.0%}), two-sided, Bonferroni-corrected over every comparison of the table "
+        f"(family-wise level {FAMILY_LEVEL:.0%}); "
+        f"[sim. CI]: the matching simultaneous interval. A difference is called when that interval excludes 0 "
+        f'and, for A, |ΔA| > {MARGIN_A:g} (the paper\'s margin); otherwise "{INCONCLUSIVE}" with the '
+        f"smallest ΔA the test detects with {POWER:.0%} power (detectable ΔA).",
+        "cannot act here / inactive: the component cannot act on this hardware (a bf16 head emulated on "
+        "CPU), or never acted in its or the baseline's runs (0 prompts retired or under one epoch, policy lag "
+        "never beyond the smaller k, no interruption, no zero-variance group): not scored, not in the family.",
+        f"Predicted vs observed end: the pooled fit of the seeds' first half of the compute predicts the mean of "
+        f"their last evaluations; ok when within {PRED_TOLERANCE:g}; the {PRED_LEVEL:.0%} band combines the half "
+        "fit's bootstrap (seeds, then residuals) with the evaluations' binomial noise.",
     ]

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalerl.config.variants import group_variants
 from scalerl.lock import hold
+from scalerl.loop import health
 from scalerl.loop.accounting import compute_metrics, count_step, device_hours, record_pass_rates
 from scalerl.loop.batch import prepare_batch, step_statistics
 from scalerl.loop.checkpointing import check_same_recipe, checkpoint, checkpoint_safe, restore
@@ -159,8 +160,10 @@ def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
     )
     trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
     st.train_busy += time.perf_counter() - t0
+    prepared.stats.update(health.outcome_shares(groups, getattr(run.task, "verifier_kinds", ())))
     stats, counts = step_statistics(prepared, trainer_stats)
     count_step(run, prepared.counts, counts)
+    st.train_correct.append(stats["train/correct"])
     st.step += 1
     hand_over_weights(run)
     return groups, stats
@@ -196,6 +199,7 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
         if f"val/pass_rate/{d}" in metrics:  # (eval.num_prompts may leave a domain out)
             point[f"pass_rate/{d}"] = metrics[f"val/pass_rate/{d}"]
     st.evals.append(point)
+    metrics.update(health.hacking_metrics(st.train_correct, st.evals))
     n_evals = len(st.evals)
     if n_evals >= 4 and n_evals % cfg.scaling.refit_every == 0:
         metrics.update(live.evaluation_fits(st.evals, cfg.scaling, domains=run.domains)[0])

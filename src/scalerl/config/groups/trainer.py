@@ -16,12 +16,12 @@ class TorchTrainerOption(Option):
     """Plain PyTorch trainer."""
 
     name: str = "torch"
-    total_steps: int = 200
+    total_steps: int = 300
     batch_size: int = 128  # sequences per optimiser step = prompts x generations
     generations_per_prompt: int = 8
     micro_batch_size: int = 0  # sequences per forward/backward; 0 = whole batch
     share_prompts: bool = True  # a prompt's positions go through the model once per group
-    lr: float = 1.0e-4
+    lr: float = 5.0e-5
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = 1.0e-8
     weight_decay: float = 0.01

@@ -1,0 +1,88 @@
+"""Plain data across the sandbox's boundary: exact types both ways, nothing else crosses, and the
+boundary the sandbox uses is said once in a run's log."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from scalerl.task import plain
+from scalerl.task.sandbox import BOUNDARIES, available, boundary, describe
+
+VALUES = [
+    None,
+    True,
+    False,
+    0,
+    -7,
+    10**5000,  # past the interpreter's limit on decimal digits
+    2.5,
+    -0.0,
+    float("inf"),
+    1e-310,
+    3 + 4j,
+    "",
+    'caf\u00e9 \ud800 "quoted"\n',
+    b"\x00\xff",
+    [1, [2, (3,)], {"k": {4, 5}}],
+    (),
+    frozenset({1, "a"}),
+    {(1, 2): [None], 3.5: b"x"},
+]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=[type(v).__name__ + str(i) for i, v in enumerate(VALUES)])
+def test_every_builtin_value_crosses_with_its_exact_type(value):
+    text = plain.to_json(plain.encode(value), json.encoder.encode_basestring_ascii)
+    back = plain.decode(json.loads(text))
+    assert plain.same(back, value) and (type(value) is int or repr(back) == repr(value))  # (-0.0 == 0.0)
+
+
+def test_nan_crosses_and_compares_as_python_does():
+    back = plain.decode(plain.encode(float("nan")))
+    assert math.isnan(back) and not plain.same(back, float("nan"))
+
+
+class Sub(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+@pytest.mark.parametrize(
+    "value", [Sub(3), [1, Sub(3)], object(), (x for x in ()), print, {"k": Sub(1)}, type], ids=str
+)
+def test_nothing_but_builtin_values_crosses(value):
+    with pytest.raises(plain.NotPlain):
+        plain.encode(value)
+
+
+def test_types_and_values_must_both_match():
+    assert plain.same([1, (2, "a")], [1, (2, "a")])
+    assert not plain.same(1, True) and not plain.same(1, 1.0) and not plain.same([1], (1,))
+    assert not plain.same({"a": 1}, {"a": True}) and not plain.same([1, 2], [1])
+
+
+@pytest.mark.parametrize(
+    "bad", [["i"], ["i", 5], ["q", "1"], ["S", [["l", []]]], ["d", [[["l", []], ["N"]]]], "x", [], ["b", 2]]
+)
+def test_a_malformed_value_is_refused(bad):
+    with pytest.raises(ValueError):
+        plain.decode(bad)
+
+
+def test_the_boundary_is_said_once_in_a_run_s_log():
+    script = (
+        "import logging\nlogging.basicConfig(level=logging.INFO)\n"
+        "from scalerl.task import CodeTask\nCodeTask(num_val=8)\nCodeTask(num_val=9)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    lines = [x for x in r.stderr.splitlines() if "code sandbox: boundary" in x]
+    assert len(lines) == 1 and describe(boundary()) in lines[0], r.stderr[-2000:]
+    assert boundary() == available()[0] and available()[-1] == "none"
+    assert set(available()) <= set(BOUNDARIES)
