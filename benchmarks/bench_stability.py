@@ -74,7 +74,10 @@ def curve(uri: str, run_name: str, axis: str) -> tuple[list[int], list[float], l
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name("stability")
     runs = c.search_runs(  # the newest run of that name (an earlier, stopped attempt may be there)
-        [exp.experiment_id], f"attributes.run_name = '{run_name}'", max_results=1, order_by=["start_time DESC"]
+        [exp.experiment_id],
+        f"attributes.run_name = '{run_name}'",
+        max_results=1,
+        order_by=["start_time DESC"],
     )
     if not runs:
         return [], [], []
