@@ -33,7 +33,9 @@ import torch
 from torch import nn
 
 from scalerl import algo
+from scalerl.config.groups.trainer import TorchTrainerOption
 from scalerl.distributed import merge_stats
+from scalerl.model.precision import head_logprobs
 from scalerl.model.weights import PolicyWeights
 from scalerl.trainer.batch import TrainBatch
 from scalerl.trainer.engine import Engine
@@ -76,6 +78,13 @@ class Trainer:
         self.nonfinite_consecutive = 0
         # rows grouped by length into buckets, each run only up to its own last trained token
         self.bucket_lengths = True
+        # the LM head runs over this many positions at a time (0: a micro-batch's all at once)
+        self.logits_chunk_tokens = int(
+            self.tcfg.get("logits_chunk_tokens", TorchTrainerOption.logits_chunk_tokens)
+        )
+        self.activation_checkpointing = bool(self.tcfg.get("activation_checkpointing", False))
+        if self.activation_checkpointing:
+            enable_activation_checkpointing(self.module)
 
     # ------------------------------------------------------------------ what the loop sees
     @property
@@ -127,22 +136,24 @@ class Trainer:
         model = self.module
         with self.precision.autocast(model):
             hidden = self.hidden_states(model.get_decoder(), batch, prefixes)
-        logits = self.precision.logits(model, hidden)
-        logp_all = self.precision.log_softmax(logits, self.temperature)
         targets = batch.input_ids[:, batch.start + 1 :]
-        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                lp = logp_all.float()
-                entropy = -(lp.exp() * lp).sum(-1)
-        return logp, entropy
+        return head_logprobs(
+            self.precision,
+            model,
+            hidden,
+            targets,
+            self.temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=self.logits_chunk_tokens,
+        )
 
     def shared_prefixes(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(the distinct first ``start`` tokens of the rows, each row's index into them) when
         ``trainer.share_prompts`` is on and some rows share them; else None."""
         ids, s = batch.input_ids, batch.start
-        if not (self.tcfg.share_prompts and 0 < s < ids.shape[1] - 1 and ids.shape[0] > 1):
+        # a checkpointed layer would write the prefix's KV cache again when the backward replays it
+        share = self.tcfg.share_prompts and not self.activation_checkpointing
+        if not (share and 0 < s < ids.shape[1] - 1 and ids.shape[0] > 1):
             return None
         prefixes, rows = torch.unique(ids[:, :s], dim=0, return_inverse=True)
         return (prefixes, rows) if prefixes.shape[0] < ids.shape[0] else None
@@ -417,6 +428,22 @@ class Trainer:
     def load_engine_checkpoint(self, path: str, tag: str) -> dict | None:
         """Load the engine checkpoint ``path/tag``; returns this rank's ``rank_state`` (or None)."""
         return self.engine.load_checkpoint(path, tag)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Checkpoint every transformer block of ``model`` (a transformers model): the forward keeps only
+    each block's input, the backward recomputes the block (one more forward of the body per step)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"trainer.activation_checkpointing=true: {type(model).__name__} does not support activation "
+            "checkpointing; set trainer.activation_checkpointing=false"
+        )
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x; 4.x: the old name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 # ---------------------------------------------------------------------- length buckets

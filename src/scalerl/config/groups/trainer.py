@@ -21,6 +21,13 @@ class TorchTrainerOption(Option):
     generations_per_prompt: int = 8
     micro_batch_size: int = 0  # sequences per forward/backward; 0 = whole batch
     share_prompts: bool = True  # a prompt's positions go through the model once per group
+    # the LM head (log-probs of the chosen tokens, entropy) runs over this many positions at a time,
+    # each chunk recomputed in the backward: memory holds one chunk's [chunk, vocabulary] logits, not
+    # a micro-batch's; 0 = all positions of a pass at once
+    logits_chunk_tokens: int = 1024
+    # checkpoint every transformer block (its activations recomputed in the backward: one more
+    # forward of the body per step, far less memory); turns share_prompts off
+    activation_checkpointing: bool = False
     lr: float = 1.0e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = 1.0e-8
@@ -52,6 +59,9 @@ class TorchTrainerOption(Option):
                 "0 (whole batch) or a multiple of generations_per_prompt dividing batch_size",
             )
             if mb < 0 or (mb and g >= 2 and (mb % g or b % mb))
+            else None,
+            ("logits_chunk_tokens", self.logits_chunk_tokens, "an integer >= 0 (0 = no chunks)")
+            if self.logits_chunk_tokens < 0
             else None,
             positive("lr", self.lr),
             ("betas", list(self.betas), "two numbers in [0, 1)")
