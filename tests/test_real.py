@@ -243,6 +243,7 @@ def test_smollm2_trains_one_step_on_champ_offline(tmp_path, mlflow_uri):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~1 CPU-minute a case, far longer on a shared 2-core machine
 @pytest.mark.parametrize("head", ["fp32", "bf16"])
 def test_smollm2_chunked_head_equals_the_whole_head(head):
     """The trainer's memory path on the real model (49,152-token vocabulary, tied embeddings): the LM
@@ -267,14 +268,14 @@ def test_smollm2_chunked_head_equals_the_whole_head(head):
     precision = Precision.for_device("bf16", head, "cpu")
     precision.prepare(model)
     g = torch.Generator().manual_seed(0)
-    groups, per, prompt, length = 2, 3, 12, 52
+    groups, per, prompt, length = 2, 2, 10, 40
     n = groups * per
     ids = torch.zeros(n, length, dtype=torch.long)
     mask = torch.zeros(n, length - 1)
     for r in range(n):
         if r % per == 0:
             p_ids = torch.randint(2, vocab, (prompt,), generator=g)
-        c = length - prompt - 7 * (r % per)  # unequal completions, right-padded
+        c = length - prompt - 9 * (r % per)  # unequal completions, right-padded
         ids[r, :prompt] = p_ids
         ids[r, prompt : prompt + c] = torch.randint(2, vocab, (c,), generator=g)
         mask[r, prompt - 1 : prompt - 1 + c] = 1.0
@@ -288,21 +289,22 @@ def test_smollm2_chunked_head_equals_the_whole_head(head):
         start=prompt - 1,
     )
     positions = n * (length - 1 - batch.start)
-    assert positions % 64 and positions % 48 == 0
+    assert positions % 48 and positions % 40 == 0
     ref = logprobs_and_grads(model, precision, cfg_with(0), batch)
-    for chunk in (64, 48):
+    for chunk in (48, 40):
         assert_same(
             logprobs_and_grads(model, precision, cfg_with(chunk), batch),
             ref,
             tol=2e-5 if head == "fp32" else 2e-2,
         )
-    tr = make_trainer(cfg_with(64), model, precision, temperature=1.0, device=torch.device("cpu"))
+    tr = make_trainer(cfg_with(48), model, precision, temperature=1.0, device=torch.device("cpu"))
     tr.module.train()
     shapes = saved_tensor_sizes(lambda: tr.token_logprobs(batch))
-    assert max((s.numel() for s in shapes if len(s) and s[-1] == vocab), default=0) <= 64 * vocab
+    assert max((s.numel() for s in shapes if len(s) and s[-1] == vocab), default=0) <= 48 * vocab
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_smollm2_trains_one_step_with_forced_interruptions(tmp_path, mlflow_uri):
     """ScaleRL's length control on the real model (whose tokenizer has no </think> token): a sample
     still writing at its thinking budget gets the phrase forced in and then at most answer_budget

@@ -3,7 +3,10 @@
 One step, written once over an :class:`~scalerl.trainer.engine.Engine` (plain PyTorch, DeepSpeed).
 Loss and aggregation come from :mod:`scalerl.algo` (paper Sec. 3.2). A step's forward passes skip
 the padding waste (rows grouped by length into a few buckets) and run a group's shared prompt once
-(``trainer.share_prompts``).
+(``trainer.share_prompts``). Memory: the LM head runs over ``trainer.logits_chunk_tokens`` positions
+at a time, each chunk recomputed in the backward (:func:`~scalerl.model.precision.head_logprobs`),
+so a micro-batch's [tokens, vocabulary] logits are never held at once; ``trainer.activation_checkpointing``
+recomputes the transformer blocks in the backward too.
 
 Several processes (data parallel, ``world`` > 1): each rank trains on its own groups, and the step
 equals one optimiser step on the union of all ranks' groups:
