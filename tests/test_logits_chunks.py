@@ -164,3 +164,37 @@ def test_a_whole_step_lands_on_the_same_weights_chunked():
         assert stats[13][k] == pytest.approx(stats[0][k], rel=1e-5, abs=1e-7), k
     assert max(float((after[0][k] - start[k]).abs().max()) for k in start) > 1e-4
     assert max(float((after[13][k] - after[0][k]).abs().max()) for k in start) < 1e-5
+
+
+RETAIN = """
+import sys, torch
+from scalerl.trainer.trainer import set_malloc_mmap_threshold
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+if sys.argv[1] == "1":
+    assert set_malloc_mmap_threshold(1)
+x = torch.ones(16 << 18)  # a 16 MB block freed: glibc's default then serves up to 16 MB from its heap
+del x
+keep, big = [], []
+before = rss()
+for i in range(60):  # 4 MB activations interleaved with small tensors that stay
+    big.append(torch.ones(1 << 20))
+    keep.append(torch.ones(1000))
+del big
+print(rss() - before)
+"""
+
+
+def test_freed_activations_go_back_to_the_system():
+    """trainer.malloc_mmap_threshold_mb: with glibc's default a step's freed activation tensors stay
+    in the process (its heap cannot shrink past the small tensors allocated after them); with a 1 MB
+    threshold they are returned when freed."""
+    import subprocess
+    import sys
+
+    kept = {}
+    for on in ("0", "1"):
+        out = subprocess.run([sys.executable, "-c", RETAIN, on], capture_output=True, text=True, check=True)
+        kept[on] = float(out.stdout.strip())
+    assert kept["0"] > 100, kept  # 140-240 MB of the 240 kept by default
+    assert kept["1"] < 30, kept

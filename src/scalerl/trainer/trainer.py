@@ -88,6 +88,9 @@ class Trainer:
         self.activation_checkpointing = bool(self.tcfg.get("activation_checkpointing", False))
         if self.activation_checkpointing:
             enable_activation_checkpointing(self.module)
+        mmap_mb = int(self.tcfg.get("malloc_mmap_threshold_mb", 0))
+        if mmap_mb > 0 and self.device.type == "cpu":
+            set_malloc_mmap_threshold(mmap_mb)
 
     # ------------------------------------------------------------------ what the loop sees
     @property
@@ -447,6 +450,28 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def set_malloc_mmap_threshold(mb: int) -> bool:
+    """Have glibc serve every allocation of ``mb`` MB or more with its own mmap, returned to the
+    system when freed (True where it could be set: Linux with glibc).
+
+    By default glibc raises that threshold up to 32 MB as blocks are freed, so a trainer step's many
+    activation tensors come from its heap, whose freed space the process keeps: measured at 135M
+    (benchmarks/results/2026-11-26_*_trainer-memory.md) a step's resident peak was 7.1 GB by default
+    and 3.1 GB with a 1 MB threshold, the same step."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_mmap_threshold = -3  # <malloc.h>
+        return bool(libc.mallopt(m_mmap_threshold, int(mb) << 20))
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 # ---------------------------------------------------------------------- length buckets
