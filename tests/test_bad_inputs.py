@@ -85,6 +85,7 @@ def test_non_finite_numbers_are_refused_everywhere(override, key):
     [
         ("trainer.batch_size=-32", "multiple of"),
         ("trainer.micro_batch_size=-8", "0 (whole batch)"),
+        ("trainer.logits_chunk_tokens=-1", "0 = no chunks"),
         ("trainer.total_steps=0", ">= 1"),
         ("scaling.min_step=-1", ">= 0"),
         ("scaling.grid_A=[0.9, 0.5, 0.005]", "low <= high"),

@@ -186,16 +186,15 @@ def test_the_template_evaluator_refuses_what_the_format_does_not_need():
             evaluate(parse(expr), {**env, "__functions__": _functions(random.Random(0))})
 
 
-def one_step(task: str, tmp_path: Path, mlflow_uri: str, *extra: str):
+def one_step(task: str, tmp_path: Path, mlflow_uri: str, *extra: str, length_control: str = "none"):
     """(config, summary, MLflow run) of one RL step of SmolLM2-135M on ``task`` with the HF generator."""
     overrides = [
         "model=smollm2",
         f"task={task}",
-        *extra,
         "async_mode=sync",
         "precision=fp32",
         "reward=plus_minus_one",
-        "length_control=none",
+        f"length_control={length_control}",
         "length_control.max_new_tokens=16",
         "trainer.batch_size=4",
         "trainer.generations_per_prompt=2",
@@ -209,7 +208,8 @@ def one_step(task: str, tmp_path: Path, mlflow_uri: str, *extra: str):
         "generator.chunk_prompts=2",
         f"out_dir={tmp_path / 'run'}",
         f"tracking.uri={mlflow_uri}",
-        f"tracking.experiment=t-smollm2-{task}",
+        f"tracking.experiment=t-smollm2-{task}-{length_control}",
+        *extra,  # last: they override the settings above
     ]
     cfg = compose(overrides)
     summary = train(cfg)
@@ -251,3 +251,101 @@ def test_smollm2_trains_one_step_on_gsm_offline(tmp_path, mlflow_uri):
 @pytest.mark.needs_extra("real-parts")
 def test_smollm2_trains_one_step_on_champ_offline(tmp_path, mlflow_uri):
     one_step("champ", tmp_path, mlflow_uri)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~1 CPU-minute a case, far longer on a shared 2-core machine
+@pytest.mark.parametrize("head", ["fp32", "bf16"])
+def test_smollm2_chunked_head_equals_the_whole_head(head):
+    """The trainer's memory path on the real model (49,152-token vocabulary, tied embeddings): the LM
+    head chunk by chunk (a chunk size that does not divide the positions, one that does) gives the
+    unchunked log-probs, entropy, loss and gradients, under the recipe's FP32 head on a bf16 body and
+    under bf16 throughout; and autograd stores no [positions, vocabulary] tensor for the backward."""
+    import os
+
+    import torch
+    from test_logits_chunks import assert_same, cfg_with, logprobs_and_grads, saved_tensor_sizes
+    from transformers import AutoModelForCausalLM
+
+    from scalerl.model.build import smollm2_folder
+    from scalerl.model.precision import Precision
+    from scalerl.trainer import TrainBatch, make_trainer
+
+    model = AutoModelForCausalLM.from_pretrained(
+        smollm2_folder(os.environ["SCALERL_CACHE"]), dtype=torch.float32
+    )
+    vocab = model.get_output_embeddings().weight.shape[0]
+    assert vocab == 49152
+    precision = Precision.for_device("bf16", head, "cpu")
+    precision.prepare(model)
+    g = torch.Generator().manual_seed(0)
+    groups, per, prompt, length = 2, 2, 10, 40
+    n = groups * per
+    ids = torch.zeros(n, length, dtype=torch.long)
+    mask = torch.zeros(n, length - 1)
+    for r in range(n):
+        if r % per == 0:
+            p_ids = torch.randint(2, vocab, (prompt,), generator=g)
+        c = length - prompt - 9 * (r % per)  # unequal completions, right-padded
+        ids[r, :prompt] = p_ids
+        ids[r, prompt : prompt + c] = torch.randint(2, vocab, (c,), generator=g)
+        mask[r, prompt - 1 : prompt - 1 + c] = 1.0
+    batch = TrainBatch(
+        input_ids=ids,
+        mask=mask,
+        gen_logp=-torch.rand(n, length - 1, generator=g) * mask,
+        versions=torch.zeros(n, length - 1, dtype=torch.long),
+        advantages=torch.randn(n, generator=g),
+        group_ids=torch.arange(groups).repeat_interleave(per),
+        start=prompt - 1,
+    )
+    positions = n * (length - 1 - batch.start)
+    assert positions % 48 and positions % 40 == 0
+    ref = logprobs_and_grads(model, precision, cfg_with(0), batch)
+    for chunk in (48, 40):
+        assert_same(
+            logprobs_and_grads(model, precision, cfg_with(chunk), batch),
+            ref,
+            tol=2e-5 if head == "fp32" else 2e-2,
+        )
+    tr = make_trainer(cfg_with(48), model, precision, temperature=1.0, device=torch.device("cpu"))
+    tr.module.train()
+    shapes = saved_tensor_sizes(lambda: tr.token_logprobs(batch))
+    assert max((s.numel() for s in shapes if len(s) and s[-1] == vocab), default=0) <= 48 * vocab
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_smollm2_trains_one_step_with_forced_interruptions(tmp_path, mlflow_uri):
+    """ScaleRL's length control on the real model (whose tokenizer has no </think> token): a sample
+    still writing at its thinking budget gets the phrase forced in and then at most answer_budget
+    tokens; the forced tokens are not trained on, and the run logs how many were interrupted."""
+    phrase = " Time is up, so the final answer is"
+    cfg, summary, run = one_step(
+        "gsm",
+        tmp_path,
+        mlflow_uri,
+        "task.num_train=64",
+        "length_control.think_budget_min=4",
+        "length_control.think_budget_max=6",
+        "length_control.answer_budget=8",
+        f"length_control.phrase='{phrase}'",
+        "eval.samples_per_prompt=4",
+        length_control="interruption",
+    )
+    assert cfg.length_control.name == "interruption" and cfg.length_control.max_new_tokens == 16
+    metrics = run.data.metrics
+    # a GSM answer takes more than 6 tokens: every training sample was interrupted
+    assert metrics["train/interruption_rate"] == 1.0
+    client = MlflowClient(mlflow_uri)
+    art = Path(client.download_artifacts(summary["run_id"], "samples/step_000001.jsonl", str(tmp_path)))
+    rows = [json.loads(line) for line in art.read_text().splitlines()]
+    from scalerl.model.build import load_policy
+
+    _, tokenizer, _ = load_policy(cfg, build_task(cfg))
+    for r in rows:
+        assert r["interrupted"] and phrase in r["output"], r
+        thought, answer = r["output"].split(phrase, 1)
+        assert 1 <= len(tokenizer(thought, add_special_tokens=False).input_ids) <= 6 + 1
+        # the answer budget: at most 8 sampled tokens after the phrase (re-tokenising may merge one)
+        assert len(tokenizer(answer, add_special_tokens=False).input_ids) <= 8 + 1

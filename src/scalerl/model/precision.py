@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from scalerl.config.groups.precision import DTYPE_NAMES, IMPLS  # noqa: F401  (IMPLS: declared with the option)
 
@@ -190,3 +191,58 @@ class Precision:
 
 def _maybe_float(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.float()
+
+
+def _chosen_logprobs(precision, model, hidden, targets, temperature, with_entropy):
+    """Log-prob of ``targets`` (fp32) and, with ``with_entropy``, the entropy (fp32, no gradient) of
+    the head's distribution at every row of ``hidden`` [M, H]; the full [M, V] logits are temporaries."""
+    logp_all = precision.log_softmax(precision.logits(model, hidden), temperature)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            lp = logp_all.float()
+            entropy = -(lp.exp() * lp).sum(-1)
+    return logp, entropy
+
+
+def head_logprobs(
+    precision,
+    model: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    chunk_tokens: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-prob of each target token, entropy or None), both fp32 and shaped like ``targets``, from
+    the body's last hidden states ``hidden`` [..., H] through the LM head under ``precision``.
+
+    ``chunk_tokens`` > 0: the head and its log-softmax run over that many positions at a time, each
+    chunk under activation checkpointing, so neither the forward nor the backward ever holds more
+    than one chunk's [chunk, vocabulary] logits (the backward recomputes a chunk's logits from its
+    hidden states, one matmul more per chunk). Memory then grows with the tokens of a micro-batch
+    only through its [tokens, H] hidden states, not [tokens, vocabulary]. The same arithmetic per
+    position as one pass over all of them (``chunk_tokens`` = 0). ``precision`` is a
+    :class:`Precision` or an engine's adaptation of it (its ``logits`` and ``log_softmax`` are used)."""
+    shape = targets.shape
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    flat_t = targets.reshape(-1)
+    n = flat_t.shape[0]
+    if chunk_tokens <= 0 or n <= chunk_tokens:
+        logp, entropy = _chosen_logprobs(precision, model, flat_h, flat_t, temperature, with_entropy)
+    else:
+        recompute = torch.is_grad_enabled() and flat_h.requires_grad
+        parts, ents = [], []
+        for lo in range(0, n, chunk_tokens):
+            args = (precision, model, flat_h[lo : lo + chunk_tokens], flat_t[lo : lo + chunk_tokens])
+            if recompute:
+                lp, ent = checkpoint(_chosen_logprobs, *args, temperature, with_entropy, use_reentrant=False)
+            else:
+                lp, ent = _chosen_logprobs(*args, temperature, with_entropy)
+            parts.append(lp)
+            ents.append(ent)
+        logp = torch.cat(parts)
+        entropy = torch.cat(ents) if with_entropy else None
+    return logp.view(shape), (entropy.view(shape) if entropy is not None else None)

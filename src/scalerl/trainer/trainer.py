@@ -3,7 +3,10 @@
 One step, written once over an :class:`~scalerl.trainer.engine.Engine` (plain PyTorch, DeepSpeed).
 Loss and aggregation come from :mod:`scalerl.algo` (paper Sec. 3.2). A step's forward passes skip
 the padding waste (rows grouped by length into a few buckets) and run a group's shared prompt once
-(``trainer.share_prompts``).
+(``trainer.share_prompts``). Memory: the LM head runs over ``trainer.logits_chunk_tokens`` positions
+at a time, each chunk recomputed in the backward (:func:`~scalerl.model.precision.head_logprobs`),
+so a micro-batch's [tokens, vocabulary] logits are never held at once; ``trainer.activation_checkpointing``
+recomputes the transformer blocks in the backward too.
 
 Several processes (data parallel, ``world`` > 1): each rank trains on its own groups, and the step
 equals one optimiser step on the union of all ranks' groups:
@@ -33,7 +36,10 @@ import torch
 from torch import nn
 
 from scalerl import algo
+from scalerl.config.groups.trainer import TorchTrainerOption
 from scalerl.distributed import merge_stats
+from scalerl.model.kv_cache import output_cache, with_cache
+from scalerl.model.precision import head_logprobs
 from scalerl.model.weights import PolicyWeights
 from scalerl.trainer.batch import TrainBatch
 from scalerl.trainer.engine import Engine
@@ -76,6 +82,16 @@ class Trainer:
         self.nonfinite_consecutive = 0
         # rows grouped by length into buckets, each run only up to its own last trained token
         self.bucket_lengths = True
+        # the LM head runs over this many positions at a time (0: a micro-batch's all at once)
+        self.logits_chunk_tokens = int(
+            self.tcfg.get("logits_chunk_tokens", TorchTrainerOption.logits_chunk_tokens)
+        )
+        self.activation_checkpointing = bool(self.tcfg.get("activation_checkpointing", False))
+        if self.activation_checkpointing:
+            enable_activation_checkpointing(self.module)
+        mmap_mb = int(self.tcfg.get("malloc_mmap_threshold_mb", 0))
+        if mmap_mb > 0 and self.device.type == "cpu":
+            set_malloc_mmap_threshold(mmap_mb)
 
     # ------------------------------------------------------------------ what the loop sees
     @property
@@ -127,22 +143,24 @@ class Trainer:
         model = self.module
         with self.precision.autocast(model):
             hidden = self.hidden_states(model.get_decoder(), batch, prefixes)
-        logits = self.precision.logits(model, hidden)
-        logp_all = self.precision.log_softmax(logits, self.temperature)
         targets = batch.input_ids[:, batch.start + 1 :]
-        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                lp = logp_all.float()
-                entropy = -(lp.exp() * lp).sum(-1)
-        return logp, entropy
+        return head_logprobs(
+            self.precision,
+            model,
+            hidden,
+            targets,
+            self.temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=self.logits_chunk_tokens,
+        )
 
     def shared_prefixes(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(the distinct first ``start`` tokens of the rows, each row's index into them) when
         ``trainer.share_prompts`` is on and some rows share them; else None."""
         ids, s = batch.input_ids, batch.start
-        if not (self.tcfg.share_prompts and 0 < s < ids.shape[1] - 1 and ids.shape[0] > 1):
+        # a checkpointed layer would write the prefix's KV cache again when the backward replays it
+        share = self.tcfg.share_prompts and not self.activation_checkpointing
+        if not (share and 0 < s < ids.shape[1] - 1 and ids.shape[0] > 1):
             return None
         prefixes, rows = torch.unique(ids[:, :s], dim=0, return_inverse=True)
         return (prefixes, rows) if prefixes.shape[0] < ids.shape[0] else None
@@ -165,14 +183,14 @@ class Trainer:
         ids, s = batch.input_ids, batch.start
         if prefixes is not None:
             distinct, rows = prefixes
-            cache = body(input_ids=distinct, use_cache=True).past_key_values
+            cache = output_cache(body(input_ids=distinct, use_cache=True))
             if cache is None:
                 raise RuntimeError(
                     f"trainer.share_prompts=true needs {type(body).__name__} to return its KV cache "
                     "(use_cache); set trainer.share_prompts=false"
                 )
             cache.reorder_cache(rows)  # one copy of its prefix's keys and values per row
-            return body(input_ids=ids[:, s:-1], past_key_values=cache, use_cache=False).last_hidden_state
+            return body(input_ids=ids[:, s:-1], **with_cache(body, cache), use_cache=False).last_hidden_state
         return body(input_ids=ids[:, :-1], use_cache=False).last_hidden_state[:, s:]
 
     def passes(self, mb: TrainBatch) -> list[_Pass]:
@@ -417,6 +435,44 @@ class Trainer:
     def load_engine_checkpoint(self, path: str, tag: str) -> dict | None:
         """Load the engine checkpoint ``path/tag``; returns this rank's ``rank_state`` (or None)."""
         return self.engine.load_checkpoint(path, tag)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Checkpoint every transformer block of ``model`` (a transformers model): the forward keeps only
+    each block's input, the backward recomputes the block (one more forward of the body per step)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"trainer.activation_checkpointing=true: {type(model).__name__} does not support activation "
+            "checkpointing; set trainer.activation_checkpointing=false"
+        )
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x; 4.x: the old name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def set_malloc_mmap_threshold(mb: int) -> bool:
+    """Have glibc serve every allocation of ``mb`` MB or more with its own mmap, returned to the
+    system when freed (True where it could be set: Linux with glibc).
+
+    By default glibc raises that threshold up to 32 MB as blocks are freed, so a trainer step's many
+    activation tensors come from its heap, whose freed space the process keeps: measured at 135M
+    (benchmarks/results/2026-11-26_*_trainer-memory.md) a step's resident peak was 7.1 GB by default
+    and 3.1 GB with a 1 MB threshold, the same step."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_mmap_threshold = -3  # <malloc.h>
+        return bool(libc.mallopt(m_mmap_threshold, int(mb) << 20))
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 # ---------------------------------------------------------------------- length buckets
