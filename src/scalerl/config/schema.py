@@ -26,12 +26,12 @@ PROGRESS = ("auto", "bar", "log")
 
 @dataclass
 class EvalConfig(Option):
-    # the default's design: 192 prompts x 4 samples (one point's standard error <= 0.018; the mean of
+    # the default's design: 128 prompts x 6 samples (one point's standard error <= 0.018; the mean of
     # 3 seeds' last evaluations, the end the prediction is checked on, <= 0.011), every 15 steps
     # (10 points after the early cut in the first half of 300 steps; about a sixth of the run's time)
     every: int = 15  # evaluate every N optimiser steps (and at step 0)
-    num_prompts: int = 192
-    samples_per_prompt: int = 4  # K: pass rate = mean over K samples at the training temperature
+    num_prompts: int = 128
+    samples_per_prompt: int = 6  # K: pass rate = mean over K samples at the training temperature
     log_samples: int = 8  # generations logged as an artifact per evaluation
 
     def check(self):

@@ -39,7 +39,7 @@ class Addition(Option):
     warmstart_recheck_prob: float = 0.3
     warmstart_phrase: str = " time is up.</think>"
     num_train: int = 1024
-    num_val: int = 192
+    num_val: int = 128
     verifier_timeout_s: float = 2.0
 
     def check(self):
