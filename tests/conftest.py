@@ -38,7 +38,7 @@ TINY = [
 ]
 
 
-# `pytest -m "not slow"` runs the unit tests in about a minute. Slow: tests that need a SLURM cluster,
+# `pytest -m "not slow"` runs the unit tests. Slow: tests that need a SLURM cluster,
 # a browser or DeepSpeed; tests that train the embedded model (the fixtures below); and tests marked
 # `slow` themselves (they start train.py, sweep.py or a server).
 _SLOW_MARKERS = ("slurm", "browser", "deepspeed")
