@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -23,20 +22,13 @@ from scalerl.analysis.verdicts import (
     PRED_TOLERANCE,
     VariantVerdict,
 )
+from scalerl.scaling.plot import save_figure
 
 VARIANT = "tab:blue"
 HALF = "tab:orange"
 BASE = "0.55"
 CALLED = "tab:red"
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
-
-
-def _save(fig: Figure, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=100)
-    return path
 
 
 def _short(v: VariantVerdict) -> str:
@@ -155,7 +147,7 @@ def plot_variants(
         handles=handles, loc="lower center", ncol=min(5, 3 * ncols // 2 + 1), fontsize=7.5, frameon=False
     )
     fig.suptitle(title or "Validation pass rate per variant", fontsize=11)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=100)
 
 
 def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
@@ -203,7 +195,7 @@ def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
         f"family-wise {FAMILY_LEVEL:.0%}); red: called; hollow: not tested",
         fontsize=9.5,
     )
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=100)
 
 
 def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
@@ -276,4 +268,4 @@ def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> 
         "(green: within; red: missed; grey: not scored)",
         fontsize=10,
     )
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=100)

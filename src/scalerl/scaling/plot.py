@@ -31,11 +31,12 @@ def _items(fits_and_data: FitsLike) -> list[tuple[str, SigmoidFit]]:
     return out
 
 
-def _save(fig: Figure, path) -> Path:
+def save_figure(fig: Figure, path, dpi: int = 110) -> Path:
+    """Write ``fig`` (made without pyplot) to ``path`` as a PNG, creating its folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     return path
 
 
@@ -144,7 +145,7 @@ def plot_fit(
     ax.set_title(title or "Sigmoid scaling fit (solid: fitted range, dashed: extrapolation)")
     ax.grid(True, which="both", alpha=0.25)
     _legend(fig, ax, len(items) + any_excluded, loc="lower right")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_linearised(
@@ -183,4 +184,4 @@ def plot_linearised(
     ax.set_title(title or "Linearised fit: slope = B")
     ax.grid(True, alpha=0.25)
     _legend(fig, ax, len(items), loc="upper left")
-    return _save(fig, path)
+    return save_figure(fig, path)
