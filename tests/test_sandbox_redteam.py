@@ -27,6 +27,9 @@ ALWAYS_EQUAL = "class A:\n    def __eq__(self, o):\n        return True\n    __h
 THREAD_KIND = "no_report" if os.geteuid() == 0 else "crash"
 
 # program -> the kind it must be counted under (None: a wrong answer). The problem's function is f.
+# The report channel's descriptor is whatever number the parent's pipe got (above 63 in a process
+# with many files open, as a long test session is): the fake-report rows write to every descriptor
+# up to the limit, so they reach it wherever it is.
 FORGERIES = {
     # the three exploits issue 28 found on the in-process grader
     "issue: read the pass token from the harness's frame, print it, exit 0": (
@@ -76,12 +79,14 @@ FORGERIES = {
         None,
     ),
     "a fake report written to every open descriptor": (
-        'import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b\'[["ok", ["i", "7"]]]\')\n'
+        "import os\nfor fd in range(3, min(os.sysconf('SC_OPEN_MAX'), 65536)):\n    try:\n"
+        '        os.write(fd, b\'[["ok", ["i", "7"]]]\')\n'
         "    except OSError:\n        pass\ndef f(x):\n    return 0\n",
         "no_report",
     ),
     "a thread writing a fake report while the calls run": (
-        "import os, threading\ndef w():\n    for fd in range(3, 64):\n        try:\n"
+        "import os, threading\ndef w():\n    for fd in range(3, min(os.sysconf('SC_OPEN_MAX'), 65536)):\n"
+        "        try:\n"
         "            os.write(fd, b'[]')\n        except OSError:\n            pass\n"
         "t = threading.Thread(target=w)\nt.start()\ndef f(x):\n    t.join()\n    return 0\n",
         THREAD_KIND,
