@@ -114,7 +114,7 @@ def test_no_subprocess_goes_through_a_shell():
 # fits) know no config; the loop puts the pieces together; analysis reads what runs logged; sweeps
 # and the CLI sit on top.
 LAYERS = [
-    {"messages", "lock", "distributed", "algo"},  # leaves: pure tensor functions, helpers
+    {"messages", "lock", "distributed", "transport", "algo"},  # leaves: pure tensor functions, helpers
     {"storage"},
     {"tracking", "scaling"},
     {"config"},

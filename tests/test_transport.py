@@ -1,5 +1,6 @@
-"""The weight transport between the trainer and a generator process: every tensor arrives bit-exact,
-every version in order, over a real gloo process group between two processes."""
+"""The weight-update group between the trainer and generator engines: every tensor arrives
+bit-exact, every version in order, at every receiver, over a real gloo process group of three
+processes; buckets are bounded; shared memory as the one-machine alternative."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from scalerl.loop.transport import CollectiveReceiver, CollectiveTransport, Layout, SharedMemoryTransport
+from scalerl.transport import (
+    Layout,
+    SharedMemoryTransport,
+    TransportSpec,
+    WeightReceiver,
+    WeightSender,
+    connect,
+    load_into,
+)
 
 
 def make_model(seed: int, width: int = 24) -> torch.nn.Module:
@@ -24,45 +33,59 @@ def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def receiver(spec, width: int, versions: int, out) -> None:
+def receiver(spec, rank: int, width: int, versions: int, out) -> None:
     try:
         model = make_model(123, width)  # other initial weights: only the transport can change them
-        rx = CollectiveReceiver(spec)
+        rx = WeightReceiver(spec, rank)
+        rx.layout.check_matches(model)
         current = -1
         while current < versions - 1:
-            v = rx.poll(model, current)
-            if v is not None:
+            v = rx.announced()
+            if v is not None and v != current:
                 assert v == current + 1, f"version {v} after {current}"
+                load_into(model, rx.receive())
                 current = v
                 # numpy copies travel by value; torch tensors would be shared through this process's
                 # file descriptors, gone once it has exited
-                out.put((v, {k: t.numpy().copy() for k, t in state_of(model).items()}))
-        out.put(("done", None))
+                out.put((rank, v, {k: t.numpy().copy() for k, t in state_of(model).items()}))
+        out.put((rank, "done", None))
     except Exception as e:  # noqa: BLE001 - reported to the test
-        out.put(("error", f"{type(e).__name__}: {e}"))
+        out.put((rank, "error", f"{type(e).__name__}: {e}"))
 
 
-def test_layout_packs_one_buffer_per_dtype_and_unpacks_bit_exact():
-    state = state_of(make_model(0))
-    layout = Layout.of(state)
-    buffers = layout.pack(state, "cpu")
-    assert sorted(buffers) == ["float32", "int64"]
+def test_layout_buckets_hold_one_dtype_within_the_size_and_unpack_bit_exact():
+    state = state_of(make_model(0, width=64))  # 64x64 fp32 = 16 KiB per weight matrix
+    layout = Layout.of(state, bucket_mb=10 / 1024)  # 10 KiB buckets
     assert Layout.from_json(layout.to_json()) == layout
-    back = layout.unpack(buffers)
-    assert all(torch.equal(back[k], v) for k, v in state.items())
+    assert sorted(i for b in layout.buckets for i in b) == list(range(len(state)))  # each tensor once
+    assert len(layout.buckets) > 2
+    for b in range(len(layout.buckets)):
+        dtypes = {layout.entries[i][1] for i in layout.buckets[b]}
+        assert len(dtypes) == 1
+        if len(layout.buckets[b]) > 1:  # a tensor larger than a bucket travels alone
+            assert layout.numel(b) * 4 <= 10 * 1024
+        buffer = layout.pack(b, state, "cpu")
+        assert buffer.numel() == layout.numel(b)
+        for k, v in layout.unpack(b, buffer).items():
+            assert torch.equal(v, state[k])
 
 
-@pytest.mark.slow  # starts a process
-def test_gloo_transport_delivers_every_version_bit_exact_to_another_process():
+@pytest.mark.slow  # starts two processes
+def test_every_receiver_gets_every_version_bit_exact():
     ctx = mp.get_context("spawn")
     trainer = make_model(0)
     sent = {0: state_of(trainer)}
-    tx = CollectiveTransport(sent[0], 0, backend="gloo")
+    layout = Layout.of(sent[0], bucket_mb=1 / 1024)  # several buckets
+    spec = TransportSpec("gloo", "127.0.0.1", 0, world=3)
+    store = connect(spec, master=True)
+    spec = TransportSpec("gloo", "127.0.0.1", store.port, world=3)
     out = ctx.Queue()
-    proc = ctx.Process(target=receiver, args=(tx.spec, 24, 4, out))
-    proc.start()
-    tx.alive = proc.is_alive
+    procs = [ctx.Process(target=receiver, args=(spec, r, 24, 4, out)) for r in (1, 2)]
+    for p in procs:
+        p.start()
+    tx = WeightSender(store, spec, layout, alive=lambda: all(p.is_alive() for p in procs))
     try:
+        tx.publish(sent[0], 0)
         for version in (1, 2, 3):
             with torch.no_grad():
                 for p in trainer.parameters():
@@ -70,45 +93,72 @@ def test_gloo_transport_delivers_every_version_bit_exact_to_another_process():
                 trainer.steps += version
             sent[version] = state_of(trainer)
             tx.publish(sent[version], version)
-        got = {}
-        while True:
-            kind, payload = out.get(timeout=120)
+        got: dict = {1: {}, 2: {}}
+        done = 0
+        while done < 2:
+            rank, kind, payload = out.get(timeout=120)
             if kind == "error":
                 pytest.fail(payload)
             if kind == "done":
-                break
-            got[kind] = payload
+                done += 1
+                continue
+            got[rank][kind] = payload
     finally:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
-    assert sorted(got) == [0, 1, 2, 3]
-    for v, state in got.items():
-        for k, t in sent[v].items():
-            assert torch.equal(torch.from_numpy(state[k]), t), f"{k} of version {v} differs"
-    assert tx.seconds > 0
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    for rank in (1, 2):
+        assert sorted(got[rank]) == [0, 1, 2, 3]
+        for v, state in got[rank].items():
+            for k, t in sent[v].items():
+                assert torch.equal(torch.from_numpy(state[k]), t), (
+                    f"{k} of version {v} differs at rank {rank}"
+                )
+    assert tx.updates == 4 and tx.seconds > 0
+
+
+def _mismatched(spec, out) -> None:
+    try:
+        rx = WeightReceiver(spec, 1)
+        rx.layout.check_matches(make_model(0, width=16))  # other shapes
+        out.put("no error")
+    except Exception as e:  # noqa: BLE001
+        out.put(str(e))
 
 
 @pytest.mark.slow  # starts a process
 def test_a_generator_with_another_model_gets_a_clear_error():
     ctx = mp.get_context("spawn")
-    tx = CollectiveTransport(state_of(make_model(0)), 0, backend="gloo")
+    spec = TransportSpec("gloo", "127.0.0.1", 0, world=2)
+    store = connect(spec, master=True)
+    spec = TransportSpec("gloo", "127.0.0.1", store.port, world=2)
+    tx = WeightSender(store, spec, Layout.of(state_of(make_model(0))))
     out = ctx.Queue()
-    proc = ctx.Process(target=receiver, args=(tx.spec, 16, 1, out))  # other shapes
+    proc = ctx.Process(target=_mismatched, args=(spec, out))
     proc.start()
     try:
-        kind, payload = out.get(timeout=120)
+        message = out.get(timeout=120)
     finally:
         proc.join(timeout=30)
-    assert kind == "error"
-    assert "trainer and generator must build the same model" in payload
-    assert "0.weight" in payload
+        tx.close()
+    assert "trainer and generator must build the same model" in message
+    assert "0.weight" in message
 
 
-def test_publish_stops_when_the_generator_process_is_gone():
-    tx = CollectiveTransport(state_of(make_model(0)), 0, backend="gloo", alive=lambda: False)
+def test_publish_stops_when_a_generator_process_is_gone():
+    spec = TransportSpec("gloo", "127.0.0.1", 0, world=2)
+    store = connect(spec, master=True)
+    spec = TransportSpec("gloo", "127.0.0.1", store.port, world=2)
+    tx = WeightSender(store, spec, Layout.of(state_of(make_model(0))), alive=lambda: False)
     with pytest.raises(RuntimeError, match="generator process is gone"):
         tx.publish(state_of(make_model(1)), 1)
+
+
+def test_a_backend_other_than_gloo_or_nccl_is_refused():
+    spec = TransportSpec("mpi", "127.0.0.1", 0, world=2)
+    with pytest.raises(ValueError, match="must be gloo or nccl"):
+        WeightSender(None, spec, Layout.of(state_of(make_model(0))))
 
 
 def test_shared_memory_transport_loads_the_newest_weights():

@@ -40,6 +40,17 @@ def gather_objects(obj) -> list:
     return out
 
 
+def scatter_objects(parts: list | None):
+    """Rank 0's ``parts[i]`` on rank i (``parts``: one picklable object per rank, given on rank 0;
+    other ranks pass None)."""
+    n = world_size()
+    if n == 1:
+        return parts[0]
+    out: list = [None]
+    dist.scatter_object_list(out, parts if rank() == 0 else None, src=0)
+    return out[0]
+
+
 _OPS = {"sum": "SUM", "min": "MIN", "max": "MAX"}
 
 

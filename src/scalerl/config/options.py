@@ -42,6 +42,7 @@ GROUPS: tuple[str, ...] = (
     "task",
     "generator",
     "trainer",
+    "placement",
     "launcher",
 )
 

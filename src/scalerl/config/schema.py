@@ -118,6 +118,7 @@ class Config:
     task: Any = MISSING
     generator: Any = MISSING
     trainer: Any = MISSING
+    placement: Any = MISSING
     launcher: Any = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -140,6 +141,7 @@ RESUMABLE_CHANGES = (
     "model.cache_dir",
     "tracking.",
     "launcher.",
+    "placement.",
     "scaling.",
 )
 

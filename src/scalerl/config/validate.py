@@ -130,6 +130,7 @@ def _relations(cfg: DictConfig) -> None:
             eval_.num_prompts,
             f">= {n}, the domains of task=multi (each is validated on its own)",
         )
+    _placement_relations(cfg)
     if model.name == "tiny" and task.name == "addition":
         need = addition_prompt_chars(task) + int(cfg.length_control.max_new_tokens)
         _check(
@@ -139,6 +140,41 @@ def _relations(cfg: DictConfig) -> None:
             f"<= model.max_position_embeddings - prompt length "
             f"({model.max_position_embeddings} - {addition_prompt_chars(task)} = "
             f"{model.max_position_embeddings - addition_prompt_chars(task)})",
+        )
+
+
+def _placement_relations(cfg: DictConfig) -> None:
+    """What a placement needs of the async mode, the generator and the transport."""
+    pl, mode, gen = cfg.placement, cfg.async_mode.name, cfg.generator.name
+    if pl.name == "split" or int(pl.engines) > 1:
+        what = "placement=split" if pl.name == "split" else f"placement.engines={pl.engines}"
+        _check(
+            mode == "pipeline_rl",
+            "async_mode",
+            mode,
+            f"pipeline_rl with {what}: generator processes stream to the trainer only in pipeline_rl",
+        )
+    if int(pl.tensor_parallel_size) > 1:
+        _check(
+            gen == "vllm",
+            "placement.tensor_parallel_size",
+            pl.tensor_parallel_size,
+            f"1 with generator={gen} (tensor parallelism is vLLM's)",
+        )
+    tasks = int(pl.get("generator_tasks", 0) or 0)
+    if tasks:
+        _check(
+            int(pl.engines) == tasks,
+            "placement.engines",
+            pl.engines,
+            f"{tasks}, one engine per generator task (placement.generator_tasks={tasks})",
+        )
+    if mode == "pipeline_rl" and cfg.async_mode.transport == "shm":
+        _check(
+            gen == "hf" and not tasks,
+            "async_mode.transport",
+            "shm",
+            "auto, gloo or nccl: shared memory feeds HF engines on the trainer's machine only",
         )
 
 

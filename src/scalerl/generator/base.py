@@ -29,6 +29,17 @@ def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
     return ids
 
 
+def digests(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """SHA-256 of each tensor's bytes, by name."""
+    import hashlib
+
+    out = {}
+    for k, v in tensors.items():
+        data = v.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        out[k] = hashlib.sha256(data).hexdigest()
+    return out
+
+
 class Generator(abc.ABC):
     """Samples groups of completions from the policy at version :attr:`version`.
 
@@ -93,6 +104,26 @@ class Generator(abc.ABC):
     @abc.abstractmethod
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
         """Generate from ``weights`` from now on, as policy ``version`` (sets :attr:`version`)."""
+
+    # a generator over the trainer's own module needs its parameters whole (ZeRO-3) while sampling
+    samples_from_trainer_module: bool = True
+    # the names of the weights it receives: checkpoint names (vLLM) or the model's state_dict names
+    checkpoint_names: bool = False
+
+    def join_weight_group(self, spec: Any, rank: int, store: Any = None) -> None:
+        """Join the run's weight-update group (:mod:`scalerl.transport`) as ``rank``: from now
+        on :meth:`receive_weights` takes each update the trainer broadcasts."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights from another process")
+
+    def receive_weights(self, version: int) -> None:
+        """Take the update the trainer announced as ``version`` (collective with the trainer and
+        every other receiver), then generate from it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights from another process")
+
+    def fingerprint(self) -> dict[str, str]:
+        """SHA-256 of every weight this generator samples with (its own names), to show that it
+        holds exactly the weights it was given."""
+        return digests(self.model.state_dict())
 
     # the sampling stream; a generator whose sampling draws from elsewhere overrides the three
     # methods below

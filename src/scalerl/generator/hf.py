@@ -123,6 +123,18 @@ class HFGenerator(Generator):
         self.cache_rounded_weights = True
 
     # ------------------------------------------------------------------ Generator interface
+    def join_weight_group(self, spec, rank: int, store=None) -> None:
+        from scalerl.transport import WeightReceiver
+
+        self._rx = WeightReceiver(spec, rank, self.device, store)
+        self._rx.layout.check_matches(self.model)
+
+    def receive_weights(self, version: int) -> None:
+        from scalerl.transport import load_into
+
+        load_into(self.model, self._rx.receive())
+        self.version = int(version)
+
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
         if weights.module is not self.model:
             tensors = weights.tensors()

@@ -40,7 +40,7 @@ from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.precision import Precision
-from scalerl.model.weights import PolicyWeights
+from scalerl.model.weights import PolicyWeights, checkpoint_state
 
 INSTALL_HINT = 'generator=vllm needs vLLM: `bash launch/install_vllm_cpu.sh` (CPU) or `pip install -e ".[vllm]"` (CUDA GPU)'
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -59,24 +59,6 @@ def import_vllm():
     return vllm
 
 
-def vllm_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The policy's weights under the names a checkpoint has: a weight behind a parametrization
-    (emulated low precision) as the layer computes with it (rounded), tied copies once."""
-    out: dict[str, torch.Tensor] = {}
-    for name, value in module.state_dict().items():
-        if ".parametrizations." in name:
-            if not name.endswith(".original"):
-                continue
-            owner_name, _, rest = name.partition(".parametrizations.")
-            pname = rest[: -len(".original")]
-            value = getattr(module.get_submodule(owner_name), pname)  # the rounded weight
-            name = f"{owner_name}.{pname}"
-        out[name] = value.detach()
-    if getattr(getattr(module, "config", None), "tie_word_embeddings", False):
-        out.pop("lm_head.weight", None)  # vLLM ties it to the input embedding itself
-    return out
-
-
 def check_cpu_head_dim(config: Any) -> None:
     """vLLM's CPU attention kernels exist for some head sizes only: say so before the engine fails."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
@@ -93,7 +75,7 @@ def check_cpu_head_dim(config: Any) -> None:
 
 
 def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
-    """A checkpoint folder vLLM can load: the config and one safetensors file of :func:`vllm_state`."""
+    """A checkpoint folder vLLM can load: the config and one safetensors file of its checkpoint state."""
     import copy
 
     from safetensors.torch import save_file
@@ -102,7 +84,7 @@ def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
     config = copy.deepcopy(module.config)
     config.architectures = [type(module).__name__]  # vLLM picks its model class (and runner) by this
     config.save_pretrained(folder)
-    state = {k: v.to("cpu").contiguous().clone() for k, v in vllm_state(module).items()}
+    state = {k: v.to("cpu").contiguous().clone() for k, v in checkpoint_state(module).items()}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -216,9 +198,34 @@ class VLLMGenerator(Generator):
         """Reload every weight of the engine from ``weights`` (gathered under ZeRO-3, rounded as the
         trainer computes with them), then record ``version``."""
         with weights.gathered(), torch.no_grad():
-            state = vllm_state(weights.module)
+            state = checkpoint_state(weights.module)
             self.llm.collective_rpc("scalerl_reload", args=(state,))
         self.version = int(version)
+
+    samples_from_trainer_module = False
+    checkpoint_names = True  # the weights it loads are named as in a checkpoint (vLLM's loader)
+
+    def join_weight_group(self, spec, rank: int, store=None) -> None:
+        """Every worker of the engine joins the weight-update group (ranks ``rank`` + its own)."""
+        self.llm.collective_rpc("scalerl_join", args=(spec, int(rank)))
+
+    def receive_weights(self, version: int) -> None:
+        """Take the announced update inside the workers (streamed into ``load_weights``)."""
+        self.llm.collective_rpc("scalerl_receive")
+        self.version = int(version)
+
+    def fingerprint(self) -> dict[str, str]:
+        """SHA-256 of each of the engine's parameters as vLLM holds them (its names and layout;
+        each tensor-parallel worker's shards under ``<worker>/``)."""
+        parts = self.llm.collective_rpc("scalerl_fingerprint")
+        if len(parts) == 1:
+            return parts[0]
+        return {f"{i}/{k}": v for i, part in enumerate(parts) for k, v in part.items()}
+
+    def drop_model(self) -> None:
+        """Forget the HF model the engine started from: its weights now arrive in the workers
+        (no second copy); the stale-KV gap is then not measured."""
+        self.model = None
 
     # ------------------------------------------------------------------ generation
     def _params(self, max_tokens: int, stop: list[int]):
@@ -315,7 +322,7 @@ class VLLMGenerator(Generator):
             if on_step is not None:
                 on_step()
         groups = self._to_samples(prompts, group_ids, rows, eos)
-        if weight_update is not None:  # self.model holds the weights vLLM has (the transport's copy)
+        if weight_update is not None and self.model is not None:  # self.model holds vLLM's weights
             measure_stale_kv(
                 self.model, self.precision, self.temperature, groups, self.version, self.stale_kv_samples
             )

@@ -1,9 +1,10 @@
 """The worker side of scalerl's vLLM generator: a vLLM worker extension (``worker_extension_cls``).
 
-vLLM mixes these methods into its worker; the generator calls them with
-``LLM.collective_rpc("scalerl_...")``. They run where the model runner is, so a weight update
-never goes through vLLM's request path, and they are the hook for a transport that delivers
-weights straight into the worker.
+vLLM mixes these methods into each of its workers; the generator calls them on every worker with
+``LLM.collective_rpc("scalerl_...")``. They run where the model runner is, so a weight update never
+goes through vLLM's request path: in a pipeline_rl engine each worker joins the run's weight-update
+group itself (rank = the engine's first rank + the worker's tensor-parallel rank) and streams every
+broadcast bucket straight into ``load_weights``; no other copy of the model exists in the process.
 """
 
 from __future__ import annotations
@@ -19,6 +20,38 @@ class WeightSync:
         number of tensors loaded. vLLM re-applies its own post-processing (fused QKV, tied heads)."""
         self.model_runner.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
         return len(state)
+
+    def scalerl_join(self, spec, first_rank: int) -> int:
+        """Join the weight-update group described by ``spec`` (a
+        :class:`~scalerl.transport.TransportSpec`) as rank ``first_rank`` + this worker's rank
+        in its engine; returns that rank."""
+        from scalerl.transport import WeightReceiver
+
+        rank = int(first_rank) + int(getattr(self, "rank", 0) or 0)
+        device = getattr(self, "device", None) or torch.device("cpu")
+        self._scalerl_rx = WeightReceiver(spec, rank, device)
+        return rank
+
+    def scalerl_receive(self) -> int:
+        """Take the announced update: every bucket as it is broadcast, loaded as it arrives; returns
+        the number of tensors loaded."""
+        count = 0
+
+        def stream():
+            nonlocal count
+            for item in self._scalerl_rx.receive():
+                count += 1
+                yield item
+
+        self.model_runner.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
+        return count
+
+    def scalerl_fingerprint(self) -> dict[str, str]:
+        """SHA-256 of each of the engine's parameters (vLLM's names and layout), to compare two
+        engines' weights bit for bit."""
+        from scalerl.generator.base import digests
+
+        return digests(dict(self.model_runner.get_model().named_parameters()))
 
     def scalerl_head_dtype(self) -> str:
         """The dtype the engine computes its LM head logits in."""

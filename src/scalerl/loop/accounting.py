@@ -43,12 +43,14 @@ def devices_held(device: torch.device, placement: Placement, world: int, *, gene
     generator's own GPU. On CPU a device is one CPU thread: each trainer process's threads plus a
     generator process's own threads (``generator_process``), so device-hours are core-hours."""
     gen = placement.generator_device
-    if device.type == "cuda":
-        return max(1, world) + (1 if gen.type == "cuda" and gen != device else 0)
-    own = placement.generator_threads if generator_process and gen.type == "cpu" else 0
-    return max(1, world) * (max(1, placement.trainer_threads) + own) + (
-        1 if generator_process and gen.type == "cuda" else 0
+    if device.type == "cuda":  # each trainer rank's GPU, plus the GPUs the engines have to themselves
+        return max(1, world) + int(placement.generator_gpus)
+    own = (
+        placement.generator_threads * max(1, placement.engines)
+        if generator_process and gen.type == "cpu"
+        else 0
     )
+    return max(1, world) * max(1, placement.trainer_threads) + own
 
 
 def device_hours(run: Components) -> float:

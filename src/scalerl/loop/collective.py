@@ -14,9 +14,23 @@ import torch
 import torch.distributed as dist
 
 from scalerl import algo
-from scalerl.distributed import collective_device, gather_objects, global_sum, merge_stats, world_size
+from scalerl.distributed import (
+    collective_device,
+    gather_objects,
+    global_sum,
+    merge_stats,
+    scatter_objects,
+    world_size,
+)
 
-__all__ = ["gather_objects", "global_advantages", "global_sum", "reduce_step", "world_size"]
+__all__ = [
+    "gather_objects",
+    "global_advantages",
+    "global_sum",
+    "reduce_step",
+    "scatter_objects",
+    "world_size",
+]
 
 
 def global_advantages(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import defaultdict
 
@@ -20,16 +21,21 @@ def evaluate(
     samples and leaves the generator's training stream where it was."""
     K = int(cfg.eval.samples_per_prompt)
     if not main:  # several trainer processes: rank 0 evaluates; under ZeRO-3 the gather is
-        with gathered():  # collective, so every rank enters it
-            pass
+        if generator.samples_from_trainer_module:  # collective, so every rank enters it
+            with gathered():
+                pass
         return {}
     rng = generator.rng_state()
     generator.manual_seed(cfg.seed * 1_000_003 + state.step)
-    with gathered():
+    # a generator over the trainer's module needs it whole (ZeRO-3); engines elsewhere do not
+    whole = gathered() if generator.samples_from_trainer_module else contextlib.nullcontext()
+    with whole:
         groups = []
         # as many rows per decode as a training batch: a decode step costs little more for
-        # 128 rows than for 32
-        bs = max(1, int(cfg.trainer.batch_size) // K)
+        # 128 rows than for 32 (engines in other processes split the prompts among themselves)
+        bs = (
+            len(val) if getattr(generator, "splits_work", False) else max(1, int(cfg.trainer.batch_size) // K)
+        )
         for i in range(0, len(val), bs):
             groups.extend(generator.generate(val[i : i + bs], K, version=state.step))
     generator.set_rng_state(rng)

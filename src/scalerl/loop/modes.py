@@ -19,6 +19,7 @@ rank's), ``stale_dropped``, ``verifier_errors``, ``next_group_id``.
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -29,21 +30,12 @@ from typing import Any, ClassVar
 import torch
 
 from scalerl.generator import Generator, Sample
+from scalerl.loop import collective
 from scalerl.loop.data import PromptSampler
-from scalerl.loop.errors import RunError
+from scalerl.loop.placement import Placement, place_engines
 from scalerl.loop.state import RunState
 from scalerl.model.weights import PolicyWeights
 from scalerl.task.score import score_groups
-
-
-@dataclass
-class Placement:
-    """Where a mode's generation runs: threads of the trainer and of the generator, and the
-    generator's device."""
-
-    trainer_threads: int
-    generator_threads: int
-    generator_device: torch.device
 
 
 @dataclass
@@ -60,6 +52,8 @@ class Rollouts:
     group_size: int  # samples per prompt
     total_steps: int
     placement: Placement
+    world: int = 1  # trainer processes
+    engines: Any = None  # pipeline_rl: the engine pool (scalerl.loop.pipeline.EnginePool)
 
 
 class AsyncMode(abc.ABC):
@@ -102,7 +96,7 @@ class PPOOffPolicy(AsyncMode):
         r, st, P = self.r, self.r.state, self.r.prompts_per_step
         prompts = r.sampler.next(P * n_batches)
         t0 = time.perf_counter()
-        with r.gathered():
+        with r.gathered() if r.generator.samples_from_trainer_module else contextlib.nullcontext():
             groups = r.generator.generate(
                 prompts, r.group_size, version=st.step, group_ids=st.new_group_ids(len(prompts))
             )
@@ -129,58 +123,38 @@ class PipelineRL(AsyncMode):
         super().__init__(rollouts)
         cfg = rollouts.cfg
         self.max_lag = int(cfg.async_mode.max_lag)
-        P = rollouts.prompts_per_step
-        self.capacity = int(math.ceil(P * (1 + float(cfg.async_mode.max_buffered_batches))))
+        self.world = max(1, int(rollouts.world))
+        self.P = rollouts.prompts_per_step * self.world  # every rank's groups come through rank 0
+        self.capacity = int(math.ceil(self.P * (1 + float(cfg.async_mode.max_buffered_batches))))
         self.chunk = max(1, int(cfg.generator.chunk_prompts))
-        self.process = None  # the generator process (scalerl.loop.pipeline.PipelineGenerator)
+        self.pool = rollouts.engines  # the engines (scalerl.loop.pipeline.EnginePool)
         self.buffer: list[list[Sample]] = []  # finished groups, FIFO
         self.outstanding: dict[int, tuple[int, int]] = {}  # work id -> (version when assigned, groups)
         self.work_id = 0
-        self._busy0: tuple[float, float] | None = None  # (run state's, process's) busy seconds at start
+        self._busy0: tuple[float, float] | None = None  # (run state's, engines') busy seconds at start
 
     @classmethod
     def place(cls, cfg, device: torch.device, world: int, threads: int) -> Placement:
-        if world > 1:
-            raise RunError(
-                "async_mode=pipeline_rl runs one trainer process (the generator is a process of its own); "
-                "for several trainer processes use async_mode=sync or async_mode=ppo_off_policy"
-            )
         from scalerl.loop import pipeline
 
-        pipeline.prestart()  # the generator process's imports overlap with the model build
-        gen_threads = threads
-        if device.type == "cpu":  # the generator process takes half of the cores
-            gen_threads = max(1, threads // 2)
-            threads = max(1, threads - gen_threads)
-        return Placement(threads, gen_threads, pipeline.generator_device(device))
+        pipeline.prestart()  # the engine processes' imports overlap with the model build
+        return place_engines(cfg, device, world, threads)
 
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
-        """The in-process generator (evaluation) shares them; the generator process gets them
-        through shared memory, started with them on the first call."""
-        self.r.generator.load_weights(weights, version)
-        with weights.gathered(), torch.no_grad():
-            state = {k: v.detach() for k, v in weights.module.state_dict().items()}
-            if self.process is None:
-                from scalerl.loop.pipeline import PipelineGenerator
-
-                p = self.r.placement
-                self.process = PipelineGenerator(
-                    self.r.cfg,
-                    state,
-                    version,
-                    p.generator_threads,
-                    p.generator_device,
-                    transport=str(self.r.cfg.async_mode.transport),
-                    trainer_device=next(weights.module.parameters()).device,
-                )
-            else:
-                self.process.publish(state, version)
+        """To every engine (the pool broadcasts them; under ZeRO-3 every rank gathers each bucket
+        with it); an in-process generator used for evaluation shares the trainer's module."""
+        if self.r.generator is not self.pool:
+            self.r.generator.load_weights(weights, version)
+        self.pool.load_weights(weights, version)
 
     def next_groups(self) -> list[list[Sample]]:
-        st, proc, P = self.r.state, self.process, self.r.prompts_per_step
+        """This rank's groups: rank 0 receives every rank's from the engines and scatters them."""
+        if not self.pool.placement.main:
+            return collective.scatter_objects(None)
+        st, pool, P = self.r.state, self.pool, self.P
         if self._busy0 is None:
-            proc.wait_ready()
-            self._busy0 = (st.gen_busy, proc.busy_seconds)
+            pool.wait_ready()
+            self._busy0 = (st.gen_busy, pool.busy_seconds)
         self._feed()
         # the trainer at version `step` may train only on data at most max_lag versions old:
         # wait for outstanding work begun before that, drop buffered data older than that
@@ -188,14 +162,17 @@ class PipelineRL(AsyncMode):
         while any(v < oldest_ok for v, _ in self.outstanding.values()) or len(self.buffer) < P:
             self.receive_one(oldest_ok)
         batch, self.buffer = self.buffer[:P], self.buffer[P:]
-        st.gen_busy = self._busy0[0] + proc.busy_seconds - self._busy0[1]
+        st.gen_busy = self._busy0[0] + pool.busy_seconds - self._busy0[1]
+        if self.world > 1:
+            n = self.r.prompts_per_step
+            return collective.scatter_objects([batch[i * n : (i + 1) * n] for i in range(self.world)])
         return batch
 
     def receive_one(self, oldest_ok: int) -> None:
         """Wait for one piece of finished work; keep its groups, drop buffered groups older than
-        ``oldest_ok``, and give the generator work to replace them."""
+        ``oldest_ok``, and give the engines work to replace them."""
         st = self.r.state
-        wid, groups, errors = self.process.receive()
+        wid, groups, errors = self.pool.receive()
         self.outstanding.pop(wid, None)
         st.count_verifier(errors)
         st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
@@ -206,10 +183,10 @@ class PipelineRL(AsyncMode):
         self._feed()  # replaces what was dropped (else nothing might be left to wait for)
 
     def _feed(self) -> None:
-        """Give the generator work up to the capacity, and no more than the run's last step needs.
+        """Give the engines work up to the capacity, and no more than the run's last step needs.
         Work given at step s is generated from weights of version >= s and, with the capacity at
         (1 + max_lag) batches, trained on by step s + max_lag at the latest: within the lag."""
-        r, st, P = self.r, self.r.state, self.r.prompts_per_step
+        r, st, P = self.r, self.r.state, self.P
         needed = (r.total_steps - st.step) * P
         while True:
             ahead = len(self.buffer) + sum(n for _, n in self.outstanding.values())
@@ -217,13 +194,12 @@ class PipelineRL(AsyncMode):
             if n <= 0 or ahead + n > self.capacity:
                 return
             prompts = r.sampler.next(n)
-            self.process.submit(self.work_id, prompts, st.new_group_ids(len(prompts)))
+            self.pool.submit(self.work_id, prompts, st.new_group_ids(len(prompts)))
             self.outstanding[self.work_id] = (st.step, len(prompts))
             self.work_id += 1
 
     def close(self) -> None:
-        if self.process is not None:
-            self.process.close()
+        self.pool.close()
 
 
 MODES: dict[str, type[AsyncMode]] = {m.name: m for m in (Sync, PPOOffPolicy, PipelineRL)}

@@ -1,33 +1,47 @@
-"""PipelineRL (paper Sec. 3.1): a generator process that streams groups to the trainer and picks up
-new weights *in flight*, between decode steps, keeping its stale KV cache.
+"""PipelineRL's generator engines (paper Sec. 3.1): processes of their own that stream groups to the
+trainer and take new weights *in flight*, between decode steps, keeping their stale KV cache.
 
-Weights travel through a :mod:`scalerl.loop.transport` (``async_mode.transport``): gloo or NCCL
-process groups of their own, or shared memory on one machine.
+* :class:`EnginePool` (the trainer's rank 0): hosts the run's store, starts the local engines
+  (one process each, forked from a fork server with its imports done, each seeing only its own GPUs),
+  hands out work, collects groups, broadcasts every weight update to all engines' workers
+  (:mod:`scalerl.transport`), and generates for evaluation through the engines (it is a
+  :class:`~scalerl.generator.Generator`).
+* :func:`serve_engine`: an engine's process. The same function serves a local engine and one that
+  runs as a task of a multi-task SLURM/torchrun job (:func:`serve_task`), reaching the trainer
+  through the store at the launcher's host and port.
+
+Everything between them goes through the store (a ``torch.distributed.TCPStore``): per-engine work
+queues, one result queue, each engine's busy time and heartbeat, and the weight-update group's
+rendezvous, so a local engine and one on another node run the same code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
-import queue
+import pickle
 import signal
 import time
 import traceback
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from scalerl.loop.transport import (
-    CollectiveReceiver,
-    CollectiveTransport,
+from scalerl.generator.base import Generator
+from scalerl.transport import (
     SharedMemoryTransport,
     TransportSpec,
-    choose_backend,
+    WeightSender,
+    announced,
+    connect,
 )
 
 log = logging.getLogger(__name__)
 
-
-# imported once, by the fork server, before the generator process is forked from it
+# imported once, by the fork server, before the engine processes are forked from it
 _PRELOAD = [
     "scalerl.generator",
     "scalerl.generator.hf",
@@ -35,16 +49,31 @@ _PRELOAD = [
     "scalerl.task",
     "scalerl.task.score",
 ]
+# what a launcher puts in a process's environment for its own process group: an engine must not
+# take it for its own (vLLM would join the trainer's world)
+_LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
+HEARTBEAT_S = 1.0
+REMOTE_TIMEOUT_S = 300.0  # an engine on another task silent for this long is taken as gone
 
 
 def process_context():
-    """The multiprocessing context of the generator process.
+    """The multiprocessing context of local engine processes.
 
     ``forkserver`` where the platform has it: a fork server started early (:func:`prestart`)
     imports torch, transformers and scalerl (about 5 s on one core) while the trainer builds its
-    model and evaluates step 0, and the generator process is then forked from it, its imports done.
-    The server is a fresh single-threaded process (no OpenMP pool, no CUDA context), which is what
-    makes forking from it safe. Elsewhere (Windows): ``spawn``, which imports everything anew.
+    model, and each engine process is then forked from it, its imports done. The server is a fresh
+    single-threaded process (no OpenMP pool, no CUDA context), which is what makes forking from it
+    safe, and lets each engine choose its GPUs before CUDA starts. Elsewhere: ``spawn``.
     """
     import torch.multiprocessing as mp
 
@@ -56,8 +85,7 @@ def process_context():
 
 
 def prestart() -> None:
-    """Start the fork server now, so its imports overlap with the caller's setup (a no-op if it is
-    running already or the platform has no fork server)."""
+    """Start the fork server now, so its imports overlap with the caller's setup."""
     ctx = process_context()
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
@@ -77,64 +105,108 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def generator_device(trainer_device: torch.device) -> torch.device:
-    """Where the generator process decodes: the CPU next to a CPU trainer; on CUDA a GPU of its own
-    when there is a second one (PipelineRL's split), else the trainer's GPU, shared."""
-    if trainer_device.type != "cuda":
-        return torch.device("cpu")
-    index = torch.cuda.current_device() if trainer_device.index is None else trainer_device.index
-    count = torch.cuda.device_count()
-    return torch.device("cuda", (index + 1) % count if count > 1 else index)
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine process needs (picklable)."""
+
+    cfg_yaml: str
+    index: int  # engine number
+    rank: int  # its first rank in the weight-update group
+    store: TransportSpec  # where the store is (and the weight-update group's backend and size)
+    threads: int
+    gpus: tuple[int, ...] = ()  # physical GPUs it may see (CUDA_VISIBLE_DEVICES); () on a CPU
+    owner: int | None = None  # the trainer's pid, for an engine on the trainer's machine
+    shm: SharedMemoryTransport | None = field(default=None, compare=False)
 
 
-def generator_worker(
-    cfg_yaml: str,
-    transport: SharedMemoryTransport | TransportSpec,
-    work_q,
-    result_q,
-    status,
-    threads: int,
-    owner: int,
-    device: str = "cpu",
-) -> None:
-    """The generator process: take work (prompts), generate with in-flight weight updates, score,
-    send the groups back. ``status`` is a shared array: [busy seconds, generated tokens]; ``owner``
-    is the trainer's process id (the generator stops when it is gone); ``device``: where to decode
-    (:func:`generator_device`)."""
+def _isolate(spec: EngineSpec) -> torch.device:
+    """Before CUDA starts: this process sees only its own GPUs and none of the launcher's rank
+    variables; returns the device it generates on."""
+    for k in _LAUNCHER_VARS:
+        os.environ.pop(k, None)
+    if spec.gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def serve_engine(spec: EngineSpec) -> None:
+    """An engine's process: build the engine, join the weight-update group, take work until told
+    to stop (or the trainer is gone). Errors go back to the trainer as text."""
     from omegaconf import OmegaConf
 
-    # Ctrl-C reaches the whole process group: the trainer's process stops the run and this process
-    # with it (and this process stops by itself when the trainer's is gone)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    torch.set_num_threads(max(1, threads))
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, threads)))
+    device = _isolate(spec)
+    if spec.owner is not None:
+        # Ctrl-C reaches the whole process group: the trainer stops the run and this process with it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    torch.set_num_threads(max(1, spec.threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, spec.threads)))
+    store = connect(spec.store)
     try:
-        cfg = OmegaConf.create(cfg_yaml)
-        worker = _Worker.build(cfg, transport, torch.device(device), owner)
-        if worker is None:  # the trainer's process ended before it sent the first weights
+        engine = _Engine.build(OmegaConf.create(spec.cfg_yaml), spec, store, device)
+        if engine is None:  # the trainer's process ended before it sent the first weights
             return
-        result_q.put(("ready", None, None))
-        worker.serve(work_q, result_q, status)
+        _push(store, "results", ("ready", spec.index, None, None))
+        engine.serve()
     except Exception:
-        result_q.put(("error", None, traceback.format_exc()))
+        try:
+            _push(store, "results", ("error", spec.index, None, traceback.format_exc()))
+        except Exception:  # noqa: BLE001 - the trainer's store is gone too
+            pass
 
 
-class _Worker:
-    """The generator process's parts: its own policy (weights written in place by the transport),
-    a generator over it, the task that scores the groups; :meth:`serve` is its loop."""
+def serve_task(cfg, index: int, host: str, port: int) -> None:
+    """An engine as a task of a multi-task job (``placement.generator_tasks``): reach the trainer's
+    store at ``host:port`` and serve as engine ``index``."""
+    from omegaconf import OmegaConf
 
-    def __init__(self, cfg, task, model, gen, transport, in_place, owner: int):
-        self.cfg, self.task, self.model, self.gen = cfg, task, model, gen
-        self.transport, self.in_place, self.owner = transport, in_place, owner
+    probe = TransportSpec("gloo", host, int(port), 1, timeout_s=600.0)
+    store = connect(probe)
+    store.wait(["engines/spec"])
+    info = json.loads(store.get("engines/spec").decode())
+    weights = TransportSpec(info["backend"], host, int(port), int(info["world"]), float(info["timeout_s"]))
+    tp = int(cfg.placement.tensor_parallel_size)
+    gpus = tuple(range(tp)) if torch.cuda.is_available() else ()
+    if gpus and os.environ.get("CUDA_VISIBLE_DEVICES"):  # the job's own choice for this task
+        gpus = tuple(int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",")[:tp])
+    threads = int(cfg.trainer.threads) or (os.cpu_count() or 1)
+    serve_engine(
+        EngineSpec(
+            OmegaConf.to_yaml(cfg, resolve=True), int(index), 1 + int(index) * tp, weights, threads, gpus
+        )
+    )
+
+
+def _push(store, key: str, obj) -> None:
+    store.queue_push(key, pickle.dumps(obj))
+
+
+def _pop(store, key: str):
+    """The next item of queue ``key``, or None when it is empty."""
+    import torch.distributed as dist
+
+    try:
+        return pickle.loads(store.queue_pop(key, block=False))
+    except dist.QueueEmptyError:
+        return None
+
+
+class _Engine:
+    """An engine process's parts: the generator (its own model, or a vLLM engine whose workers hold
+    the weights), the task that scores the groups; :meth:`serve` is its loop."""
+
+    def __init__(self, cfg, spec: EngineSpec, store, task, gen: Generator, poll_shm):
+        self.cfg, self.spec, self.store, self.task, self.gen = cfg, spec, store, task, gen
+        self.poll_shm = poll_shm  # shared-memory weights: () -> new version or None
+        self.busy = 0.0
+        self.tokens = 0
+        self._beat = 0.0
 
     @classmethod
-    def build(cls, cfg, transport, device: torch.device, owner: int) -> _Worker | None:
-        """Build the policy, join the trainer's transport, wait for the first weights (None if the
-        trainer's process is gone first), and build the generator at that version."""
+    def build(cls, cfg, spec: EngineSpec, store, device: torch.device) -> _Engine | None:
         from scalerl.generator import make_generator
         from scalerl.model.build import build_policy
-        from scalerl.model.weights import PolicyWeights
         from scalerl.task import build_task
 
         task = build_task(cfg)
@@ -142,67 +214,119 @@ class _Worker:
             torch.cuda.set_device(device)
         model, tokenizer, precision = build_policy(cfg, task, device, trained=False)
         model.eval()
-        if isinstance(transport, TransportSpec):  # join the trainer's process group
-            transport = CollectiveReceiver(transport, device)
-        version = None
-        while version is None:  # the first weights (sent as soon as the trainer has them)
-            version = transport.poll(model, -1)
-            if version is None:
-                if not _alive(owner):
-                    return None
-                time.sleep(0.01)
-        gen = make_generator(cfg, model, tokenizer, precision, device, seed=cfg.seed * 7919 + 17)
-        in_place = PolicyWeights(model)  # the transport writes the new weights into `model` in place
-        gen.load_weights(in_place, version)
-        return cls(cfg, task, model, gen, transport, in_place, owner)
+        seed = cfg.seed * 7919 + 17 + 104729 * spec.index
+        gen = make_generator(cfg, model, tokenizer, precision, device, seed=seed)
+        poll_shm = None
+        if spec.shm is not None:
+            from scalerl.model.weights import PolicyWeights
+
+            in_place = PolicyWeights(model)
+
+            def poll_shm():
+                v = spec.shm.poll(model, gen.version)
+                if v is not None:
+                    gen.load_weights(in_place, v)
+                return v
+
+        else:
+            gen.join_weight_group(spec.store, spec.rank, store)
+            if hasattr(gen, "drop_model"):  # the weights live in the engine's workers from now on
+                gen.drop_model()
+                del model
+        engine = cls(cfg, spec, store, task, gen, poll_shm)
+        gen.version = -1
+        while engine.weight_update() is None:  # the first weights (sent once the trainer has them)
+            if not engine.trainer_alive():
+                return None
+            time.sleep(0.01)
+        return engine
+
+    def trainer_alive(self) -> bool:
+        return self.spec.owner is None or _alive(self.spec.owner)
 
     def weight_update(self) -> int | None:
-        """Take the newest weights the trainer sent, if any; returns their version."""
-        v = self.transport.poll(self.model, self.gen.version)
-        if v is not None:
-            self.gen.load_weights(self.in_place, v)
+        """Take the newest weights the trainer announced, if newer than the engine's; their version."""
+        now = time.monotonic()
+        if now - self._beat > HEARTBEAT_S:  # tell the trainer this engine still runs
+            self._beat = now
+            self.store.set(f"engines/beat/{self.spec.index}", str(time.time()))
+        if self.poll_shm is not None:
+            return self.poll_shm()
+        v = announced(self.store)
+        if v is None or v == self.gen.version:
+            return None
+        self.gen.receive_weights(v)
         return v
 
-    def next_item(self, work_q):
-        """The next piece of work; None to stop, also once the run's process is gone (killed with
-        SIGKILL, say: no work will ever come, and nothing else would end this process)."""
+    def next_item(self):
+        """The next piece of work; None to stop, also once the trainer is gone."""
         waited = 0.0
         while True:
-            try:
-                return work_q.get(timeout=0.05)
-            except queue.Empty:
-                self.weight_update()  # take new weights while idle: the trainer waits for them
-                waited += 0.05
-                if waited >= 1.0:
-                    waited = 0.0
-                    if not _alive(self.owner):
-                        return None
+            item = _pop(self.store, f"engines/work/{self.spec.index}")
+            if item is not None:
+                return item if item != "stop" else None
+            self.weight_update()  # take new weights while idle: the trainer waits for them
+            time.sleep(0.005)
+            waited += 0.005
+            if waited >= 1.0:
+                waited = 0.0
+                if not self.trainer_alive():
+                    return None
 
-    def next_batch(self, work_q) -> tuple[list, bool]:
-        """The work waiting, decoded in one batch up to a training batch of prompts (a decode step
-        costs nearly the same for 32 rows as for 128); returns (its items, whether to stop after it)."""
-        item = self.next_item(work_q)
+    def next_batch(self) -> tuple[list, bool]:
+        """The training work waiting, decoded in one batch up to a training batch of prompts (a
+        decode step costs nearly the same for 32 rows as for 128), or one evaluation item; returns
+        (its items, whether to stop after it)."""
+        item = self.next_item()
         if item is None:
             return [], True
+        if item[0] in ("eval", "fingerprint"):
+            return [item], False
         max_prompts = max(1, int(self.cfg.trainer.batch_size) // int(self.cfg.trainer.generations_per_prompt))
         items = [item]
-        while sum(len(it[1]) for it in items) < max_prompts:
-            try:
-                nxt = work_q.get_nowait()
-            except queue.Empty:
-                break
+        while sum(len(it[2]) for it in items) < max_prompts:
+            nxt = _pop(self.store, f"engines/work/{self.spec.index}")
             if nxt is None:
+                break
+            if nxt == "stop":
                 return items, True
+            if nxt[0] != "train":  # after this batch
+                _push(self.store, f"engines/work/{self.spec.index}", nxt)
+                break
             items.append(nxt)
         return items, False
 
-    def generate_and_score(self, items) -> tuple[list, list]:
-        """Generate the groups of all ``items`` together, then score each item's groups; returns
-        (all groups, [(work id, its groups, its verifier errors)])."""
+    def evaluate(self, item) -> None:
+        """Evaluation samples of exactly the trainer's version, from their own seeded stream."""
+        _, work_id, prompts, n, seed, version = item
+        self._reach(version)
+        rng = self.gen.rng_state()
+        self.gen.manual_seed(int(seed))
+        t0 = time.perf_counter()
+        groups = self.gen.generate(prompts, n, version=version)
+        self.busy += time.perf_counter() - t0
+        self.gen.set_rng_state(rng)
+        _push(self.store, "results", ("eval", self.spec.index, work_id, groups))
+
+    def _reach(self, version: int) -> None:
+        while self.gen.version != version:
+            if self.weight_update() is None:
+                time.sleep(0.002)
+
+    def fingerprint(self, item) -> None:
+        """The digest of every weight the engine samples with, at the trainer's ``version``."""
+        _, work_id, version = item
+        self._reach(version)
+        _push(self.store, "results", ("fingerprint", self.spec.index, work_id, self.gen.fingerprint()))
+
+    def train_items(self, items) -> None:
+        """Generate the groups of all ``items`` together (weights updated in flight), score each
+        item's groups, send them back one item at a time."""
         from scalerl.task.score import score_groups
 
-        prompts = [p for it in items for p in it[1]]
-        group_ids = [g for it in items for g in it[2]]
+        prompts = [p for it in items for p in it[2]]
+        group_ids = [g for it in items for g in it[3]]
+        t0 = time.perf_counter()
         groups = self.gen.generate(
             prompts,
             self.cfg.trainer.generations_per_prompt,
@@ -210,133 +334,279 @@ class _Worker:
             group_ids=group_ids,
             weight_update=self.weight_update,
         )
-        done = []
         lo = 0
-        for work_id, part, _ in items:
+        done = []
+        for _, work_id, part, _ in items:
             hi = lo + len(part)
             done.append((work_id, groups[lo:hi], score_groups(self.task, part, groups[lo:hi], self.cfg)))
             lo = hi
-        return groups, done
+        self.busy += time.perf_counter() - t0
+        self.tokens += sum(len(s.completion_ids) for g in groups for s in g)
+        self.store.set(f"engines/status/{self.spec.index}", json.dumps([self.busy, self.tokens]))
+        for work_id, part_groups, errors in done:
+            _push(self.store, "results", ("groups", self.spec.index, work_id, (part_groups, errors)))
 
-    def serve(self, work_q, result_q, status) -> None:
-        """Until told to stop (or the trainer is gone): the next batch of work -> generate and score
-        -> the busy time and tokens into ``status`` -> each item's groups back, per work item."""
+    def serve(self) -> None:
         stop = False
         while not stop:
-            items, stop = self.next_batch(work_q)
+            items, stop = self.next_batch()
             if not items:
                 break
             self.weight_update()
-            t0 = time.perf_counter()
-            groups, done = self.generate_and_score(items)
-            status[0] += time.perf_counter() - t0
-            status[1] += sum(len(s.completion_ids) for g in groups for s in g)
-            for work_id, part_groups, errors in done:
-                result_q.put(("groups", work_id, (part_groups, errors)))
+            if items[0][0] == "eval":
+                self.evaluate(items[0])
+            elif items[0][0] == "fingerprint":
+                self.fingerprint(items[0])
+            else:
+                self.train_items(items)
 
 
-class PipelineGenerator:
-    """Trainer-side handle on the generator process."""
+def _in_engine_dtype(source, cfg, checkpoint: bool):
+    """A vLLM engine computes in ``precision.body``: its floating weights travel in that dtype
+    (the trainer's are rounded to it already, so nothing is lost, and half the bytes move)."""
+    body = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(cfg.precision.body))
+    if not checkpoint or body is None:
+        return source
 
-    def __init__(
-        self,
-        cfg,
-        trainer_state: dict[str, torch.Tensor],
-        version: int,
-        threads: int,
-        device: torch.device | str = "cpu",
-        transport: str = "auto",
-        trainer_device: torch.device | str = "cpu",
-    ):
+    @contextlib.contextmanager
+    def cast(names):
+        with source(names) as tensors:
+            yield {k: v.to(body) if v.is_floating_point() else v for k, v in tensors.items()}
+
+    return cast
+
+
+class EnginePool(Generator):
+    """The trainer's side of the engines: a :class:`Generator` whose :meth:`generate` (evaluation)
+    runs on the engines, plus :meth:`submit` / :meth:`receive` for the streamed training work.
+
+    Started by the first :meth:`load_weights` (the engines start from the trainer's weights)."""
+
+    samples_from_trainer_module = False
+    splits_work = True  # generate() spreads one call's prompts over the engines itself
+
+    def __init__(self, cfg, placement, tokenizer, *, trainer_device: torch.device, seed: int = 0):
+        self.cfg, self.placement, self.tokenizer = cfg, placement, tokenizer
+        self.trainer_device = trainer_device
+        self.rng = torch.Generator().manual_seed(seed)
+        self.version = 0
+        self.started = False
+        self.ready = False
+        self.sender = None
+        self.procs: list = []
+        self.outstanding: dict[int, int] = {}  # engine -> work items given, not yet returned
+        self._owner: dict[int, int] = {}  # work id -> engine
+        self._eval_id = 0
+        self._early: list = []  # training results that came while waiting for evaluation
+        self.weight_seconds = 0.0
+
+    # ------------------------------------------------------------------ start
+    @property
+    def engines(self) -> int:
+        return int(self.placement.engines) + int(self.placement.remote_engines)
+
+    def _start(self, weights, version: int) -> None:
         from omegaconf import OmegaConf
 
+        p, cfg = self.placement, self.cfg
+        checkpoint = bool(cfg.generator.name == "vllm")  # vLLM loads checkpoint names
+        names = weights.names(checkpoint)
+        self.source_of = lambda w: _in_engine_dtype(w.source(checkpoint), cfg, checkpoint)
+        source = self.source_of(weights)
+        with source(names) as first:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in first.items()}
+        from scalerl.transport import Layout
+
+        layout = Layout.of(state, float(cfg.placement.bucket_mb))
+        world = 1 + self.engines * int(p.tensor_parallel_size)
+        spec = TransportSpec(p.backend, p.host, int(p.port), world)
         ctx = process_context()
-        self.backend = choose_backend(transport, torch.device(trainer_device), torch.device(device))
-        if self.backend == "shm":
-            self.transport = SharedMemoryTransport(trainer_state, ctx, version)
-            handle = self.transport
-        else:
-            self.transport = CollectiveTransport(
-                trainer_state,
-                version,
-                backend=self.backend,
-                device=trainer_device,
-                alive=lambda: self.proc.is_alive(),
-            )
-            handle = self.transport.spec
-        self.work_q = ctx.Queue()
-        self.result_q = ctx.Queue()
-        self.status = ctx.Array("d", [0.0, 0.0], lock=False)
-        self.proc = ctx.Process(
-            target=generator_worker,
-            args=(
-                OmegaConf.to_yaml(cfg, resolve=True),
-                handle,
-                self.work_q,
-                self.result_q,
-                self.status,
-                threads,
-                os.getpid(),
-                str(device),
-            ),
-            daemon=True,
+        shm = SharedMemoryTransport(state, ctx, version) if p.backend == "shm" else None
+        self.store = connect(spec, master=True)
+        spec = TransportSpec(p.backend, p.host, int(self.store.port), world)
+        self.spec = spec
+        self.store.set(
+            "engines/spec", json.dumps({"backend": p.backend, "world": world, "timeout_s": spec.timeout_s})
         )
-        self.proc.start()
-        self.ready = False
+        if shm is None:
+            self.sender = WeightSender(self.store, spec, layout, device=self.trainer_device, alive=self.alive)
+        else:
+            self.sender = shm
+        cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        tp = int(p.tensor_parallel_size)
+        for e in range(int(p.engines)):
+            es = EngineSpec(
+                cfg_yaml, e, 1 + e * tp, spec, p.generator_threads, tuple(p.engine_gpus[e]), os.getpid(), shm
+            )
+            proc = ctx.Process(target=serve_engine, args=(es,), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+        self.outstanding = dict.fromkeys(range(self.engines), 0)
+        self.started = True
+        self._publish(weights, version)
+
+    def _publish(self, weights, version: int) -> None:
+        t0 = time.perf_counter()
+        self.sender.publish(self.source_of(weights), version)
+        self.weight_seconds += time.perf_counter() - t0
+        self.version = int(version)
+
+    def load_weights(self, weights, version: int) -> None:
+        """Every rank calls it (ZeRO-3 gathers each bucket, a collective); rank 0 sends."""
+        if not self.placement.main:
+            with weights.source(self.cfg.generator.name == "vllm")(
+                weights.names(self.cfg.generator.name == "vllm")
+            ):
+                pass
+            self.version = int(version)
+            return
+        if not self.started:
+            self._start(weights, version)
+        else:
+            self._publish(weights, version)
 
     def wait_ready(self) -> None:
-        """Block until the generator process has built its model (it starts in the background, so
-        the trainer can evaluate step 0 meanwhile)."""
+        """Until every engine has built its model and taken the first weights."""
         if self.ready:
             return
-        kind, _, payload = self._get(timeout=600)
-        if kind != "ready":
-            raise RuntimeError(f"generator process failed to start:\n{payload}")
+        ready: set[int] = set()
+        while len(ready) < self.engines:
+            kind, e, _, payload = self._get(timeout=900)
+            if kind == "ready":
+                ready.add(e)
+            elif kind == "error":
+                raise RuntimeError(f"generator engine {e} failed to start:\n{payload}")
+            else:
+                self._early.append((kind, e, _, payload))
         self.ready = True
+
+    # ------------------------------------------------------------------ liveness
+    def alive(self) -> bool:
+        if any(not p.is_alive() for p in self.procs):
+            return False
+        for e in range(int(self.placement.engines), self.engines):  # engines on other tasks
+            beat = self.store.get(f"engines/beat/{e}") if self.store.check([f"engines/beat/{e}"]) else None
+            if beat is not None and time.time() - float(beat.decode()) > REMOTE_TIMEOUT_S:
+                return False
+        return True
 
     def _get(self, timeout: float):
         deadline = time.time() + timeout
+        last_check = time.time()
         while True:
-            try:
-                return self.result_q.get(timeout=1.0)
-            except queue.Empty:
-                if not self.proc.is_alive():
-                    raise RuntimeError(f"generator process died (exit code {self.proc.exitcode})") from None
+            item = _pop(self.store, "results")
+            if item is not None:
+                return item
+            time.sleep(0.001)
+            if time.time() - last_check > 1.0:
+                last_check = time.time()
+                dead = [i for i, p in enumerate(self.procs) if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(
+                        f"generator engine {dead[0]} died (exit code {self.procs[dead[0]].exitcode})"
+                    )
+                if not self.alive():
+                    raise RuntimeError("a generator engine on another task stopped answering")
                 if time.time() > deadline:
-                    raise TimeoutError("no answer from the generator process") from None
+                    raise TimeoutError("no answer from the generator engines")
 
+    # ------------------------------------------------------------------ training work
     def submit(self, work_id: int, prompts, group_ids: list[int]) -> None:
-        self.work_q.put((work_id, prompts, group_ids))
+        """Give training work to the engine with the least outstanding."""
+        e = min(self.outstanding, key=lambda k: (self.outstanding[k], k))
+        self.outstanding[e] += 1
+        self._owner[work_id] = e
+        _push(self.store, f"engines/work/{e}", ("train", work_id, prompts, list(group_ids)))
 
-    def receive(self, timeout: float = 600):
-        """(work_id, groups, verifier counts) of the next finished piece of work."""
-        kind, work_id, payload = self._get(timeout)
-        if kind == "error":
-            raise RuntimeError(f"generator process failed:\n{payload}")
-        groups, errors = payload
-        return work_id, groups, errors
-
-    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
-        self.transport.publish(state, version)
+    def receive(self, timeout: float = 900):
+        """(work id, groups, verifier counts) of the next finished piece of training work."""
+        while True:
+            if self._early:
+                kind, e, work_id, payload = self._early.pop(0)
+            else:
+                kind, e, work_id, payload = self._get(timeout)
+            if kind == "error":
+                raise RuntimeError(f"generator engine {e} failed:\n{payload}")
+            if kind == "groups":
+                self.outstanding[self._owner.pop(work_id, e)] -= 1
+                groups, errors = payload
+                return work_id, groups, errors
 
     @property
     def busy_seconds(self) -> float:
-        return float(self.status[0])
+        """Seconds the engines spent generating, summed over engines."""
+        total = 0.0
+        for e in range(self.engines):
+            key = f"engines/status/{e}"
+            if self.started and self.store.check([key]):
+                total += float(json.loads(self.store.get(key).decode())[0])
+        return total
 
+    def _ask(self, requests: dict[int, tuple], kind: str) -> dict[int, Any]:
+        """Send one request per engine (engine -> item without its id); their answers by engine."""
+        ids = {}
+        for e, item in requests.items():
+            self._eval_id += 1
+            ids[self._eval_id] = e
+            _push(self.store, f"engines/work/{e}", (item[0], self._eval_id, *item[1:]))
+        got: dict[int, Any] = {}
+        while len(got) < len(ids):
+            k, e, work_id, payload = self._get(timeout=900)
+            if k == "error":
+                raise RuntimeError(f"generator engine {e} failed:\n{payload}")
+            if k == kind and work_id in ids:
+                got[ids[work_id]] = payload
+            else:
+                self._early.append((k, e, work_id, payload))
+        return got
+
+    def fingerprints(self) -> list[dict[str, str]]:
+        """Each engine's digest of the weights it samples with, once it holds the current version."""
+        self.wait_ready()
+        got = self._ask({e: ("fingerprint", self.version) for e in range(self.engines)}, "fingerprint")
+        return [got[e] for e in range(self.engines)]
+
+    # ------------------------------------------------------------------ evaluation
+    def _generate(self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step):
+        """Evaluation: the prompts split over the engines, each part from its own seeded stream,
+        generated from exactly ``version``'s weights."""
+        if weight_update is not None:
+            raise ValueError("the engine pool takes weights through load_weights only")
+        self.wait_ready()
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.rng))
+        size = -(-len(prompts) // self.engines)
+        requests = {
+            e: ("eval", list(prompts[e * size : (e + 1) * size]), n, seed + e, int(version))
+            for e in range(self.engines)
+            if prompts[e * size : (e + 1) * size]
+        }
+        got = self._ask(requests, "eval")
+        groups: list = []
+        for e in sorted(got):
+            groups.extend(got[e])
+        ids = list(range(len(prompts))) if group_ids is None else group_ids
+        for g, gid in zip(groups, ids):
+            for s in g:
+                s.group_id = gid
+        return groups
+
+    # ------------------------------------------------------------------ stop
     def close(self) -> None:
-        """Stop the generator process. Its last results are drained meanwhile: a process exits only
-        once what it put on a queue has been read (it would otherwise hang here until the timeout)."""
+        """Stop the engines (local ones are joined, then killed if they do not stop)."""
+        if not self.started:
+            return
         try:
-            self.work_q.put(None)
+            for e in range(self.engines):
+                _push(self.store, f"engines/work/{e}", "stop")
             deadline = time.time() + 10
-            while self.proc.is_alive() and time.time() < deadline:
-                try:
-                    self.result_q.get(timeout=0.1)
-                except queue.Empty:
-                    pass
-            self.proc.join(timeout=1)
+            for p in self.procs:
+                p.join(timeout=max(0.1, deadline - time.time()))
+        except Exception:  # noqa: BLE001 - the store may be gone with a failed run
+            pass
         finally:
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(timeout=5)
-            self.transport.close()
+            for p in self.procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+            if self.sender is not None:
+                self.sender.close()

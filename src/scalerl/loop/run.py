@@ -32,6 +32,8 @@ from scalerl.loop.checkpointing import check_same_recipe, checkpoint, checkpoint
 from scalerl.loop.components import Components
 from scalerl.loop.errors import RunError
 from scalerl.loop.evaluate import evaluate
+from scalerl.loop.pipeline import serve_task
+from scalerl.loop.placement import engine_task, store_address
 from scalerl.loop.progress import Progress
 from scalerl.loop.setup import build
 from scalerl.loop.signals import Interrupted, StopSignals
@@ -76,6 +78,10 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     writes them)."""
     _quiet_logging()
     OmegaConf.resolve(cfg)
+    engine = engine_task(cfg)  # one of a multi-task job's generator tasks (placement.generator_tasks)
+    if engine is not None:
+        serve_task(cfg, engine, *store_address(cfg))
+        return {"role": "generator", "engine": engine}
     main = int(os.environ.get("RANK", "0")) == 0
     with StopSignals() as stop, _out_dir_lock(cfg, main):
         check_same_recipe(cfg)

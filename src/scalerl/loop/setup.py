@@ -62,6 +62,9 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
         torch.cuda.set_device(device)
     threads = cfg.trainer.threads or max(1, (os.cpu_count() or 1) // max(1, world))
     placement = mode.place(cfg, device, world, threads)
+    if placement.trainer_device is not None and placement.trainer_device != device:
+        device = placement.trainer_device  # placement=split: the GPUs the engines leave
+        torch.cuda.set_device(device)
     task = build_task(cfg)
     # the warm-start (on first use) has the process's whole share of the cores; a generator
     # process that takes some of them later does not run yet
@@ -70,15 +73,25 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
     torch.set_num_threads(max(1, placement.trainer_threads))
     n_params, n_params_all = num_params(model, exclude_embeddings=True), num_params(model)  # before ZeRO-3
     trainer = make_trainer(cfg, model, precision, temperature=cfg.generator.temperature, device=device)
-    generator = make_generator(cfg, trainer.module, tokenizer, precision, device, seed=cfg.seed + 7919 * rank)
+    engines = None
+    if mode.name == "pipeline_rl":  # started by the first weights
+        from scalerl.loop.pipeline import EnginePool
+
+        engines = EnginePool(cfg, placement, tokenizer, trainer_device=device, seed=cfg.seed + 7919 * rank)
+    if engines is not None and (cfg.generator.name != "hf" or cfg.placement.name == "split"):
+        generator = engines  # evaluation too goes through the engines: no engine in this process
+    else:  # over the trainer's module (no copy): sync/ppo rollouts, or evaluation beside the engines
+        generator = make_generator(
+            cfg, trainer.module, tokenizer, precision, device, seed=cfg.seed + 7919 * rank
+        )
     pass_rates = algo.PassRateTracker(cfg.filter.pass_rate_threshold, cfg.filter.pass_rate_window)
     sampler = make_sampler(
         task,
         task.train_prompts(),
         seed=cfg.seed,
         retired=pass_rates if cfg.filter.no_positive_resampling else None,
-        rank=rank,
-        world=world,
+        rank=0 if engines is not None else rank,  # pipeline_rl: rank 0 draws every rank's prompts
+        world=1 if engines is not None else world,
     )
     state = RunState()
     rollouts = Rollouts(
@@ -92,6 +105,8 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
         group_size=G,
         total_steps=int(cfg.trainer.total_steps),
         placement=placement,
+        world=world,
+        engines=engines,
     )
     return Components(
         cfg=cfg,
@@ -110,7 +125,7 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
         state=state,
         placement=placement,
         device=device,
-        devices=devices_held(device, placement, world, generator_process=mode.name == "pipeline_rl"),
+        devices=devices_held(device, placement, world, generator_process=engines is not None),
         n_params=n_params,
         n_params_all=n_params_all,
     )

@@ -276,6 +276,15 @@ class DeepSpeedEngine(Engine):
             return self._gathered_zero3()
         return contextlib.nullcontext()
 
+    def gather_params(self, params):
+        """ZeRO-3: ``params`` gathered (collective), released on leaving: a few at a time, never
+        the whole model (weight updates send bucket by bucket)."""
+        if self.zero_stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(params), modifier_rank=None)
+
     @contextlib.contextmanager
     def _gathered_zero3(self):
         # as deepspeed.runtime.zero.stage3.unwrap_model_for_generation, with the hooks restored on error

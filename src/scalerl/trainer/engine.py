@@ -88,6 +88,10 @@ class Engine:
         """Context in which every parameter of ``module`` is whole (collective where it gathers)."""
         return contextlib.nullcontext()
 
+    def gather_params(self, params) -> AbstractContextManager:
+        """Context in which ``params`` (some of ``module``'s) are whole (collective where it gathers)."""
+        return contextlib.nullcontext()
+
     def local_weights(self) -> list[torch.Tensor]:
         """The parameter values this rank holds (all of them; a partitioning engine its shards)."""
         return [p.detach() for p in self.module.parameters()]

