@@ -7,14 +7,23 @@ and formats from SLURM 22.05's srun/sbatch man pages and from the dev cluster's 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from omegaconf import OmegaConf
 from test_sweep import write_sweep
 
 from scalerl.loop.accounting import devices_held, job_cpus, job_gpus
 from scalerl.loop.modes import Placement
 from scalerl.sweep import load_spec, make_plan
-from scalerl.sweep.job import MASTER_PORT_BASE, MASTER_PORT_SPAN, export_task_env, task_env
+from scalerl.sweep.job import (
+    MASTER_PORT_BASE,
+    MASTER_PORT_SPAN,
+    export_task_env,
+    finished_elsewhere,
+    task_env,
+)
 from scalerl.sweep.launch import make_executor, num_tasks
 
 # task 5 of a 2-node job of 4 tasks per node (global rank 5: the second node's local rank 1)
@@ -113,6 +122,21 @@ def test_a_broken_task_environment_says_which_variable():
         task_env({k: v for k, v in SLURM_2x4.items() if k != "SLURM_JOB_NODELIST"})
     with pytest.raises(RuntimeError, match="every node must run as many tasks"):
         task_env({**SLURM_2x4, "SLURM_NTASKS": "7"})
+
+
+def test_a_requeued_job_of_a_finished_run_does_not_wait_for_rank_0(tmp_path):
+    """Rank 0 returns a finished run's summary without starting torch.distributed: the other ranks
+    must not wait for it in the rendezvous."""
+    cfg = OmegaConf.create({"out_dir": str(tmp_path), "trainer": {"total_steps": 4}})
+    rank1, rank0 = task_env(SLURM_2x4), {**task_env(SLURM_2x4), "RANK": "0"}
+    assert not finished_elsewhere(cfg, rank1)  # nothing run yet
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 3}))
+    assert not finished_elsewhere(cfg, rank1)  # stopped before its last step: resume
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 4}))
+    assert finished_elsewhere(cfg, rank1)
+    assert not finished_elsewhere(cfg, rank0) and not finished_elsewhere(
+        cfg, {}
+    )  # rank 0 / one task: train()
 
 
 # ----------------------------------------------------------------------------- launcher settings

@@ -100,6 +100,22 @@ def _drop_stale_result() -> None:
         pass
 
 
+def finished_elsewhere(cfg, env: Mapping[str, str]) -> bool:
+    """Whether this task, a rank other than 0, has nothing to do: the run in ``cfg.out_dir`` has
+    finished (a job requeued after its last step). Rank 0 then returns the run's summary without
+    starting torch.distributed, so this rank must not wait for it there."""
+    if not env or env.get("RANK") == "0":
+        return False
+    import json
+    from pathlib import Path
+
+    try:
+        summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return int(summary.get("steps", 0)) >= int(cfg.trainer.total_steps)
+
+
 class TrainJob(submitit.helpers.Checkpointable):
     """``TrainJob()(overrides, settings, seed)`` -> the training summary (a dict)."""
 
@@ -121,6 +137,8 @@ class TrainJob(submitit.helpers.Checkpointable):
                 flush=True,
             )
         cfg = build_config(list(overrides), dict(settings), seed)
+        if finished_elsewhere(cfg, env):
+            return {}  # rank 0's result is the run's
         return train(cfg)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
