@@ -24,7 +24,7 @@ from scalerl.sweep.job import (
     finished_elsewhere,
     task_env,
 )
-from scalerl.sweep.launch import make_executor, num_tasks
+from scalerl.sweep.launch import make_executor, max_parallel, num_tasks
 
 # task 5 of a 2-node job of 4 tasks per node (global rank 5: the second node's local rank 1)
 SLURM_2x4 = {
@@ -182,6 +182,10 @@ def test_local_executor_runs_the_tasks_of_a_run(tmp_path):
     plan = _plan(tmp_path, "launcher.tasks_per_node=2")
     assert num_tasks(plan.launcher) == 2
     assert make_executor(plan).parameters["tasks_per_node"] == 2
+    # runs at once, sized to the machine: half the cores, shared by each run's tasks
+    one, two = max_parallel({"max_parallel": 0}), max_parallel(plan.launcher)
+    assert two == max(1, one // 2)
+    assert max_parallel({**plan.launcher, "max_parallel": 3}) == 3  # set: as it is
 
 
 @pytest.mark.parametrize(

@@ -110,14 +110,15 @@ def is_finished(run: PlannedRun) -> bool:
     return bool(s) and int(s.get("steps", 0)) >= run.total_steps and not s.get("metrics_unflushed")
 
 
-def max_parallel(launcher: dict) -> int:
-    n = int(launcher.get("max_parallel") or 0)
-    return n if n > 0 else max(1, (os.cpu_count() or 1) // 2)
-
-
 def num_tasks(launcher: dict) -> int:
     """Tasks (processes, ranks) of one run's job."""
     return int(launcher.get("nodes") or 1) * int(launcher.get("tasks_per_node") or 1)
+
+
+def max_parallel(launcher: dict) -> int:
+    """Local runs at once: ``max_parallel``, else half the cores shared by the runs' tasks."""
+    n = int(launcher.get("max_parallel") or 0)
+    return n if n > 0 else max(1, (os.cpu_count() or 1) // 2 // num_tasks(launcher))
 
 
 def make_executor(plan: Plan):
