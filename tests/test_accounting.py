@@ -26,7 +26,7 @@ def test_devices_held_count_every_device_of_the_run():
     assert devices_held(cpu, Placement(4, 4, cpu), 2, generator_process=False) == 8
     # GPUs: the trainers', plus the generator's when it has one of its own
     assert devices_held(gpu0, Placement(8, 8, gpu0), 1, generator_process=True) == 1
-    assert devices_held(gpu0, Placement(8, 8, gpu1), 1, generator_process=True) == 2
+    assert devices_held(gpu0, Placement(8, 8, gpu1, generator_gpus=1), 1, generator_process=True) == 2
     assert devices_held(gpu0, Placement(8, 8, gpu0), 4, generator_process=False) == 4
 
 

@@ -4,6 +4,8 @@ and data metrics logged with every step."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,20 +39,73 @@ def count_step(run: Components, own: dict, counts: dict) -> None:
     st.flops += 2.0 * run.n_params * counts["gen_tokens"] + 6.0 * run.n_params * counts["trained_tokens"]
 
 
-def devices_held(device: torch.device, placement: Placement, world: int, *, generator_process: bool) -> int:
+def _slurm_counts(value: str) -> int:
+    """The sum of a SLURM per-node count list: ``"8"``, ``"8(x2)"``, ``"4(x2),2"``, ``"gpu:8"``."""
+    total = 0
+    for part in filter(None, value.split(",")):
+        n, _, rep = part.partition("(x")
+        total += int(n.rsplit(":", 1)[-1]) * int(rep.rstrip(")") or 1)
+    return total
+
+
+def job_gpus(environ: Mapping[str, str]) -> int:
+    """The GPUs a SLURM job holds on all its nodes (0 outside SLURM or without GPUs): per node
+    SLURM_GPUS_ON_NODE, else the ids in SLURM_JOB_GPUS, else SLURM_GPUS_PER_NODE, times
+    SLURM_JOB_NUM_NODES (the launcher asks for the same on every node)."""
+    try:
+        nodes = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+        if environ.get("SLURM_GPUS_ON_NODE"):
+            per_node = int(environ["SLURM_GPUS_ON_NODE"])
+        elif environ.get("SLURM_JOB_GPUS"):
+            per_node = len([g for g in environ["SLURM_JOB_GPUS"].split(",") if g.strip()])
+        elif environ.get("SLURM_GPUS_PER_NODE"):
+            per_node = _slurm_counts(environ["SLURM_GPUS_PER_NODE"])
+        else:
+            return 0
+    except ValueError:
+        return 0
+    return nodes * per_node
+
+
+def job_cpus(environ: Mapping[str, str]) -> int:
+    """The CPUs a SLURM job holds on all its nodes (0 outside SLURM): SLURM_JOB_CPUS_PER_NODE
+    (``"2"``, ``"4(x2)"``: what was allocated, which may round a request up to whole cores)."""
+    try:
+        return _slurm_counts(environ.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    except ValueError:
+        return 0
+
+
+def devices_held(
+    device: torch.device,
+    placement: Placement,
+    world: int,
+    *,
+    generator_process: bool,
+    environ: Mapping[str, str] | None = None,
+) -> int:
     """The devices a run holds, for ``compute/device_hours`` (wall clock x devices, idle time
-    included, as the paper's GPU-hours). On GPU: the trainer processes' GPUs plus the pipeline
-    generator's own GPU. On CPU a device is one CPU thread: each trainer process's threads plus a
-    generator process's own threads (``generator_process``), so device-hours are core-hours."""
+    included, as the paper's GPU-hours).
+
+    * GPU trainer: one GPU per trainer process (``world``), plus the GPUs the pipeline_rl engines
+      have to themselves (``placement=split``: ``placement.generator_gpus``; colocated engines share
+      the trainer's GPU, so a one-GPU run counts 1).
+    * CPU trainer: a device is one CPU thread: each trainer process's threads plus every local
+      engine's own threads (``generator_process``); so device-hours are core-hours.
+    * Inside a SLURM job (``environ``, default ``os.environ``): at least what the job holds, on all
+      its nodes: its GPUs (:func:`job_gpus`) on GPU, its CPUs (:func:`job_cpus`) on CPU; a reserved
+      device that the run leaves idle is paid for all the same (a one-process run of a job with
+      ``launcher.gpus_per_node=8`` counts 8)."""
+    env = os.environ if environ is None else environ
     gen = placement.generator_device
     if device.type == "cuda":  # each trainer rank's GPU, plus the GPUs the engines have to themselves
-        return max(1, world) + int(placement.generator_gpus)
+        return max(max(1, world) + int(placement.generator_gpus), job_gpus(env))
     own = (
         placement.generator_threads * max(1, placement.engines)
         if generator_process and gen.type == "cpu"
         else 0
     )
-    return max(1, world) * max(1, placement.trainer_threads) + own
+    return max(max(1, world) * max(1, placement.trainer_threads) + own, job_cpus(env))
 
 
 def device_hours(run: Components) -> float:

@@ -4,13 +4,116 @@
 signals a time limit or a preemption, submitit calls :meth:`TrainJob.checkpoint`, which resubmits
 the same call; the requeued job composes the same config and ``train`` resumes from the run's
 own checkpoint in its ``out_dir`` (same MLflow run, no duplicate metrics).
+
+A job of several tasks (``launcher.nodes`` x ``launcher.tasks_per_node``) runs ``TrainJob`` in
+every task; :func:`export_task_env` makes each task one rank of the run, as ``torchrun`` would.
+Rank 0 tracks (MLflow, summary.json) and its result is the run's; on a preemption submitit's
+handler checkpoints and requeues from rank 0 only, and SLURM requeues the whole job.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, MutableMapping
 
 import submitit
+
+# the port of the job's rendezvous: derived from the job id (the same in every task and after a
+# requeue), below Linux's ephemeral ports (32768-60999) so that no outgoing connection holds it
+MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 12000
+
+
+def _int(environ: Mapping[str, str], key: str) -> int:
+    try:
+        return int(environ[key])
+    except KeyError:
+        raise RuntimeError(f"{key} is not set: not inside a task of a submitit job") from None
+    except ValueError:
+        raise RuntimeError(f"{key}={environ[key]!r} is not an integer") from None
+
+
+def task_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The torch.distributed variables of this task of a submitit job, from the job's environment
+    (``environ``: ``os.environ`` inside a task); ``{}`` for a job of one task.
+
+    SLURM (``SUBMITIT_EXECUTOR=slurm``, or ``SLURM_PROCID`` set): RANK = SLURM_PROCID, WORLD_SIZE =
+    SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID, LOCAL_WORLD_SIZE = SLURM_NTASKS / SLURM_JOB_NUM_NODES
+    (the launcher asks for the same tasks on every node), MASTER_ADDR = the first host of
+    SLURM_JOB_NODELIST (where rank 0 runs). The local executor (``SUBMITIT_EXECUTOR=local``): its
+    SUBMITIT_LOCAL_* variables, MASTER_ADDR = 127.0.0.1. MASTER_PORT: ``MASTER_PORT_BASE + job id
+    mod MASTER_PORT_SPAN``, the same in every task and after a requeue (a port the job's
+    environment sets is not used: the sweep's own environment reaches every job of it)."""
+    executor = environ.get("SUBMITIT_EXECUTOR") or ("slurm" if "SLURM_PROCID" in environ else "")
+    if executor == "slurm":
+        world, rank, local = (_int(environ, k) for k in ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"))
+        nodes = _int(environ, "SLURM_JOB_NUM_NODES") if "SLURM_JOB_NUM_NODES" in environ else 1
+        if world <= 1:
+            return {}
+        from submitit.slurm.slurm import _parse_node_list
+
+        hosts = _parse_node_list(environ.get("SLURM_JOB_NODELIST", ""))
+        if not hosts:
+            raise RuntimeError("SLURM_JOB_NODELIST is not set: the first node's host is rank 0's address")
+        addr, job_id = hosts[0], _int(environ, "SLURM_JOB_ID")
+    elif executor == "local":
+        world, rank, local = (
+            _int(environ, k)
+            for k in ("SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_LOCALID")
+        )
+        if world <= 1:
+            return {}
+        nodes, addr, job_id = 1, "127.0.0.1", _int(environ, "SUBMITIT_LOCAL_JOB_ID")
+    else:
+        return {}  # not a submitit task (train.py, torchrun): nothing to set
+    if world % nodes:
+        raise RuntimeError(f"{world} tasks on {nodes} nodes: every node must run as many tasks")
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(world // nodes),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN),
+    }
+
+
+def export_task_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Make this task of a submitit job one rank of the run: set :func:`task_env`'s variables in
+    ``environ`` (default ``os.environ``), replacing any there, and return them (``{}``, nothing
+    set, for a job of one task or outside a job). The run then starts as under torchrun: the loop
+    reads RANK / WORLD_SIZE / LOCAL_RANK, and trainer=deepspeed initialises torch.distributed from
+    MASTER_ADDR / MASTER_PORT (gloo on CPU, NCCL on GPUs)."""
+    target = os.environ if environ is None else environ
+    env = task_env(target)
+    target.update(env)
+    return env
+
+
+def _drop_stale_result() -> None:
+    """A task removes the result file of an earlier attempt of its job: a rank other than 0 that
+    died with rank 0 at a preemption (rank 0 requeues and exits; a collective of the others then
+    fails) left an error there, which would stand for the task's outcome until this attempt writes
+    its own."""
+    try:
+        submitit.JobEnvironment().paths.result_pickle.unlink(missing_ok=True)
+    except Exception:  # not inside a submitit job (a direct call)
+        pass
+
+
+def finished_elsewhere(cfg, env: Mapping[str, str]) -> bool:
+    """Whether this task, a rank other than 0, has nothing to do: the run in ``cfg.out_dir`` has
+    finished (a job requeued after its last step). Rank 0 then returns the run's summary without
+    starting torch.distributed, so this rank must not wait for it there."""
+    if not env or env.get("RANK") == "0":
+        return False
+    import json
+    from pathlib import Path
+
+    try:
+        summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return int(summary.get("steps", 0)) >= int(cfg.trainer.total_steps)
 
 
 class TrainJob(submitit.helpers.Checkpointable):
@@ -20,12 +123,22 @@ class TrainJob(submitit.helpers.Checkpointable):
         from scalerl.loop import train
         from scalerl.sweep.plan import build_config
 
+        env = export_task_env()
+        _drop_stale_result()
         restarts = os.environ.get("SLURM_RESTART_COUNT")
         if restarts and restarts != "0":
             print(
                 f"[sweep] requeued job (restart {restarts}): resuming from {settings['out_dir']}", flush=True
             )
+        if env:
+            print(
+                f"[sweep] task: rank {env['RANK']} of {env['WORLD_SIZE']} (local {env['LOCAL_RANK']} of "
+                f"{env['LOCAL_WORLD_SIZE']}), rendezvous {env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+                flush=True,
+            )
         cfg = build_config(list(overrides), dict(settings), seed)
+        if finished_elsewhere(cfg, env):
+            return {}  # rank 0's result is the run's
         return train(cfg)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:

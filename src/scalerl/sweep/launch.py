@@ -110,9 +110,15 @@ def is_finished(run: PlannedRun) -> bool:
     return bool(s) and int(s.get("steps", 0)) >= run.total_steps and not s.get("metrics_unflushed")
 
 
+def num_tasks(launcher: dict) -> int:
+    """Tasks (processes, ranks) of one run's job."""
+    return int(launcher.get("nodes") or 1) * int(launcher.get("tasks_per_node") or 1)
+
+
 def max_parallel(launcher: dict) -> int:
+    """Local runs at once: ``max_parallel``, else half the cores shared by the runs' tasks."""
     n = int(launcher.get("max_parallel") or 0)
-    return n if n > 0 else max(1, (os.cpu_count() or 1) // 2)
+    return n if n > 0 else max(1, (os.cpu_count() or 1) // 2 // num_tasks(launcher))
 
 
 def make_executor(plan: Plan):
@@ -120,21 +126,32 @@ def make_executor(plan: Plan):
     folder = plan.sweep_dir / "logs"
     if lc["name"] == "local":
         ex = submitit.LocalExecutor(folder=folder, max_num_timeout=int(lc.get("max_requeue", 3)))
-        ex.update_parameters(timeout_min=int(lc["timeout_min"]))
+        ex.update_parameters(
+            timeout_min=int(lc["timeout_min"]), tasks_per_node=int(lc.get("tasks_per_node") or 1)
+        )
         return ex
     if lc["name"] == "slurm":
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(lc["max_requeue"]))
         params = {
             "job_name": f"scalerl-{plan.spec.name}",
             "time": int(lc["timeout_min"]),
+            "nodes": int(lc.get("nodes") or 1),
+            "ntasks_per_node": int(lc.get("tasks_per_node") or 1),
             "cpus_per_task": int(lc["cpus_per_task"]),
             "mem": f"{int(lc['mem_gb'])}GB",
             "array_parallelism": int(lc["array_parallelism"]),
         }
         if lc.get("partition"):
             params["partition"] = lc["partition"]
-        if int(lc.get("gpus_per_node") or 0) > 0:
-            params["gpus_per_node"] = int(lc["gpus_per_node"])
+        # GPUs are requested per node, never with --gpus-per-task: that binds each task to its own
+        # GPUs (SLURM >= 21.08 implies --gpu-bind=per_task), so task k would see its GPU as cuda:0
+        # while DeepSpeed and the loop select cuda:LOCAL_RANK. Per node, every task sees the node's
+        # GPUs, as under torchrun.
+        gpus = int(lc.get("gpus_per_node") or 0) or int(lc.get("tasks_per_node") or 1) * int(
+            lc.get("gpus_per_task") or 0
+        )
+        if gpus > 0:
+            params["gpus_per_node"] = gpus
         if lc.get("additional_parameters"):
             params["additional_parameters"] = dict(lc["additional_parameters"])
         ex.update_parameters(**params)
@@ -231,7 +248,8 @@ class Launcher:
         folder = self.plan.sweep_dir / "logs"
         try:
             if entry.get("launcher") == "slurm":
-                job = submitit.SlurmJob(folder=folder, job_id=str(entry["job_id"]))
+                tasks = tuple(range(num_tasks(self.plan.launcher)))
+                job = submitit.SlurmJob(folder=folder, job_id=str(entry["job_id"]), tasks=tasks)
                 state = str(job.watcher.get_state(str(entry["job_id"]), mode="force")).upper()
                 return job if state.startswith(_ACTIVE_STATES) else None
             return _LocalOrphan.attach(folder, str(entry["job_id"]))
@@ -333,7 +351,8 @@ class Launcher:
             out.status, out.error = "cancelled", f"job {job.job_id} was killed by a signal"
             return out
         try:
-            out.summary = job.result() or {}
+            # one result per task: rank 0's is the run's (the others raise here if they failed)
+            out.summary = job.results()[0] or {}
         except submitit.core.utils.FailedJobError as e:  # the training raised (a subclass of the next)
             out.status, out.error = "failed", _error_line(e)
         except submitit.core.utils.UncompletedJobError as e:
