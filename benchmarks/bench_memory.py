@@ -3,6 +3,7 @@ with the LM head chunked (``trainer.logits_chunk_tokens``) or not and activation
 
     python benchmarks/bench_memory.py --suite tiny --out /tmp/mem_tiny.json      # ~5 min on 2 cores
     python benchmarks/bench_memory.py --suite smollm2 --out /tmp/mem_135m.json   # ~15 min on 2 idle cores
+    python benchmarks/bench_memory.py --suite gpu --device cuda --out /tmp/mem_gpu.json  # ~2 min on an H100
 
 Each configuration runs in a fresh process (``--child``), which reads its resident memory from
 ``/proc/self/status`` and resets the high-water mark (``/proc/self/clear_refs``) between phases:
@@ -21,6 +22,16 @@ tensor, what the unchunked head holds several copies of; the difference between 
 unchunked peaks is what chunking saves, the difference with and without activation checkpointing
 what the blocks' stored activations cost. Memory figures are in MB (10^6 bytes); the glibc
 allocator keeps some freed memory, so they are what the process really held.
+
+``--suite gpu --device cuda``: randomly initialised models of real shapes (no download: SmolLM2-135M,
+Qwen2.5-0.5B and Qwen2.5-1.5B's configurations, the last two with their 151,936-token vocabulary),
+built on the GPU, bf16 body and fp32 head (native, fp32 master weights), one micro-batch of 8
+completions of 256 or 1024 tokens (2k or 8k response tokens) after a shared 190-token prompt, the LM
+head chunked (1024) or not, activation checkpointing off or on. One process per model runs all its
+configurations (a fresh trainer each); memory is the CUDA caching allocator's
+(``torch.cuda.memory_allocated`` / ``max_memory_allocated``, what tensors held, not what the allocator
+reserved), and an out-of-memory step is a row marked OOM, not a failure. ``--suite gpu-smoke`` runs
+the same code on tiny shapes (on a CPU: ``--device cpu``, memory from ``/proc``) to check the script.
 """
 
 from __future__ import annotations
@@ -157,6 +168,222 @@ def child(spec: dict) -> dict:
     return out
 
 
+# real models' shapes (config.json of each), randomly initialised: nothing is downloaded
+SHAPES = {
+    "smollm2-135m": dict(
+        arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True
+    ),
+    "qwen2.5-0.5b": dict(
+        arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936, tied=True
+    ),
+    "qwen2.5-1.5b": dict(
+        arch="qwen2", hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936, tied=True
+    ),
+    "tiny": dict(
+        arch="qwen2", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512, tied=True
+    ),
+}
+
+
+class _Mem:
+    """Memory readings on ``device``: the CUDA allocator's tensors, or the process's resident set."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.cuda = torch, device.type == "cuda"
+        self.device = device
+
+    def now(self) -> float:
+        return self.torch.cuda.memory_allocated(self.device) / 1e6 if self.cuda else rss()
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            reset_peak()
+
+    def peak(self) -> float:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+            return self.torch.cuda.max_memory_allocated(self.device) / 1e6
+        return peak()
+
+    def reserved(self) -> float | None:
+        return self.torch.cuda.max_memory_reserved(self.device) / 1e6 if self.cuda else None
+
+
+def child_many(spec: dict) -> None:
+    """One model (``spec['shape']``, built on ``spec['device']``), every configuration of
+    ``spec['configs']`` with a fresh trainer each; one JSON line per configuration on stdout, printed
+    as it is measured (a caller that stops this process keeps the rows already printed)."""
+    import gc
+
+    import torch
+
+    torch.set_num_threads(spec.get("threads", 2))
+    from omegaconf import OmegaConf
+
+    from scalerl.config import compose
+    from scalerl.model.build import build_model
+    from scalerl.model.precision import Precision
+    from scalerl.trainer import make_trainer
+
+    device = torch.device(spec["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    mem = _Mem(device)
+    base = mem.now()
+    sh = SHAPES[spec["shape"]]
+    longest = max(c["prompt"] + c["completion"] for c in spec["configs"])
+    mcfg = OmegaConf.create(
+        dict(
+            arch=sh["arch"],
+            hidden_size=sh["hidden"],
+            num_layers=sh["layers"],
+            num_heads=sh["heads"],
+            num_kv_heads=sh["kv_heads"],
+            intermediate_size=sh["intermediate"],
+            max_position_embeddings=longest + 8,
+            tie_word_embeddings=sh["tied"],
+        )
+    )
+    t0 = time.time()
+    with torch.device(device):  # built where it runs: no CPU initialisation of a 1.5B model
+        model = build_model(mcfg, sh["vocab"], seed=0, pad_token_id=0, eos_token_id=1)
+    precision = Precision.for_device("bf16", "fp32", device)
+    precision.prepare(model)
+    build_s = time.time() - t0
+    after_weights = mem.now()
+    params = sum(p.numel() for p in model.parameters())
+    for c in spec["configs"]:
+        per = c["per_group"]
+        row: dict = {
+            "spec": {**c, "model": spec["shape"], "device": str(device)},
+            "params": params,
+            "vocab": sh["vocab"],
+            "base": base,
+            "after_weights": after_weights,
+            "build_seconds": build_s,
+            "positions_per_micro_batch": per * c["completion"],
+            "logits_mb": per * c["completion"] * sh["vocab"] * 4 / 1e6,
+        }
+        trainer = None
+        try:
+            cfg = compose(
+                [
+                    f"trainer.batch_size={c['groups'] * per}",
+                    f"trainer.generations_per_prompt={per}",
+                    f"trainer.micro_batch_size={c['micro_batch_size']}",
+                    f"trainer.logits_chunk_tokens={c['chunk']}",
+                    f"trainer.activation_checkpointing={str(c['ckpt']).lower()}",
+                    "trainer.lr=2e-5",
+                    "trainer.warmup_steps=0",
+                ]
+            )
+            trainer = make_trainer(cfg, model, precision, temperature=0.6, device=device)
+            trainer.step(synthetic_batch(1, per, 4, 4, sh["vocab"], seed=1))  # AdamW's moments, gradients
+            row["after_optimizer"] = mem.now()
+            batch = synthetic_batch(c["groups"], per, c["prompt"], c["completion"], sh["vocab"])
+            before = mem.now()
+            mem.reset_peak()
+            t1 = time.time()
+            stats = trainer.step(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            row.update(
+                step_seconds=time.time() - t1,
+                step_peak=mem.peak(),
+                before_step=before,
+                reserved_peak=mem.reserved(),
+                loss=stats.get("train/loss"),
+            )
+        except torch.OutOfMemoryError as e:
+            row.update(oom=True, error=str(e).strip().splitlines()[0][:300])
+        del trainer
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        print(json.dumps(row), flush=True)
+
+
+def gpu_suite(smoke: bool, device: str) -> list[dict]:
+    """One spec per model for :func:`child_many`: tokens (2k, 8k) x chunk (1024, off), then the same
+    with activation checkpointing (it changes the model, so those come last)."""
+    shapes = ["tiny"] if smoke else ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"]
+    completions = (16, 64) if smoke else (256, 1024)
+    chunk = 32 if smoke else 1024
+    prompt = 8 if smoke else SMOLLM2_PROMPT
+    configs = [
+        dict(groups=1, per_group=8, micro_batch_size=8, prompt=prompt, completion=comp, chunk=k, ckpt=ck)
+        for ck in (False, True)
+        for comp in completions
+        for k in (chunk, 0)
+    ]
+    return [dict(shape=s, device=device, configs=configs, threads=2 if smoke else 8) for s in shapes]
+
+
+def run_gpu_suite(smoke: bool, device: str, timeout_s: float) -> list[dict]:
+    """Each model's child in turn, within ``timeout_s`` in all; a child that fails or runs out of time
+    leaves its printed rows and a row saying what happened."""
+    rows: list[dict] = []
+    deadline = time.time() + timeout_s
+    for spec in gpu_suite(smoke, device):
+        left = deadline - time.time()
+        if left < 5:
+            rows.append({"spec": {"model": spec["shape"]}, "error": "not run: out of time"})
+            continue
+        try:
+            proc = subprocess.run(
+                [sys.executable, __file__, "--child-many", json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                timeout=left,
+                check=False,
+            )
+            out, err, rc = proc.stdout, proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err, rc = f"timed out after {left:.0f} s", -1
+        got = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        rows += got
+        if rc != 0 or len(got) < len(spec["configs"]):
+            last = (err or "").strip().splitlines()[-1:] or [f"exit {rc}"]
+            rows.append(
+                {"spec": {"model": spec["shape"]}, "error": f"{len(got)} rows, then: {last[0][:300]}"}
+            )
+        print(gpu_table(rows), flush=True)
+    return rows
+
+
+def gpu_table(rows: list[dict]) -> str:
+    head = (
+        "| model | params | vocab | response tokens | logits (one copy) MB | chunk | act. ckpt | weights MB "
+        "| + optimizer, grads MB | step peak MB | transient MB | step s |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        s = r["spec"]
+        if "error" in r and not r.get("oom"):
+            lines.append(f"| {s.get('model')} | ERROR: {r['error']} |")
+            continue
+        left = (
+            f"| {s['model']} | {r['params'] / 1e6:.3g}M | {r['vocab']} | {r['positions_per_micro_batch']} "
+            f"| {r['logits_mb']:.0f} | {s['chunk'] or 'off'} | {'on' if s['ckpt'] else 'off'} "
+            f"| {r['after_weights'] - r['base']:.0f} |"
+        )
+        if r.get("oom"):
+            lines.append(left + " | OOM | | |")
+            continue
+        lines.append(
+            left + f" {r['after_optimizer'] - r['after_weights']:.0f} | {r['step_peak']:.0f} "
+            f"| {r['step_peak'] - r['before_step']:.0f} | {r['step_seconds']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def suite(name: str) -> list[dict]:
     if name == "tiny":
         base = dict(
@@ -214,12 +441,30 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--suite", default="tiny", help="tiny (vocabulary x tokens sweep) or smollm2 (135M)")
+    ap.add_argument(
+        "--suite",
+        default="tiny",
+        help="tiny (vocabulary x tokens sweep), smollm2 (135M), gpu (135M-1.5B shapes), gpu-smoke",
+    )
+    ap.add_argument("--device", default="cpu", help="for --suite gpu / gpu-smoke: cuda or cpu")
+    ap.add_argument("--timeout-s", type=float, default=600, help="--suite gpu / gpu-smoke: all models")
     ap.add_argument("--out", help="JSON with every measurement")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-many", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))), flush=True)
+        return
+    if args.child_many:
+        child_many(json.loads(args.child_many))
+        return
+    if args.suite in ("gpu", "gpu-smoke"):
+        rows = run_gpu_suite(args.suite == "gpu-smoke", args.device, args.timeout_s)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=1)
+        if any("error" in r and not r.get("oom") for r in rows):
+            raise SystemExit(1)
         return
     rows = []
     for spec in suite(args.suite):

@@ -1,0 +1,940 @@
+"""What one GPU machine without vLLM can check of the GPU path (issues #29 and #30), in one bounded run.
+
+    launch/gpu_check.sh                                  # on the GPU machine (installs .whl/ first)
+    python benchmarks/gpu_check.py --out DIR             # the same, dependencies already installed
+    python benchmarks/gpu_check.py --cpu-smoke --out DIR # tiny versions of every part on a CPU
+
+Parts, each timed, each asserting what it reports (a part that fails is FAIL with its error; the
+others still run), within ``--budget-s`` in all:
+
+* ``transport``: the trainer's weights on CUDA published through
+  :class:`scalerl.loop.transport.CollectiveTransport` (``gloo``) to a receiver in a CPU process;
+  every tensor that arrives is bitwise equal (SHA-256 of its bytes) to what was sent; the publish
+  latency (what the trainer waits) and the time until the receiver has loaded them, for the embedded
+  model and a SmolLM2-135M-shaped one. With >= 2 GPUs also the NCCL pair (``cuda:0`` -> ``cuda:1``).
+* ``devices``: a short ``async_mode=pipeline_rl`` run of the embedded default (``python train.py
+  trainer.device=cuda ...``): the trainer process and the generator process each seen holding the
+  GPU (NVML's process list, and the processes' open ``/dev/nvidia*`` files), the run's own
+  ``device``, ``compute/devices`` and ``perf/gpu_mem_peak_gb``; tokens/s, the gen/train log-prob
+  gap, and the weight-update latency (the trainer's ``publish`` calls, timed by a wrapper around
+  ``train.py``'s entry point in the same process: the run itself does not log it).
+* ``memory``: ``benchmarks/bench_memory.py --suite gpu``: peak GPU memory of one trainer step
+  against model size (135M, 0.5B, 1.5B shapes), response tokens per micro-batch (2k, 8k), the
+  LM head chunked or not, activation checkpointing off or on; an OOM is a measured row.
+* ``deepspeed``: ``trainer=deepspeed`` ZeRO-1 and ZeRO-3 in ``async_mode=sync``, and ZeRO-3 with
+  ``pipeline_rl`` (the generator process fed gathered weights: every published tensor whole).
+
+What needs vLLM or several GPUs is listed as not run. Writes ``<out>/gpu_check.{md,json}`` (after
+every part, so a cut-off run keeps what it measured) and ``<out>/gpu_check_logs.txt`` (each run's
+log tail); prints the one-screen report. Exit status 0 when every part that ran passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+# the embedded default (its warm-start too: a shorter one starts at pass rate ~0, where every group
+# has zero variance and every step is skipped), fewer evaluation prompts
+GPU_BASE = [
+    "trainer.device=cuda",
+    "eval.every=10",
+    "eval.num_prompts=32",
+    "checkpoint_every=10",
+    "progress=log",
+]
+GPU_STEPS = {"devices": 20, "deepspeed": 8}
+# tests/conftest.py's TINY: seconds per run on a CPU (after a warm-start of ~40 s, shared)
+SMOKE_BASE = [
+    "trainer.device=cpu",
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.intermediate_size=128",
+    "model.warmstart_steps=300",
+    "model.warmstart_batch_size=32",
+    "task.min_digits=1",
+    "task.max_digits=2",
+    "task.warmstart_max_digits=2",
+    "task.warmstart_hard_frac=0",
+    "task.num_val=16",
+    "task.num_train=256",
+    "trainer.batch_size=32",
+    "trainer.generations_per_prompt=4",
+    "eval.every=2",
+    "eval.num_prompts=8",
+    "eval.samples_per_prompt=2",
+    "checkpoint_every=2",
+    "generator.chunk_prompts=4",
+    "trainer.threads=1",
+    "progress=log",
+]
+SMOKE_STEPS = {"devices": 3, "deepspeed": 2}
+# seconds per part (each also gets at most what is left of --budget-s)
+PART_TIMEOUT = {"transport": 75, "devices": 150, "memory": 130, "deepspeed": 150}
+SMOKE_PART_TIMEOUT = {"transport": 120, "devices": 240, "memory": 240, "deepspeed": 420}
+ORDER = ["transport", "devices", "memory", "deepspeed"]
+# the transport's model sizes: the embedded default (gpt2 128 x 3) and SmolLM2-135M's shape
+TRANSPORT_SHAPES = {
+    "embedded": dict(
+        arch="gpt2", hidden=128, layers=3, heads=4, kv_heads=4, intermediate=512, vocab=64, tied=False
+    ),
+    "smollm2-135m": dict(
+        arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tied=True
+    ),
+}
+
+
+# ---------------------------------------------------------------------- results
+class Part:
+    """One part's outcome: checks (each a claim and what was seen), facts, an error, its time."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.status = "PASS"
+        self.checks: list[dict] = []
+        self.facts: dict = {}
+        self.lines: list[str] = []  # the report's detail lines
+        self.error: str | None = None
+        self.seconds = 0.0
+
+    def check(self, what: str, ok: bool, seen, expected=None, note: str = "") -> bool:
+        self.checks.append({"check": what, "ok": bool(ok), "seen": seen, "expected": expected, "note": note})
+        return bool(ok)
+
+    def fail(self, error: str) -> None:
+        self.error = error
+        self.status = "FAIL"
+
+    def finish(self) -> None:
+        if self.status == "PASS" and any(not c["ok"] for c in self.checks):
+            self.status = "FAIL"
+
+    def to_json(self) -> dict:
+        return {
+            "part": self.name,
+            "status": self.status,
+            "seconds": round(self.seconds, 1),
+            "checks": self.checks,
+            "facts": self.facts,
+            "error": self.error,
+            "lines": self.lines,
+        }
+
+
+def _fmt(x, spec=".3g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def render(info: dict, parts: list[Part], not_run: list[str]) -> str:
+    head = (
+        f"scalerl GPU check: {info.get('gpu', 'no GPU')} x {info.get('gpus', 0)}, torch {info['torch']}, "
+        f"Python {info['python']}, {info['cpus']} CPU cores, {info['date']}"
+        + (" [CPU SMOKE: tiny versions on a CPU]" if info.get("cpu_smoke") else "")
+    )
+    lines = [head, "=" * min(len(head), 110)]
+    for p in parts:
+        lines.append(f"[{p.status}] {p.name} ({p.seconds:.0f} s)")
+        lines += [f"    {x}" for x in p.lines]
+        for c in p.checks:
+            if not c["ok"]:
+                exp = "" if c["expected"] is None else f", expected {c['expected']}"
+                note = f" ({c['note']})" if c["note"] else ""
+                lines.append(f"    FAILED CHECK: {c['check']}: saw {c['seen']}{exp}{note}")
+        if p.error:
+            lines += [f"    ERROR: {x}" for x in p.error.strip().splitlines()[-6:]]
+    lines += [f"[NOT RUN] {x}" for x in not_run]
+    n_ok = sum(c["ok"] for p in parts for c in p.checks)
+    n = sum(len(p.checks) for p in parts)
+    lines.append(f"checks passed: {n_ok} of {n}; parts: " + ", ".join(f"{p.name} {p.status}" for p in parts))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------- the machine
+def machine(cpu_smoke: bool) -> dict:
+    import torch
+
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "cpu_smoke": cpu_smoke,
+        "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+    if info["gpus"]:
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, gpu_mem_gb=round(p.total_memory / 2**30, 1))
+    try:
+        info["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except Exception:
+        info["commit"] = ""
+    for name in ("transformers", "deepspeed", "mlflow", "hydra", "omegaconf"):
+        try:
+            mod = __import__(name)
+            info[f"v_{name}"] = getattr(mod, "__version__", "?")
+        except Exception as e:
+            info[f"v_{name}"] = f"missing ({type(e).__name__})"
+    return info
+
+
+class GpuProcesses:
+    """Which processes hold a GPU: NVML's compute-process list (memory used, per GPU), and the
+    ``/dev/nvidia<N>`` files each process of interest has open (a CUDA context opens them)."""
+
+    def __init__(self):
+        self.nvml = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception as e:
+            self.error = f"NVML unavailable: {type(e).__name__}: {e}"
+
+    def nvml_pids(self) -> dict[int, dict[int, float]]:
+        """pid -> {gpu index: MiB used}."""
+        out: dict[int, dict[int, float]] = {}
+        if self.nvml is None:
+            return out
+        for i, h in enumerate(self.handles):
+            try:
+                procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except Exception:
+                continue
+            for p in procs:
+                used = p.usedGpuMemory
+                out.setdefault(int(p.pid), {})[i] = (used or 0) / 2**20
+        return out
+
+    @staticmethod
+    def device_files(pid: int) -> list[str]:
+        found = set()
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("/dev/nvidia"):
+                    found.add(target)
+        except OSError:
+            pass
+        return sorted(found)
+
+
+# ---------------------------------------------------------------------- train.py runs
+def train_wrapper(record: str, overrides: list[str]) -> None:
+    """``train.py`` with the trainer's weight publishes timed (the generator process's handle), in this
+    process: the same entry point, arguments and code; the record is written after every publish."""
+    rec: dict = {"publish_seconds": [], "instrumented": False, "min_numel": None, "tensor_devices": []}
+
+    def save() -> None:
+        Path(record).write_text(json.dumps(rec))
+
+    try:
+        from scalerl.loop import pipeline
+
+        cls = pipeline.PipelineGenerator
+        original_publish, original_init = cls.publish, cls.__init__
+
+        def init(self, *a, **k):
+            original_init(self, *a, **k)
+            rec["backend"] = str(getattr(self, "backend", "?"))
+            save()
+
+        def publish(self, state, version):
+            t0 = time.perf_counter()
+            original_publish(self, state, version)
+            rec["publish_seconds"].append(time.perf_counter() - t0)
+            numel = min((int(v.numel()) for v in state.values()), default=0)
+            rec["min_numel"] = numel if rec["min_numel"] is None else min(rec["min_numel"], numel)
+            rec["tensor_devices"] = sorted({str(v.device) for v in state.values()})
+            save()
+
+        cls.__init__, cls.publish = init, publish
+        rec["instrumented"] = True
+    except Exception as e:  # the pipeline's shape changed: the run goes on, unmeasured
+        rec["not_instrumented"] = f"{type(e).__name__}: {e}"
+    save()
+    sys.argv = [str(ROOT / "train.py"), *overrides]
+    from scalerl.cli import main
+
+    main()
+
+
+def _descendants(pid: int) -> dict[int, dict]:
+    import psutil
+
+    out = {}
+    try:
+        root = psutil.Process(pid)
+        for c in root.children(recursive=True):
+            try:
+                depth, q = 1, c.parent()
+                while q is not None and q.pid != pid:
+                    depth, q = depth + 1, q.parent()
+                out[c.pid] = {"depth": depth, "cmd": " ".join(c.cmdline())[:120]}
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return out
+
+
+def _read_store(db: Path, run_id: str) -> tuple[dict, dict[str, list[tuple[int, float]]]]:
+    """(params, metric histories) of one run, read from MLflow's sqlite store with sqlite3."""
+    con = sqlite3.connect(str(db))
+    try:
+        params = dict(con.execute("SELECT key, value FROM params WHERE run_uuid=?", (run_id,)).fetchall())
+        hist: dict[str, list[tuple[int, float]]] = {}
+        for key, value, step in con.execute(
+            "SELECT key, value, step FROM metrics WHERE run_uuid=? ORDER BY step, timestamp", (run_id,)
+        ):
+            hist.setdefault(key, []).append((int(step), float(value)))
+    finally:
+        con.close()
+    return params, hist
+
+
+class Ctx:
+    def __init__(self, args, work: Path):
+        self.args, self.work = args, work
+        self.smoke = args.cpu_smoke
+        self.base = SMOKE_BASE if self.smoke else GPU_BASE
+        self.steps = SMOKE_STEPS if self.smoke else GPU_STEPS
+        self.db = work / "mlflow.db"
+        self.logs: list[str] = []
+        self.gpus = 0
+        self.deadline = 0.0
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+
+def train_run(ctx: Ctx, name: str, overrides: list[str], timeout: float) -> dict:
+    """One ``train.py`` run (through :func:`train_wrapper`), its GPU holders sampled meanwhile."""
+    out = ctx.work / name
+    record = ctx.work / f"{name}.publish.json"
+    args = [
+        *ctx.base,
+        *overrides,
+        f"out_dir={out}",
+        f"tracking.uri=sqlite:///{ctx.db}",
+        "tracking.experiment=gpu-check",
+    ]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--train-wrapper", str(record), "--", *args]
+    env = {
+        **os.environ,
+        "SCALERL_CACHE": str(ctx.work / "cache"),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log_path = ctx.work / f"{name}.log"
+    gp = GpuProcesses() if ctx.gpus else None
+    seen: dict[int, dict] = {}  # pid -> what was seen of it
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=ctx.work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        timed_out = False
+        while proc.poll() is None:
+            if time.time() - t0 > timeout:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group (started above)
+                proc.wait()
+                break
+            tree = {proc.pid: {"depth": 0, "cmd": "train.py (trainer)"}, **_descendants(proc.pid)}
+            nv = gp.nvml_pids() if gp else {}
+            for pid, meta in tree.items():
+                s = seen.setdefault(pid, {**meta, "nvml_mib": {}, "device_files": []})
+                for gpu, mib in nv.get(pid, {}).items():
+                    s["nvml_mib"][gpu] = max(s["nvml_mib"].get(gpu, 0.0), mib)
+                if gp:
+                    files = GpuProcesses.device_files(pid)
+                    s["device_files"] = sorted(set(s["device_files"]) | set(files))
+            time.sleep(0.5)
+    wall = time.time() - t0
+    text = log_path.read_text(errors="replace")
+    ctx.logs.append(f"===== {name}: {' '.join(cmd[4:])}\n" + "\n".join(text.splitlines()[-60:]))
+    res: dict = {
+        "name": name,
+        "rc": None if timed_out else proc.returncode,
+        "timed_out": timed_out,
+        "wall_s": wall,
+        "procs": seen,
+        "nvml": None if gp is None else (gp.nvml is not None or gp.error),
+    }
+    try:
+        res["publish"] = json.loads(record.read_text())
+    except Exception:
+        res["publish"] = None
+    summary_file = out / "summary.json"
+    if summary_file.is_file():
+        res["summary"] = json.loads(summary_file.read_text())
+        res["params"], res["metrics"] = _read_store(ctx.db, res["summary"]["run_id"])
+    if timed_out or proc.returncode != 0:
+        why = f"timed out after {timeout:.0f} s" if timed_out else f"exit {proc.returncode}"
+        res["error"] = f"{why}:\n" + "\n".join(text.splitlines()[-12:])
+    return res
+
+
+def _last(hist: dict, key: str):
+    h = hist.get(key) or []
+    return h[-1][1] if h else None
+
+
+def run_checks(
+    p: Part, r: dict, steps: int, *, gpu: bool, pipeline: bool, expected_devices: int | None
+) -> None:
+    """What every train.py run of the check asserts; facts and lines into ``p``."""
+    name = r["name"]
+    if not p.check(
+        f"{name}: the run finished", r.get("rc") == 0 and "summary" in r, r.get("error", "ok")[-300:]
+    ):
+        return
+    s, params, m = r["summary"], r["params"], r["metrics"]
+    p.check(f"{name}: steps", s["steps"] == steps, s["steps"], steps)
+    dev = params.get("device", "?")
+    p.check(
+        f"{name}: the run's device",
+        dev.startswith("cuda") if gpu else dev == "cpu",
+        dev,
+        "cuda" if gpu else "cpu",
+    )
+    losses = [v for _, v in m.get("train/loss", [])]
+    p.check(
+        f"{name}: train/loss finite at every step",
+        bool(losses) and all(math.isfinite(x) for x in losses),
+        len(losses),
+    )
+    # a step with no group to train on (every group's rewards equal) is skipped and logs a gap of 0
+    skipped = {st for st, v in m.get("train/step_skipped", []) if v > 0}
+    trained = sum(v for _, v in m.get("train/groups_trained", []))
+    p.check(
+        f"{name}: groups trained (steps not all skipped)",
+        trained > 0,
+        f"{trained:.0f} groups, {len(skipped)} steps skipped",
+    )
+    gap = [v for st, v in m.get("train/gen_train_logprob_diff", []) if st not in skipped]
+    p.check(
+        f"{name}: gen/train log-prob gap logged and finite on trained steps",
+        bool(gap) and all(math.isfinite(x) for x in gap),
+        len(gap),
+    )
+    facts = {
+        "wall_s": round(r["wall_s"], 1),
+        "run_s": round(s["wall_seconds"], 1),
+        "s_per_step": s["wall_seconds"] / max(1, s["steps"]),
+        "tokens_per_s": _last(m, "perf/tokens_per_s"),
+        "gen_train_logprob_diff_mean": sum(gap) / len(gap) if gap else None,
+        "groups_trained": trained,
+        "steps_skipped": len(skipped),
+        "gen_train_logprob_diff_max": max(gap) if gap else None,
+        "gpu_mem_peak_gb": _last(m, "perf/gpu_mem_peak_gb"),
+        "compute/devices": params.get("compute/devices"),
+        "policy_lag_max": max((v for _, v in m.get("train/policy_lag_max", [])), default=None),
+        "body/head": f"{params.get('precision/body_dtype')} / {params.get('precision/head_dtype')}",
+        "pass_rate": f"{_fmt(s.get('pass_rate_start'))} -> {_fmt(s.get('pass_rate_final'))}",
+    }
+    pub = r.get("publish") or {}
+    secs = pub.get("publish_seconds") or []
+    facts.update(
+        publishes=len(secs),
+        publish_s_mean=sum(secs) / len(secs) if secs else None,
+        publish_s_max=max(secs) if secs else None,
+        transport_backend=pub.get("backend"),
+        published_min_numel=pub.get("min_numel"),
+        published_tensor_devices=pub.get("tensor_devices"),
+    )
+    p.check(f"{name}: tokens/s > 0", (facts["tokens_per_s"] or 0) > 0, facts["tokens_per_s"])
+    if gpu:
+        p.check(
+            f"{name}: perf/gpu_mem_peak_gb > 0", (facts["gpu_mem_peak_gb"] or 0) > 0, facts["gpu_mem_peak_gb"]
+        )
+    if expected_devices is not None:
+        p.check(
+            f"{name}: compute/devices = the devices the job holds",
+            str(facts["compute/devices"]) == str(expected_devices),
+            facts["compute/devices"],
+            expected_devices,
+            note="issue #29 names this bug: cuda and cuda:0 counted as two" if gpu else "",
+        )
+    # who held the GPU: the trainer (depth 0) and, in pipeline_rl, one descendant (the generator)
+    procs = r["procs"]
+    holders = {
+        pid: x
+        for pid, x in procs.items()
+        if x["nvml_mib"] or any(f[len("/dev/nvidia") :].isdigit() for f in x["device_files"])
+    }
+    facts["gpu_holders"] = {
+        str(pid): {
+            "role": "trainer" if x["depth"] == 0 else f"descendant depth {x['depth']}",
+            "nvml_mib": x["nvml_mib"],
+            "files": x["device_files"],
+        }
+        for pid, x in holders.items()
+    }
+    if gpu:
+        p.check(
+            f"{name}: the trainer process holds the GPU",
+            any(x["depth"] == 0 for x in holders.values()),
+            facts["gpu_holders"],
+        )
+        gen = [x for x in holders.values() if x["depth"] > 0]
+        if pipeline:
+            p.check(
+                f"{name}: the generator process holds the GPU",
+                len(gen) >= 1,
+                f"{len(gen)} of {len([x for x in procs.values() if x['depth'] > 0])} descendant processes",
+            )
+            facts["generator_gpu"] = gen[0]["nvml_mib"] or gen[0]["device_files"] if gen else None
+        if r.get("nvml") is not True:
+            facts["nvml"] = r.get("nvml")
+    if pipeline:
+        p.check(
+            f"{name}: a generator process ran", any(x["depth"] > 0 for x in procs.values()), len(procs) - 1
+        )
+        if pub.get("instrumented"):
+            p.check(f"{name}: weights published to the generator", len(secs) >= 1, len(secs))
+        else:
+            facts["publish_not_measured"] = pub.get("not_instrumented", "no record")
+    p.facts[name] = facts
+
+
+def run_line(name: str, f: dict) -> str:
+    return (
+        f"{name}: {_fmt(f['s_per_step'])} s/step, {_fmt(f['tokens_per_s'], '.0f')} tokens/s, "
+        f"gen/train |dlogp| mean {_fmt(f['gen_train_logprob_diff_mean'])} (max {_fmt(f['gen_train_logprob_diff_max'])}), "
+        f"{f['groups_trained']:.0f} groups trained, "
+        f"peak {_fmt(f['gpu_mem_peak_gb'])} GiB, devices {f['compute/devices']}, pass {f['pass_rate']}"
+    )
+
+
+# ---------------------------------------------------------------------- part a: devices
+def part_devices(ctx: Ctx, p: Part, timeout: float) -> None:
+    steps = ctx.steps["devices"]
+    gpu = not ctx.smoke
+    expected = (2 if ctx.gpus >= 2 else 1) if gpu else None
+    r = train_run(ctx, "pipeline", ["async_mode=pipeline_rl", f"trainer.total_steps={steps}"], timeout)
+    run_checks(p, r, steps, gpu=gpu, pipeline=True, expected_devices=expected)
+    f = p.facts.get("pipeline")
+    if f:
+        p.lines.append(run_line("pipeline_rl", f))
+        p.lines.append(
+            f"weight updates: {f['publishes']} publishes over {f['transport_backend']}, "
+            f"{_fmt(f['publish_s_mean'])} s mean / {_fmt(f['publish_s_max'])} s max (what the trainer waits); "
+            f"max policy lag {_fmt(f['policy_lag_max'])}"
+        )
+        for pid, h in f["gpu_holders"].items():
+            p.lines.append(
+                f"GPU held by pid {pid} ({h['role']}): NVML MiB {h['nvml_mib'] or '-'}, {', '.join(h['files'])}"
+            )
+        if f.get("nvml"):
+            p.lines.append(f"NVML: {f['nvml']}")
+    if r.get("error"):
+        p.fail(r["error"])
+
+
+# ---------------------------------------------------------------------- part b: DeepSpeed
+def part_deepspeed(ctx: Ctx, p: Part, timeout: float) -> None:
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as e:
+        p.fail(f"deepspeed does not import: {type(e).__name__}: {e}")
+        return
+    steps = ctx.steps["deepspeed"]
+    gpu = not ctx.smoke
+    cases = [
+        ("zero1_sync", ["trainer=deepspeed", "trainer.zero_stage=1", "async_mode=sync"], False),
+        ("zero3_sync", ["trainer=deepspeed", "trainer.zero_stage=3", "async_mode=sync"], False),
+        ("zero3_pipeline", ["trainer=deepspeed", "trainer.zero_stage=3", "async_mode=pipeline_rl"], True),
+    ]
+    t_end = time.time() + timeout
+    errors = []
+    for name, overrides, pipe in cases:
+        left = t_end - time.time()
+        if left < 15:
+            p.check(f"{name}: run", False, "not run: out of time")
+            continue
+        r = train_run(ctx, name, [*overrides, f"trainer.total_steps={steps}"], min(left, timeout / 2))
+        run_checks(p, r, steps, gpu=gpu, pipeline=pipe, expected_devices=None)
+        f = p.facts.get(name)
+        if f:
+            p.lines.append(run_line(name, f))
+            if pipe:
+                p.check(
+                    f"{name}: every published tensor whole (ZeRO-3 gathered)",
+                    (f["published_min_numel"] or 0) > 0,
+                    f["published_min_numel"],
+                    "> 0",
+                )
+                p.lines.append(
+                    f"  {f['publishes']} publishes, {_fmt(f['publish_s_mean'])} s mean, tensors on "
+                    f"{f['published_tensor_devices']}, smallest tensor {f['published_min_numel']} elements"
+                )
+        if r.get("error"):
+            errors.append(f"{name}: {r['error']}")
+    if errors:
+        p.fail("\n".join(errors))
+
+
+# ---------------------------------------------------------------------- part c: the transport
+def _digests(state: dict) -> dict[str, str]:
+    import hashlib
+
+    import torch
+
+    out = {}
+    for k, v in state.items():
+        b = v.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        out[k] = hashlib.sha256(b).hexdigest()
+    return out
+
+
+def _build(shape: dict, dtype: str):
+    import torch
+    from omegaconf import OmegaConf
+
+    from scalerl.model.build import build_model
+
+    mcfg = OmegaConf.create(
+        dict(
+            arch=shape["arch"],
+            hidden_size=shape["hidden"],
+            num_layers=shape["layers"],
+            num_heads=shape["heads"],
+            num_kv_heads=shape["kv_heads"],
+            intermediate_size=shape["intermediate"],
+            max_position_embeddings=256,
+            tie_word_embeddings=shape["tied"],
+        )
+    )
+    model = build_model(mcfg, shape["vocab"], seed=0, pad_token_id=0, eos_token_id=1)
+    return model.to(getattr(torch, dtype))
+
+
+def transport_receiver(spec, shape: dict, dtype: str, device: str, last: int, q) -> None:
+    """The generator's side, in a process of its own: poll until version ``last``; after each version,
+    the SHA-256 of every tensor it now holds and when it had them."""
+    try:
+        import torch
+
+        from scalerl.loop.transport import CollectiveReceiver
+
+        model = _build(shape, dtype).to(device)
+        rec = CollectiveReceiver(spec, device)
+        current, deadline = -1, time.time() + spec.timeout_s
+        while current < last and time.time() < deadline:
+            v = rec.poll(model, current)
+            if v is None:
+                time.sleep(0.0005)
+                continue
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
+            loaded = time.time()
+            current = v
+            q.put(("version", v, loaded, _digests(model.state_dict())))
+        q.put(("done", current, time.time(), None))
+    except Exception:
+        q.put(("error", None, time.time(), traceback.format_exc()))
+
+
+def transport_case(
+    shape_name: str, dtype: str, backend: str, sender: str, receiver: str, updates: int
+) -> dict:
+    import multiprocessing as mp
+
+    import torch
+
+    from scalerl.loop.transport import CollectiveTransport
+
+    shape = TRANSPORT_SHAPES[shape_name]
+    model = _build(shape, dtype).to(sender)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    n_bytes = sum(v.numel() * v.element_size() for v in state.values())
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    tr = CollectiveTransport(state, 0, backend=backend, device=sender, timeout_s=120)
+    proc = ctx.Process(
+        target=transport_receiver, args=(tr.spec, shape, dtype, receiver, updates, q), daemon=True
+    )
+    proc.start()
+    out = {
+        "shape": shape_name,
+        "dtype": dtype,
+        "backend": backend,
+        "from": sender,
+        "to": receiver,
+        "mbytes": n_bytes / 1e6,
+    }
+    publish_s, e2e_s, equal, tensors = [], [], [], len(state)
+    gen = torch.Generator(device=sender).manual_seed(0)
+
+    def wait_for(v: int):
+        while True:
+            kind, got, t, payload = q.get(timeout=120)
+            if kind == "error":
+                raise RuntimeError(f"receiver failed:\n{payload}")
+            if kind == "done":
+                raise RuntimeError(f"receiver stopped at version {got}, before {v}")
+            if got == v:
+                return t, payload
+
+    try:
+        _, dig = wait_for(0)  # the first weights go out when the transport is made
+        equal.append(dig == _digests(state))
+        for v in range(1, updates + 1):
+            with torch.no_grad():  # the trainer's step: new weights in place
+                for t in state.values():
+                    if t.is_floating_point():
+                        t.add_(torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) * 1e-3)
+            if sender.startswith("cuda"):
+                torch.cuda.synchronize(sender)
+            t0 = time.time()
+            tr.publish(state, v)
+            publish_s.append(time.time() - t0)
+            loaded, dig = wait_for(v)
+            e2e_s.append(loaded - t0)
+            equal.append(dig == _digests(state))
+        proc.join(timeout=30)
+    finally:
+        tr.close()
+        if proc.is_alive():
+            proc.kill()
+    out.update(
+        versions=len(equal),
+        bitwise_equal=all(equal),
+        equal_per_version=equal,
+        tensors=tensors,
+        publish_s=publish_s,
+        loaded_after_s=e2e_s,
+    )
+    return out
+
+
+def part_transport_child(smoke: bool, gpus: int) -> dict:
+    """The transport part's cases, in a process of its own (a hung collective is killed with it)."""
+    import torch
+
+    sender = "cpu" if smoke else "cuda:0"
+    cases = [("embedded", "float32"), ("embedded", "bfloat16")]
+    if not smoke:
+        cases.append(("smollm2-135m", "float32"))
+    rows = [transport_case(s, d, "gloo", sender, "cpu", 3) for s, d in cases]
+    if not smoke and gpus >= 2:
+        rows += [transport_case(s, d, "nccl", "cuda:0", "cuda:1", 3) for s, d in (cases[0], cases[-1])]
+    return {"rows": rows, "torch": torch.__version__}
+
+
+def part_transport(ctx: Ctx, p: Part, timeout: float) -> None:
+    res_file = ctx.work / "transport.json"
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--transport-child",
+        str(res_file),
+        str(int(ctx.smoke)),
+        str(ctx.gpus),
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    t0 = time.time()
+    try:
+        r = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, start_new_session=True
+        )
+        rc, text = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, text = (
+            None,
+            f"timed out after {timeout:.0f} s\n"
+            + (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")),
+        )
+    ctx.logs.append(f"===== transport ({time.time() - t0:.0f} s)\n" + "\n".join(text.splitlines()[-60:]))
+    if rc != 0 or not res_file.is_file():
+        p.fail(f"exit {rc}:\n" + "\n".join(text.splitlines()[-12:]))
+        return
+    rows = json.loads(res_file.read_text())["rows"]
+    p.facts["cases"] = rows
+    for row in rows:
+        label = f"{row['shape']} {row['dtype']} ({row['mbytes']:.1f} MB) {row['backend']} {row['from']} -> {row['to']}"
+        p.check(f"{label}: bitwise equal, every version", row["bitwise_equal"], row["equal_per_version"])
+        pub, e2e = row["publish_s"], row["loaded_after_s"]
+        p.lines.append(
+            f"{label}: {row['versions']} versions x {row['tensors']} tensors bitwise equal={row['bitwise_equal']}; "
+            f"publish {_fmt(sum(pub) / len(pub))} s, loaded after {_fmt(sum(e2e) / len(e2e))} s (mean of {len(pub)})"
+        )
+
+
+# ---------------------------------------------------------------------- part d: memory
+def part_memory(ctx: Ctx, p: Part, timeout: float) -> None:
+    sys.path.insert(0, str(HERE))
+    import bench_memory
+
+    rows = bench_memory.run_gpu_suite(ctx.smoke, "cpu" if ctx.smoke else "cuda", timeout - 3)
+    (ctx.work / "memory.json").write_text(json.dumps(rows, indent=1))
+    p.facts["rows"] = rows
+    p.facts["table"] = bench_memory.gpu_table(rows)
+    errors = [r for r in rows if "error" in r and not r.get("oom")]
+    measured = [r for r in rows if "step_peak" in r]
+    ooms = [r for r in rows if r.get("oom")]
+    p.check("every configuration measured or OOM", not errors, [r["error"] for r in errors] or "all")
+    # chunking claim (issue #30): the chunked head's peak is not above the unchunked one's
+    by = {}
+    for r in measured:
+        s = r["spec"]
+        by[(s["model"], r["positions_per_micro_batch"], s["ckpt"], bool(s["chunk"]))] = r
+    for (model, tok, ck, chunked), r in sorted(by.items()):
+        if not chunked:
+            continue
+        u = by.get((model, tok, ck, False))
+        if u is None:
+            continue
+        p.check(
+            f"{model} {tok} tokens ckpt={'on' if ck else 'off'}: chunked head peak <= unchunked",
+            r["step_peak"] <= u["step_peak"] * 1.02 + 1,
+            f"{r['step_peak']:.0f} vs {u['step_peak']:.0f} MB",
+        )
+    models = []
+    for r in measured:
+        if r["spec"]["model"] not in models:
+            models.append(r["spec"]["model"])
+    unit = "MB resident" if ctx.smoke else "GB on the GPU"
+    scale = 1 if ctx.smoke else 1e3
+    for model in models:
+        rs = [r for r in measured if r["spec"]["model"] == model]
+        peaks = ", ".join(
+            f"{r['positions_per_micro_batch']}t/{'c' if r['spec']['chunk'] else 'u'}{'/ckpt' if r['spec']['ckpt'] else ''} "
+            f"{r['step_peak'] / scale:.3g}"
+            for r in rs
+        )
+        p.lines.append(f"{model} ({rs[0]['params'] / 1e6:.3g}M params) step peak {unit}: {peaks}")
+    if ooms:
+        p.lines.append(
+            "OOM: " + ", ".join(f"{r['spec']['model']} {r['positions_per_micro_batch']}t" for r in ooms)
+        )
+    p.lines.append(
+        "(t = response tokens per micro-batch, c/u = LM head chunked 1024 / unchunked; table in gpu_check.md)"
+    )
+    if errors:
+        p.fail("\n".join(r["error"] for r in errors))
+
+
+PARTS = {
+    "transport": part_transport,
+    "devices": part_devices,
+    "memory": part_memory,
+    "deepspeed": part_deepspeed,
+}
+
+
+def not_run_lines(gpus: int, smoke: bool) -> list[str]:
+    lines = [
+        "generator=vllm (engine device per process, in-process and cross-process weight updates into vLLM, "
+        "the fp32 head under vLLM): needs vLLM, absent here (launch/gpu_vllm_check.sh with a vLLM wheelhouse)",
+        "weight updates received inside vLLM workers, several engines, tensor parallelism (#29 item 2): needs vLLM",
+    ]
+    if gpus < 2:
+        lines += [
+            f"NCCL transport pair and the split placement (generator on a GPU of its own): needs >= 2 GPUs, "
+            f"{'a CPU smoke run' if smoke else f'this machine has {gpus}'}",
+            "several trainer ranks (torchrun, DeepSpeed over >1 GPU) and multi-node SLURM: needs >= 2 GPUs / nodes",
+        ]
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-check-out"))
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny versions of every part, on the CPU")
+    ap.add_argument("--only", nargs="*", choices=ORDER, help="these parts (default: all)")
+    ap.add_argument(
+        "--budget-s", type=float, default=None, help="all parts together (default 330; smoke 1000)"
+    )
+    ap.add_argument("--work", type=Path, help="runs' folders (default: a new temporary folder)")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--train-wrapper"]:  # internal: one train.py run (record file, then its overrides)
+        train_wrapper(argv[1], argv[3:] if argv[2:3] == ["--"] else argv[2:])
+        return 0
+    if argv[:1] == ["--transport-child"]:  # internal: the transport part's process
+        path, smoke, gpus = argv[1:4]
+        Path(path).write_text(json.dumps(part_transport_child(smoke == "1", int(gpus))))
+        return 0
+    a = ap.parse_args(argv)
+
+    import torch
+
+    info = machine(a.cpu_smoke)
+    if not a.cpu_smoke and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; use --cpu-smoke to check the script on a CPU", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = a.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ctx = Ctx(a, work)
+    ctx.gpus = 0 if a.cpu_smoke else info["gpus"]
+    budget = a.budget_s if a.budget_s is not None else (1000 if a.cpu_smoke else 330)
+    ctx.deadline = time.time() + budget
+    timeouts = SMOKE_PART_TIMEOUT if a.cpu_smoke else PART_TIMEOUT
+    not_run = not_run_lines(ctx.gpus, a.cpu_smoke)
+    parts: list[Part] = []
+
+    def write() -> str:
+        text = render(info, parts, not_run)
+        tables = [f"\n## {p.name}: table\n\n{p.facts['table']}\n" for p in parts if "table" in p.facts]
+        (a.out / "gpu_check.md").write_text("```\n" + text + "```\n" + "".join(tables))
+        doc = {"machine": info, "budget_s": budget, "parts": [p.to_json() for p in parts], "not_run": not_run}
+        (a.out / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str))
+        (a.out / "gpu_check_logs.txt").write_text("\n\n".join(ctx.logs) + "\n")
+        return text
+
+    for name in a.only or ORDER:
+        p = Part(name)
+        parts.append(p)
+        left = ctx.left()
+        if left < 20:
+            p.status = "NOT RUN"
+            p.error = f"out of time: {left:.0f} s of the {budget:.0f} s budget left"
+            write()
+            continue
+        timeout = min(timeouts[name], left)
+        t0 = time.time()
+        print(f"--- {name} (at most {timeout:.0f} s)", flush=True)
+        try:
+            PARTS[name](ctx, p, timeout)
+        except Exception:
+            p.fail(traceback.format_exc())
+        p.seconds = time.time() - t0
+        p.finish()
+        print(f"--- {name}: {p.status} in {p.seconds:.0f} s", flush=True)
+        write()
+    text = write()
+    print(text, end="")
+    print(f"(written: {a.out}/gpu_check.md, gpu_check.json, gpu_check_logs.txt; runs in {work})")
+    return 0 if all(p.status == "PASS" for p in parts) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
