@@ -134,6 +134,9 @@ def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
     # failed programs per kind (task=code): every kind the task can count, from the first step
     for kind in sorted(set(getattr(run.task, "verifier_kinds", ())) | set(st.verifier_kinds)):
         out[f"data/verifier_{kind}"] = float(st.verifier_kinds.get(kind, 0))
+    engines = getattr(run.source, "pool", None)
+    if engines is not None and engines.updates:  # pipeline_rl: what handing over the weights costs
+        out["perf/weight_update_s"] = engines.weight_seconds / engines.updates
     if run.device.type == "cuda":  # the trainer's peak GPU memory (the pipeline generator's is not counted)
         out["perf/gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     return out

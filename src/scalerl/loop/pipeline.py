@@ -398,7 +398,8 @@ class EnginePool(Generator):
         self._owner: dict[int, int] = {}  # work id -> engine
         self._eval_id = 0
         self._early: list = []  # training results that came while waiting for evaluation
-        self.weight_seconds = 0.0
+        self.weight_seconds = 0.0  # spent handing weights over (packing, waiting for the last update)
+        self.updates = 0
 
     # ------------------------------------------------------------------ start
     @property
@@ -449,6 +450,7 @@ class EnginePool(Generator):
         t0 = time.perf_counter()
         self.sender.publish(self.source_of(weights), version)
         self.weight_seconds += time.perf_counter() - t0
+        self.updates += 1
         self.version = int(version)
 
     def load_weights(self, weights, version: int) -> None:
