@@ -562,6 +562,42 @@ def test_two_ranks_run_sigkill_resume(tiny_overrides, tmp_path):
     assert digests == {_digest(policy)}  # and it is the digest of the weights DeepSpeed saved
 
 
+def test_two_ranks_pipeline_rl_zero3_from_one_engine(tiny_overrides, tmp_path):
+    """torchrun, 2 trainer processes, ZeRO-3, async_mode=pipeline_rl: rank 0 hosts the engine and
+    hands each rank its share of every step's groups; each weight update gathers one bucket at a
+    time on both ranks. Every step trains 8 groups over the two ranks, the lag stays within k, and
+    the ranks end with identical weights."""
+    over = merged(
+        tiny_overrides,
+        EASY,
+        [
+            "trainer=deepspeed",
+            "trainer.zero_stage=3",
+            "async_mode=pipeline_rl",
+            "placement.bucket_mb=0.05",
+            "trainer.total_steps=4",
+            "eval.every=2",
+            "checkpoint_every=4",
+            "trainer.device=cpu",
+        ],
+    )
+    uri, _ = _tracking(over)
+    out = tmp_path / "run"
+    _finish(_torchrun([str(REPO / "train.py"), *over], tmp_path), timeout=300)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4
+    rid = summary["run_id"]
+    trained = dict(_metrics(uri, rid, "train/groups_trained"))
+    dropped = dict(_metrics(uri, rid, "data/zero_variance_dropped_step"))
+    assert all(trained[s] + dropped[s] == 8 for s in range(1, 5)), (trained, dropped)
+    assert max(v for _, v in _metrics(uri, rid, "train/policy_lag_max")) <= 8
+    engine = out / "checkpoint" / "engine" / "step_00000004"
+    digests = {
+        torch.load(engine / f"scalerl_rank_{r:05d}.pt", weights_only=False)["weights_digest"] for r in (0, 1)
+    }
+    assert len(digests) == 1, "the ranks' weights differ"
+
+
 def test_one_process_listens_on_loopback_only(tmp_path):
     """trainer=deepspeed without a launcher: the rendezvous goes through a file (torch's TCP store
     would listen on every interface) and gloo's own connections stay on loopback."""

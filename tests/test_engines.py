@@ -88,6 +88,7 @@ def test_two_vllm_engines_receive_every_update_inside_their_workers_bit_for_bit(
     from scalerl.generator.vllm_gen import VLLMGenerator
 
     overrides = ["generator=vllm", "generator.kv_cache_gib=0.1", "precision=fp32", "placement.engines=2"]
+    overrides += ["model.num_heads=2", "model.num_kv_heads=2"]  # head size 32: vLLM's CPU attention has no 16
     cfg, task, model, precision, pool = _pool([*overrides, "placement.bucket_mb=0.05"])
     reference = VLLMGenerator(model, pool.tokenizer, precision, cfg.length_control, kv_cache_gib=0.1)
     weights = PolicyWeights(model)

@@ -393,6 +393,7 @@ class EnginePool(Generator):
         self.started = False
         self.ready = False
         self.sender = None
+        self.layout = None  # what each update holds, in buckets (every rank)
         self.procs: list = []
         self.outstanding: dict[int, int] = {}  # engine -> work items given, not yet returned
         self._owner: dict[int, int] = {}  # work id -> engine
@@ -406,19 +407,28 @@ class EnginePool(Generator):
     def engines(self) -> int:
         return int(self.placement.engines) + int(self.placement.remote_engines)
 
-    def _start(self, weights, version: int) -> None:
+    def _first(self, weights) -> dict[str, torch.Tensor] | None:
+        """Every rank: the update's layout from one whole gather (the same buckets on every rank,
+        so each later update gathers bucket by bucket in step); rank 0 keeps a CPU copy."""
+        from scalerl.transport import Layout
+
+        cfg = self.cfg
+        checkpoint = bool(cfg.generator.name == "vllm")  # vLLM loads checkpoint names
+        self.source_of = lambda w: _in_engine_dtype(w.source(checkpoint), cfg, checkpoint)
+        with self.source_of(weights)(weights.names(checkpoint)) as first:
+            shapes = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in first.items()}
+            state = (
+                {k: v.detach().to("cpu", copy=True) for k, v in first.items()}
+                if self.placement.main
+                else None
+            )
+        self.layout = Layout.of(shapes, float(cfg.placement.bucket_mb))
+        return state
+
+    def _start(self, state: dict[str, torch.Tensor], version: int) -> None:
         from omegaconf import OmegaConf
 
         p, cfg = self.placement, self.cfg
-        checkpoint = bool(cfg.generator.name == "vllm")  # vLLM loads checkpoint names
-        names = weights.names(checkpoint)
-        self.source_of = lambda w: _in_engine_dtype(w.source(checkpoint), cfg, checkpoint)
-        source = self.source_of(weights)
-        with source(names) as first:
-            state = {k: v.detach().to("cpu", copy=True) for k, v in first.items()}
-        from scalerl.transport import Layout
-
-        layout = Layout.of(state, float(cfg.placement.bucket_mb))
         world = 1 + self.engines * int(p.tensor_parallel_size)
         spec = TransportSpec(p.backend, p.host, int(p.port), world)
         ctx = process_context()
@@ -430,7 +440,9 @@ class EnginePool(Generator):
             "engines/spec", json.dumps({"backend": p.backend, "world": world, "timeout_s": spec.timeout_s})
         )
         if shm is None:
-            self.sender = WeightSender(self.store, spec, layout, device=self.trainer_device, alive=self.alive)
+            self.sender = WeightSender(
+                self.store, spec, self.layout, device=self.trainer_device, alive=self.alive
+            )
         else:
             self.sender = shm
         cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
@@ -444,28 +456,28 @@ class EnginePool(Generator):
             self.procs.append(proc)
         self.outstanding = dict.fromkeys(range(self.engines), 0)
         self.started = True
-        self._publish(weights, version)
 
-    def _publish(self, weights, version: int) -> None:
+    def load_weights(self, weights, version: int) -> None:
+        """Every rank calls it: under ZeRO-3 each bucket's parameters are gathered in turn (a
+        collective, never the whole model after the first update); rank 0 sends each bucket."""
         t0 = time.perf_counter()
-        self.sender.publish(self.source_of(weights), version)
+        if self.layout is None:
+            state = self._first(weights)
+            if self.placement.main:
+                self._start(state, version)
+        source = self.source_of(weights)
+        if self.placement.main:
+            self.sender.publish(source, version)
+        elif self.placement.backend == "shm":  # rank 0 gathers everything at once
+            with source([e[0] for e in self.layout.entries]):
+                pass
+        else:  # the same gathers as rank 0, bucket by bucket
+            for b in range(len(self.layout.buckets)):
+                with source(self.layout.names(b)):
+                    pass
         self.weight_seconds += time.perf_counter() - t0
         self.updates += 1
         self.version = int(version)
-
-    def load_weights(self, weights, version: int) -> None:
-        """Every rank calls it (ZeRO-3 gathers each bucket, a collective); rank 0 sends."""
-        if not self.placement.main:
-            with weights.source(self.cfg.generator.name == "vllm")(
-                weights.names(self.cfg.generator.name == "vllm")
-            ):
-                pass
-            self.version = int(version)
-            return
-        if not self.started:
-            self._start(weights, version)
-        else:
-            self._publish(weights, version)
 
     def wait_ready(self) -> None:
         """Until every engine has built its model and taken the first weights."""
