@@ -232,6 +232,8 @@ def child_many(spec: dict) -> None:
 
     device = torch.device(spec["device"])
     if device.type == "cuda":
+        if device.index is None:  # the allocator's statistics need an index
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     mem = _Mem(device)
     base = mem.now()

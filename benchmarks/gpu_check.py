@@ -90,7 +90,7 @@ SMOKE_BASE = [
 ]
 SMOKE_STEPS = {"devices": 3, "devices_2engines": 2, "deepspeed": 2}
 # seconds per part (each also gets at most what is left of --budget-s)
-PART_TIMEOUT = {"transport": 60, "devices": 190, "memory": 110, "deepspeed": 150}
+PART_TIMEOUT = {"transport": 100, "devices": 190, "memory": 110, "deepspeed": 150}
 SMOKE_PART_TIMEOUT = {"transport": 120, "devices": 420, "memory": 240, "deepspeed": 420}
 ORDER = ["transport", "devices", "memory", "deepspeed"]
 # the transport's model sizes: the embedded default (gpt2 128 x 3) and SmolLM2-135M's shape
@@ -996,6 +996,9 @@ def main(argv=None) -> int:
         train_wrapper(argv[1], argv[3:] if argv[2:3] == ["--"] else argv[2:])
         return 0
     if argv[:1] == ["--transport-child"]:  # internal: the transport part's process
+        import faulthandler
+
+        faulthandler.dump_traceback_later(90, exit=True)  # a hang shows where it is
         path, smoke, gpus = argv[1:4]
         Path(path).write_text(json.dumps(part_transport_child(smoke == "1", int(gpus))))
         return 0
