@@ -127,3 +127,42 @@ def test_two_task_job_preempted_resumes_both_ranks(slurm_cluster, tmp_path, _cac
     assert sorted(steps) == list(range(7))  # resumed: no step twice, none missing
     raw = slurm_cluster.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State")
     assert [ln.split()[0] for ln in raw.splitlines() if ln.strip()][:1] == ["REQUEUED"], raw
+
+
+def test_a_generator_task_feeds_the_trainer_task_over_gloo(slurm_cluster, tmp_path, _cache_dir):
+    """placement.generator_tasks=1: of the job's two tasks the first trains (a world of one) and the
+    second runs the pipeline_rl engine, reaching the trainer's store at the job's MASTER_ADDR and
+    taking every weight update over gloo; one run, trained from the engine's groups."""
+    name = "gen_task"
+    f = write_sweep(
+        tmp_path / f"{name}.yaml",
+        {"split": []},
+        name=name,
+        base=[
+            *TINY_BASE,
+            *TINY_TASK,
+            "async_mode=pipeline_rl",
+            "placement=split",
+            "placement.generator_tasks=1",
+            "trainer.total_steps=4",
+        ],
+    )
+    out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with _sweep_in_background(f, out, uri, slurm_cluster.partition, tmp_path, TWO_TASKS) as proc:
+        rc, stdout, stderr = _finish(proc, 420)
+    assert rc == 0, stderr[-3000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["split"]["status"] == "finished", status
+    log0 = Path(status["split"]["log"])
+    texts = []
+    for task in (0, 1):
+        err = log0.with_name(log0.name.replace("_0_log.err", f"_{task}_log.err"))
+        texts.append(err.read_text() + err.with_suffix(".out").read_text())
+    assert "[scalerl] generator task: engine 0, weights over gloo from " in texts[1], texts[1][-2000:]
+    assert "generator task" not in texts[0]
+    summary = json.loads((out / "split" / "summary.json").read_text())
+    assert summary["steps"] == 4
+    c = _client(uri)
+    lags = [m.value for m in c.get_metric_history(summary["run_id"], "train/policy_lag_max")]
+    assert len(lags) == 4 and max(lags) <= 8
+    assert c.get_run(summary["run_id"]).data.metrics["perf/weight_update_s"] > 0

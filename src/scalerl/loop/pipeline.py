@@ -171,6 +171,10 @@ def serve_task(cfg, index: int, host: str, port: int) -> None:
     if gpus and os.environ.get("CUDA_VISIBLE_DEVICES"):  # the job's own choice for this task
         gpus = tuple(int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",")[:tp])
     threads = int(cfg.trainer.threads) or (os.cpu_count() or 1)
+    print(
+        f"[scalerl] generator task: engine {index}, weights over {weights.backend} from {host}:{port}",
+        flush=True,
+    )
     serve_engine(
         EngineSpec(
             OmegaConf.to_yaml(cfg, resolve=True), int(index), 1 + int(index) * tp, weights, threads, gpus
