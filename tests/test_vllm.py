@@ -155,6 +155,10 @@ def test_each_async_mode_trains_with_vllm_and_the_pass_rate_rises(mode, tiny_ove
     if mode == "pipeline_rl":
         lags = [m.value for m in c.get_metric_history(summary["run_id"], "train/policy_lag_max")]
         assert 0 < max(lags) <= cfg.async_mode.max_lag  # in flight, within the lag bound
+        # what the stale KV cache costs, measured by the engine itself (the weights live in its
+        # workers): tokens after an in-flight update vs a fresh prefill under the same weights
+        gaps = [m.value for m in c.get_metric_history(summary["run_id"], "gen/stale_kv_logprob_gap")]
+        assert gaps and all(0.0 <= g < 1.0 for g in gaps), gaps
     elif mode == "ppo_off_policy":  # minibatches generated with one policy, trained one after another
         assert metrics["train/policy_lag_max"] <= cfg.async_mode.minibatches - 1
     else:

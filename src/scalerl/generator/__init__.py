@@ -44,6 +44,8 @@ def make_generator(
             kv_cache_gib=float(g.kv_cache_gib),
             gpu_memory_utilization=float(g.gpu_memory_utilization),
             max_num_seqs=int(g.max_num_seqs),
+            sleep_while_training=bool(g.get("sleep_while_training", True)),
+            bucket_mb=float(cfg.placement.bucket_mb) if "placement" in cfg else 256.0,
         )
     return cls(
         model,

@@ -88,6 +88,21 @@ def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _buckets(module: torch.nn.Module, names: list[str], limit: int) -> list[list[str]]:
+    """``names`` in consecutive groups of at most ``limit`` bytes (a larger tensor alone)."""
+    sizes = {k: v.numel() * v.element_size() for k, v in module.state_dict().items()}
+    out: list[list[str]] = []
+    size = 0
+    for name in names:
+        n = sizes.get(name, sizes.get(name.replace(".weight", ".parametrizations.weight.original"), 0))
+        if not out or size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(name)
+        size += n
+    return out
+
+
 @dataclass
 class _Row:
     """One sequence being generated: the completion so far and where it stands."""
@@ -121,6 +136,8 @@ class VLLMGenerator(Generator):
         gpu_memory_utilization: float = 0.5,
         max_num_seqs: int = 256,
         stale_kv_samples: int = 4,
+        sleep_while_training: bool = True,
+        bucket_mb: float = 256.0,
     ):
         vllm = import_vllm()
         self.vllm = vllm
@@ -174,8 +191,13 @@ class VLLMGenerator(Generator):
         )
         if precision.head == "fp32" and precision.body != "fp32":
             kwargs["hf_overrides"] = {"head_dtype": "float32"}
+        # sharing the GPU with the trainer: vLLM's sleep mode frees it while the trainer steps
+        self.sleeps = device.type == "cuda" and bool(sleep_while_training)
+        self.asleep = False
+        self.bucket_bytes = int(float(bucket_mb) * 2**20)
         if device.type == "cuda":
             kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+            kwargs["enable_sleep_mode"] = self.sleeps
         else:
             kwargs["kv_cache_memory_bytes"] = int(float(kv_cache_gib) * 2**30)
         threads = torch.get_num_threads()  # vLLM's CPU worker drops this process to one thread
@@ -195,12 +217,29 @@ class VLLMGenerator(Generator):
 
     # ------------------------------------------------------------------ Generator interface
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
-        """Reload every weight of the engine from ``weights`` (gathered under ZeRO-3, rounded as the
-        trainer computes with them), then record ``version``."""
-        with weights.gathered(), torch.no_grad():
-            state = checkpoint_state(weights.module)
-            self.llm.collective_rpc("scalerl_reload", args=(state,))
+        """Reload every weight of the engine from ``weights`` (rounded as the trainer computes with
+        them), a bucket at a time: under ZeRO-3 only that bucket's parameters are gathered, never
+        the whole model; then record ``version``."""
+        self._wake()
+        names = weights.names(checkpoint=True)
+        source = weights.source(checkpoint=True)
+        for bucket in _buckets(weights.module, names, self.bucket_bytes):
+            with source(bucket) as state:
+                self.llm.collective_rpc("scalerl_reload", args=(dict(state),))
         self.version = int(version)
+
+    def _wake(self) -> None:
+        """Take the weights back onto the GPU (sleep mode: the trainer stepped meanwhile)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def sleep(self) -> None:
+        """Free the GPU for the trainer's step (``generator.sleep_while_training`` on a GPU): the
+        weights go to host memory and the KV cache is dropped until the next generation or update."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
 
     samples_from_trainer_module = False
     checkpoint_names = True  # the weights it loads are named as in a checkpoint (vLLM's loader)
@@ -278,6 +317,22 @@ class VLLMGenerator(Generator):
     def _generate(
         self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step
     ) -> list[list[Sample]]:
+        self._wake()
+        try:
+            return self._sample(
+                prompts,
+                prompt_ids,
+                n,
+                version=version,
+                group_ids=group_ids,
+                weight_update=weight_update,
+                on_step=on_step,
+            )
+        finally:
+            if weight_update is None:  # in the trainer's process: the trainer steps next
+                self.sleep()
+
+    def _sample(self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step):
         eos = [] if self.eos_id is None else [int(self.eos_id)]
         interrupt = self.mode == "interruption"
         if interrupt:
@@ -326,7 +381,48 @@ class VLLMGenerator(Generator):
             measure_stale_kv(
                 self.model, self.precision, self.temperature, groups, self.version, self.stale_kv_samples
             )
+        elif weight_update is not None and self.temperature == 1.0:  # the weights are in the workers
+            self._measure_stale_kv(groups)
         return groups
+
+    def _measure_stale_kv(self, groups) -> int:
+        """:func:`~scalerl.generator.staleness.measure_stale_kv` with the engine itself: the
+        log-probs of the tokens generated after an update, recomputed by a fresh prefill of the
+        whole sequence (vLLM's prompt log-probs, those of the untempered distribution: measured at
+        temperature 1 only). Returns how many samples were measured."""
+        from scalerl.generator.staleness import spans_update
+
+        measured = 0
+        for s in (s for g in groups for s in g):
+            if measured >= self.stale_kv_samples:
+                break
+            start = spans_update(s, self.version)
+            if start < 0:
+                continue
+            ids = list(s.prompt_ids) + list(s.completion_ids)
+            self._request += 1
+            rid = f"stale-kv:{self._request}"
+            params = self.vllm.SamplingParams(
+                temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False, seed=0
+            )
+            self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+            out = None
+            while self.engine.has_unfinished_requests():
+                for o in self.engine.step():
+                    if o.request_id == rid and o.finished:
+                        out = o
+            if out is None or out.prompt_logprobs is None:
+                break
+            p = len(s.prompt_ids)
+            idx = [
+                i
+                for i in range(start, len(s.completion_ids))
+                if s.loss_mask[i] and s.versions[i] == self.version
+            ]
+            fresh = [out.prompt_logprobs[p + i][ids[p + i]].logprob for i in idx]
+            s.stale_kv_gap = float(sum(abs(s.logprobs[i] - f) for i, f in zip(idx, fresh)) / max(1, len(idx)))
+            measured += 1
+        return measured
 
     def _to_samples(self, prompts, group_ids, rows: list[_Row], eos: list[int]) -> list[list[Sample]]:
         groups: list[list[Sample]] = [[] for _ in prompts]

@@ -167,9 +167,19 @@ def serve_task(cfg, index: int, host: str, port: int) -> None:
     info = json.loads(store.get("engines/spec").decode())
     weights = TransportSpec(info["backend"], host, int(port), int(info["world"]), float(info["timeout_s"]))
     tp = int(cfg.placement.tensor_parallel_size)
-    gpus = tuple(range(tp)) if torch.cuda.is_available() else ()
-    if gpus and os.environ.get("CUDA_VISIBLE_DEVICES"):  # the job's own choice for this task
-        gpus = tuple(int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",")[:tp])
+    # the node's GPUs from this task's local rank on: the node's trainer ranks (its first tasks)
+    # train on cuda:0, cuda:1, ... by their local rank
+    first = int(os.environ.get("LOCAL_RANK", "0"))
+    gpus = tuple(range(first, first + tp)) if torch.cuda.is_available() else ()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus and visible:  # indices into what the job lets this task see
+        ids = [g for g in visible.split(",") if g.strip()]
+        if first + tp > len(ids):
+            raise RuntimeError(
+                f"generator task at local rank {first} needs GPUs {first}-{first + tp - 1} of its node "
+                f"(placement.tensor_parallel_size={tp}); the job gives it {len(ids)}: ask for more GPUs per node"
+            )
+        gpus = tuple(int(ids[g]) for g in gpus)
     threads = int(cfg.trainer.threads) or (os.cpu_count() or 1)
     print(
         f"[scalerl] generator task: engine {index}, weights over {weights.backend} from {host}:{port}",
@@ -220,6 +230,7 @@ class _Engine:
         model.eval()
         seed = cfg.seed * 7919 + 17 + 104729 * spec.index
         gen = make_generator(cfg, model, tokenizer, precision, device, seed=seed)
+        gen.sleeps = False  # an engine of its own generates all the time: no sleep mode
         poll_shm = None
         if spec.shm is not None:
             from scalerl.model.weights import PolicyWeights

@@ -44,6 +44,8 @@ class VLLMGeneratorOption(GeneratorOption):
     kv_cache_gib: float = 1.0  # on a CPU: memory reserved for the KV cache
     gpu_memory_utilization: float = 0.5  # on a GPU: share of its memory vLLM may take
     max_num_seqs: int = 256  # sequences decoded together
+    # on a GPU shared with the trainer (its process): vLLM's sleep mode while the trainer steps
+    sleep_while_training: bool = True
 
     def check(self):
         return super().check() + problems(
