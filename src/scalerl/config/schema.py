@@ -133,18 +133,25 @@ RESUMABLE_CHANGES = (
 SECTIONS = {"eval": EvalConfig, "tracking": TrackingConfig, "scaling": ScalingConfig}
 
 
+_stored: tuple = ()  # the (group, name, class) of every option schema last stored
+
+
 def register_configs() -> None:
     """Store the top-level schema and every option's schema in Hydra's ConfigStore.
 
     ``conf/config.yaml`` lists ``scalerl_schema`` first in its defaults; each option's YAML lists
     ``/scalerl_schema/<group>/<name>@_here_`` first in its own. Also registers the ``scalerl_help``
-    resolver that ``--help`` uses to list the options.
+    resolver that ``--help`` uses to list the options. Stores again only when an option was
+    registered or changed since (storing every schema costs an eighth of a compose).
     """
+    global _stored
     cs = ConfigStore.instance()
-    cs.store(name="scalerl_schema", node=Config)
-    for group in GROUPS:
-        for name, cls in options(group).items():
+    schemas = tuple((group, name, cls) for group in GROUPS for name, cls in options(group).items())
+    if schemas != _stored or "scalerl_schema.yaml" not in cs.repo:
+        cs.store(name="scalerl_schema", node=Config)
+        for group, name, cls in schemas:
             cs.store(group=f"{SCHEMA_ROOT}/{group}", name=name, node=cls)
+        _stored = schemas
     from scalerl.config.help import register_help_resolver
 
     register_help_resolver()
