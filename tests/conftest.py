@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +69,25 @@ def _cache_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("scalerl-cache")
     os.environ["SCALERL_CACHE"] = str(d)
     yield d
+
+
+@pytest.fixture(scope="session")
+def new_store(tmp_path_factory):
+    """``new_store(folder)`` -> the URI of a new, empty real MLflow sqlite store in ``folder``: a copy
+    of one whose tables were created once (creating them costs 1-2 CPU-seconds and many fsyncs)."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()  # creates the tables
+
+    def make(folder, name: str = "mlflow.db") -> str:
+        db = Path(folder) / name
+        shutil.copyfile(template, db)
+        return f"sqlite:///{db}"
+
+    return make
 
 
 @pytest.fixture(scope="session")

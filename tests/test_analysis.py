@@ -52,9 +52,9 @@ def _log_run(client, eid, name, steps, compute, reward, params, *, axis="flops",
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, new_store):
     tmp = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = new_store(tmp)
     client = MlflowClient(tracking_uri=uri)
     eid = client.create_experiment(EXPERIMENT, artifact_location=str(tmp / "artifacts"))
     rng = np.random.default_rng(0)
