@@ -46,6 +46,16 @@ _SLOW_MARKERS = ("slurm", "browser", "deepspeed")
 _SLOW_FIXTURES = ("tiny_overrides", "tiny_sweep")
 
 
+def pytest_configure(config):
+    """The tests' own tensors are tiny: torch's intra-op threads only spin-wait for each other, and on
+    a shared 2-core machine they cost 3-5x the time of one thread (test_generator_contract and
+    test_logits_chunks: 74 s -> 15 s at load 6-7). Runs set their own (``trainer.threads``);
+    subprocesses keep torch's default."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_runtest_setup(item):
     """A test marked ``needs_extra(name)`` is skipped with the reason when that extra is missing, and
     fails instead under SCALERL_REQUIRE_EXTRAS=1 (CI): tests/extras.py."""
