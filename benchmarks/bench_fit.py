@@ -43,6 +43,7 @@ def bench_timing(repeats: int = 20) -> dict:
     """One run (30 points + step 0) with 200 bootstrap resamples; a 9-run sweep analysis."""
     from scalerl.analysis.experiment import analyse_runs
     from scalerl.analysis.mlflow_io import RunData
+    from scalerl.scaling import FitProtocol
 
     rng = np.random.default_rng(0)
     curve = random_curve(rng)
@@ -80,7 +81,7 @@ def bench_timing(repeats: int = 20) -> dict:
             )
         )
     t = time.perf_counter()
-    res = analyse_runs(runs, bootstrap=200)
+    res = analyse_runs(runs, FitProtocol(bootstrap=200))
     # fits + CIs + half-budget checks + fixed-A refits + verdicts
     out["sweep9_fits_s"] = time.perf_counter() - t
     from scalerl.scaling.plot import plot_fit, plot_linearised

@@ -1,5 +1,5 @@
 """How often SmolLM2-135M-Instruct (``model=smollm2``) solves ``task=gsm`` training problems, per
-template: the measurement behind the README's choice of ``task.templates`` / ``task.number_scale``.
+template: the measurement behind docs/real-model.md's choice of ``task.templates`` / ``task.number_scale``.
 
     python benchmarks/bench_gsm_passrate.py --number-scale 0.1 --per-template 2 --samples 8 \\
         --temperature 0.6 --out /tmp/passrate.json     # every template: ~11 min on 2 cores

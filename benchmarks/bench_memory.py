@@ -12,7 +12,7 @@ Each configuration runs in a fresh process (``--child``), which reads its reside
 * ``weights``: the model loaded (fp32) and prepared for the precision policy (``precision=fp32_head``
   as the recipe's default: bf16 body, emulated on CPU, fp32 head);
 * ``optimizer``: what one small warm-up step leaves (AdamW's two moments and the gradients);
-* ``step peak``: the high-water mark over one optimiser step on a batch shaped like the README's
+* ``step peak``: the high-water mark over one optimiser step on a batch shaped like docs/real-model.md's
   real-model command (prompts x samples, micro-batches of one group each, completions of the given
   length, a shared prompt per group), and ``transient`` = step peak - resident memory before the step
   (activations, logits and their gradients, at most one micro-batch's at a time).
@@ -69,7 +69,7 @@ def reset_peak() -> None:
 
 def synthetic_batch(groups: int, per: int, prompt: int, completion: int, vocab: int, seed: int = 0):
     """``groups`` prompts of ``prompt`` tokens, each with ``per`` completions: three quarters of the
-    full ``completion`` length (cut at the limit, as most were in the README's run), the rest
+    full ``completion`` length (cut at the limit, as most were in docs/real-model.md's run), the rest
     shorter; random token ids, behaviour log-probs and advantages."""
     import torch
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,16 @@ _SLOW_MARKERS = ("slurm", "browser", "deepspeed")
 _SLOW_FIXTURES = ("tiny_overrides", "tiny_sweep")
 
 
+def pytest_configure(config):
+    """The tests' own tensors are tiny: torch's intra-op threads only spin-wait for each other, and on
+    a shared 2-core machine they cost 3-5x the time of one thread (test_generator_contract and
+    test_logits_chunks: 74 s -> 15 s at load 6-7). Runs set their own (``trainer.threads``);
+    subprocesses keep torch's default."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_runtest_setup(item):
     """A test marked ``needs_extra(name)`` is skipped with the reason when that extra is missing, and
     fails instead under SCALERL_REQUIRE_EXTRAS=1 (CI): tests/extras.py."""
@@ -68,6 +79,25 @@ def _cache_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("scalerl-cache")
     os.environ["SCALERL_CACHE"] = str(d)
     yield d
+
+
+@pytest.fixture(scope="session")
+def new_store(tmp_path_factory):
+    """``new_store(folder)`` -> the URI of a new, empty real MLflow sqlite store in ``folder``: a copy
+    of one whose tables were created once (creating them costs 1-2 CPU-seconds and many fsyncs)."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()  # creates the tables
+
+    def make(folder, name: str = "mlflow.db") -> str:
+        db = Path(folder) / name
+        shutil.copyfile(template, db)
+        return f"sqlite:///{db}"
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from mlflow.entities import Metric, Param, RunStatus  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from scalerl.analysis import fit_experiment, load_runs, rows_to_csv, rows_to_markdown  # noqa: E402
+from scalerl.analysis import FitProtocol, fit_experiment, load_runs, rows_to_csv, rows_to_markdown  # noqa: E402
 from scalerl.scaling.synthetic import TrueCurve, sample_run  # noqa: E402
 
 EXPERIMENT = "scalerl-test"
@@ -52,9 +52,9 @@ def _log_run(client, eid, name, steps, compute, reward, params, *, axis="flops",
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, new_store):
     tmp = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = new_store(tmp)
     client = MlflowClient(tracking_uri=uri)
     eid = client.create_experiment(EXPERIMENT, artifact_location=str(tmp / "artifacts"))
     rng = np.random.default_rng(0)
@@ -207,7 +207,7 @@ def test_cli_errors(store, capsys):
 
 def test_fit_experiment_rows(store, tmp_path):
     client = store["client"]
-    rows = fit_experiment(client, EXPERIMENT, include_running=True, bootstrap=50)
+    rows = fit_experiment(client, EXPERIMENT, include_running=True, protocol=FitProtocol(bootstrap=50))
     names = [r["run_name"] for r in rows]
     assert set(names) == {"base", "dapo", "bf16", "tiny", "live"}
     assert names[-1] == "tiny"
@@ -239,7 +239,7 @@ def test_fit_experiment_rows(store, tmp_path):
 
     # Explicit run ids, any status; a chosen baseline.
     ids = [store["ids"]["dapo"], store["ids"]["bf16"]]
-    rows2 = fit_experiment(client, ids, baseline="bf16", bootstrap=0)
+    rows2 = fit_experiment(client, ids, baseline="bf16", protocol=FitProtocol(bootstrap=0))
     assert [r["run_name"] for r in rows2] == ["dapo", "bf16"]
     assert rows2[0]["delta_A"] == pytest.approx(rows2[0]["A"] - rows2[1]["A"])
 

@@ -533,12 +533,12 @@ def test_sweep_with_an_unreachable_store_or_a_file_as_folder(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def few_points_store(tmp_path_factory):
+def few_points_store(tmp_path_factory, new_store):
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     tmp = tmp_path_factory.mktemp("few")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = new_store(tmp)
     client = MlflowClient(tracking_uri=uri)
     eid = client.create_experiment("few", artifact_location=str(tmp / "artifacts"))
     run = client.create_run(eid, run_name="two-points")

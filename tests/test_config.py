@@ -200,6 +200,35 @@ def test_a_registered_loss_becomes_an_option_with_its_checks():
         REGISTRY["loss"].pop("test_only_loss", None)
 
 
+def test_an_option_registered_after_a_compose_is_stored_for_the_next_one():
+    """register_configs stores the schemas again only when the options changed: a later option (a
+    loss registered by a plugin) still reaches Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    from scalerl.config.options import OPTIONS as REGISTRY
+    from scalerl.config.options import SCHEMA_ROOT, Option, register_option
+    from scalerl.config.schema import register_configs
+
+    compose([])
+    loss_repo = ConfigStore.instance().repo[SCHEMA_ROOT]["loss"]
+    assert "cispo.yaml" in loss_repo and "later_loss.yaml" not in loss_repo
+
+    @register_option("loss", "later_loss")
+    @dataclasses.dataclass
+    class LaterLoss(Option):
+        name: str = "later_loss"
+
+    try:
+        register_configs()
+        assert (
+            OmegaConf.get_type(ConfigStore.instance().repo[SCHEMA_ROOT]["loss"]["later_loss.yaml"].node)
+            is LaterLoss
+        )
+    finally:
+        REGISTRY["loss"].pop("later_loss", None)
+        ConfigStore.instance().repo[SCHEMA_ROOT]["loss"].pop("later_loss.yaml", None)
+
+
 def test_variant_params_name_the_fields_that_differ_from_the_option_yaml():
     v = group_variants(compose(["loss=dapo", "length_control=length_penalty", "filter.zero_variance=false"]))
     assert v["filter"] == "scalerl(zero_variance=false)"

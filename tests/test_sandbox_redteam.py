@@ -163,8 +163,15 @@ def problem():
     return p, f"def f(x):\n    return x * {ys[1] - ys[0]} + {ys[0]}\n", tasks
 
 
+# the tricks that burn the whole wall-clock limit (2 s each, under each boundary) run with the slow
+# tests; the fast selection checks the timeout once (test_code_task.py::test_a_timed_out_program_is_killed)
+BURN_THE_LIMIT = ("loop forever", "loop forever in the function", "SIGXCPU ignored to outlive the CPU limit")
+
+
 @pytest.mark.parametrize("where", WHERE)
-@pytest.mark.parametrize("attack", list(FORGERIES))
+@pytest.mark.parametrize(
+    "attack", [pytest.param(a, marks=pytest.mark.slow) if a in BURN_THE_LIMIT else a for a in FORGERIES]
+)
 def test_no_program_is_rewarded_for_a_trick(problem, attack, where):
     p, _, tasks = problem
     code, kind = FORGERIES[attack]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from scalerl.scaling import (
     DEFAULT_METHOD,
+    FitProtocol,
     SigmoidFit,
     _solvers,
     fit_fixed_A,
@@ -396,12 +397,12 @@ def test_vectorised_B_fit_matches_curve_fit():
         ([0, 1, 2], [0.1, 0.2, 0.3], "direct"),
         ([0, 1, 2, 3, 4], [0.1, math.nan, 0.3, 0.4, 0.5], "direct"),
         (None, "x", "direct"),
-        ([0, 1, 2, 3, 4], [0.1, 0.2, 0.3, 0.4, 0.5], "bogus"),
         ([], [], "grid"),
     ],
 )
 def test_fit_metrics_never_raises(compute, reward, method):
-    fit, metrics = fit_metrics(compute, reward, method=method, min_step=1, bootstrap=10)
+    # (an unknown method no longer reaches a fit: FitProtocol rejects it, tests/test_fit_protocol.py)
+    fit, metrics = fit_metrics(compute, reward, FitProtocol(method=method, min_step=1, bootstrap=10))
     assert isinstance(fit, SigmoidFit)
     assert "fit/A" in metrics and "fit/ok" in metrics
 
@@ -410,19 +411,22 @@ def test_fit_metrics_and_final_report(tmp_path):
     rng = np.random.default_rng(9)
     truth, c, y = _run(rng)
     steps = np.arange(c.size) * 10
-    fit, metrics = fit_metrics(c, y, steps=steps, min_step=30, method="direct", bootstrap=50)
+    fit, metrics = fit_metrics(c, y, FitProtocol(min_step=30, method="direct", bootstrap=50), steps=steps)
     # the cut is the compute of the first evaluation at step >= 30: steps 10 and 20 are left out
     assert fit.ok and fit.min_compute == c[3]
     assert sorted(fit.excluded) == [0, 1, 2]
     assert metrics["fit/A"] == round(fit.A, 3) and abs(metrics["fit/A"] - fit.A) <= 5e-4
     png = tmp_path / "run" / "scaling_curve.png"
-    fit2, metrics2 = final_report(
-        c, y, out_png=png, extrapolate=2.0, method="direct", min_compute=0.1 * c.max(), bootstrap=50
+    protocol = FitProtocol(
+        extrapolate=2.0, method="direct", min_step=0, min_compute=0.1 * c.max(), bootstrap=50
     )
+    fit2, metrics2 = final_report(c, y, protocol, out_png=png)
     assert png.read_bytes()[:8] == PNG_MAGIC
     assert metrics2["fit/pred_at_2x"] == pytest.approx(float(fit2.predict(2 * c.max())))
     # A failing fit still writes a plot of the points and returns NaN metrics.
-    fit3, metrics3 = final_report([0, 1], [0.1, 0.2], out_png=tmp_path / "bad.png", extrapolate=2.0)
+    fit3, metrics3 = final_report(
+        [0, 1], [0.1, 0.2], FitProtocol(min_step=0, extrapolate=2.0), out_png=tmp_path / "bad.png"
+    )
     assert not fit3.ok and math.isnan(metrics3["fit/A"]) and (tmp_path / "bad.png").exists()
 
 
@@ -450,16 +454,19 @@ def test_a_runs_evaluations_are_fitted_per_domain_and_the_final_fit_draws_each_c
         }
         | {"grid_A": None, "grid_C_mid": None, "extrapolate": 2.0}
     )
-    metrics, figures = evaluation_fits(evals, scaling, domains=["math", "code"])
+    protocol = FitProtocol.from_config(scaling)
+    metrics, figures = evaluation_fits(evals, protocol, domains=["math", "code"])
     assert metrics["fit/ok"] == 1.0 and metrics["fit/math/ok"] == 1.0 and figures == []
     assert not any(k.startswith("fit/code/") for k in metrics)
-    _, direct = fit_metrics(c, y, steps=[e["step"] for e in evals], bootstrap=20, level=FIT_LEVEL)
+    _, direct = fit_metrics(
+        c, y, FitProtocol(min_step=0, bootstrap=20, level=FIT_LEVEL), steps=[e["step"] for e in evals]
+    )
     assert metrics["fit/A"] == direct["fit/A"] and metrics["fit/B"] == direct["fit/B"]
-    final, figures = evaluation_fits(evals, scaling, domains=["math", "code"], out_dir=tmp_path)
+    final, figures = evaluation_fits(evals, protocol, domains=["math", "code"], out_dir=tmp_path)
     assert sorted(p.name for p in figures) == ["scaling_curve.png", "scaling_curve_math.png"]
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in figures) and "fit/pred_at_2x" in final
     # too few points: nothing, and no error
-    assert evaluation_fits(evals[:3], scaling) == ({}, [])
+    assert evaluation_fits(evals[:3], protocol) == ({}, [])
 
 
 def test_plots(tmp_path):

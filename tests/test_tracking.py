@@ -54,10 +54,10 @@ def test_server_that_goes_away_loses_no_metrics(tmp_path):
         stop_server(proc, graceful=False)
 
 
-def test_resume_rewrites_only_what_the_store_lacks(tmp_path):
+def test_resume_rewrites_only_what_the_store_lacks(tmp_path, new_store):
     """A crash after a checkpoint but during/before its flush: the buffer saved in the checkpoint is
     written on resume, minus the steps the store already has."""
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = new_store(tmp_path, "m.db")
     cfg = compose([f"tracking.uri={uri}", "tracking.experiment=crash", f"out_dir={tmp_path / 'run'}"])
     (tmp_path / "run").mkdir()
     tr = Tracker(cfg, tmp_path / "run")
@@ -79,10 +79,10 @@ def test_resume_rewrites_only_what_the_store_lacks(tmp_path):
     assert len(client.search_runs([client.get_experiment_by_name("crash").experiment_id])) == 1
 
 
-def test_resume_from_an_older_checkpoint_logs_the_redone_steps_once(tmp_path):
+def test_resume_from_an_older_checkpoint_logs_the_redone_steps_once(tmp_path, new_store):
     """The latest checkpoint was corrupt, so the run resumes from the one before it: the steps it
     redoes are already in MLflow and are not written again."""
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = new_store(tmp_path, "m.db")
     cfg = compose([f"tracking.uri={uri}", "tracking.experiment=older", f"out_dir={tmp_path / 'run'}"])
     (tmp_path / "run").mkdir()
     tr = Tracker(cfg, tmp_path / "run")

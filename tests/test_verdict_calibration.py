@@ -18,7 +18,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from scalerl.analysis import FitOptions, load_runs, report  # noqa: E402
+from scalerl.analysis import FitProtocol, load_runs, report  # noqa: E402
 from scalerl.analysis.synthetic import BASELINE, Design, analyse_sweep, log_sweep, sweep_runs  # noqa: E402
 from scalerl.analysis.verdicts import FAMILY_LEVEL, INCONCLUSIVE, family_summary  # noqa: E402
 from scalerl.scaling.synthetic import TrueCurve  # noqa: E402
@@ -49,13 +49,14 @@ def test_the_mlflow_path_and_the_in_memory_path_give_the_same_verdicts(tmp_path)
         if deltas:
             dapo = next(v for v in logged if v.variant == "dapo")
             assert dapo.called.get("A") == -1, dapo.verdict
-            rep = report(loaded, tmp_path / "report", baseline=BASELINE, options=FitOptions(bootstrap=20))
+            rep = report(loaded, tmp_path / "report", baseline=BASELINE, protocol=FitProtocol(bootstrap=20))
             names = {f.name for f in rep.files}
             assert {"variants.png", "forest.png", "calibration.png", "linearised.png"} <= names, names
             assert "scaling_curves.png" not in names and not list((tmp_path / "report").glob("*.error.txt"))
             assert "| dapo | 3/3 | " in rep.markdown and "family-wise level 5%" in rep.markdown
 
 
+@pytest.mark.slow  # 30 synthetic sweeps of 27 fits each: a calibration study, not a unit test
 def test_null_sweeps_call_no_more_than_the_stated_family_wise_level():
     """Every variant shares the baseline's true curve: the share of sweeps with any call is at most
     the stated level plus a binomial tolerance, and at least 90% of the sweeps call nothing."""
@@ -71,6 +72,7 @@ def test_null_sweeps_call_no_more_than_the_stated_family_wise_level():
     assert len(hits) <= min(allowed, 0.1 * N_NULL), hits
 
 
+@pytest.mark.slow  # 10 synthetic sweeps of 27 fits each
 def test_a_clearly_worse_variant_is_called_lower():
     """dapo's true ceiling 0.20 below the baseline's: its A is called lower in most sweeps, and the
     truly equal variants stay uncalled in almost all of them."""

@@ -16,7 +16,6 @@ from scalerl.analysis.mlflow_io import RunData
 from scalerl.analysis.verdicts import (
     INCONCLUSIVE,
     MARGIN_A,
-    Protocol,
     cannot_act_reason,
     inactive_reason,
     prediction_summary,
@@ -24,10 +23,11 @@ from scalerl.analysis.verdicts import (
     verdict_table,
     verdicts,
 )
+from scalerl.scaling import FitProtocol
 from scalerl.scaling.sigmoid import fit_sigmoid
 from scalerl.scaling.synthetic import TrueCurve, sample_run
 
-PROTOCOL = Protocol(min_step=10, bootstrap=100, level=0.9)
+PROTOCOL = FitProtocol(min_step=10, bootstrap=100, level=0.9)
 BASE_PARAMS = {
     "loss": "cispo",
     "async_mode.name": "pipeline_rl",
@@ -68,7 +68,7 @@ def _verdicts(groups: dict[str, list[RunData]], baseline="base", bootstrap=0):
     names = {r.run_id: v for v, g in groups.items() for r in g}
     fits = {
         r.run_id: fit_sigmoid(
-            r.compute, r.reward, min_compute=PROTOCOL.cut(r), bootstrap=bootstrap, drop_nonfinite=True
+            r.compute, r.reward, min_compute=PROTOCOL.cut_of(r), bootstrap=bootstrap, drop_nonfinite=True
         )
         for r in runs
     }

@@ -5,7 +5,7 @@ experiment, recipe comparison tables against a baseline variant, plots, and writ
 Command line: ``python -m scalerl.analysis fit|compare --experiment NAME ...`` (see analysis/README.md).
 Library: :func:`report` (the one report pipeline: table, files, plots, write-back; the analysis CLI
 and the sweep report both call it), :func:`fit_experiment` (rows only), :func:`analyse_runs` (the
-fits and comparison), :func:`rows_to_markdown`, :func:`rows_to_csv`.
+fits and comparison, all made with one :class:`FitProtocol`), :func:`rows_to_markdown`, :func:`rows_to_csv`.
 """
 
 from scalerl.analysis.experiment import (
@@ -20,14 +20,15 @@ from scalerl.analysis.experiment import (
     rows_to_markdown,
 )
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, load_runs, make_client, resolve_tracking_uri
-from scalerl.analysis.reporting import FitOptions, Report, report
+from scalerl.analysis.reporting import Report, report
+from scalerl.scaling.protocol import FitProtocol  # how every fit is made: report(protocol=...)
 
 __all__ = [
     "MARGIN_A",
     "AnalysisError",
     "Baseline",
     "ExperimentResult",
-    "FitOptions",
+    "FitProtocol",
     "Report",
     "RunData",
     "analyse_runs",

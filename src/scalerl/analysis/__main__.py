@@ -25,7 +25,8 @@ from pathlib import Path
 
 from scalerl.analysis.experiment import DEFAULT_MIN_STEP, baseline_argument, rows_to_markdown
 from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
-from scalerl.analysis.reporting import FitOptions, report, safe_name
+from scalerl.analysis.reporting import report, safe_name
+from scalerl.scaling.protocol import FitProtocol, FitProtocolError
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS
 
 
@@ -146,6 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: {bad}", file=sys.stderr)
         return 2
+    try:  # the one object every fit of the report is made with
+        protocol = FitProtocol(
+            method=args.method,
+            min_step=args.min_step,
+            min_compute=args.min_compute,
+            grid_A=_triple(args.grid_a),
+            grid_C_mid=_triple(args.grid_c_mid),
+            bootstrap=args.bootstrap,
+            level=args.level,
+            extrapolate=args.extrapolate,
+            seed=args.seed,
+        )
+    except FitProtocolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     uri = resolve_tracking_uri(args.tracking_uri)
     run_ids = [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs else None
@@ -176,25 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else Path("outputs") / "analysis" / safe_name(args.experiment)
     baseline, given_by = baseline_argument(client, runs, args.baseline)
-    options = FitOptions(
-        method=args.method,
-        min_step=args.min_step,
-        min_compute=args.min_compute,
-        grid_A=_triple(args.grid_a),
-        grid_C_mid=_triple(args.grid_c_mid),
-        bootstrap=args.bootstrap,
-        level=args.level,
-        extrapolate=args.extrapolate,
-        pool_seeds=args.pool_seeds,
-        seed=args.seed,
-    )
     try:
         rep = report(
             runs,
             out,
             baseline=baseline,
             baseline_given_by=given_by,
-            options=options,
+            protocol=protocol,
+            pool_seeds=args.pool_seeds,
             client=None if args.no_write_back else client,
             comparison=args.command == "compare",
             name=args.experiment if not run_ids else "Selected runs",

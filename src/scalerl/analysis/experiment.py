@@ -26,19 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
-from scalerl.analysis.verdicts import A_UNSETTLED, Protocol, VariantVerdict, fixed_A_fits, settled_A, verdicts
+from scalerl.analysis.verdicts import A_UNSETTLED, VariantVerdict, fixed_A_fits, settled_A, verdicts
 from scalerl.config.options import RECIPE_GROUPS  # groups logged as params named after the group
-from scalerl.scaling.sigmoid import (
-    DEFAULT_METHOD,
-    SigmoidFit,
-    fit_sigmoid,
-    fit_sigmoid_runs,
-)
+from scalerl.scaling.protocol import FitProtocol
+from scalerl.scaling.sigmoid import SigmoidFit
 
 MARGIN_A = 0.02
 """The paper's margin on A (three seeds differed by at most 0.015): the prediction check's tolerance."""
-DEFAULT_MIN_STEP = 10
-"""The early cut of the analysis CLI, as ``scaling.min_step``'s default."""
+DEFAULT_MIN_STEP = FitProtocol.min_step
+"""The early cut of the analysis CLI, as ``scaling.min_step``'s default (the fit protocol's)."""
 IGNORED_PARAM_PREFIXES = ("tracking.", "launcher.", "scaling.", "hydra.", "mlflow.", "progress", "out_dir")
 IGNORED_PARAM_WORDS = ("dir", "path", "uri", "host", "port", "checkpoint")
 IGNORED_PARAMS = (
@@ -228,7 +224,7 @@ def choose_baseline(
     )
 
 
-def _half_check(run: RunData, *, method, cut, grid) -> tuple[SigmoidFit | None, dict]:
+def _half_check(run: RunData, protocol: FitProtocol, *, cut) -> tuple[SigmoidFit | None, dict]:
     """Fit on compute <= budget/2 (with the run's early cut ``cut``, the same as its full fit's),
     compare with the observed second half."""
     out = {"pred_n": 0, "pred_mae": math.nan, "pred_err_last": math.nan}
@@ -241,15 +237,7 @@ def _half_check(run: RunData, *, method, cut, grid) -> tuple[SigmoidFit | None, 
     second = fin & (c > budget / 2)
     if not second.any():
         return None, out
-    fit = fit_sigmoid(
-        c[first],
-        y[first],
-        min_compute=cut,
-        method=method,
-        bootstrap=0,
-        drop_nonfinite=True,
-        **grid,
-    )
+    fit = protocol.fit(c[first], y[first], min_compute=cut, bootstrap=0)
     if not fit.ok:
         return fit, out
     pred = fit.predict(c[second])
@@ -286,44 +274,30 @@ def _sort_key(row):
 
 def analyse_runs(
     runs: Sequence[RunData],
+    protocol: FitProtocol | None = None,
     *,
-    method: str = DEFAULT_METHOD,
-    min_step: int = DEFAULT_MIN_STEP,
-    min_compute: float = 0.0,
-    grid: dict | None = None,
-    bootstrap: int = 200,
-    level: float = 0.9,
     baseline: str | None = None,
     baseline_given_by: str = "--baseline",
     other_variants: Sequence[str] = (),
     fixed_A: bool = True,
     predict_check: bool = True,
     pool_seeds: bool = False,
-    seed: int = 0,
     sort: bool = True,
     variant_order: Sequence[str] = (),
 ) -> ExperimentResult:
     """Fit every run, build the comparison rows (see the module docstring for the keys) and the
     per-variant verdicts.
 
-    Early points: those before step ``min_step`` or below ``min_compute`` (compute-axis units) are
-    left out of every fit, the same absolute cut for every run (:func:`early_cutoff`).
-    ``grid``: ``grid_A`` / ``grid_C_mid`` for ``method="grid"``.
+    ``protocol``: how every fit is made (default: ``FitProtocol()``, the ``scaling`` config's
+    defaults). Early points, those before step ``protocol.min_step`` or below
+    ``protocol.min_compute`` (compute-axis units), are left out of every fit, the same absolute cut
+    for every run (:meth:`FitProtocol.cut`).
     ``delta_A = A - A(baseline)`` and ``delta_B = B - B(baseline)``, where ``A(baseline)``,
     ``B(baseline)`` are the means over the fitted runs of the baseline *variant* (all its seeds);
     see :func:`choose_baseline` for ``baseline``, ``baseline_given_by`` and ``other_variants``.
     Rows are sorted by A (unfittable last) unless ``sort`` is false (then in the order of ``runs``);
     verdicts list the baseline first, then ``variant_order``."""
-    grid = dict(grid or {})
-    protocol = Protocol(
-        method=method,
-        min_step=int(min_step),
-        min_compute=float(min_compute),
-        bootstrap=bootstrap,
-        level=level,
-        seed=seed,
-        grid=grid,
-    )
+    protocol = protocol or FitProtocol()
     runs = list(runs)
     differing = differing_params(runs)
     names = {r.run_id: _variant_name(r, differing) for r in runs}
@@ -334,18 +308,8 @@ def analyse_runs(
         c = r.compute
         fin = c[np.isfinite(c)]
         budget = float(fin.max()) if fin.size else math.nan
-        cut = protocol.cut(r)
-        fit = fit_sigmoid(
-            c,
-            r.reward,
-            min_compute=cut,
-            method=method,
-            bootstrap=bootstrap,
-            level=level,
-            seed=seed,
-            drop_nonfinite=True,
-            **grid,
-        )
+        cut = protocol.cut_of(r)
+        fit = protocol.fit(c, r.reward, min_compute=cut)
         if r.compute.size == 0:
             fit.reason = "no val/pass_rate evaluations paired with compute"
         fits[r.run_id] = fit
@@ -364,7 +328,7 @@ def analyse_runs(
             "pass_rate_final": float(r.reward[order[-1]]) if r.reward.size else math.nan,
         }
         if predict_check:
-            hf, pred = _half_check(r, method=method, cut=cut, grid=grid)
+            hf, pred = _half_check(r, protocol, cut=cut)
             if hf is not None:
                 half_fits[r.run_id] = hf
             row.update(pred)
@@ -423,7 +387,7 @@ def analyse_runs(
     return res
 
 
-def _pool(res: ExperimentResult, p: Protocol) -> None:
+def _pool(res: ExperimentResult, p: FitProtocol) -> None:
     """One pooled fit per recipe that has several seeds (seed-level bootstrap)."""
     recipe_keys = [k for k in res.differing if k not in SEED_KEYS]
     groups: dict[tuple, list[RunData]] = {}
@@ -432,16 +396,7 @@ def _pool(res: ExperimentResult, p: Protocol) -> None:
     for key, members in groups.items():
         if len(members) < 2:
             continue
-        fit = fit_sigmoid_runs(
-            [(m.compute, m.reward) for m in members],
-            min_compute=[p.cut(m) for m in members],
-            method=p.method,
-            bootstrap=p.bootstrap,
-            level=p.level,
-            seed=p.seed,
-            drop_nonfinite=True,
-            **p.grid,
-        )
+        fit = p.fit_runs([(m.compute, m.reward) for m in members], [p.cut_of(m) for m in members])
         name = ", ".join(f"{k}={v}" for k, v in zip(recipe_keys, key)) or "all runs"
         res.pooled_fits[name] = fit
         res.pooled_rows.append(
@@ -460,15 +415,10 @@ def fit_experiment(
     experiment_or_runs: str | Sequence[str] | Sequence[RunData],
     *,
     include_running: bool = False,
-    method: str = DEFAULT_METHOD,
-    min_step: int = DEFAULT_MIN_STEP,
-    min_compute: float = 0.0,
-    bootstrap: int = 200,
-    level: float = 0.9,
+    protocol: FitProtocol | None = None,
     baseline: str | None = None,
     fixed_A: bool = True,
     predict_check: bool = True,
-    seed: int = 0,
 ) -> list[dict]:
     """Fit the runs of an MLflow experiment (by name) or a list of run ids / loaded runs and
     return the report rows, sorted by A (see the module docstring).  ``baseline``: run id, run
@@ -484,16 +434,11 @@ def fit_experiment(
     baseline, given_by = baseline_argument(client, runs, baseline)
     return analyse_runs(
         runs,
-        method=method,
-        min_step=min_step,
-        min_compute=min_compute,
-        bootstrap=bootstrap,
-        level=level,
+        protocol,
         baseline=baseline,
         baseline_given_by=given_by,
         fixed_A=fixed_A,
         predict_check=predict_check,
-        seed=seed,
     ).rows
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerl.analysis.experiment import (
-    DEFAULT_MIN_STEP,
     Baseline,
     ExperimentResult,
     analyse_runs,
@@ -31,7 +30,6 @@ from scalerl.analysis.experiment import (
 )
 from scalerl.analysis.mlflow_io import RunData, write_back
 from scalerl.analysis.verdicts import (
-    Protocol,
     VariantVerdict,
     family_summary,
     prediction_cell,
@@ -39,7 +37,8 @@ from scalerl.analysis.verdicts import (
     verdict_legend,
     verdict_table,
 )
-from scalerl.scaling.sigmoid import DEFAULT_METHOD, fit_fixed_A, round_sig, round_to
+from scalerl.scaling.protocol import FitProtocol
+from scalerl.scaling.sigmoid import fit_fixed_A, round_sig, round_to
 
 WRITE_BACK_KEYS = (
     "delta_A",
@@ -57,42 +56,6 @@ _ROUND = {"delta_A": 3, "A_fixed": 3, "pred_mae": 3, "pred_err_last": 3, "delta_
 UI_TAGS = ("1 variant", "2 verdict", "3 A with CI", "4 B", "5 prediction error")
 """Short run tags that sort first in the MLflow run table (digits before letters): each run's
 variant, its variant's verdict, A with the pooled interval, B and the half-budget prediction."""
-
-
-@dataclass
-class FitOptions:
-    """How the runs are fitted and compared (the analysis CLI's options; a sweep's ``scaling``)."""
-
-    method: str = DEFAULT_METHOD
-    min_step: int = DEFAULT_MIN_STEP
-    min_compute: float = 0.0
-    grid_A: tuple | None = None
-    grid_C_mid: tuple | None = None
-    bootstrap: int = 200
-    level: float = 0.9
-    extrapolate: float = 2.0
-    pool_seeds: bool = False
-    seed: int = 0
-
-    @property
-    def grid(self) -> dict:
-        return {"grid_A": self.grid_A, "grid_C_mid": self.grid_C_mid}
-
-    def describe(self, axis: str) -> str:
-        cut = [f"before step {self.min_step}"] if self.min_step else []
-        cut += [f"below {self.min_compute:g} {axis}"] if self.min_compute else []
-        grid = ""
-        if self.method == "grid":
-            grid = (
-                f" (A grid {self.grid_A or 'from the data'}, C_mid grid {self.grid_C_mid or 'from the data'})"
-            )
-        return (
-            f"Fit: `R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)` of `val/pass_rate` against compute "
-            f"({axis}), method {self.method}{grid}; early points "
-            + (" or ".join(cut) if cut else "none")
-            + " left out of every fit (the same cut for every run); "
-            f"{self.level:.0%} bootstrap intervals ({self.bootstrap} resamples)."
-        )
 
 
 @dataclass
@@ -239,7 +202,7 @@ def _labels(res: ExperimentResult) -> dict[str, str]:
     return out
 
 
-def _legend(res: ExperimentResult, opts: FitOptions) -> list[str]:
+def _legend(res: ExperimentResult, opts: FitProtocol) -> list[str]:
     base = res.baseline
     lines = []
     if base is not None and base.ok:
@@ -264,7 +227,7 @@ def _legend(res: ExperimentResult, opts: FitOptions) -> list[str]:
     return lines
 
 
-def _plots(res: ExperimentResult, opts: FitOptions, out: Path, *, name: str, comparison: bool):
+def _plots(res: ExperimentResult, opts: FitProtocol, out: Path, *, name: str, comparison: bool):
     from scalerl.scaling.plot import plot_fit, plot_linearised
 
     xlabel = _axis_label(res.runs)
@@ -325,17 +288,16 @@ def _plots(res: ExperimentResult, opts: FitOptions, out: Path, *, name: str, com
 
 
 def _verdict_figures(
-    res: ExperimentResult, opts: FitOptions, out: Path, *, name: str, xlabel: str
+    res: ExperimentResult, opts: FitProtocol, out: Path, *, name: str, xlabel: str
 ) -> list[Path]:
     """``variants.png`` (one panel per variant), ``forest.png`` (ΔA, ΔB with intervals; with a
     baseline) and ``calibration.png`` (predicted vs observed end). A figure that fails to draw is
     reported in its place, never the report."""
     from scalerl.analysis.figures import plot_calibration, plot_forest, plot_variants
 
-    protocol = Protocol(min_step=opts.min_step, min_compute=opts.min_compute)
     by_id = {r.run_id: r for r in res.runs}
     jobs = [
-        ("variants.png", lambda p: plot_variants(p, res.verdicts, by_id, protocol.cut, xlabel=xlabel,
+        ("variants.png", lambda p: plot_variants(p, res.verdicts, by_id, opts.cut_of, xlabel=xlabel,
                                                  title=f"{name}: validation pass rate per variant")),
         ("calibration.png", lambda p: plot_calibration(p, res.verdicts)),
     ]  # fmt: skip
@@ -366,7 +328,7 @@ def ui_tags(v: VariantVerdict | None, variant: str, level: float) -> dict[str, s
     }
 
 
-def _write_back(client, res: ExperimentResult, rows: dict[str, dict], plots, opts: FitOptions, tags) -> int:
+def _write_back(client, res: ExperimentResult, rows: dict[str, dict], plots, opts: FitProtocol, tags) -> int:
     n = 0
     base = res.baseline.variant if res.baseline is not None else None
     by_variant = {v.variant: v for v in res.verdicts}
@@ -399,7 +361,8 @@ def report(
     *,
     baseline: str | None = None,
     baseline_given_by: str = "--baseline",
-    options: FitOptions | None = None,
+    protocol: FitProtocol | None = None,
+    pool_seeds: bool = False,
     client=None,
     comparison: bool = True,
     name: str = "All runs",
@@ -416,7 +379,8 @@ def report(
       flag, a sweep file); its variant (all its seeds) is the reference of ΔA and ΔB. None: chosen
       among the fitted runs, and :attr:`Report.baseline` says which and why
       (:func:`scalerl.analysis.experiment.choose_baseline`).
-    - ``options``: :class:`FitOptions`.
+    - ``protocol``: how the runs are fitted (:class:`~scalerl.scaling.FitProtocol`: the analysis
+      CLI's options, a sweep's ``scaling``); ``pool_seeds``: also one pooled fit per recipe.
     - ``client``: an MLflow client to write ``fit/*`` metrics, ``fit.*`` tags (plus ``tags``) and
       the run's ``scaling_curve.png`` back to every run; None writes nothing back.
     - ``comparison``: also draw the all-runs and linearised plots.
@@ -426,22 +390,16 @@ def report(
       status, log); ``order``: run names in table order (default: sorted by A, unfittable last);
       ``variant_order``: variants in the verdict table's order after the baseline (default: by name).
     """
-    opts = options or FitOptions()
+    opts = protocol or FitProtocol()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     res = analyse_runs(
         runs,
-        method=opts.method,
-        min_step=opts.min_step,
-        min_compute=opts.min_compute,
-        grid=opts.grid,
-        bootstrap=opts.bootstrap,
-        level=opts.level,
+        opts,
         baseline=baseline,
         baseline_given_by=baseline_given_by,
         other_variants=[p["variant"] for p in pending if p.get("variant")],
-        pool_seeds=opts.pool_seeds,
-        seed=opts.seed,
+        pool_seeds=pool_seeds,
         sort=order is None,
         variant_order=variant_order or [],
     )

@@ -163,5 +163,8 @@ def analyse_sweep(
     """The verdicts of a sweep's runs through :func:`~scalerl.analysis.experiment.analyse_runs` (what
     the report and the MLflow path call); ``bootstrap=0, predict=False``: the verdicts alone, fast."""
     from scalerl.analysis.experiment import analyse_runs
+    from scalerl.scaling.protocol import FitProtocol
 
-    return analyse_runs(runs, baseline=baseline, bootstrap=bootstrap, predict_check=predict).verdicts
+    return analyse_runs(
+        runs, FitProtocol(bootstrap=bootstrap), baseline=baseline, predict_check=predict
+    ).verdicts

@@ -38,7 +38,7 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   logged). Goal: abs error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the scored
   variants and coverage >= :data:`PRED_GOAL_COVERAGE`.
 
-Every fit uses the same absolute early cut (:func:`~scalerl.scaling.sigmoid.early_cutoff`) as the
+Every fit uses the same protocol (:class:`~scalerl.scaling.FitProtocol`: its absolute early cut) as the
 live refits and the per-run table. The calibration of the test on synthetic null sweeps is checked
 in tests/test_verdict_calibration.py and measured by benchmarks/bench_verdicts.py.
 """
@@ -53,15 +53,8 @@ import numpy as np
 from scipy import stats
 
 from scalerl.analysis.mlflow_io import RunData
-from scalerl.scaling.sigmoid import (
-    B_BOUNDS,
-    DEFAULT_METHOD,
-    SigmoidFit,
-    _predict,
-    early_cutoff,
-    fit_fixed_A,
-    fit_sigmoid_runs,
-)
+from scalerl.scaling.protocol import FitProtocol
+from scalerl.scaling.sigmoid import B_BOUNDS, SigmoidFit, _predict, fit_fixed_A
 
 FAMILY_LEVEL = 0.05
 """Family-wise error rate of the verdict table: the chance that any comparison is called when no
@@ -209,22 +202,6 @@ class VariantVerdict:
     def pred_ok(self) -> bool | None:
         e = self.pred_err
         return None if not math.isfinite(e) else abs(e) <= PRED_TOLERANCE
-
-
-@dataclass
-class Protocol:
-    """The fit settings every fit of the verdicts uses."""
-
-    method: str = DEFAULT_METHOD
-    min_step: int = 0
-    min_compute: float = 0.0
-    bootstrap: int = 200
-    level: float = 0.9
-    seed: int = 0
-    grid: dict = field(default_factory=dict)
-
-    def cut(self, run: RunData) -> float:
-        return early_cutoff(run.steps, run.compute, min_step=self.min_step, min_compute=self.min_compute)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -467,7 +444,7 @@ def _pooled_sd(estimates: Sequence[Estimate]) -> tuple[float, int]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _pooled(runs: Sequence[RunData], p: Protocol, *, half: bool = False, bootstrap: int | None = None):
+def _pooled(runs: Sequence[RunData], p: FitProtocol, *, half: bool = False, bootstrap: int | None = None):
     """The pooled fit of ``runs`` (``half``: each run's points up to half its compute)."""
     series, cuts = [], []
     for r in runs:
@@ -477,17 +454,8 @@ def _pooled(runs: Sequence[RunData], p: Protocol, *, half: bool = False, bootstr
             keep = fin & (c <= float(np.max(c[fin])) / 2) if fin.any() else fin
             c, y = c[keep], y[keep]
         series.append((c, y))
-        cuts.append(p.cut(r))
-    return fit_sigmoid_runs(
-        series,
-        min_compute=cuts,
-        method=p.method,
-        bootstrap=p.bootstrap if bootstrap is None else bootstrap,
-        level=p.level,
-        seed=p.seed,
-        drop_nonfinite=True,
-        **p.grid,
-    )
+        cuts.append(p.cut_of(r))
+    return p.fit_runs(series, cuts, bootstrap=bootstrap)
 
 
 def _last_point(r: RunData) -> int | None:
@@ -503,7 +471,7 @@ def eval_trials(r: RunData) -> float:
 
 
 def predict_variant(
-    runs: Sequence[RunData], p: Protocol, *, draws: int = 4000
+    runs: Sequence[RunData], p: FitProtocol, *, draws: int = 4000
 ) -> tuple[Prediction, SigmoidFit | None]:
     """The pooled fit of the seeds' first half of the compute, its prediction of the mean of the
     seeds' last evaluations and the :data:`PRED_LEVEL` band (bootstrap of the half fit plus the
@@ -535,7 +503,7 @@ def predict_variant(
     return pr, fit
 
 
-def _prediction_limits(runs: Sequence[RunData], p: Protocol) -> tuple[float, float, float]:
+def _prediction_limits(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, float, float]:
     """What bounds a half-budget prediction of these runs: the sd over seeds of the final pass rate,
     one final evaluation's binomial standard error (from its logged sample count), and the points
     per seed left to the half-budget fit after the early cut."""
@@ -551,7 +519,7 @@ def _prediction_limits(runs: Sequence[RunData], p: Protocol) -> tuple[float, flo
         if math.isfinite(n):
             ses.append(math.sqrt(max(y * (1 - y), 0.0) / n))
         half = float(np.max(r.compute[fin])) / 2
-        points.append(int(np.sum(fin & (r.compute <= half) & (r.compute >= p.cut(r)))))
+        points.append(int(np.sum(fin & (r.compute <= half) & (r.compute >= p.cut_of(r)))))
     sd = float(np.std(finals, ddof=1)) if len(finals) > 1 else math.nan
     return (
         sd,
@@ -633,7 +601,7 @@ def verdicts(
     names: dict[str, str],
     fits: dict[str, SigmoidFit],
     baseline: str | None,
-    protocol: Protocol,
+    protocol: FitProtocol,
     order: Sequence[str] = (),
     *,
     fixed_fits: dict[str, SigmoidFit] | None = None,

@@ -16,11 +16,10 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from scalerl.config.checks import at_least, one_of, problems
+from scalerl.config.checks import at_least, problems
 from scalerl.config.options import GROUPS, SCHEMA_ROOT, Option, options
+from scalerl.scaling.protocol import fit_problems
 
-COMPUTE_AXES = ("device_hours", "flops")
-FIT_METHODS = ("grid", "direct")
 PROGRESS = ("auto", "bar", "log")
 
 
@@ -77,29 +76,16 @@ class ScalingConfig(Option):
     extrapolate: float = 2.0  # the plot extends the fit to this multiple of the budget
 
     def check(self):
-        bad_a = self.grid_A is not None and not (
-            len(self.grid_A) == 3 and 0 <= self.grid_A[0] <= self.grid_A[1] <= 1 and self.grid_A[2] > 0
-        )
-        bad_c = self.grid_C_mid is not None and not (
-            len(self.grid_C_mid) == 3
-            and 0 < self.grid_C_mid[0] <= self.grid_C_mid[1]
-            and self.grid_C_mid[2] >= 1
-            and float(self.grid_C_mid[2]).is_integer()
-        )
+        # the fit settings' ranges are the fit protocol's (scalerl.scaling.protocol), in this order
+        fit = fit_problems(self)
         return problems(
-            one_of("compute_axis", self.compute_axis, COMPUTE_AXES),
-            one_of("method", self.method, FIT_METHODS),
+            fit.get("compute_axis"),
+            fit.get("method"),
             at_least("refit_every", self.refit_every, 1),
-            at_least("min_step", self.min_step, 0),
-            at_least("min_compute", self.min_compute, 0, ""),
-            ("grid_A", list(self.grid_A), "[low, high, step] with 0 <= low <= high <= 1, step > 0")
-            if bad_a
-            else None,
-            ("grid_C_mid", list(self.grid_C_mid), "[low, high, n] with 0 < low <= high, n an integer >= 1")
-            if bad_c
-            else None,
-            at_least("bootstrap", self.bootstrap, 0, ""),
-            at_least("extrapolate", self.extrapolate, 1, ""),
+            *(
+                fit.get(k)
+                for k in ("min_step", "min_compute", "grid_A", "grid_C_mid", "bootstrap", "extrapolate")
+            ),
         )
 
 
@@ -149,18 +135,25 @@ RESUMABLE_CHANGES = (
 SECTIONS = {"eval": EvalConfig, "tracking": TrackingConfig, "scaling": ScalingConfig}
 
 
+_stored: tuple = ()  # the (group, name, class) of every option schema last stored
+
+
 def register_configs() -> None:
     """Store the top-level schema and every option's schema in Hydra's ConfigStore.
 
     ``conf/config.yaml`` lists ``scalerl_schema`` first in its defaults; each option's YAML lists
     ``/scalerl_schema/<group>/<name>@_here_`` first in its own. Also registers the ``scalerl_help``
-    resolver that ``--help`` uses to list the options.
+    resolver that ``--help`` uses to list the options. Stores again only when an option was
+    registered or changed since (storing every schema costs an eighth of a compose).
     """
+    global _stored
     cs = ConfigStore.instance()
-    cs.store(name="scalerl_schema", node=Config)
-    for group in GROUPS:
-        for name, cls in options(group).items():
+    schemas = tuple((group, name, cls) for group in GROUPS for name, cls in options(group).items())
+    if schemas != _stored or "scalerl_schema.yaml" not in cs.repo:
+        cs.store(name="scalerl_schema", node=Config)
+        for group, name, cls in schemas:
             cs.store(group=f"{SCHEMA_ROOT}/{group}", name=name, node=cls)
+        _stored = schemas
     from scalerl.config.help import register_help_resolver
 
     register_help_resolver()

@@ -6,6 +6,8 @@ option's defaults are what ``conf/<group>/<name>.yaml`` composes to, read throug
 
 from __future__ import annotations
 
+import functools
+
 from omegaconf import DictConfig, OmegaConf
 
 from scalerl.config.options import GROUPS
@@ -28,7 +30,8 @@ def format_value(v: object) -> str:
 
 def compose_choices(choices: dict[str, str]) -> DictConfig:
     """The config composed with only ``group=option`` overrides (no validation): every chosen
-    option's node holds its YAML defaults. Inside a running Hydra app its loader is reused."""
+    option's node holds its YAML defaults. Inside a running Hydra app its loader is reused; outside
+    one the same choices are composed once per process (read-only: a sweep's runs share them)."""
     overrides = [f"{g}={o}" for g, o in choices.items()]
     from hydra.core.global_hydra import GlobalHydra
 
@@ -36,9 +39,16 @@ def compose_choices(choices: dict[str, str]) -> DictConfig:
         from hydra import compose as hydra_compose
 
         return hydra_compose(config_name="config", overrides=overrides)
+    return _composed_choices(tuple(overrides))
+
+
+@functools.lru_cache(maxsize=64)
+def _composed_choices(overrides: tuple[str, ...]) -> DictConfig:
     from scalerl.config import compose
 
-    return compose(overrides, check=False)
+    cfg = compose(list(overrides), check=False)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
 
 
 def option_defaults(choices: dict[str, str], values: dict[str, dict] | None = None) -> dict[str, dict]:

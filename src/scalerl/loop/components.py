@@ -15,6 +15,7 @@ from scalerl.generator import Generator
 from scalerl.loop.data import MixedSampler, PromptSampler
 from scalerl.loop.modes import AsyncMode, Placement
 from scalerl.loop.state import RunState
+from scalerl.scaling import FitProtocol
 from scalerl.tracking import Checkpointer, Tracker
 
 
@@ -41,6 +42,7 @@ class Components:
     devices: int  # devices the run holds (for compute/device_hours)
     n_params: int  # without embeddings (the N of the FLOPs)
     n_params_all: int
+    fit_protocol: FitProtocol  # how every scaling fit of the run is made (from cfg.scaling)
     last_pass_rate: float = float("nan")
     final_fit: dict | None = None  # the final scaling fit's metrics, once made
     checkpointed: int = 0  # the step of the last checkpoint written (or resumed from)

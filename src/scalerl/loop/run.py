@@ -208,7 +208,7 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     metrics.update(health.hacking_metrics(st.train_correct, st.evals))
     n_evals = len(st.evals)
     if n_evals >= 4 and n_evals % cfg.scaling.refit_every == 0:
-        metrics.update(live.evaluation_fits(st.evals, cfg.scaling, domains=run.domains)[0])
+        metrics.update(live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains)[0])
     run.last_pass_rate = metrics["val/pass_rate"]
     fit_a = metrics.get("fit/A", float("nan"))
     progress.write(
@@ -224,7 +224,7 @@ def final_fit(run: Components) -> dict[str, float]:
     if not (run.is_main and len(run.state.evals) >= 4):
         return {}
     metrics, figures = live.evaluation_fits(
-        run.state.evals, run.cfg.scaling, domains=run.domains, out_dir=run.out_dir
+        run.state.evals, run.fit_protocol, domains=run.domains, out_dir=run.out_dir
     )
     for png in figures:
         run.tracker.log_artifact_file(png)

@@ -18,6 +18,7 @@ from scalerl.loop.errors import RunError
 from scalerl.loop.modes import MODES, Rollouts
 from scalerl.loop.state import RunState
 from scalerl.model.build import build_policy, num_params
+from scalerl.scaling import FitProtocol
 from scalerl.task import build_task
 from scalerl.tracking import Checkpointer, Tracker
 from scalerl.trainer import make_trainer
@@ -128,4 +129,5 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
         devices=devices_held(device, placement, world, generator_process=engines is not None),
         n_params=n_params,
         n_params_all=n_params_all,
+        fit_protocol=FitProtocol.from_config(cfg.scaling),
     )

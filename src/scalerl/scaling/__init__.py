@@ -2,11 +2,13 @@
 
     R(C) = R0 + (A - R0) / (1 + (C_mid / C) ** B)
 
-``fit_sigmoid`` / ``fit_sigmoid_runs`` / ``fit_fixed_A`` fit, ``plot_fit`` / ``plot_linearised``
+``fit_sigmoid`` / ``fit_sigmoid_runs`` / ``fit_fixed_A`` fit, ``FitProtocol`` holds the settings every
+fit of a run or sweep is made with (built once from the ``scaling`` config), ``plot_fit`` / ``plot_linearised``
 draw (imported lazily: matplotlib is only loaded when a plot is asked for), ``scalerl.scaling.live``
 has the calls the training loop makes.
 """
 
+from scalerl.scaling.protocol import FitProtocol, FitProtocolError
 from scalerl.scaling.sigmoid import (
     DEFAULT_METHOD,
     METHODS,
@@ -20,6 +22,8 @@ from scalerl.scaling.sigmoid import (
 __all__ = [
     "DEFAULT_METHOD",
     "METHODS",
+    "FitProtocol",
+    "FitProtocolError",
     "SigmoidFit",
     "fit_fixed_A",
     "fit_sigmoid",

@@ -81,11 +81,9 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
     finished runs go through :func:`scalerl.analysis.report` (ΔA, ΔB against the sweep's declared
     baseline variant), the others are listed with their status and log; the files and the table
     are attached to the parent run."""
-    from scalerl.analysis import FitOptions, report
-    from scalerl.analysis.experiment import DEFAULT_MIN_STEP
+    from scalerl.analysis import FitProtocol, report
     from scalerl.analysis.mlflow_io import load_run
     from scalerl.analysis.reporting import write_parent
-    from scalerl.scaling.live import grid_options
     from scalerl.scaling.sigmoid import round_to
 
     uri, parent, exp_id = state["tracking_uri"], state["parent_run_id"], state["experiment_id"]
@@ -143,22 +141,12 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         f"# Sweep {state['name']}: {n} runs ({', '.join(f'{v} {k}' for k, v in counts.items())})\n\n"
         f"MLflow: experiment `{state['name']}`, parent run `{parent}`, tracking `{uri}`."
     )
-    grid = grid_options(scaling)
-    options = FitOptions(
-        method=scaling.get("method", "direct"),
-        min_step=int(scaling.get("min_step", DEFAULT_MIN_STEP)),
-        min_compute=float(scaling.get("min_compute", 0.0)),
-        grid_A=grid["grid_A"],
-        grid_C_mid=grid["grid_C_mid"],
-        bootstrap=int(scaling.get("bootstrap", 200)),
-        extrapolate=float(scaling.get("extrapolate", 2.0)),
-    )
     rep = report(
         runs,
         sweep_dir / "report",
         baseline=state.get("baseline"),
         baseline_given_by=f"the sweep file {state.get('file') or state['name']!r}",
-        options=options,
+        protocol=FitProtocol.from_config(scaling),
         client=client if write_back else None,
         name=f"Sweep {state['name']}",
         title=title,
