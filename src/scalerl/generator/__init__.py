@@ -46,6 +46,7 @@ def make_generator(
             max_num_seqs=int(g.max_num_seqs),
             sleep_while_training=bool(g.get("sleep_while_training", True)),
             bucket_mb=float(cfg.placement.bucket_mb) if "placement" in cfg else 256.0,
+            tensor_parallel_size=int(cfg.placement.tensor_parallel_size) if "placement" in cfg else 1,
         )
     return cls(
         model,

@@ -138,6 +138,7 @@ class VLLMGenerator(Generator):
         stale_kv_samples: int = 4,
         sleep_while_training: bool = True,
         bucket_mb: float = 256.0,
+        tensor_parallel_size: int = 1,
     ):
         vllm = import_vllm()
         self.vllm = vllm
@@ -189,6 +190,9 @@ class VLLMGenerator(Generator):
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(max_len, 8192),
         )
+        if int(tensor_parallel_size) > 1:  # workers in processes of their own, one per shard
+            kwargs["tensor_parallel_size"] = int(tensor_parallel_size)
+            kwargs["distributed_executor_backend"] = "mp"
         if precision.head == "fp32" and precision.body != "fp32":
             kwargs["hf_overrides"] = {"head_dtype": "float32"}
         # sharing the GPU with the trainer: vLLM's sleep mode frees it while the trainer steps

@@ -35,7 +35,9 @@ def count_step(run: Components, own: dict, counts: dict) -> None:
         if key.startswith("lag/"):
             lag = int(key[len("lag/") :])
             st.lag_tokens[lag] = st.lag_tokens.get(lag, 0) + int(n)
-    if getattr(getattr(run, "source", None), "pool", None) is None:  # pipeline_rl: rank 0 counted every rank's on arrival
+    if (
+        getattr(getattr(run, "source", None), "pool", None) is None
+    ):  # pipeline_rl: rank 0 counted every rank's on arrival
         st.gen_tokens += int(counts["gen_tokens"]) - int(
             own["gen_tokens"]
         )  # other ranks' (own: at generation)
