@@ -40,16 +40,16 @@ def test_defaults_are_the_scalerl_recipe():
     cfg = compose([])
     for group, option in DEFAULTS.items():
         assert cfg[group].name == option
-    assert cfg.async_mode.max_lag == 8 and cfg.async_mode.max_buffered_batches == 8
-    # the generator may run as far ahead as the lag allows, whatever k is set
-    assert compose(["async_mode.max_lag=2"]).async_mode.max_buffered_batches == 2
+    # k = 8 is the bound; the generator runs at most 2 batches ahead (the measured stable default)
+    assert cfg.async_mode.max_lag == 8 and cfg.async_mode.max_buffered_batches == 2
     assert cfg.loss.eps_max == 5.0
     assert cfg.precision.body == "bf16" and cfg.precision.head == "fp32"
     assert cfg.filter.zero_variance and cfg.filter.no_positive_resampling
     assert cfg.filter.pass_rate_threshold == 0.9 and cfg.filter.pass_rate_window == "last_epoch"
-    # a finite training set: the default's 200 steps x 16 prompts pass over it 3 times or more
+    # a finite training set: the default's budget passes over it more than once (so
+    # no-positive-resampling acts on later epochs) and less than twice
     prompts_drawn = cfg.trainer.total_steps * cfg.trainer.batch_size // cfg.trainer.generations_per_prompt
-    assert cfg.task.num_train * 3 < prompts_drawn
+    assert cfg.task.num_train < prompts_drawn < 2 * cfg.task.num_train
 
 
 # the paper's Sec. 2 baseline and the recipes Fig. 2 compares, as experiments: {name: the groups they set}
@@ -263,7 +263,7 @@ def test_help_lists_groups_options_and_their_fields(tmp_path):
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"{g}: "))
         assert sorted(o.rstrip("*") for o in line[len(g) + 2 :].split(", ")) == sorted(OPTIONS[g])
     assert "loss: cispo*, dapo" in r.stdout  # the default is marked
-    assert "    max_lag=8, max_buffered_batches=${.max_lag}" in r.stdout  # async_mode=pipeline_rl's fields
+    assert "    max_lag=8, max_buffered_batches=2" in r.stdout  # async_mode=pipeline_rl's fields
     assert "    minibatches=8" in r.stdout
     assert "    name_or_path=(required)" in r.stdout  # model=hf
     assert "    eps_max=5.0" in r.stdout  # a loss's values come from its YAML

@@ -208,7 +208,7 @@ def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k, monkeypatch):
-    """The generator may run max_lag batches ahead (max_buffered_batches follows max_lag), so the
+    """The generator may run max_lag batches ahead (max_buffered_batches set to max_lag), so the
     trained data reach k versions old: PipelineRL-k and PipelineRL-1 differ. It would stay at 1 if
     the generator only ever held one batch beyond the trainer's."""
     from scalerl.loop.modes import PipelineRL
@@ -228,6 +228,7 @@ def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k
         *tiny_overrides,
         "async_mode=pipeline_rl",
         f"async_mode.max_lag={k}",
+        f"async_mode.max_buffered_batches={k}",  # the default (2) would cap the lag at 2
         f"trainer.total_steps={2 * k + 2}",
         "eval.every=100",
         "filter.zero_variance=false",

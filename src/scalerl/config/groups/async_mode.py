@@ -39,8 +39,9 @@ class PipelineRLOptions(Option):
     name: str = "pipeline_rl"
     max_lag: int = 8  # the trainer waits while its batch holds a policy older than step - max_lag
     # how far ahead of the trainer the generator may run (work given to it and groups it finished,
-    # not yet trained on), in batches; the YAML ties it to max_lag: more only makes stale groups
-    max_buffered_batches: float = 8.0
+    # not yet trained on), in batches; more than max_lag only makes stale groups. 2: the measured
+    # stable default (conf/async_mode/pipeline_rl.yaml)
+    max_buffered_batches: float = 2.0
     # how weights reach the generator process: auto (NCCL between two GPUs, else gloo), gloo, nccl,
     # or shm (shared memory, one machine)
     transport: str = "auto"
