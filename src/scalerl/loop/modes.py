@@ -5,12 +5,14 @@ reach the policy that generates them. Each mode owns its staleness rule and its 
 * ``sync``: generate one batch with the current weights, one optimiser step, repeat.
 * ``ppo_off_policy`` (``minibatches``): generate that many batches with the current weights, then
   one optimiser step on each in turn; the last is ``minibatches - 1`` versions old.
-* ``pipeline_rl`` (``max_lag``, ``max_buffered_batches``): a generator process streams groups while
-  the trainer trains; new weights reach it in flight after every step; the trainer waits when it
-  would be more than ``max_lag`` versions ahead of the oldest policy that produced data it has
-  still to train on, and drops buffered groups older than that. The generator may run up to
-  ``max_buffered_batches`` batches ahead of the trainer (default: ``max_lag``), so when it is the
-  faster of the two the trained data are up to ``max_lag`` versions old, as in PipelineRL-k.
+* ``pipeline_rl`` (``max_lag``, ``max_buffered_batches``): generator engines in processes of their
+  own (:mod:`scalerl.loop.pipeline`, placed by ``cfg.placement``) stream groups while the trainer
+  trains; new weights reach them in flight after every step; the trainer waits when it would be
+  more than ``max_lag`` versions ahead of the oldest policy that produced data it has still to
+  train on, and drops buffered groups older than that. The engines may run up to
+  ``max_buffered_batches`` batches ahead of the trainer (the default 2 keeps the lag near 1; at
+  ``max_lag`` a faster generator fills the whole lag allowed, as in PipelineRL-k). With several
+  trainer ranks, rank 0 receives every rank's groups and hands each its share.
 
 A mode reports what its generation cost into the run state: ``gen_busy``, ``gen_tokens`` (this
 rank's), ``stale_dropped``, ``verifier_errors``, ``next_group_id``.
