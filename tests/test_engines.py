@@ -177,3 +177,20 @@ def test_the_last_tasks_of_a_job_are_its_engines(monkeypatch):
 def test_placements_that_cannot_work_are_refused_with_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         compose(["async_mode=pipeline_rl", *overrides])
+
+
+@pytest.mark.slow  # a real run
+def test_a_chunk_larger_than_the_buffer_is_cut_to_the_room_left(tiny_overrides):
+    """generator.chunk_prompts above what max_buffered_batches leaves room for (8 prompts a step,
+    room for 8 x (1 + 2) = 24, chunks of 64): the work is given in smaller pieces instead of never
+    (the run used to wait for groups it had not asked for)."""
+    cfg = compose(
+        [
+            *tiny_overrides,
+            "async_mode=pipeline_rl",
+            "async_mode.max_buffered_batches=2",
+            "generator.chunk_prompts=64",
+        ]
+    )
+    summary = train(cfg)
+    assert summary["steps"] == cfg.trainer.total_steps

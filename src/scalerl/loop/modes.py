@@ -192,8 +192,10 @@ class PipelineRL(AsyncMode):
         needed = (r.total_steps - st.step) * P
         while True:
             ahead = len(self.buffer) + sum(n for _, n in self.outstanding.values())
-            n = min(self.chunk, needed - ahead)
-            if n <= 0 or ahead + n > self.capacity:
+            # a chunk larger than the room left is cut to it: nothing outstanding and too little
+            # room for a whole chunk would otherwise leave the trainer waiting for nothing
+            n = min(self.chunk, needed - ahead, self.capacity - ahead)
+            if n <= 0:
                 return
             prompts = r.sampler.next(n)
             self.pool.submit(self.work_id, prompts, st.new_group_ids(len(prompts)))
