@@ -122,6 +122,7 @@ SYNC = ["async_mode=sync"]
 OPTION_EXTRAS = {
     "async_mode=ppo_off_policy": ["async_mode.minibatches=2"],
     "async_mode=pipeline_rl": ["async_mode.max_lag=2"],
+    "placement=split": ["async_mode=pipeline_rl", "async_mode.max_lag=2"],  # engines of their own
 }
 TRAINED_ELSEWHERE = {
     "model=hf": "test_a_saved_model_loads_by_path_on_the_same_code_path",
