@@ -170,7 +170,9 @@ def serve_task(cfg, index: int, host: str, port: int) -> None:
     # the node's GPUs from this task's local rank on: the node's trainer ranks (its first tasks)
     # train on cuda:0, cuda:1, ... by their local rank
     first = int(os.environ.get("LOCAL_RANK", "0"))
-    gpus = tuple(range(first, first + tp)) if torch.cuda.is_available() else ()
+    # not torch.cuda.is_available(): CUDA would then enumerate the devices before _isolate narrows them
+    on_gpu = str(cfg.trainer.device) != "cpu" and os.path.exists("/dev/nvidiactl")
+    gpus = tuple(range(first, first + tp)) if on_gpu else ()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpus and visible:  # indices into what the job lets this task see
         ids = [g for g in visible.split(",") if g.strip()]
