@@ -318,12 +318,3 @@ class SharedMemoryTransport:
 
     def close(self) -> None:
         pass
-
-
-def choose_backend(name: str, trainer_device: torch.device, generator_device: torch.device) -> str:
-    """``auto``: NCCL between two different GPUs, else gloo (NCCL cannot join two processes on one
-    GPU)."""
-    if name != "auto":
-        return name
-    both_cuda = trainer_device.type == "cuda" and generator_device.type == "cuda"
-    return "nccl" if both_cuda and trainer_device.index != generator_device.index else "gloo"

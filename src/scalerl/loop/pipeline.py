@@ -615,8 +615,7 @@ class EnginePool(Generator):
         groups: list = []
         for e in sorted(got):
             groups.extend(got[e])
-        ids = list(range(len(prompts))) if group_ids is None else group_ids
-        for g, gid in zip(groups, ids):
+        for g, gid in zip(groups, group_ids):  # Generator.generate gave one id per prompt
             for s in g:
                 s.group_id = gid
         return groups
