@@ -54,9 +54,11 @@ class Sub(int):
     __hash__ = int.__hash__
 
 
-@pytest.mark.parametrize(
-    "value", [Sub(3), [1, Sub(3)], object(), (x for x in ()), print, {"k": Sub(1)}, type], ids=str
-)
+NOT_PLAIN = [Sub(3), [1, Sub(3)], object(), (x for x in ()), print, {"k": Sub(1)}, type]
+
+
+# ids without addresses, so that every pytest-xdist worker collects the same names
+@pytest.mark.parametrize("value", NOT_PLAIN, ids=[f"{type(v).__name__}{i}" for i, v in enumerate(NOT_PLAIN)])
 def test_nothing_but_builtin_values_crosses(value):
     with pytest.raises(plain.NotPlain):
         plain.encode(value)
