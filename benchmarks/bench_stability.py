@@ -35,7 +35,16 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
     name, _, rest = text.partition("=")
     if not name:
         raise SystemExit(f"--setting {text!r}: expected NAME=override,override,... (NAME= for the default)")
-    return name, [o for o in rest.split(",") if o]
+    # commas inside brackets belong to a list value (trainer.betas=[0.9,0.95])
+    parts, depth, cur = [], 0, ""
+    for ch in rest:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return name, [o for o in [*parts, cur] if o]
 
 
 def budget_of(overrides: list[str]) -> int:

@@ -284,7 +284,16 @@ def train_wrapper(record: str, overrides: list[str]) -> None:
             orig_load(self, weights, version)
             if self.placement.main and getattr(self, "source_of", None) is not None:
                 with self.source_of(weights)(weights.names(False)) as tensors:
-                    state["digests"] = digests(tensors)
+                    # an engine under native bf16/fp16 holds the trainer's fp32 master weights cast
+                    # to its dtype: the digests of the tensors as sent and of each such cast
+                    import torch
+
+                    state["digests"] = {
+                        str(dt).replace("torch.", ""): digests(
+                            {k: (v if dt is None else v.to(dt)) for k, v in tensors.items()}
+                        )
+                        for dt in (None, torch.bfloat16, torch.float16)
+                    }
                     rec["tensor_devices"] = sorted({str(v.device) for v in tensors.values()})
                     rec["min_numel"] = min((int(v.numel()) for v in tensors.values()), default=0)
                 rec["published_version"] = int(version)
@@ -294,12 +303,16 @@ def train_wrapper(record: str, overrides: list[str]) -> None:
             try:
                 if self.started and self.ready and self.alive() and "digests" in state:
                     prints = self.fingerprints()
-                    want = state["digests"]
+                    casts = state["digests"]
+                    # the cast an engine matches (None: as sent), else compare with the tensors as sent
+                    held = [next((c for c, d in casts.items() if p == d), None) for p in prints]
+                    want = casts["None"]
                     rec["fingerprints"] = {
                         "version": rec["published_version"],
                         "engines": len(prints),
                         "tensors": len(want),
-                        "equal": [p == want for p in prints],
+                        "equal": [h is not None for h in held],
+                        "held_as": held,
                         "differ": [
                             sorted(k for k in set(p) | set(want) if p.get(k) != want.get(k))[:5]
                             for p in prints
