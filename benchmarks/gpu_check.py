@@ -285,15 +285,16 @@ def train_wrapper(record: str, overrides: list[str]) -> None:
             if self.placement.main and getattr(self, "source_of", None) is not None:
                 with self.source_of(weights)(weights.names(False)) as tensors:
                     # an engine under native bf16/fp16 holds the trainer's fp32 master weights cast
-                    # to its dtype: the digests of the tensors as sent and of each such cast
+                    # to its dtype (with an fp32 head, only the body's): each tensor's digest as sent
+                    # and as each such cast, compared tensor by tensor at close
                     import torch
 
-                    state["digests"] = {
-                        str(dt).replace("torch.", ""): digests(
-                            {k: (v if dt is None else v.to(dt)) for k, v in tensors.items()}
-                        )
-                        for dt in (None, torch.bfloat16, torch.float16)
+                    casts = {"as sent": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+                    by_cast = {
+                        c: digests({k: (v if dt is None else v.to(dt)) for k, v in tensors.items()})
+                        for c, dt in casts.items()
                     }
+                    state["digests"] = {k: {c: by_cast[c][k] for c in casts} for k in tensors}
                     rec["tensor_devices"] = sorted({str(v.device) for v in tensors.values()})
                     rec["min_numel"] = min((int(v.numel()) for v in tensors.values()), default=0)
                 rec["published_version"] = int(version)
@@ -303,19 +304,23 @@ def train_wrapper(record: str, overrides: list[str]) -> None:
             try:
                 if self.started and self.ready and self.alive() and "digests" in state:
                     prints = self.fingerprints()
-                    casts = state["digests"]
-                    # the cast an engine matches (None: as sent), else compare with the tensors as sent
-                    held = [next((c for c, d in casts.items() if p == d), None) for p in prints]
-                    want = casts["None"]
+                    want = state["digests"]  # name -> {cast: digest}
+
+                    def held_as(p: dict) -> dict:  # name -> the cast the engine's tensor matches, or None
+                        return {k: next((c for c, d in want[k].items() if p.get(k) == d), None) for k in want}
+
+                    held = [held_as(p) for p in prints]
                     rec["fingerprints"] = {
                         "version": rec["published_version"],
                         "engines": len(prints),
                         "tensors": len(want),
-                        "equal": [h is not None for h in held],
-                        "held_as": held,
+                        "equal": [
+                            set(p) == set(want) and None not in h.values() for p, h in zip(prints, held)
+                        ],
+                        "held_as": [sorted(set(h.values()), key=str) for h in held],
                         "differ": [
-                            sorted(k for k in set(p) | set(want) if p.get(k) != want.get(k))[:5]
-                            for p in prints
+                            sorted(k for k in set(p) | set(want) if h.get(k) is None)[:5]
+                            for p, h in zip(prints, held)
                         ],
                     }
             except Exception as e:  # noqa: BLE001 - reported, the run's own close goes on
