@@ -78,7 +78,7 @@ RECIPES = {
         "precision": "bf16",
         "aggregation": "token",
         "norm": "prompt",
-        "filter": "scalerl(no_positive_resampling=false)",
+        "filter": "scalerl(no_positive_resampling=false, dynamic_sampling=true, max_gen_batches=3)",
         "length_control": "length_penalty",
     },
     "magistral": {  # Magistral streams generations with in-flight weight updates: PipelineRL-k

@@ -23,7 +23,7 @@ from scalerl.generator import GENERATORS, HFGenerator, Sample
 from scalerl.loop import RunError, build, train
 from scalerl.loop.batch import prepare_batch
 from scalerl.loop.data import PromptSampler
-from scalerl.loop.run import train_step
+from scalerl.loop.run import hand_over_weights, train_step
 from scalerl.task import build_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,6 +324,50 @@ def test_zero_variance_groups_never_reach_the_batch():
     # every group filtered out: no batch, the step is skipped and says so
     none = prepare_batch([groups[0], groups[2]], version=0, zero_variance=True, norm="batch", pad_id=0)
     assert not none.train and none.batch is None and none.stats["train/step_skipped"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["async_mode=sync"],
+        ["async_mode=ppo_off_policy", "async_mode.minibatches=2"],
+        ["async_mode.max_lag=2"],
+    ],
+    ids=["sync", "ppo_off_policy", "pipeline_rl"],
+)
+def test_dynamic_sampling_fills_the_batch_with_groups_that_carry_signal(tiny_overrides, mode):
+    """filter.dynamic_sampling: the zero-variance groups a step drops are replaced by groups of more
+    prompts, so the step trains on batch_size / G groups that carry signal (sync: the last top-up's
+    surplus too), unless it has generated max_gen_batches batches' worth; the dropped groups are
+    still scored, counted and seen by no-positive-resampling. The warm-started model solves most
+    1-2 digit sums, so many groups are solved G of G."""
+    P, limit = 8, 3  # tiny_overrides: batch 32, G 4
+    overrides = [*tiny_overrides, *mode, "filter.dynamic_sampling=true", f"filter.max_gen_batches={limit}"]
+    cfg, run = make_run([*overrides, "trainer.total_steps=6", "eval.every=100"])
+    dropped = 0
+    try:
+        hand_over_weights(run)  # as train() does first: pipeline_rl's engines start with them
+        for _ in range(6):
+            groups, stats = train_step(run)
+            useful = [g for g in groups if len({s.reward for s in g}) > 1]
+            zero = len(groups) - len(useful)
+            assert stats["train/groups_trained"] == len(useful)
+            assert stats["data/zero_variance_dropped_step"] == zero
+            batches = (
+                2 if "async_mode=ppo_off_policy" in mode else 1
+            )  # generated for both minibatches at once
+            assert len(groups) <= limit * P * batches
+            if len(groups) < limit * P:  # the limit not reached: the batch is full
+                assert len(useful) >= P, (len(groups), len(useful))
+                if mode == ["async_mode.max_lag=2"]:  # pipeline_rl takes exactly P from its stream
+                    assert len(useful) == P
+            for g in groups:  # every group, the dropped ones too, is seen by no-positive-resampling
+                solved = sum(s.correct for s in g) / len(g) >= 0.9
+                assert run.pass_rates.retired(g[0].prompt_uid) == solved
+            dropped += zero
+    finally:
+        run.source.close()
+    assert dropped > 0, "the test needs zero-variance groups to replace"
 
 
 def test_truncated_samples_can_leave_the_loss():

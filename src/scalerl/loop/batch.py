@@ -49,6 +49,13 @@ def quantile(xs, q: float) -> float:
     return xs[max(0, math.ceil(q * len(xs)) - 1)]
 
 
+def carries_signal(group: list[Sample], exclude_truncated: bool = False) -> bool:
+    """Whether ``group`` (scored) survives the zero-variance filter: the rewards of its samples
+    (those not cut off at the token budget, with ``exclude_truncated``) are not all equal."""
+    rewards = {s.reward for s in group if not (exclude_truncated and s.truncated)}
+    return len(rewards) > 1
+
+
 def prepare_batch(
     groups: list[list[Sample]],
     *,

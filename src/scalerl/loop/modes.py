@@ -33,6 +33,7 @@ import torch
 
 from scalerl.generator import Generator, Sample
 from scalerl.loop import collective
+from scalerl.loop.batch import carries_signal
 from scalerl.loop.data import PromptSampler
 from scalerl.loop.placement import Placement, place_engines
 from scalerl.loop.state import RunState
@@ -80,6 +81,16 @@ class AsyncMode(abc.ABC):
     def close(self) -> None:  # noqa: B027 - most modes start nothing
         """Stop whatever the mode started."""
 
+    @property
+    def dynamic_sampling(self) -> bool:
+        """``filter.dynamic_sampling``: zero-variance groups are replaced by groups of more prompts."""
+        f = self.r.cfg.filter
+        return bool(f.get("dynamic_sampling", False)) and bool(f.zero_variance)
+
+    def signal(self, group: list[Sample]) -> bool:
+        """Whether ``group`` survives the zero-variance filter (always, without dynamic sampling)."""
+        return not self.dynamic_sampling or carries_signal(group, bool(self.r.cfg.filter.exclude_truncated))
+
 
 class PPOOffPolicy(AsyncMode):
     name = "ppo_off_policy"
@@ -95,8 +106,32 @@ class PPOOffPolicy(AsyncMode):
         return self.queue.pop(0)
 
     def _generate(self, n_batches: int) -> None:
-        r, st, P = self.r, self.r.state, self.r.prompts_per_step
-        prompts = r.sampler.next(P * n_batches)
+        """``n_batches`` batches of groups from the current weights. With dynamic sampling, groups
+        of more prompts until ``P * n_batches`` of them carry signal or the generated groups reach
+        ``max_gen_batches`` times that; each batch then holds ``P`` such groups (the last any
+        surplus), and the first also the zero-variance groups, which the filter drops."""
+        P = self.r.prompts_per_step
+        want = P * n_batches
+        groups = self._rollout(want)
+        if not self.dynamic_sampling:
+            self.queue = [groups[j * P : (j + 1) * P] for j in range(n_batches)]
+            return
+        limit = int(self.r.cfg.filter.max_gen_batches) * want
+        useful = [g for g in groups if self.signal(g)]
+        while len(useful) < want and len(groups) < limit:
+            # about as many prompts as the missing groups need at the share that carried signal so far
+            rate = max(len(useful) / len(groups), 1 / 8)
+            more = self._rollout(min(limit - len(groups), P, math.ceil((want - len(useful)) / rate)))
+            groups += more
+            useful += [g for g in more if self.signal(g)]
+        self.queue = [useful[j * P : (j + 1) * P] for j in range(n_batches - 1)]
+        self.queue.append(useful[(n_batches - 1) * P :])
+        self.queue[0] = [g for g in groups if not self.signal(g)] + self.queue[0]
+
+    def _rollout(self, n: int) -> list[list[Sample]]:
+        """Scored groups of ``n`` new prompts from the current weights."""
+        r, st = self.r, self.r.state
+        prompts = r.sampler.next(n)
         t0 = time.perf_counter()
         with r.gathered() if r.generator.samples_from_trainer_module else contextlib.nullcontext():
             groups = r.generator.generate(
@@ -105,7 +140,7 @@ class PPOOffPolicy(AsyncMode):
         st.count_verifier(score_groups(r.task, prompts, groups, r.cfg))
         st.gen_busy += time.perf_counter() - t0
         st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
-        self.queue = [groups[j * P : (j + 1) * P] for j in range(n_batches)]
+        return groups
 
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
         self.r.generator.load_weights(weights, version)
@@ -153,7 +188,7 @@ class PipelineRL(AsyncMode):
         """This rank's groups: rank 0 receives every rank's from the engines and scatters them."""
         if not self.pool.placement.main:
             return collective.scatter_objects(None)
-        st, pool, P = self.r.state, self.pool, self.P
+        st, pool = self.r.state, self.pool
         if self._busy0 is None:
             pool.wait_ready()
             self._busy0 = (st.gen_busy, pool.busy_seconds)
@@ -161,14 +196,37 @@ class PipelineRL(AsyncMode):
         # the trainer at version `step` may train only on data at most max_lag versions old:
         # wait for outstanding work begun before that, drop buffered data older than that
         oldest_ok = st.step - self.max_lag
-        while any(v < oldest_ok for v, _ in self.outstanding.values()) or len(self.buffer) < P:
+        while any(v < oldest_ok for v, _ in self.outstanding.values()) or self._short():
             self.receive_one(oldest_ok)
-        batch, self.buffer = self.buffer[:P], self.buffer[P:]
+        batch, self.buffer = self._take()
         st.gen_busy = self._busy0[0] + pool.busy_seconds - self._busy0[1]
         if self.world > 1:
             n = self.r.prompts_per_step
-            return collective.scatter_objects([batch[i * n : (i + 1) * n] for i in range(self.world)])
+            useful = [g for g in batch if self.signal(g)]  # every group, without dynamic sampling
+            shares = [useful[i * n : (i + 1) * n] for i in range(self.world)]
+            shares[0] = [g for g in batch if not self.signal(g)] + shares[0]
+            return collective.scatter_objects(shares)
         return batch
+
+    def _limit(self) -> int:
+        """The most groups one step takes from the buffer."""
+        return self.P * (int(self.r.cfg.filter.max_gen_batches) if self.dynamic_sampling else 1)
+
+    def _short(self) -> bool:
+        """Whether the buffer lacks the next step's groups: ``P`` of them (with dynamic sampling,
+        ``P`` that carry signal, unless the step's share of the buffer is already at its limit)."""
+        if not self.dynamic_sampling:
+            return len(self.buffer) < self.P
+        return sum(map(self.signal, self.buffer)) < self.P and len(self.buffer) < self._limit()
+
+    def _take(self) -> tuple[list[list[Sample]], list[list[Sample]]]:
+        """(the next step's groups, what stays buffered): the first ``P`` groups; with dynamic
+        sampling, groups from the front until ``P`` of them carry signal or the limit is reached."""
+        useful, n = 0, 0
+        while n < min(len(self.buffer), self._limit()) and useful < self.P:
+            useful += self.signal(self.buffer[n])
+            n += 1
+        return self.buffer[:n], self.buffer[n:]
 
     def receive_one(self, oldest_ok: int) -> None:
         """Wait for one piece of finished work; keep its groups, drop buffered groups older than
@@ -191,7 +249,8 @@ class PipelineRL(AsyncMode):
         r, st, P = self.r, self.r.state, self.P
         needed = (r.total_steps - st.step) * P
         while True:
-            ahead = len(self.buffer) + sum(n for _, n in self.outstanding.values())
+            # with dynamic sampling, buffered zero-variance groups count for nothing: the filter drops them
+            ahead = sum(map(self.signal, self.buffer)) + sum(n for _, n in self.outstanding.values())
             # a chunk larger than the room left is cut to it: nothing outstanding and too little
             # room for a whole chunk would otherwise leave the trainer waiting for nothing
             n = min(self.chunk, needed - ahead, self.capacity - ahead)

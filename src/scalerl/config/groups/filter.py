@@ -1,12 +1,13 @@
-"""``filter``: zero-variance filtering and no-positive-resampling (paper Sec. 3.2), and leaving
-truncated samples out of the loss (the paper excludes them from the effective batch)."""
+"""``filter``: zero-variance filtering and no-positive-resampling (paper Sec. 3.2), leaving
+truncated samples out of the loss (the paper excludes them from the effective batch), and DAPO's
+dynamic sampling (more prompts drawn until the step's groups that carry signal fill the batch)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from scalerl.algo.filters import PassRateTracker
-from scalerl.config.checks import in_unit, one_of, problems
+from scalerl.config.checks import at_least, in_unit, one_of, problems
 from scalerl.config.options import Option, register_option
 
 
@@ -19,11 +20,24 @@ class FilterOption(Option):
     exclude_truncated: bool = False  # leave samples cut off at the token budget out of the loss
     # which pass rate retires a prompt: its group's in the epoch just seen, or over all its epochs
     pass_rate_window: str = "last_epoch"
+    # DAPO's dynamic sampling: the zero-variance groups a step drops are replaced by groups of more
+    # prompts, until the batch's groups that carry signal number batch_size / G, or the step has
+    # generated max_gen_batches batches' worth of groups (then it trains on those it has)
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 4
 
     def check(self):
         return problems(
             in_unit("pass_rate_threshold", self.pass_rate_threshold, low_open=True),
             one_of("pass_rate_window", self.pass_rate_window, PassRateTracker.WINDOWS),
+            at_least("max_gen_batches", self.max_gen_batches, 1),
+            (
+                "dynamic_sampling",
+                True,
+                "false while zero_variance is false (it replaces the groups that filter drops)",
+            )
+            if self.dynamic_sampling and not self.zero_variance
+            else None,
         )
 
 
