@@ -121,11 +121,6 @@ def test_negative_and_zero_sizes_are_refused(override, allowed):
         # more validation problems than there are distinct ones (it would never finish drawing them)
         (["task.min_digits=1", "task.max_digits=1", "task.num_val=100", "eval.num_prompts=8"], "< 100"),
         (["out_dir="], "out_dir=''"),
-        # dynamic sampling replaces the groups the zero-variance filter drops: nothing, without it
-        (
-            ["filter.zero_variance=false", "filter.dynamic_sampling=true"],
-            "filter.dynamic_sampling=True: must be false",
-        ),
     ],
 )
 def test_impossible_combinations_are_refused(overrides, expect):

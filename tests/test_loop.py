@@ -446,6 +446,10 @@ def test_retired_prompts_are_never_sampled_again():
     again = PromptSampler(prompts, seed=0, retired=rates)
     again.load_state_dict(sampler.state_dict())
     assert [p.uid for p in again.next(5)] == [p.uid for p in sampler.next(5)]
+    # every prompt retired: the run stops with the user's error (one line from the CLI), saying what to change
+    rates.update([p.uid for p in prompts for _ in range(4)], [1.0] * (4 * len(prompts)))
+    with pytest.raises(RunError, match=r"every one of the 16 training prompts is retired.*raise task\.num_train"):
+        sampler.next(1)
 
 
 def test_no_positive_resampling_retires_prompts_in_a_short_run(tiny_overrides):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from scalerl.loop.errors import RunError
 from scalerl.task.base import Prompt
 
 
@@ -40,8 +41,9 @@ class PromptSampler:
             if self.retired is not None and self.retired.retired(p.uid):
                 skipped_in_a_row += 1
                 if skipped_in_a_row > 2 * len(self.prompts):
-                    raise RuntimeError(
-                        "every training prompt is retired (no-positive-resampling); nothing left to train on"
+                    raise RunError(
+                        f"every one of the {len(self.prompts)} training prompts is retired (no-positive-resampling): "
+                        "nothing left to train on; raise task.num_train, or set filter.no_positive_resampling=false"
                     )
                 continue
             skipped_in_a_row = 0

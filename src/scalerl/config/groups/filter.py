@@ -22,7 +22,8 @@ class FilterOption(Option):
     pass_rate_window: str = "last_epoch"
     # DAPO's dynamic sampling: the zero-variance groups a step drops are replaced by groups of more
     # prompts, until the batch's groups that carry signal number batch_size / G, or the step has
-    # generated max_gen_batches batches' worth of groups (then it trains on those it has)
+    # generated max_gen_batches batches' worth of groups (then it trains on those it has). It acts
+    # only with zero_variance: without that filter nothing is dropped, so nothing is replaced.
     dynamic_sampling: bool = False
     max_gen_batches: int = 4
 
@@ -31,13 +32,6 @@ class FilterOption(Option):
             in_unit("pass_rate_threshold", self.pass_rate_threshold, low_open=True),
             one_of("pass_rate_window", self.pass_rate_window, PassRateTracker.WINDOWS),
             at_least("max_gen_batches", self.max_gen_batches, 1),
-            (
-                "dynamic_sampling",
-                True,
-                "false while zero_variance is false (it replaces the groups that filter drops)",
-            )
-            if self.dynamic_sampling and not self.zero_variance
-            else None,
         )
 
 
