@@ -448,7 +448,9 @@ def test_retired_prompts_are_never_sampled_again():
     assert [p.uid for p in again.next(5)] == [p.uid for p in sampler.next(5)]
     # every prompt retired: the run stops with the user's error (one line from the CLI), saying what to change
     rates.update([p.uid for p in prompts for _ in range(4)], [1.0] * (4 * len(prompts)))
-    with pytest.raises(RunError, match=r"every one of the 16 training prompts is retired.*raise task\.num_train"):
+    with pytest.raises(
+        RunError, match=r"every one of the 16 training prompts is retired.*raise task\.num_train"
+    ):
         sampler.next(1)
 
 
