@@ -342,7 +342,8 @@ def test_dynamic_sampling_fills_the_batch_with_groups_that_carry_signal(tiny_ove
     still scored, counted and seen by no-positive-resampling. The warm-started model solves most
     1-2 digit sums, so many groups are solved G of G."""
     P, limit = 8, 3  # tiny_overrides: batch 32, G 4
-    overrides = [*tiny_overrides, *mode, "filter.dynamic_sampling=true", f"filter.max_gen_batches={limit}"]
+    base = [o for o in tiny_overrides if not o.startswith("filter.dynamic_sampling=")]
+    overrides = [*base, *mode, "filter.dynamic_sampling=true", f"filter.max_gen_batches={limit}"]
     cfg, run = make_run([*overrides, "trainer.total_steps=6", "eval.every=100"])
     dropped = 0
     try:

@@ -75,6 +75,7 @@ def test_the_flag_is_raised_when_reward_rises_alone():
 
 CODE_TINY = [
     "task=code",
+    "filter.dynamic_sampling=false",  # as conftest's TINY
     "model.hidden_size=64",
     "model.num_layers=2",
     "model.intermediate_size=128",

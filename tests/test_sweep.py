@@ -42,6 +42,7 @@ TINY_BASE = [
     "async_mode=sync",
     "scaling.bootstrap=20",
     "scaling.min_step=1",  # 6 steps: the default cut (step 10) would leave nothing to fit
+    "filter.dynamic_sampling=false",  # as conftest's TINY: up to 4 batches a step on this model
 ]
 # the addition task's keys: a variant choosing task=jsonl has none of them
 TINY_TASK = [

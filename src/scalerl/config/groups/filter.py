@@ -38,9 +38,10 @@ class FilterOption(Option):
 @register_option("filter", "scalerl")
 @dataclass
 class ScaleRLFilter(FilterOption):
-    """Both filters; each switchable on its own."""
+    """Both filters, and dynamic sampling; each switchable on its own."""
 
     name: str = "scalerl"
+    dynamic_sampling: bool = True
 
 
 @register_option("filter", "none")

@@ -38,7 +38,7 @@ class Addition(Option):
     # part-way by warmstart_phrase, the interruption phrase, and then answer)
     warmstart_recheck_prob: float = 0.3
     warmstart_phrase: str = " time is up.</think>"
-    num_train: int = 4096
+    num_train: int = 32768
     num_val: int = 128
     verifier_timeout_s: float = 2.0
 

@@ -31,8 +31,8 @@ class TorchTrainerOption(Option):
     # on a CPU, glibc serves allocations of this many MB or more by mmap and returns them when freed
     # (its default keeps freed activations in the heap: 7.1 vs 3.1 GB peak at 135M); 0 = glibc's default
     malloc_mmap_threshold_mb: int = 0
-    lr: float = 5.0e-5
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr: float = 1.0e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adam_eps: float = 1.0e-8
     weight_decay: float = 0.01
     warmup_steps: int = 10
