@@ -64,6 +64,11 @@ class AsyncMode(abc.ABC):
 
     def __init__(self, rollouts: Rollouts):
         self.r = rollouts
+        f = rollouts.cfg.filter
+        # filter.dynamic_sampling: zero-variance groups are replaced by groups of more prompts (it
+        # acts only with the zero-variance filter, which drops them)
+        self.dynamic_sampling = bool(f.get("dynamic_sampling", False)) and bool(f.zero_variance)
+        self._exclude_truncated = bool(f.exclude_truncated)
 
     @classmethod
     def place(cls, cfg, device: torch.device, world: int, threads: int) -> Placement:
@@ -81,15 +86,9 @@ class AsyncMode(abc.ABC):
     def close(self) -> None:  # noqa: B027 - most modes start nothing
         """Stop whatever the mode started."""
 
-    @property
-    def dynamic_sampling(self) -> bool:
-        """``filter.dynamic_sampling``: zero-variance groups are replaced by groups of more prompts."""
-        f = self.r.cfg.filter
-        return bool(f.get("dynamic_sampling", False)) and bool(f.zero_variance)
-
     def signal(self, group: list[Sample]) -> bool:
         """Whether ``group`` survives the zero-variance filter (always, without dynamic sampling)."""
-        return not self.dynamic_sampling or carries_signal(group, bool(self.r.cfg.filter.exclude_truncated))
+        return not self.dynamic_sampling or carries_signal(group, self._exclude_truncated)
 
 
 class PPOOffPolicy(AsyncMode):
@@ -117,16 +116,21 @@ class PPOOffPolicy(AsyncMode):
             self.queue = [groups[j * P : (j + 1) * P] for j in range(n_batches)]
             return
         limit = int(self.r.cfg.filter.max_gen_batches) * want
-        useful = [g for g in groups if self.signal(g)]
-        while len(useful) < want and len(groups) < limit:
+        useful: list[list[Sample]] = []
+        dropped: list[list[Sample]] = []
+        generated = 0
+        while True:
+            for g in groups:
+                (useful if self.signal(g) else dropped).append(g)
+            generated += len(groups)
+            if len(useful) >= want or generated >= limit:
+                break
             # about as many prompts as the missing groups need at the share that carried signal so far
-            rate = max(len(useful) / len(groups), 1 / 8)
-            more = self._rollout(min(limit - len(groups), P, math.ceil((want - len(useful)) / rate)))
-            groups += more
-            useful += [g for g in more if self.signal(g)]
+            rate = max(len(useful) / generated, 1 / 8)
+            groups = self._rollout(min(limit - generated, P, math.ceil((want - len(useful)) / rate)))
         self.queue = [useful[j * P : (j + 1) * P] for j in range(n_batches - 1)]
         self.queue.append(useful[(n_batches - 1) * P :])
-        self.queue[0] = [g for g in groups if not self.signal(g)] + self.queue[0]
+        self.queue[0] = dropped + self.queue[0]
 
     def _rollout(self, n: int) -> list[list[Sample]]:
         """Scored groups of ``n`` new prompts from the current weights."""
