@@ -189,7 +189,9 @@ keep, big = [], []
 before = rss()
 for i in range(60):  # 4 MB activations interleaved with small tensors that stay
     big.append(torch.ones(1 << 20))
-    keep.append(torch.ones(1000))
+    # 64 KB each: too large for the holes the imports left in the heap (4 KB tensors landed in them
+    # on a CI machine, and the freed 4 MB blocks then merged and were trimmed)
+    keep.append(torch.ones(1 << 14))
 del big
 print(rss() - before)
 """
@@ -207,5 +209,5 @@ def test_freed_activations_go_back_to_the_system():
     for on in ("0", "1"):
         out = subprocess.run([sys.executable, "-c", RETAIN, on], capture_output=True, text=True, check=True)
         kept[on] = float(out.stdout.strip())
-    assert kept["0"] > 100, kept  # 140-240 MB of the 240 kept by default
-    assert kept["1"] < 30, kept
+    assert kept["0"] > 150, kept  # about 240 MB of the 240 freed stay by default
+    assert kept["1"] < 30, kept  # the 4 MB of the 64 KB tensors, not the activations
