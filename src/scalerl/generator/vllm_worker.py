@@ -9,7 +9,18 @@ broadcast bucket straight into ``load_weights``; no other copy of the model exis
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+# vLLM warns, on every reload, of each weight the call did not bring: an update in buckets (whole
+# layers each) brings only some in each call, so the warning would list most of the model every step
+_RELOAD_LOG = "vllm.model_executor.model_loader.reload.inplace"
+
+
+class _OnlyOtherBuckets(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "were not loaded from checkpoint" not in record.getMessage()
 
 
 class WeightSync:
@@ -17,8 +28,14 @@ class WeightSync:
 
     def scalerl_reload(self, state: dict[str, torch.Tensor]) -> int:
         """Load every tensor of ``state`` (checkpoint names) into the running model in place; the
-        number of tensors loaded. vLLM re-applies its own post-processing (fused QKV, tied heads)."""
-        self.model_runner.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+        number of tensors loaded. vLLM re-applies its own post-processing (fused QKV, tied heads).
+        ``state`` is one bucket of whole layers (the generator never splits a layer across calls)."""
+        log, only = logging.getLogger(_RELOAD_LOG), _OnlyOtherBuckets()
+        log.addFilter(only)
+        try:
+            self.model_runner.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+        finally:
+            log.removeFilter(only)
         return len(state)
 
     def scalerl_join(self, spec, first_rank: int) -> int:
