@@ -294,7 +294,7 @@ def test_failed_programs_are_counted_by_kind_and_verifier_errors_apart(code_task
         "import socket\nsocket.socket()",
         "oops(",
     ]
-    fast = CodeTask(num_val=32, timeout_s=1.0)
+    fast = CodeTask(num_val=32, timeout_s=5.0)  # 1 s was classed a timeout on a loaded machine
     groups = [[_sample(t) for t in texts]]
     counts = score_groups(fast, [p], groups, cfg)
     assert [s.correct for s in groups[0]] == [1.0, 0.0, 0.0, 0.0, 0.0]
