@@ -112,6 +112,14 @@ def test_cli_override_replaces_the_variants_value(tmp_path):
     assert plan.runs[0].out_dir == str(tmp_path / "out" / "a") and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml")))
+def test_every_shipped_sweep_composes_and_validates_every_run(name, tmp_path):
+    """A shipped study whose runs would not start fails here, not after a user launched it."""
+    plan = make_plan(load_spec(REPO / "sweeps" / f"{name}.yaml"), [], sweep_dir=tmp_path / "out")
+    assert plan.runs and len(plan_lines(plan)) == len(plan.runs)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_loo_dry_run_through_sweep_py(tmp_path):
     """`python sweep.py --loo --dry-run`: the baseline and 8 variants each reverting one component."""
