@@ -367,3 +367,30 @@ def test_make_generator_vllm_missing_is_a_clear_error(monkeypatch):
     cfg.generator.update(kv_cache_gib=1.0, gpu_memory_utilization=0.5, max_num_seqs=8)
     with pytest.raises(RuntimeError, match=r"launch/install_vllm_cpu.sh.*pip install -e \"\.\[vllm\]\""):
         make_generator(cfg, make_model(), TOK, Precision(), "cpu", 0)
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.0, 1.5])
+@pytest.mark.parametrize("spread", [1.0, 4.0])
+def test_tempered_logprob_from_the_top_k_untempered_is_within_its_bound(temperature, spread):
+    """The stale-KV gap of a vLLM engine re-scores through its untempered top-K prompt log-probs:
+    the tempered log-prob rebuilt from them is within the stated bound of the exact one (every
+    token's), exact at T = 1, and the bound is small below T = 1 where the distribution is peaked
+    (above 1 the tail the K tokens leave out weighs more)."""
+    from scalerl.generator.staleness import tempered_logprob
+
+    g = torch.Generator().manual_seed(int(temperature * 10 + spread))
+    vocab, k = 2000, 64
+    for _ in range(20):
+        logits = torch.randn(vocab, generator=g, dtype=torch.float64) * spread
+        raw = torch.log_softmax(logits, -1)
+        exact = torch.log_softmax(logits / temperature, -1)
+        top = torch.topk(raw, k).indices.tolist()
+        for token in (top[0], top[k // 2], int(torch.argmin(raw))):  # likely, middling, outside the K
+            known = {t: float(raw[t]) for t in top}
+            known[token] = float(raw[token])  # vLLM adds the scored token to its top K
+            value, bound = tempered_logprob(float(raw[token]), known, temperature, vocab, k)
+            assert abs(value - float(exact[token])) <= bound + 1e-9, (value, float(exact[token]), bound)
+            if temperature == 1.0:
+                assert bound == 0.0
+            elif temperature < 1.0 and spread == 4.0:  # peaked: the 64 known tokens hold nearly all of the mass
+                assert bound < 0.01, bound

@@ -93,6 +93,45 @@ def test_an_in_flight_update_changes_the_version_inside_a_sequence():
     gen.model = old
 
 
+def test_the_engine_measures_the_stale_kv_gap_at_the_sampling_temperature():
+    """Engines whose weights live in their workers (pipeline_rl's) re-score the tokens after an
+    in-flight update with vLLM's own prompt log-probs, which are untempered: at temperature 0.6 the
+    gap it logs is the one against the tempered log-probs of the new weights, recomputed here. The
+    tiny model's vocabulary is flat, so the engine is asked for every token's log-prob (the bound
+    left by the K most likely tokens is tested in test_generator.py)."""
+    from scalerl.generator.vllm_gen import VLLMGenerator
+
+    t = 0.6
+    lc = compose(["length_control=none", "length_control.max_new_tokens=24"]).length_control
+    gen = VLLMGenerator(policy(0), TOK, Precision(), lc, temperature=t, seed=5, stale_kv_top_k=len(TOK))
+    new = policy(0)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    calls = []
+
+    def weight_update():
+        calls.append(1)
+        if len(calls) == 6:
+            gen.load_weights(PolicyWeights(new), 1)
+            return 1
+        return None
+
+    gen.model = None  # the weights are only in the engine's workers, as in a pipeline_rl engine
+    groups = gen.generate(PROMPTS, 4, version=0, weight_update=weight_update)
+    measured = [s for g in groups for s in g if s.stale_kv_gap is not None]
+    assert 0 < len(measured) <= 4, [s.versions for g in groups for s in g]
+    for s in measured:
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        with torch.no_grad():
+            logits = new(ids).logits[0, len(s.prompt_ids) - 1 : -1].float()
+        fresh = torch.log_softmax(logits / t, -1).gather(1, ids[0, len(s.prompt_ids) :, None]).squeeze(1)
+        after = [i for i, v in enumerate(s.versions) if v == 1]
+        want = float((torch.tensor([s.logprobs[i] for i in after]) - fresh[after]).abs().mean())
+        assert s.stale_kv_gap == pytest.approx(want, abs=1e-3), (s.stale_kv_gap, want)
+        assert s.stale_kv_gap > 1e-3  # the new weights read the old ones' keys and values
+
+
 def test_interruptions_respect_the_thinking_and_the_answer_budget():
     lc = [
         "length_control=interruption",

@@ -5,11 +5,16 @@ computed. :func:`measure_stale_kv` recomputes, for a few sequences that span an 
 log-probs of those tokens under the new weights from scratch (a fresh prefill) and records how far
 the generator's behaviour log-probs were from them: ``Sample.stale_kv_gap``, logged as
 ``gen/stale_kv_logprob_gap``. With the same engine and no update the gap is 0 up to rounding.
+
+An engine whose weights live in its workers re-scores through its own prompt log-probs, which are
+untempered and only the K most likely tokens' at each position: :func:`tempered_logprob` turns them
+into the tempered log-prob the sampler reported, with a bound on the error from the tokens outside K.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -28,6 +33,45 @@ def spans_update(sample: Sample, version: int) -> int:
             return i
         older = older or v < version
     return -1
+
+
+def tempered_logprob(
+    token: float, known: Mapping[int, float], temperature: float, vocab: int, top_k: int
+) -> tuple[float, float]:
+    """``log softmax(logits / temperature)`` of a token, from untempered log-probs: ``token``'s and
+    ``known`` (the ``top_k`` most likely tokens' at that position, and the token's, which vLLM adds
+    when it is not among them) in a vocabulary of ``vocab``. Returns the estimate and a bound on
+    its error.
+
+    With ``r`` the untempered log-probs, the tempered one is ``r_x / T - log sum_i exp(r_i / T)``.
+    The sum over the known tokens is exact; each unknown token has ``r_i <= m``, the smallest known
+    top-K one, and the unknown ones hold ``q = 1 - sum_known exp(r_i)`` of the mass, so their share is at
+    most ``exp(m (1/T - 1)) q`` for T < 1 (``exp(r/T) = exp(r) exp(r)^(1/T - 1)``) and at most
+    ``n^(1 - 1/T) q^(1/T)`` for T > 1 (Hölder over the ``n`` unknown tokens; and at most
+    ``n exp(m / T)``). The estimate takes the middle of the interval; at T = 1 it is exact."""
+    if temperature == 1.0:
+        return float(token), 0.0
+    t = float(temperature)
+    values = list(known.values())
+    if not values:
+        raise ValueError("tempered_logprob needs at least one known log-prob")
+    m = sorted(values, reverse=True)[min(int(top_k), len(values)) - 1]
+    scaled = [v / t for v in values]
+    top = max(scaled)
+    lse = top + math.log(sum(math.exp(v - top) for v in scaled))
+    rest_mass = 1.0 - sum(math.exp(v) for v in values)
+    unknown = int(vocab) - len(values)
+    width = 0.0
+    if unknown > 0 and rest_mass > 0.0:
+        if t < 1.0:
+            log_rest = m * (1.0 / t - 1.0) + math.log(rest_mass)
+        else:  # and never more than every unknown token at the known minimum
+            log_rest = min(
+                (1.0 - 1.0 / t) * math.log(unknown) + math.log(rest_mass) / t, math.log(unknown) + m / t
+            )
+        x = log_rest - lse
+        width = x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+    return float(token) / t - (lse + width / 2), width / 2
 
 
 @torch.no_grad()

@@ -45,6 +45,10 @@ from scalerl.model.weights import PolicyWeights, checkpoint_state
 INSTALL_HINT = 'generator=vllm needs vLLM: `bash launch/install_vllm_cpu.sh` (CPU) or `pip install -e ".[vllm]"` (CUDA GPU)'
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 WORKER_EXTENSION = "scalerl.generator.vllm_worker.WeightSync"
+# the stale-KV gap at a temperature other than 1: the untempered log-probs of this many most likely
+# tokens a position, and the largest mean error bound a measured sample may carry
+STALE_KV_TOP_K = 64
+STALE_KV_TOLERANCE = 0.01
 
 
 def import_vllm():
@@ -156,6 +160,7 @@ class VLLMGenerator(Generator):
         gpu_memory_utilization: float = 0.5,
         max_num_seqs: int = 256,
         stale_kv_samples: int = 4,
+        stale_kv_top_k: int = STALE_KV_TOP_K,
         sleep_while_training: bool = True,
         bucket_mb: float = 256.0,
         tensor_parallel_size: int = 1,
@@ -185,6 +190,8 @@ class VLLMGenerator(Generator):
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
         self.stale_kv_samples = int(stale_kv_samples)
+        self.vocab = int(model.config.vocab_size)
+        self.stale_kv_top_k = min(int(stale_kv_top_k), self.vocab)
         self._request = 0
 
         device = torch.device(device)
@@ -209,6 +216,8 @@ class VLLMGenerator(Generator):
             # generator, which CPU generators cannot do ("CPU Generator does not use offset")
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(max_len, 8192),
+            # the stale-KV gap re-scores with the K most likely tokens' log-probs (tempered_logprob)
+            max_logprobs=max(1, self.stale_kv_top_k),
         )
         if int(tensor_parallel_size) > 1:  # workers in processes of their own, one per shard
             kwargs["tensor_parallel_size"] = int(tensor_parallel_size)
@@ -405,17 +414,20 @@ class VLLMGenerator(Generator):
             measure_stale_kv(
                 self.model, self.precision, self.temperature, groups, self.version, self.stale_kv_samples
             )
-        elif weight_update is not None and self.temperature == 1.0:  # the weights are in the workers
+        elif weight_update is not None:  # the weights are in the workers
             self._measure_stale_kv(groups)
         return groups
 
     def _measure_stale_kv(self, groups) -> int:
         """:func:`~scalerl.generator.staleness.measure_stale_kv` with the engine itself: the
         log-probs of the tokens generated after an update, recomputed by a fresh prefill of the
-        whole sequence (vLLM's prompt log-probs, those of the untempered distribution: measured at
-        temperature 1 only). Returns how many samples were measured."""
-        from scalerl.generator.staleness import spans_update
+        whole sequence. vLLM's prompt log-probs are untempered: at a temperature other than 1 the
+        K most likely tokens' (``stale_kv_top_k``) give the tempered one within a bound
+        (:func:`~scalerl.generator.staleness.tempered_logprob`); a sample whose mean bound is over
+        ``STALE_KV_TOLERANCE`` is left unmeasured. Returns how many samples were measured."""
+        from scalerl.generator.staleness import spans_update, tempered_logprob
 
+        exact = self.temperature == 1.0
         measured = 0
         for s in (s for g in groups for s in g):
             if measured >= self.stale_kv_samples:
@@ -427,7 +439,11 @@ class VLLMGenerator(Generator):
             self._request += 1
             rid = f"stale-kv:{self._request}"
             params = self.vllm.SamplingParams(
-                temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False, seed=0
+                temperature=1.0,
+                max_tokens=1,
+                prompt_logprobs=0 if exact else self.stale_kv_top_k,
+                detokenize=False,
+                seed=0,
             )
             self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
             out = None
@@ -443,8 +459,17 @@ class VLLMGenerator(Generator):
                 for i in range(start, len(s.completion_ids))
                 if s.loss_mask[i] and s.versions[i] == self.version
             ]
-            fresh = [out.prompt_logprobs[p + i][ids[p + i]].logprob for i in idx]
-            s.stale_kv_gap = float(sum(abs(s.logprobs[i] - f) for i, f in zip(idx, fresh)) / max(1, len(idx)))
+            fresh, bounds = [], []
+            for i in idx:
+                row = {t: lp.logprob for t, lp in out.prompt_logprobs[p + i].items()}
+                value, bound = tempered_logprob(
+                    row[ids[p + i]], row, self.temperature, self.vocab, STALE_KV_TOP_K
+                )
+                fresh.append(value)
+                bounds.append(bound)
+            if not idx or sum(bounds) / len(idx) > STALE_KV_TOLERANCE:
+                continue
+            s.stale_kv_gap = float(sum(abs(s.logprobs[i] - f) for i, f in zip(idx, fresh)) / len(idx))
             measured += 1
         return measured
 
