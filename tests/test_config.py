@@ -416,3 +416,43 @@ def test_the_recipe_groups_are_the_first_config_groups():
     from scalerl.config.options import RECIPE_GROUPS
 
     assert analysed is RECIPE_GROUPS and GROUPS[: len(RECIPE_GROUPS)] == RECIPE_GROUPS
+
+
+def _documented_train_commands() -> list[tuple[str, list[str]]]:
+    """Every `python train.py ...` line of the README's and docs/' shell blocks, its backslash
+    continuations joined, as (where, overrides)."""
+    import re
+    import shlex
+
+    repo = Path(__file__).resolve().parents[1]
+    found = []
+    for path in [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S):
+            for command in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(command, comments=True)
+                if words[:2] == ["python", "train.py"]:
+                    found.append((f"{path.name}: {command.strip()[:60]}", words[2:]))
+    return found
+
+
+@pytest.mark.parametrize(
+    "where,overrides", _documented_train_commands(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_every_documented_train_command_composes_and_validates(where, overrides):
+    """A command a user copies from the README or docs/ starts: its overrides compose and pass the
+    config checks (a renamed or removed option fails here, not on the user's machine)."""
+    words, kept = iter(overrides), []
+    for w in words:
+        if w in ("--cfg", "-c", "--package", "-p", "--info", "-i"):  # Hydra's flags with a value
+            next(words, None)
+        elif not w.startswith("-"):
+            kept.append(w)
+    cfg = compose(kept)
+    assert cfg.trainer.total_steps > 0, where
+
+
+def test_the_documented_commands_are_found():
+    wheres = [w for w, _ in _documented_train_commands()]
+    assert any(w.startswith("README.md") for w in wheres) and any(
+        w.startswith("real-model.md") for w in wheres
+    )
