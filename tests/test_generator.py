@@ -392,5 +392,5 @@ def test_tempered_logprob_from_the_top_k_untempered_is_within_its_bound(temperat
             assert abs(value - float(exact[token])) <= bound + 1e-9, (value, float(exact[token]), bound)
             if temperature == 1.0:
                 assert bound == 0.0
-            elif temperature < 1.0 and spread == 4.0:  # peaked: the 64 known tokens hold nearly all of the mass
+            elif temperature < 1.0 and spread == 4.0:  # peaked: the 64 known tokens hold the mass
                 assert bound < 0.01, bound
