@@ -463,7 +463,7 @@ class VLLMGenerator(Generator):
             for i in idx:
                 row = {t: lp.logprob for t, lp in out.prompt_logprobs[p + i].items()}
                 value, bound = tempered_logprob(
-                    row[ids[p + i]], row, self.temperature, self.vocab, STALE_KV_TOP_K
+                    row[ids[p + i]], row, self.temperature, self.vocab, self.stale_kv_top_k
                 )
                 fresh.append(value)
                 bounds.append(bound)
