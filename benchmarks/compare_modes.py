@@ -6,9 +6,9 @@ the policy lag against its bound k, the stale-KV gap, and the held-out pass rate
         --out benchmarks/results/<date>_<commit>_modes.md
 
 Each argument is ``label=tracking-uri`` (the newest run in that store) or ``label=uri#run_id``.
-"Equal compute" reads each evaluation of a run at its counted FLOPs (``compute/flops``, which
-machine load does not move) and the other runs' pass rate linearly interpolated there; a point
-outside another run's range is left blank.
+"Equal compute" reads each evaluation of a run on the runs' compute axis (``scaling.compute_axis``:
+counted FLOPs by default, which machine load does not move) and the other runs' pass rate
+linearly interpolated there; a point outside another run's range is left blank.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import sys
 from datetime import datetime, timezone
 
 from mlflow.tracking import MlflowClient
+
+from scalerl.analysis.mlflow_io import load_run, metric_history
 
 
 def load(spec: str) -> dict:
@@ -38,28 +40,31 @@ def load(spec: str) -> dict:
             sys.exit(f"compare_modes.py: no run in {uri}")
         run_id = runs[0].info.run_id
     run = client.get_run(run_id)
+    curve = load_run(client, run, reward_key="val/pass_rate")  # the held-out curve on the run's compute axis
 
-    def history(key: str) -> list:
-        return sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+    def values(key: str) -> list[float]:  # a value a step, in step order (a resumed run's repeats once)
+        return [v for _, v in sorted(metric_history(client, run_id, key).items())]
 
-    steps = {m.step: m.timestamp / 1000 for m in history("progress/step")}
+    steps = {
+        m.step: m.timestamp / 1000 for m in client.get_metric_history(run_id, "progress/step")
+    }  # when each step was logged
     return dict(
         label=label,
         run_id=run_id,
         params=run.data.params,
         start=run.info.start_time / 1000,
-        end=(run.info.end_time or max(steps.values(), default=0) * 1000) / 1000,
+        end=run.info.end_time / 1000 if run.info.end_time else max(steps.values(), default=0.0),
         steps=steps,
-        tokens_per_s=[m.value for m in history("perf/tokens_per_s")],
-        lag_max=[m.value for m in history("train/policy_lag_max")],
-        lag_mean=[m.value for m in history("train/policy_lag_mean")],
-        gap=[m.value for m in history("gen/stale_kv_logprob_gap")],
-        update_s=[m.value for m in history("perf/weight_update_s")],
-        gen_busy=[m.value for m in history("perf/generator_busy")],
-        trainer_busy=[m.value for m in history("perf/trainer_busy")],
-        truncation=[m.value for m in history("train/truncation_rate")],
-        flops={m.step: m.value for m in history("compute/flops")},
-        val={m.step: m.value for m in history("val/pass_rate")},
+        tokens_per_s=values("perf/tokens_per_s"),
+        lag_max=values("train/policy_lag_max"),
+        lag_mean=values("train/policy_lag_mean"),
+        gap=values("gen/stale_kv_logprob_gap"),
+        update_s=values("perf/weight_update_s"),
+        gen_busy=values("perf/generator_busy"),
+        trainer_busy=values("perf/trainer_busy"),
+        truncation=values("train/truncation_rate"),
+        axis=curve.compute_axis,
+        curve=list(zip(curve.steps.tolist(), curve.compute.tolist(), curve.reward.tolist())),
     )
 
 
@@ -113,22 +118,30 @@ def report(runs: list[dict]) -> str:
     row("stale-KV log-prob gap (mean; steps logged)", [f"{fmt(r['gap'], 4)} ({len(r['gap'])})" for r in runs])
     row("weight update seconds (mean)", [fmt(r["update_s"], 1) for r in runs])
     row("truncation a step (mean)", [fmt(r["truncation"], 3) for r in runs])
-    lines += ["", "Held-out pass rate at each evaluation, and the other runs' at the same counted FLOPs:", ""]
+    axis = runs[0]["axis"]
+    if any(r["axis"] != axis for r in runs):
+        sys.exit(
+            "compare_modes.py: the runs use different compute axes: " + ", ".join(r["axis"] for r in runs)
+        )
     lines += [
-        "| run | step | TFLOPs | pass rate | "
-        + " | ".join(f"{r['label']} at equal FLOPs" for r in runs)
+        "",
+        f"Held-out pass rate at each evaluation, and the other runs' at the same compute ({axis}):",
+        "",
+    ]
+    lines += [
+        f"| run | step | {axis} | pass rate | "
+        + " | ".join(f"{r['label']} at equal compute" for r in runs)
         + " |"
     ]
     lines += ["|---|---|---|---|" + "---|" * len(runs)]
-    curves = {r["label"]: sorted((r["flops"].get(s, 0.0), v) for s, v in r["val"].items()) for r in runs}
+    curves = {r["label"]: sorted((c, v) for _, c, v in r["curve"]) for r in runs}
     for r in runs:
-        for s, v in sorted(r["val"].items()):
-            x = r["flops"].get(s, 0.0)
+        for s, x, v in r["curve"]:
             others = []
             for o in runs:
                 y = interpolate(curves[o["label"]], x)
                 others.append("" if y is None else f"{y:.3f}")
-            lines.append(f"| {r['label']} | {s} | {x / 1e12:.1f} | {v:.3f} | " + " | ".join(others) + " |")
+            lines.append(f"| {r['label']} | {s} | {x:.4g} | {v:.3f} | " + " | ".join(others) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -116,14 +116,14 @@ def load_activity(client, run_id: str, latest: dict[str, float]) -> dict[str, fl
         if how == "last":
             out[key] = float(latest[metric])
             continue
-        values = list(_history(client, run_id, metric).values())
+        values = list(metric_history(client, run_id, metric).values())
         values = [v for v in values if math.isfinite(v)]
         if values:
             out[key] = float(max(values) if how == "max" else sum(values))
     return out
 
 
-def _history(client, run_id: str, key: str) -> dict[int, float]:
+def metric_history(client, run_id: str, key: str) -> dict[int, float]:
     """step -> value (the latest by timestamp when a step was logged twice)."""
     out: dict[int, tuple[int, float]] = {}
     for m in client.get_metric_history(run_id, key):
@@ -141,8 +141,8 @@ def load_run(client, run, *, reward_key: str = REWARD_KEY) -> RunData:
     if axis not in COMPUTE_KEYS:
         notes.append(f"unknown scaling.compute_axis {axis!r}; using flops")
         axis = "flops"
-    rew = _history(client, info.run_id, reward_key)
-    comp = _history(client, info.run_id, COMPUTE_KEYS[axis])
+    rew = metric_history(client, info.run_id, reward_key)
+    comp = metric_history(client, info.run_id, COMPUTE_KEYS[axis])
     steps, cs, rs = [], [], []
     for s in sorted(rew):
         if s in comp:
