@@ -14,9 +14,11 @@ import pytest
 
 from scalerl.analysis.mlflow_io import RunData
 from scalerl.analysis.verdicts import (
+    AT_MAX_NOTE,
     INCONCLUSIVE,
     MARGIN_A,
     cannot_act_reason,
+    family_summary,
     inactive_reason,
     prediction_summary,
     t_test,
@@ -135,7 +137,31 @@ def test_unsettled_fits_are_never_called():
     base, slow = vs["base"], vs["slow"]
     assert not base.A.settled and "seeds settled" in base.A.unsettled, base.A
     assert all(a < 0.995 for a in base.A.values + slow.A.values)
-    assert slow.called == {} and "unsettled" in slow.verdict, slow.verdict
+    # the ceilings reach 1: A is compared nowhere, efficiency only at A = 1
+    assert base.family.at_max and base.family.A_fixed == 1.0 and base.family.m == 1
+    assert "A" not in slow.called and slow.verdict.endswith(AT_MAX_NOTE), slow.verdict
+
+
+def test_where_the_ceilings_reach_1_efficiency_is_compared_at_1():
+    """A task the policy learns to solve: every seed's ceiling reaches 1. A less efficient variant
+    (B halved) is called lower at A = 1 and one on the baseline's curve is not; neither A is compared,
+    and the summary says the family is B alone."""
+    solved = TrueCurve(0.15, 0.995, 2.0, 1000.0)
+    vs = _verdicts(
+        {
+            "base": _runs("base", solved, reach=3.0),
+            "same": _runs("same", solved, reach=3.0, params={"norm": "prompt"}),
+            "slow": _runs("slow", TrueCurve(0.15, 0.995, 1.0, 1000.0), reach=3.0, params={"loss": "dapo"}),
+        },
+        bootstrap=50,
+    )
+    base, same, slow = vs["base"], vs["same"], vs["slow"]
+    assert not base.A.settled and base.family.at_max and base.family.m == 2
+    assert slow.called == {"B": -1} and slow.verdict.startswith("B lower at A=1"), slow.verdict
+    assert same.called == {} and same.verdict.startswith(INCONCLUSIVE + ": ΔB at A=1"), same.verdict
+    assert all(not v.dA.tested for v in (same, slow))
+    text = family_summary(list(vs.values()))
+    assert "B at A=1 of 2 scored variants; A is not compared" in text, text
 
 
 def test_the_t_test_calls_only_beyond_the_interval_and_the_margin():

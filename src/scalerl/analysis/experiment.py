@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
-from scalerl.analysis.verdicts import A_UNSETTLED, VariantVerdict, fixed_A_fits, settled_A, verdicts
+from scalerl.analysis.verdicts import A_UNSETTLED, VariantVerdict, baseline_A, fixed_A_fits, verdicts
 from scalerl.config.options import RECIPE_GROUPS  # groups logged as params named after the group
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import SigmoidFit
@@ -340,7 +340,7 @@ def analyse_runs(
     ok_a = [f.A for f in fits.values() if f.ok]
     a_mean = float(np.mean(ok_a)) if ok_a else math.nan
     base_fits = [fits[i] for i in base.run_ids] if base.variant is not None else []
-    a_fix = settled_A(base_fits)
+    a_fix = baseline_A(base_fits)[0]
     fixed_fits = fixed_A_fits(runs, fits, a_fix) if fixed_A else {}
     for row in rows:
         rid = row["run_id"]

@@ -217,7 +217,7 @@ def _legend(res: ExperimentResult, opts: FitProtocol) -> list[str]:
     if math.isfinite(res.A_fixed):
         lines.append(
             f"B @ A={res.A_fixed:.3f}: B refitted with A fixed to the baseline's A (the mean over its settled "
-            "seeds; the paper's way to compare efficiency)."
+            "seeds, or 1 where most of its seeds' ceilings reach 1; the paper's way to compare efficiency)."
         )
     if any("pred_mae" in r for r in res.rows):
         lines.append(

@@ -92,17 +92,20 @@ def sweep_runs(
     base: TrueCurve = BASE_CURVE,
     variants: dict[str, dict] | None = None,
     tag: str = "",
+    b_factors: dict[str, float] | None = None,
 ) -> list[RunData]:
     """One synthetic sweep: ``variants`` (default :data:`LOO_VARIANTS`) x ``design.seeds`` runs; a
-    variant's true A is the baseline's plus ``deltas.get(variant, 0)`` (all 0: a null sweep)."""
+    variant's true A is the baseline's plus ``deltas.get(variant, 0)`` (at most 1), its true B the
+    baseline's times ``b_factors.get(variant, 1)`` (all unchanged: a null sweep)."""
     d = design or Design()
     deltas = deltas or {}
+    b_factors = b_factors or {}
     out = []
     for name, params in (variants or LOO_VARIANTS).items():
         for s in range(d.seeds):
             a = base.A + deltas.get(name, 0.0) + rng.normal(0.0, d.seed_sd_A)
             c_mid = base.C_mid * math.exp(rng.normal(0.0, d.seed_sd_log_cmid))
-            curve = TrueCurve(base.R0, min(a, 0.99), base.B, c_mid)
+            curve = TrueCurve(base.R0, min(a, 1.0), base.B * b_factors.get(name, 1.0), c_mid)
             c = np.linspace(0.0, d.reach * base.C_mid, d.n_points + 1)
             y = rng.binomial(d.trials, np.clip(curve(c), 0.0, 1.0)) / d.trials
             num_prompts = max(d.trials // 4, 1)

@@ -151,7 +151,9 @@ class Family:
     df_sd_B: int = 0
     seeds: int = 0  # seeds per variant in the design (median)
     mdd_A: float = math.nan  # smallest detectable ΔA at the design's seeds
+    mdd_B: float = math.nan  # smallest detectable ΔB (at the fixed A) at the design's seeds
     A_fixed: float = math.nan  # the baseline's A, at which B is compared
+    at_max: bool = False  # the baseline's ceiling reaches 1: A not compared, B compared at A = 1
 
 
 @dataclass
@@ -346,11 +348,27 @@ def _estimate(values: Sequence[float], why: Sequence[str], total: int, level: fl
     return e
 
 
-def settled_A(fits: Sequence[SigmoidFit]) -> float:
-    """The mean A over the settled fits (NaN when none is settled): the baseline's A at which every
-    run's B is compared."""
-    a = [f.A for f in fits if not a_unsettled(f)]
-    return float(np.mean(a)) if a else math.nan
+A_TOP = ("A at 1", "A's interval reaches 1")
+"""The reasons a seed is unsettled at the top: the data cannot bound its ceiling below the maximum."""
+
+
+def baseline_A(fits: Sequence[SigmoidFit | None]) -> tuple[float, bool]:
+    """The A at which every run's B is compared, and whether it is the pass rate's maximum 1.
+
+    The mean A over the baseline's settled seeds when its A is settled (2 or more seeds, at least
+    half of the fitted ones). When instead most of its seeds' ceilings reach 1 (A at 1, or an
+    interval reaching 1: the data cannot bound the ceiling below the maximum, as on a task the
+    policy learns to solve), A = 1: the ceilings are not separable at this budget, but efficiency
+    at a fixed A still is (the paper's protocol, at the one ceiling the data do not rule out).
+    Otherwise the mean over whatever settled (NaN when none)."""
+    ok = [f for f in fits if f is not None and f.ok]
+    why = [a_unsettled(f) for f in ok]
+    settled = [f.A for f, w in zip(ok, why) if not w]
+    if len(settled) >= 2 and 2 * len(settled) >= len(ok):
+        return float(np.mean(settled)), False
+    if ok and 2 * sum(w in A_TOP for w in why) >= len(ok):
+        return 1.0, True
+    return (float(np.mean(settled)) if settled else math.nan), False
 
 
 def fixed_A_fits(runs: Sequence[RunData], fits: dict[str, SigmoidFit], A: float) -> dict[str, SigmoidFit]:
@@ -610,13 +628,13 @@ def verdicts(
     """One :class:`VariantVerdict` per variant (``names``: run id -> variant; ``fits``: run id ->
     its own fit), the baseline first, then in ``order`` (variant names), then by name.
     ``fixed_fits``: run id -> its fit with A fixed to the baseline's A (:func:`fixed_A_fits` of
-    :func:`settled_A`; computed here when not given). ``predict``: also the half-budget prediction
+    :func:`baseline_A`; computed here when not given). ``predict``: also the half-budget prediction
     and the pooled fits (the figures'); off, only the verdicts (fast: the calibration tests)."""
     by: dict[str, list[RunData]] = {}
     for r in runs:
         by.setdefault(names[r.run_id], []).append(r)
     base_runs = by.get(baseline, []) if baseline else []
-    A_fix = settled_A([fits[r.run_id] for r in base_runs])
+    A_fix, at_max = baseline_A([fits[r.run_id] for r in base_runs])
     if fixed_fits is None:
         fixed_fits = fixed_A_fits(runs, fits, A_fix)
     out: dict[str, VariantVerdict] = {}
@@ -646,14 +664,15 @@ def verdicts(
             v.inactive = inactive_reason(members, base_runs)
         out[name] = v
     base = out.get(baseline) if baseline else None
-    _compare(out, base, A_fix)
+    _compare(out, base, A_fix, at_max)
     rank = {n: i for i, n in enumerate(order)}
     return sorted(out.values(), key=lambda v: (not v.baseline, rank.get(v.variant, len(rank)), v.variant))
 
 
-def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix: float) -> None:
+def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix: float, at_max: bool) -> None:
     scored = [v for v in out.values() if v.scored]
-    fam = Family(m=2 * len(scored), A_fixed=A_fix)
+    # the family: A and B of every scored variant; B alone when the baseline's ceiling reaches 1
+    fam = Family(m=(1 if at_max else 2) * len(scored), A_fixed=A_fix, at_max=at_max)
     fam.alpha = FAMILY_LEVEL / fam.m if fam.m else math.nan
     counted = [v for v in out.values() if v.baseline or v.scored]
     fam.sd_A, fam.df_sd = _pooled_sd([v.A for v in counted])
@@ -661,6 +680,7 @@ def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix:
     seeds = [len(v.run_ids) for v in counted]
     fam.seeds = int(np.median(seeds)) if seeds else 0
     fam.mdd_A = detectable(fam.sd_A, fam.seeds, fam.seeds, fam.alpha, MARGIN_A, fam.df_sd)
+    fam.mdd_B = detectable(fam.sd_B, fam.seeds, fam.seeds, fam.alpha, 0.0, fam.df_sd_B)
     for v in out.values():
         v.family = fam
         if base is not None and v.scored:
@@ -673,7 +693,7 @@ def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix:
                 v.dA.mdd = detectable(fam.sd_A, nv, nb, fam.alpha, MARGIN_A, fam.df_sd)
                 if math.isfinite(v.A.mean) and math.isfinite(base.A.mean):
                     v.dA.delta = v.A.mean - base.A.mean
-            if v.A.settled and base.A.settled and v.B.settled and base.B.settled:
+            if (at_max or (v.A.settled and base.A.settled)) and v.B.settled and base.B.settled:
                 v.dB = t_test(v.B.values, base.B.values, fam.alpha, 0.0, fam.sd_B, fam.df_sd_B)
             else:
                 v.dB = Comparison(alpha=fam.alpha)
@@ -696,6 +716,8 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
         return "no baseline fit to compare with"
     if v.A.n < 2 and base.A.n < 2 and v.A.n == v.fitted and base.A.n == base.fitted:
         return f"{INCONCLUSIVE}: one seed each, no seed-to-seed spread to test with (run 2 or more seeds)"
+    if v.family.at_max:
+        return _verdict_at_max(v, base)
     if not base.A.settled:
         return f"not scored: the baseline is unsettled ({base.A.unsettled})"
     if not v.A.settled:
@@ -729,6 +751,26 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
     if notes:
         text += f" (B not compared: {'; '.join(dict.fromkeys(notes))})"
     return text
+
+
+AT_MAX_NOTE = "A not compared: the baseline's ceiling is not bounded below 1 at this budget"
+
+
+def _verdict_at_max(v: VariantVerdict, base: VariantVerdict) -> str:
+    """The baseline's ceiling reaches 1 (:func:`baseline_A`): B at A = 1 is compared, A is not."""
+    if v.dB.called:
+        v.called = {"B": v.dB.called}
+        return (
+            f"B {'higher' if v.dB.called > 0 else 'lower'} at A=1 "
+            f"(ΔB {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}]); {AT_MAX_NOTE}"
+        )
+    if not v.dB.tested:
+        notes = "; ".join(dict.fromkeys(e.unsettled for e in (v.B, base.B) if e.unsettled))
+        return f"unsettled, not scored: {notes or 'B not compared'}; {AT_MAX_NOTE}"
+    return (
+        f"{INCONCLUSIVE}: ΔB at A=1 {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}], smallest "
+        f"detectable {v.dB.mdd:.2f}; {AT_MAX_NOTE}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -809,14 +851,25 @@ def family_summary(vs: Sequence[VariantVerdict]) -> str:
         else "unknown (fewer than 2 settled seeds)"
     )
     mdd = f"{fam.mdd_A:.3f}" if math.isfinite(fam.mdd_A) else "unknown"
+    if fam.at_max:
+        mdd_b = f"{fam.mdd_B:.2f}" if math.isfinite(fam.mdd_B) else "unknown"
+        what = (
+            f"B at A=1 of {fam.m} scored variants; A is not compared, since the baseline's ceiling is not "
+            "bounded below 1 at this budget"
+        )
+        resolution = (
+            f"smallest detectable ΔB at A=1, {fam.seeds} seeds per variant and {POWER:.0%} power: {mdd_b}"
+        )
+    else:
+        what = f"A and B of {fam.m // 2} scored variants"
+        resolution = f"smallest detectable ΔA at {fam.seeds} seeds per variant and {POWER:.0%} power: {mdd}"
     return (
         f"Test: t-test per comparison on the settled per-seed values, the seeds' spread pooled over the "
-        f"variants (Welch's where a pair is noisier than the pool), Bonferroni over {fam.m} comparisons (A and B of "
-        f"{fam.m // 2} scored variants), family-wise level {FAMILY_LEVEL:.0%} (each test at "
+        f"variants (Welch's where a pair is noisier than the pool), Bonferroni over {fam.m} comparisons ({what}), "
+        f"family-wise level {FAMILY_LEVEL:.0%} (each test at "
         f"{fam.alpha:.4f}); {tested} of the {fam.m} comparisons could be tested (both sides settled), "
         f"{called} variant{'s' if called != 1 else ''} called. Seeds' spread of A "
-        f"(pooled sd): {sd}; smallest detectable ΔA at {fam.seeds} seeds per variant and "
-        f"{POWER:.0%} power: {mdd}."
+        f"(pooled sd): {sd}; {resolution}."
     )
 
 
@@ -827,7 +880,9 @@ def verdict_legend(level: float = 0.9) -> list[str]:
         "t-interval over them]; seeds settled: settled / all. Unsettled seeds are neither averaged in nor called; "
         "a variant with fewer than 2 settled seeds (or fewer than half) is unsettled and not scored.",
         "B @ A: every run refitted with A fixed to the baseline's A (the paper's protocol), the same "
-        "estimator over the seeds whose B is off its bounds.",
+        "estimator over the seeds whose B is off its bounds. Where most of the baseline's seeds have a ceiling "
+        "the data cannot bound below 1 (A at 1 or its interval reaching 1), A is fixed to 1 and only B is "
+        "compared (the family is then B alone); ΔA is not tested.",
         f"Verdict: ΔA and ΔB are tested with a two-sample t-test on the per-seed values (the seeds' spread pooled "
         f"over the variants; Welch's test on the pair alone where its spread exceeds the pool, F-test at "
         f"{HETERO_LEVEL:.0%}), two-sided, Bonferroni-corrected over every comparison of the table "
