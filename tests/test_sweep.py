@@ -17,6 +17,7 @@ import yaml
 
 from scalerl.sweep import load_spec, make_plan, plan_lines
 from scalerl.sweep.cli import main
+from scalerl.sweep.launch import _LocalOrphan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,14 +94,26 @@ def test_dry_run_prints_one_line_per_run_and_writes_nothing(tmp_path, monkeypatc
     before = listing(tmp_path)
     assert main(["s.yaml", "--dry-run", "trainer.lr=0.001", "launcher.max_parallel=2"]) == 0
     out = capsys.readouterr()
-    assert out.out.splitlines() == [
+    import torch
+
+    # without a GPU here the bf16 head would be emulated: planned, not run
+    skip = (
+        ""
+        if torch.cuda.is_available()
+        else "  (not run: precision.head=bf16 would be emulated without a CUDA"
+    )
+    lines = out.out.splitlines()
+    assert lines[:4] == [
         "base_recipe-seed0  trainer.total_steps=5 trainer.lr=0.001 seed=0",
         "base_recipe-seed1  trainer.total_steps=5 trainer.lr=0.001 seed=1",
         "dapo-seed0         trainer.total_steps=5 loss=dapo loss.eps_high=0.28 trainer.lr=0.001 seed=0",
         "dapo-seed1         trainer.total_steps=5 loss=dapo loss.eps_high=0.28 trainer.lr=0.001 seed=1",
-        "bf16-seed0         trainer.total_steps=5 precision=bf16 trainer.lr=0.001 seed=0",
-        "bf16-seed1         trainer.total_steps=5 precision=bf16 trainer.lr=0.001 seed=1",
     ]
+    for s, line in enumerate(lines[4:]):
+        assert line.startswith(
+            f"bf16-seed{s}         trainer.total_steps=5 precision=bf16 trainer.lr=0.001 seed={s}{skip}"
+        )
+    assert len(lines) == 6
     assert "nothing launched or written" in out.err and "up to 2 at once" in out.err
     assert listing(tmp_path) == before  # no sweep folder, no mlflow.db, no outputs/
 
@@ -144,7 +157,14 @@ def test_loo_dry_run_through_sweep_py(tmp_path):
     by_name = {ln.split()[0].removesuffix("-seed0"): ln.split(None, 1)[1] for ln in lines}
     assert by_name["scalerl"] == f"{base} seed=0"
     for name, override in reverted.items():
-        assert by_name[name] == f"{base} {override} seed=0"
+        assert by_name[name].split("  (not run: ")[0] == f"{base} {override} seed=0"
+    import torch
+
+    if not torch.cuda.is_available():  # the bf16 head would be emulated here: planned, not run
+        assert by_name["bf16_head"].endswith("cannot act)") and "not run" not in by_name["dapo"]
+        assert (
+            "3 not run, since their component cannot act here (bf16_head; --run-all runs them)" in res.stderr
+        )
 
 
 @pytest.mark.parametrize(
@@ -342,6 +362,50 @@ def test_rerun_skips_finished_variants_and_resumes_unfinished_ones(tiny_sweep, c
     assert _csv(tiny_sweep["out"] / "report" / "fits.csv")["cispo"]["n_evals"] == "9"
 
 
+@pytest.mark.slow
+def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _cache_dir):
+    """The sweep's driver is killed (SIGKILL) while its local job trains: the job goes on; the same
+    command again finds it running, waits for it instead of starting the run twice, and takes its
+    result (finished, exit 0, one MLflow run)."""
+    import signal
+    import time
+
+    f = write_sweep(
+        tmp_path / "s.yaml", {"cispo": TINY_TASK}, name="s", base=[*TINY_BASE, "trainer.total_steps=40"]
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [str(f), "--out", str(tmp_path / "out"), "--tracking-uri", uri]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    driver = subprocess.Popen(
+        [sys.executable, str(REPO / "sweep.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ckpt = tmp_path / "out" / "cispo" / "checkpoint"
+    deadline = time.time() + 300
+    while not ckpt.exists() and time.time() < deadline and driver.poll() is None:
+        time.sleep(0.5)
+    assert ckpt.exists(), driver.stderr.read() if driver.poll() is not None else "no checkpoint in 300 s"
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    status = json.loads((tmp_path / "out" / "status.json").read_text())["cispo"]
+    assert status["status"] == "running" and _LocalOrphan.attach(tmp_path / "out" / "logs", status["job_id"])
+    res = run_cli(args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (
+        f"cispo: still running from an earlier launch (job {status['job_id']}); waiting for it" in res.stderr
+    )
+    assert "cispo: finished in" in res.stderr and "cispo: submitted" not in res.stderr
+    assert json.loads((tmp_path / "out" / "status.json").read_text())["cispo"]["status"] == "finished"
+    assert json.loads((tmp_path / "out" / "cispo" / "summary.json").read_text())["steps"] == 40
+    assert [
+        r.info.run_name for r in _runs(_client(uri), "s") if r.data.tags.get("sweep.role") != "parent"
+    ] == ["cispo"]
+
+
 def test_report_command_rewrites_the_report(tiny_sweep, capsys):
     report = tiny_sweep["out"] / "report" / "fits.md"
     report.unlink()
@@ -370,6 +434,56 @@ def test_report_flags_a_ceiling_the_data_does_not_settle():
     assert "A unsettled" not in base_line
 
 
+# ----------------------------------------------------------------------------- components that cannot act
+def _skips(variants: dict, cli: list[str], tmp_path, **kw) -> dict[str, str]:
+    write_sweep(tmp_path / "s.yaml", variants, name="s", baseline="base")
+    plan = make_plan(load_spec(tmp_path / "s.yaml"), cli, sweep_dir=tmp_path / "out", **kw)
+    return {r.variant: r.skip for r in plan.runs}
+
+
+def test_a_variant_whose_component_cannot_act_where_it_would_run_is_planned_not_run(tmp_path):
+    """A bf16 LM head on a CPU is emulated (fp32 math, rounded): the paper's mechanism cannot act,
+    so the sweep does not spend a run on it, unless asked to (--run-all). Where its runs get a GPU
+    (a SLURM job holding one), or the head is fp32, it runs; the baseline always runs."""
+    variants = {"base": [], "bf16": ["precision=bf16"], "dapo": ["loss=dapo"]}
+    cpu = _skips(variants, ["trainer.device=cpu"], tmp_path)
+    assert cpu["base"] == cpu["dapo"] == "" and cpu["bf16"].startswith(
+        "precision.head=bf16 would be emulated"
+    )
+    assert "cannot act" in cpu["bf16"]
+    assert not any(_skips(variants, ["trainer.device=cpu"], tmp_path, run_all=True).values())
+    on_slurm = ["launcher=slurm", "launcher.partition=debug"]
+    assert _skips(variants, on_slurm, tmp_path)["bf16"]  # no GPU held by the job
+    assert _skips(variants, [*on_slurm, "launcher.gpus_per_node=1"], tmp_path)["bf16"] == ""
+    assert _skips(variants, ["trainer.device=cpu", "precision.impl=native"], tmp_path)["bf16"] == ""
+    # the baseline itself is never skipped: it is what every variant is compared with
+    assert _skips({"base": ["precision=bf16"], "x": []}, ["trainer.device=cpu"], tmp_path)["base"] == ""
+
+
+@pytest.mark.slow
+def test_a_variant_not_run_is_reported_as_such(tmp_path, capsys):
+    """The sweep's other runs finished (synthetic curves in a real MLflow store); the bf16 head,
+    pinned to the CPU, is recorded as not run, has no MLflow run, and the report's verdict table
+    says it cannot act here and was not run; the exit status is 0 (nothing failed)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    variants = {"base": [], "dapo": ["loss=dapo"], "bf16": ["precision=bf16", "trainer.device=cpu"]}
+    sw = log_synthetic_sweep(tmp_path, uri, variants=variants)
+    assert main([str(sw["file"]), "--out", str(sw["out"]), "--tracking-uri", uri]) == 0
+    out = capsys.readouterr()
+    assert "bf16-seed0: not run: precision.head=bf16 would be emulated" in out.err
+    assert "2 not run, since their component cannot act here (bf16; --run-all runs them)" in out.err
+    status = json.loads((sw["out"] / "status.json").read_text())
+    assert status["bf16-seed1"]["status"] == "not run" and "cannot act" in status["bf16-seed1"]["error"]
+    names = {r.info.run_name for r in _runs(sw["client"], "syn")}
+    assert not any(n.startswith("bf16") for n in names) and {"base-seed0", "dapo-seed1"} <= names
+    md = (sw["out"] / "report" / "fits.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| bf16 | 0/0 |"))
+    assert "cannot act here: precision.head=bf16 would be emulated" in row and row.endswith("(not run) |")
+    assert _csv(sw["out"] / "report" / "fits.csv")["bf16-seed0"]["status"] == "not run"
+    verdicts = list(csv.DictReader((sw["out"] / "report" / "verdicts.csv").open()))
+    assert [v["variant"] for v in verdicts] == ["base", "dapo", "bf16"]
+
+
 # ----------------------------------------------------------------------------- one report pipeline
 SYN_SWEEP = {  # variant -> (true curve, params the run logs); "broken" never reaches MLflow
     "base": ((0.15, 0.62, 1.9, 2.0e18), {"loss": "cispo", "precision": "fp32_head"}),
@@ -386,9 +500,13 @@ def synthetic_sweep(tmp_path):
     return log_synthetic_sweep(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
 
 
-def log_synthetic_sweep(tmp_path, uri: str, seeds=(0, 1), activity: dict | None = None) -> dict:
+def log_synthetic_sweep(
+    tmp_path, uri: str, seeds=(0, 1), activity: dict | None = None, variants: dict | None = None
+) -> dict:
     """The runs of :func:`synthetic_sweep` logged into the store at ``uri`` (``activity``: step
-    metrics every run logs as well, e.g. ``{"data/prompts_retired": 0}``)."""
+    metrics every run logs as well, e.g. ``{"data/prompts_retired": 0}``; ``variants``: the sweep
+    file's, default every variant of :data:`SYN_SWEEP` and a broken one). Runs the plan marks not
+    to be run (their component cannot act here) are not logged."""
     import time
 
     import numpy as np
@@ -399,20 +517,21 @@ def log_synthetic_sweep(tmp_path, uri: str, seeds=(0, 1), activity: dict | None 
 
     f = write_sweep(
         tmp_path / "syn.yaml",
-        {"base": [], "dapo": ["loss=dapo"], "bf16": ["precision=bf16"], "broken": BROKEN},
+        variants or {"base": [], "dapo": ["loss=dapo"], "bf16": ["precision=bf16"], "broken": BROKEN},
         name="syn",
         base=["trainer.total_steps=300", "scaling.bootstrap=40"],
         seeds=list(seeds),
         baseline="base",
     )
     sdir = tmp_path / "out"
-    plan = make_plan(load_spec(f), [], sweep_dir=sdir, tracking_uri=uri)
+    # the default variants stand for runs on a GPU (run_all: the bf16 head is logged as having run)
+    plan = make_plan(load_spec(f), [], sweep_dir=sdir, tracking_uri=uri, run_all=variants is None)
     exp_id, parent = start_parent(plan)
     client = client_for(uri)
     rng = np.random.default_rng(0)
     ids = {}
     for run in plan.runs:
-        if run.variant == "broken":
+        if run.variant == "broken" or run.skip:
             continue
         truth, params = SYN_SWEEP[run.variant]
         c, y = sample_run(TrueCurve(*truth), rng, reach=6.0, trials=2048, n_points=30)

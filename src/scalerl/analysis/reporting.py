@@ -372,6 +372,7 @@ def report(
     order: Sequence[str] | None = None,
     variant_order: Sequence[str] | None = None,
     tags: dict[str, str] | None = None,
+    not_run: dict[str, str] | None = None,
 ) -> Report:
     """Fit ``runs``, compare them with the baseline variant, write the files, write ``fit/*`` back.
 
@@ -389,6 +390,8 @@ def report(
       finish), shown in the table unfitted; ``extra``: run id -> more row keys (a sweep's job,
       status, log); ``order``: run names in table order (default: sorted by A, unfittable last);
       ``variant_order``: variants in the verdict table's order after the baseline (default: by name).
+    - ``not_run``: variant -> why a sweep did not launch it (its component cannot act on the
+      hardware it would run on): a row of the verdict table, in no figure.
     """
     opts = protocol or FitProtocol()
     out = Path(out_dir)
@@ -417,7 +420,14 @@ def report(
 
     table = rows_to_markdown(rows, level=opts.level)
     legend = _legend(res, opts)
-    vtable = verdict_table(res.verdicts, level=opts.level) if res.verdicts else ""
+    listed = list(res.verdicts)
+    if listed:
+        for variant, why in (not_run or {}).items():
+            if all(v.variant != variant for v in listed):
+                v = VariantVerdict(variant, [], cannot_act=why, family=listed[0].family)
+                v.verdict = f"cannot act here: {why} (not run)"
+                listed.append(v)
+    vtable = verdict_table(listed, level=opts.level) if listed else ""
     axes = sorted({r.compute_axis for r in res.runs}) or ["device_hours"]
     parts = [title.rstrip("\n") + "\n"] if title else []
     parts.append(opts.describe(", ".join(axes)) + "\n")
@@ -432,7 +442,7 @@ def report(
 
     files = [rows_to_csv(rows, out / "fits.csv")]
     if res.verdicts:
-        files.append(rows_to_csv([verdict_row(v) for v in res.verdicts], out / "verdicts.csv"))
+        files.append(rows_to_csv([verdict_row(v) for v in listed], out / "verdicts.csv"))
     (out / "fits.md").write_text(markdown)
     (out / "fits.json").write_text(json.dumps(rows, indent=1, default=str, allow_nan=True))
     files += [out / "fits.md", out / "fits.json"]
@@ -450,7 +460,7 @@ def report(
         legend=legend,
         baseline=base,
         result=res,
-        verdicts=res.verdicts,
+        verdicts=listed,
         verdict_table=vtable,
         out_dir=out,
         files=files,

@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", metavar="DIR", help="sweep folder (default: outputs/sweeps/<name>)")
     p.add_argument(
+        "--run-all",
+        action="store_true",
+        help="also launch the variants whose component cannot act where they would run (a bf16 LM head "
+        "emulated without a GPU); by default they are planned, reported as such and not run",
+    )
+    p.add_argument(
         "--tracking-uri",
         metavar="URI",
         help="MLflow tracking URI (default: the sweep folder's, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
@@ -158,7 +164,14 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
     spec = load_spec(resolve_file(sweep))
     sdir = _sweep_dir(args, spec.name)
     stored = read_json(sdir / "sweep.json").get("tracking_uri")  # reading writes nothing
-    plan = make_plan(spec, overrides, sweep_dir=sdir, tracking_uri=args.tracking_uri, stored_uri=stored)
+    plan = make_plan(
+        spec,
+        overrides,
+        sweep_dir=sdir,
+        tracking_uri=args.tracking_uri,
+        stored_uri=stored,
+        run_all=args.run_all,
+    )
     lc = plan.launcher
     from scalerl.sweep.launch import max_parallel
 
@@ -176,6 +189,12 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
         )
         + f", baseline {spec.baseline or '-'}, {where}, folder {display_path(sdir)}, tracking {plan.tracking_uri}"
     )
+    skipped = [r for r in plan.runs if r.skip]
+    if skipped:
+        header += (
+            f"; {len(skipped)} not run, since their component cannot act here "
+            f"({', '.join(dict.fromkeys(r.variant for r in skipped))}; --run-all runs them)"
+        )
     if args.dry_run:
         say("dry run: " + header + "; nothing launched or written")
         print("\n".join(plan_lines(plan)), flush=True)
@@ -211,13 +230,16 @@ def _launch(plan, header: str) -> int:
     exp_id, parent = start_parent(plan)
     say(f"MLflow experiment {plan.spec.name!r} (id {exp_id}), parent run {parent}")
     todo = []
+    launcher = Launcher(plan, parent, say=say)
     for r in plan.runs:
-        if is_finished(r):
+        if r.skip:
+            launcher.not_run(r)
+        elif is_finished(r):
             say(f"{r.name}: already finished ({r.total_steps} steps in {display_path(r.out_dir)}); skipped")
         else:
             todo.append(r)
     try:
-        Launcher(plan, parent, say=say).run(todo)
+        launcher.run(todo)
     except KeyboardInterrupt:
         end_parent(plan.tracking_uri, parent, "KILLED")
         if plan.launcher["name"] == "slurm":

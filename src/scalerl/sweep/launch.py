@@ -70,6 +70,10 @@ class _LocalOrphan:
     def result(self):
         return self._job.result()
 
+    def results(self):
+        """One result per task, as a submitted job's (what :meth:`Launcher._collect` reads)."""
+        return self._job.results()
+
     def cancel(self, check: bool = False) -> None:
         import signal
 
@@ -202,6 +206,11 @@ class Launcher:
         tmp = self.status_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._status, indent=1))
         os.replace(tmp, self.status_path)
+
+    def not_run(self, run: PlannedRun) -> None:
+        """``run`` is planned but not launched: its component cannot act where it would run."""
+        self._record(run.name, status="not run", error=run.skip, job_id="", log="")
+        self.say(f"{run.name}: not run: {run.skip}")
 
     def _finish(self, out: Outcome) -> None:
         self.outcomes[out.name] = out

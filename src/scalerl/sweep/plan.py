@@ -74,6 +74,7 @@ class PlannedRun:
     overrides: list[str]  # everything the run composes from: base + variant + command line (+ seed)
     out_dir: str
     total_steps: int
+    skip: str = ""  # why the sweep does not launch it: its component cannot act where it would run
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -176,6 +177,33 @@ def split_cli(args: list[str]) -> tuple[list[str], list[str], str | None]:
     return train, launch, uri
 
 
+def _cuda_where(cfg: DictConfig, launcher: DictConfig) -> bool:
+    """Whether a run of ``cfg`` launched by ``launcher`` gets a CUDA device: a SLURM job that holds
+    GPUs, or a local run on a machine with one (unless its trainer is pinned to the CPU)."""
+    if str(cfg.trainer.get("device", "auto")).startswith("cpu"):
+        return False
+    if launcher.name == "slurm":
+        return int(launcher.get("gpus_per_node") or 0) > 0 or int(launcher.get("gpus_per_task") or 0) > 0
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cannot_act_here(cfg: DictConfig, launcher: DictConfig) -> str:
+    """Why a run's component cannot act where ``launcher`` would run it ("" = it can): a reduced-precision LM
+    head that would be emulated (fp32 math, rounded: no CUDA there), so the paper's mechanism behind
+    the FP32 head, a kernel mismatch between the generator's and the trainer's head, cannot act."""
+    head = str(cfg.precision.get("head", "fp32"))
+    impl = str(cfg.precision.get("impl", "auto"))
+    if head == "fp32" or impl == "native" or (impl == "auto" and _cuda_where(cfg, launcher)):
+        return ""
+    where = "by precision.impl=emulated" if impl == "emulated" else "without a CUDA device where it would run"
+    return (
+        f"precision.head={head} would be emulated {where} (fp32 math, rounded), so the paper's mechanism "
+        "(a kernel mismatch between generator and trainer) cannot act"
+    )
+
+
 def make_plan(
     spec: SweepSpec,
     cli_overrides: list[str] | None = None,
@@ -183,9 +211,12 @@ def make_plan(
     sweep_dir: str | Path | None = None,
     tracking_uri: str | None = None,
     stored_uri: str | None = None,
+    run_all: bool = False,
 ) -> Plan:
     """Compose and validate every run of ``spec`` (base + variant + ``cli_overrides`` [+ seed], plus
-    the sweep's own keys); :class:`SweepError` (one line) on the first problem. Writes nothing."""
+    the sweep's own keys); :class:`SweepError` (one line) on the first problem. Writes nothing.
+    A run of a variant other than the baseline whose component cannot act where it would run
+    (:func:`cannot_act_here`) is planned with ``skip`` set (not launched) unless ``run_all``."""
     path = spec.path or spec.name
     cli_train, cli_launch, cli_uri = split_cli(list(cli_overrides or []))
 
@@ -243,6 +274,8 @@ def make_plan(
             cfg = _compose_or_raise(overrides, f"{path}: variant {vname!r}", settings, seed)
             run.seed = int(cfg.seed)
             run.total_steps = int(cfg.trainer.total_steps)
+            if not run_all and vname != spec.baseline:
+                run.skip = cannot_act_here(cfg, sweep_cfg.launcher)
             runs.append(run)
     return Plan(
         spec=spec,
@@ -259,4 +292,7 @@ def make_plan(
 def plan_lines(plan: Plan) -> list[str]:
     """The dry-run output: one line per run, its name and its overrides."""
     width = max(len(r.name) for r in plan.runs)
-    return [f"{r.name:<{width}}  {' '.join(r.overrides)}".rstrip() for r in plan.runs]
+    return [
+        f"{r.name:<{width}}  {' '.join(r.overrides)}".rstrip() + (f"  (not run: {r.skip})" if r.skip else "")
+        for r in plan.runs
+    ]

@@ -132,6 +132,14 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
             )
             pending.append(info)
 
+    # variants none of whose runs were launched: their component cannot act where they would run
+    not_run: dict[str, str] = {}
+    for r in state["runs"]:
+        if r.get("skip"):
+            not_run.setdefault(r["variant"], r["skip"])
+        else:
+            not_run[r["variant"]] = ""
+    not_run = {k: v for k, v in not_run.items() if v}
     counts: dict[str, int] = {}
     for r in [*extra.values(), *pending]:
         key = r["status"].split(" (")[0]
@@ -155,6 +163,7 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         order=[r["name"] for r in state["runs"]],
         variant_order=list(dict.fromkeys(r["variant"] for r in state["runs"])),
         tags={"fit.report": f"parent run {parent}"},
+        not_run=not_run,
     )
 
     # ---- the parent run: counts, the table as its description, the files as artifacts
