@@ -153,7 +153,8 @@ def plot_variants(
 def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
     """ΔA and ΔB (at the baseline's A) of every variant against the baseline with their
     simultaneous intervals, the ±0.02 margin on A (shaded) and the smallest detectable ΔA (grey
-    ticks); called differences in red; variants not scored are named with the reason."""
+    ticks); called differences in red; variants not scored are named with the reason. Where the
+    baseline's ceiling reaches 1 (no A compared), the ΔA panel says so."""
     rows = [v for v in vs if not v.baseline]
     n = max(len(rows), 1)
     h = 0.42 * n + 1.6
@@ -161,7 +162,14 @@ def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
     fig.subplots_adjust(left=0.2, right=0.98, top=1 - 0.75 / h, bottom=0.6 / h, wspace=0.08)
     axA, axB = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     ys = np.arange(n)[::-1]
+    at_max = any(v.family.at_max for v in vs)
     for ax, key in ((axA, "dA"), (axB, "dB")):
+        if key == "dA" and at_max:  # no ceiling is compared: say so instead of an empty panel
+            ax.text(0.5, 0.5, "A not compared:\nthe baseline's ceiling is not\nbounded below 1 at this budget",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.35")  # fmt: skip
+            ax.set_xticks([])
+            ax.set_ylim(-0.7, n - 0.3)
+            continue
         ax.axvline(0.0, color="0.3", lw=0.8)
         if key == "dA":
             ax.axvspan(-MARGIN_A, MARGIN_A, color="0.85", lw=0)
@@ -185,7 +193,8 @@ def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
     axB.set_yticklabels([])
     a_fix = next((v.family.A_fixed for v in vs if math.isfinite(v.family.A_fixed)), math.nan)
     m = next((v.family.m for v in vs), 0)
-    axA.set_xlabel(f"ΔA (grey band: ±{MARGIN_A:g}; grey ticks: ± smallest detectable ΔA)", fontsize=8)
+    if not at_max:
+        axA.set_xlabel(f"ΔA (grey band: ±{MARGIN_A:g}; grey ticks: ± smallest detectable ΔA)", fontsize=8)
     axB.set_xlabel(
         f"ΔB at A fixed to the baseline's {a_fix:.3f}" if math.isfinite(a_fix) else "ΔB", fontsize=8
     )
