@@ -472,6 +472,10 @@ def test_a_variant_not_run_is_reported_as_such(tmp_path, capsys):
     out = capsys.readouterr()
     assert "bf16-seed0: not run: precision.head=bf16 would be emulated" in out.err
     assert "2 not run, since their component cannot act here (bf16; --run-all runs them)" in out.err
+    listed = next(line for line in out.err.splitlines() if line.startswith("[sweep] report: "))
+    names = listed.split("/ (", 1)[1].split(") and ", 1)[0].split(", ")
+    assert "forest.png" in names and "verdicts.csv" in names, listed  # the files written, each there
+    assert all((sw["out"] / "report" / n).is_file() for n in names if "*" not in n), names
     status = json.loads((sw["out"] / "status.json").read_text())
     assert status["bf16-seed1"]["status"] == "not run" and "cannot act" in status["bf16-seed1"]["error"]
     names = {r.info.run_name for r in _runs(sw["client"], "syn")}

@@ -139,9 +139,15 @@ def _print_report(report, state: dict, t0: float) -> None:
         say(
             f"{r['job']}: {r['status']}: {r.get('error') or '(no error message)'}; log: {r.get('log') or '-'}"
         )
+    out = Path(report.out_dir)
+    written = sorted(
+        {
+            str(Path(f).relative_to(out)) if Path(f).parent == out else "runs/*/scaling_curve.png"
+            for f in report.files
+        }
+    )
     say(
-        f"report: {display_path(report.out_dir)}/ (fits.md, verdicts.csv, fits.csv, fits.json, scaling_curves.png, "
-        f"linearised.png, runs/*/scaling_curve.png) and "
+        f"report: {display_path(report.out_dir)}/ ({', '.join(written)}) and "
         f"artifacts report/* of MLflow run {report.parent_run_id} (experiment {state['name']!r}, "
         f"{state['tracking_uri']}) [{time.time() - t0:.1f} s]"
     )
