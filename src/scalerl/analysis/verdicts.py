@@ -363,12 +363,12 @@ def baseline_A(fits: Sequence[SigmoidFit | None]) -> tuple[float, bool]:
     Otherwise the mean over whatever settled (NaN when none)."""
     ok = [f for f in fits if f is not None and f.ok]
     why = [a_unsettled(f) for f in ok]
-    settled = [f.A for f, w in zip(ok, why) if not w]
-    if len(settled) >= 2 and 2 * len(settled) >= len(ok):
-        return float(np.mean(settled)), False
+    est = _estimate([f.A for f, w in zip(ok, why) if not w], [w for w in why if w], len(ok), 0.9, "A")
+    if est.settled:  # the same rule as a variant's A
+        return est.mean, False
     if ok and 2 * sum(w in A_TOP for w in why) >= len(ok):
         return 1.0, True
-    return (float(np.mean(settled)) if settled else math.nan), False
+    return est.mean, False
 
 
 def fixed_A_fits(runs: Sequence[RunData], fits: dict[str, SigmoidFit], A: float) -> dict[str, SigmoidFit]:

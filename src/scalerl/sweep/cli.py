@@ -139,13 +139,9 @@ def _print_report(report, state: dict, t0: float) -> None:
         say(
             f"{r['job']}: {r['status']}: {r.get('error') or '(no error message)'}; log: {r.get('log') or '-'}"
         )
-    out = Path(report.out_dir)
-    written = sorted(
-        {
-            str(Path(f).relative_to(out)) if Path(f).parent == out else "runs/*/scaling_curve.png"
-            for f in report.files
-        }
-    )
+    written = sorted(Path(f).name for f in report.files)
+    if (Path(report.out_dir) / "runs").is_dir():  # per-run plots (not among the report's files)
+        written.append("runs/*/scaling_curve.png")
     say(
         f"report: {display_path(report.out_dir)}/ ({', '.join(written)}) and "
         f"artifacts report/* of MLflow run {report.parent_run_id} (experiment {state['name']!r}, "

@@ -133,13 +133,10 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
             pending.append(info)
 
     # variants none of whose runs were launched: their component cannot act where they would run
-    not_run: dict[str, str] = {}
+    runs_of: dict[str, list[dict]] = {}
     for r in state["runs"]:
-        if r.get("skip"):
-            not_run.setdefault(r["variant"], r["skip"])
-        else:
-            not_run[r["variant"]] = ""
-    not_run = {k: v for k, v in not_run.items() if v}
+        runs_of.setdefault(r["variant"], []).append(r)
+    not_run = {v: rs[0]["skip"] for v, rs in runs_of.items() if all(r.get("skip") for r in rs)}
     counts: dict[str, int] = {}
     for r in [*extra.values(), *pending]:
         key = r["status"].split(" (")[0]
