@@ -517,6 +517,38 @@ def test_interruption_inserts_the_phrase_and_respects_budgets(tiny_overrides):
         assert cfg.length_control.phrase in s.text
 
 
+@pytest.mark.parametrize("batch_prompts, sizes", [(0, [4, 4]), (8, [8]), (3, [3, 3, 2])])
+def test_evaluation_decodes_as_many_prompts_together_as_eval_batch_prompts(
+    tiny_overrides, batch_prompts, sizes
+):
+    """8 held-out prompts x K=2 through the run's own generator: 0 = as many rows as a training batch
+    (batch_size 8 / K = 4 prompts a decode), else eval.batch_prompts prompts a decode."""
+    from scalerl.loop.evaluate import evaluate
+
+    cfg, run = make_run(
+        [
+            *tiny_overrides,
+            *SYNC,
+            "trainer.batch_size=8",
+            "eval.samples_per_prompt=2",
+            f"eval.batch_prompts={batch_prompts}",
+        ]
+    )
+    seen = []
+    generate = run.generator.generate
+
+    def counted(prompts, k, version):
+        seen.append(len(prompts))
+        return generate(prompts, k, version=version)
+
+    run.generator.generate = counted
+    out = evaluate(
+        cfg, run.task, run.val, run.generator, run.trainer.gathered, run.state, run.tracker, main=True
+    )
+    assert seen == sizes
+    assert 0.0 <= out["val/pass_rate"] <= 1.0
+
+
 class IgnoresWeights(HFGenerator):
     """A generator that keeps sampling from the weights it was built with."""
 

@@ -32,10 +32,14 @@ class EvalConfig(Option):
     num_prompts: int = 128
     samples_per_prompt: int = 6  # K: pass rate = mean over K samples at the training temperature
     log_samples: int = 8  # generations logged as an artifact per evaluation
+    # prompts per decode batch: 0 = as many rows as a training batch (batch_size / K prompts); on a
+    # GPU a decode step costs about the same for 256 rows as for 32, so all of them at once is faster
+    batch_prompts: int = 0
 
     def check(self):
         return problems(
             at_least("every", self.every, 1),
+            at_least("batch_prompts", self.batch_prompts, 0),
             at_least("num_prompts", self.num_prompts, 1),
             at_least("samples_per_prompt", self.samples_per_prompt, 1),
             at_least("log_samples", self.log_samples, 0, ""),

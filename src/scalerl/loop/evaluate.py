@@ -31,11 +31,11 @@ def evaluate(
     whole = gathered() if generator.samples_from_trainer_module else contextlib.nullcontext()
     with whole:
         groups = []
-        # as many rows per decode as a training batch: a decode step costs little more for
-        # 128 rows than for 32 (engines in other processes split the prompts among themselves)
-        bs = (
-            len(val) if getattr(generator, "splits_work", False) else max(1, int(cfg.trainer.batch_size) // K)
-        )
+        # as many rows per decode as a training batch unless eval.batch_prompts says: a decode step
+        # costs little more for 128 rows than for 32 (engines in other processes split the prompts)
+        bs = int(cfg.eval.batch_prompts) or max(1, int(cfg.trainer.batch_size) // K)
+        if getattr(generator, "splits_work", False):
+            bs = len(val)
         for i in range(0, len(val), bs):
             groups.extend(generator.generate(val[i : i + bs], K, version=state.step))
     generator.set_rng_state(rng)
