@@ -177,3 +177,40 @@ def test_a_run_that_outlived_its_tracking_server_writes_every_step_once_when_run
         assert steps(client, run_id, SENTINEL) == list(range(0, 11))
     finally:
         stop_server(server, graceful=False)
+
+
+_START_ONE = """
+import sys, time
+from pathlib import Path
+from scalerl.config import compose
+from scalerl.tracking import Tracker
+uri, out, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+cfg = compose([f"tracking.uri={uri}", "tracking.experiment=together", f"out_dir={out}"])
+out.mkdir()
+while not go.exists():
+    time.sleep(0.01)
+Tracker(cfg, out).start(None, {})
+"""
+
+
+@pytest.mark.slow
+def test_runs_started_together_on_a_new_sqlite_store_all_start(tmp_path):
+    """Four processes open the same sqlite file that does not exist yet at the same moment: MLflow
+    would build the schema in each (one then fails on 'duplicate column'); every one starts its run."""
+    uri = f"sqlite:///{tmp_path / 'new.db'}"
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _START_ONE, uri, str(tmp_path / f"run{i}"), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    time.sleep(8)  # past their imports
+    go.touch()
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(o[-1500:] for o in outs)
+    client = MlflowClient(uri)
+    assert len(client.search_runs([client.get_experiment_by_name("together").experiment_id])) == 4

@@ -73,10 +73,25 @@ def run_params(cfg: DictConfig, variants: dict[str, str] | None = None) -> dict[
     return {k[:250]: redact(v)[:6000] for k, v in params.items()}
 
 
+def _client(uri: str):
+    """An MlflowClient of ``uri``. A sqlite file that does not exist yet is created under a lock
+    beside it (``<file>.lock``): MLflow builds a new store's schema by migrations, and two runs
+    started at once on the same new file would both run them (one then fails on "duplicate column")."""
+    from mlflow.tracking import MlflowClient
+
+    db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    if db is None or (db.is_file() and db.stat().st_size > 0):
+        return MlflowClient(tracking_uri=uri)
+    from scalerl.lock import hold
+
+    with hold(db.with_name(db.name + ".lock"), f"the new MLflow store {db}", wait=True):
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # the store's tables made (or found made)
+    return client
+
+
 class Tracker:
     def __init__(self, cfg: DictConfig, out_dir: Path, *, enabled: bool = True):
-        from mlflow.tracking import MlflowClient
-
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.enabled = enabled
@@ -86,7 +101,7 @@ class Tracker:
         self.logged_through = -1
         self.run_id: str | None = None
         self.uri = tracking_uri(cfg)
-        self.client = MlflowClient(tracking_uri=self.uri) if enabled else None
+        self.client = _client(self.uri) if enabled else None
         self.flush_failures = 0
         self.status = "RUNNING"  # as this tracker last set it in MLflow (UNKNOWN: could not)
 
