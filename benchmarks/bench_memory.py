@@ -4,6 +4,7 @@ with the LM head chunked (``trainer.logits_chunk_tokens``) or not and activation
     python benchmarks/bench_memory.py --suite tiny --out /tmp/mem_tiny.json      # ~5 min on 2 cores
     python benchmarks/bench_memory.py --suite smollm2 --out /tmp/mem_135m.json   # ~15 min on 2 idle cores
     python benchmarks/bench_memory.py --suite gpu --device cuda --out /tmp/mem_gpu.json  # ~2 min on an H100
+    python benchmarks/bench_memory.py --suite run --out /tmp/mem_run.json        # ~6 min on 2 idle cores
 
 Each configuration runs in a fresh process (``--child``), which reads its resident memory from
 ``/proc/self/status`` and resets the high-water mark (``/proc/self/clear_refs``) between phases:
@@ -22,6 +23,14 @@ tensor, what the unchunked head holds several copies of; the difference between 
 unchunked peaks is what chunking saves, the difference with and without activation checkpointing
 what the blocks' stored activations cost. Memory figures are in MB (10^6 bytes); the glibc
 allocator keeps some freed memory, so they are what the process really held.
+
+``--suite run``: the whole process of the real-model command (``sweeps/smollm2_gsm.yaml``'s base with
+``generator=hf``, ``--overrides`` added), phase by phase, built and stepped by the loop's own functions:
+``build`` (imports, model, generator, task, tracker), then per step ``generate`` (the async mode's
+next groups: the HF sampler over the trainer's module, its KV cache), ``train`` (the optimiser step)
+and ``hand over`` (the new weights to the generator), then ``evaluate``; the high-water mark of each
+phase (reset before it) and the resident memory after it. What the process holds for the generator
+is the ``generate`` peak minus the resident memory before it.
 
 ``--suite gpu --device cuda``: randomly initialised models of real shapes (no download: SmolLM2-135M,
 Qwen2.5-0.5B and Qwen2.5-1.5B's configurations, the last two with their 151,936-token vocabulary),
@@ -386,6 +395,89 @@ def gpu_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+RUN_PHASES = ("build", "generate", "train", "hand over")
+
+
+def run_child(overrides: list[str], steps: int) -> list[dict]:
+    """The phases of a real run in this process (see ``--suite run``): one row per phase."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from scalerl.config import compose
+    from scalerl.loop import build
+    from scalerl.loop.batch import prepare_batch
+    from scalerl.loop.evaluate import evaluate
+    from scalerl.loop.run import hand_over_weights
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "sweeps", "smollm2_gsm.yaml")) as f:
+        base = yaml.safe_load(f)["base"]
+    rows: list[dict] = []
+
+    def phase(name: str, step: int, fn):
+        before = rss()
+        reset_peak()
+        t0 = time.perf_counter()
+        out = fn()
+        rows.append(
+            {
+                "phase": name,
+                "step": step,
+                "before": before,
+                "peak": peak(),
+                "after": rss(),
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        return out
+
+    def make():
+        cfg = compose([*base, "generator=hf", *overrides])
+        OmegaConf.resolve(cfg)
+        return cfg, build(cfg)
+
+    cfg, run = phase("build", 0, make)
+    for step in range(steps):
+        groups = phase("generate", step, run.source.next_groups)
+        # the loop's train_step without the generation (done above): the same batch through the trainer
+        prepared = prepare_batch(
+            groups,
+            version=run.state.step,
+            zero_variance=bool(cfg.filter.zero_variance),
+            norm=cfg.norm.name,
+            pad_id=run.tokenizer.pad_token_id,
+            exclude_truncated=bool(cfg.filter.exclude_truncated),
+        )
+        phase("train", step, lambda p=prepared: run.trainer.step(p.batch) if p.train else {})
+        run.state.step += 1
+        phase("hand over", step, lambda: hand_over_weights(run))
+    phase(
+        "evaluate",
+        steps,
+        lambda: evaluate(
+            cfg, run.task, run.val, run.generator, run.trainer.gathered, run.state, run.tracker, main=True
+        ),
+    )
+    return rows
+
+
+def run_table(rows: list[dict]) -> str:
+    lines = [
+        "| phase | step | resident before | **peak** | resident after | s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['phase']} | {r['step']} | {r['before']:.0f} | **{r['peak']:.0f}** | {r['after']:.0f} | {r['seconds']:.0f} |"
+        )
+    top = max(rows, key=lambda r: r["peak"])
+    lines.append(
+        f"\nprocess peak {top['peak']:.0f} MB ({top['peak'] * 1e6 / 2**30:.2f} GiB) in {top['phase']} at step {top['step']}"
+    )
+    return "\n".join(lines)
+
+
 def suite(name: str) -> list[dict]:
     if name == "tiny":
         base = dict(
@@ -451,6 +543,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="for --suite gpu / gpu-smoke: cuda or cpu")
     ap.add_argument("--timeout-s", type=float, default=600, help="--suite gpu / gpu-smoke: all models")
     ap.add_argument("--out", help="JSON with every measurement")
+    ap.add_argument("--steps", type=int, default=2, help="--suite run: optimiser steps")
+    ap.add_argument(
+        "--overrides",
+        default="",
+        help="--suite run: more config overrides, space-separated (after the command's)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-many", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -459,6 +557,13 @@ def main() -> None:
         return
     if args.child_many:
         child_many(json.loads(args.child_many))
+        return
+    if args.suite == "run":
+        rows = run_child(args.overrides.split(), args.steps)
+        print(run_table(rows))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(rows, f, indent=1)
         return
     if args.suite in ("gpu", "gpu-smoke"):
         rows = run_gpu_suite(args.suite == "gpu-smoke", args.device, args.timeout_s)

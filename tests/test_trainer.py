@@ -136,6 +136,19 @@ def test_a_step_with_shared_prompts_lands_on_the_same_weights():
     assert diff < 1e-5, diff
 
 
+def test_a_step_leaves_no_gradient_behind():
+    """The gradients are freed with the step, not at the next one: the generation in between (on one
+    process, the HF generator's KV cache) does not sit beside a model's worth of them."""
+    model = build_model(tiny_model_cfg("qwen2"), VOCAB, seed=1, pad_token_id=0, eos_token_id=1)
+    tr = make_trainer(
+        trainer_cfg(False), model, Precision.for_device("fp32", "fp32", "cpu"), temperature=1.0, device=CPU
+    )
+    start = {k: v.clone() for k, v in tr.module.state_dict().items()}
+    assert tr.step(grouped_batch(seed=1))["train/step_skipped"] == 0.0
+    assert max(float((tr.module.state_dict()[k] - start[k]).abs().max()) for k in start) > 1e-4
+    assert [n for n, p in tr.module.named_parameters() if p.grad is not None] == []
+
+
 def test_a_model_that_returns_no_cache_is_a_clear_error():
     """Gradient checkpointing turns the KV cache off in training: sharing says what to do instead."""
     model = build_model(tiny_model_cfg("gpt2"), VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
