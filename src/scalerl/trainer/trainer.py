@@ -90,8 +90,8 @@ class Trainer:
         if self.activation_checkpointing:
             enable_activation_checkpointing(self.module)
         mmap_mb = int(self.tcfg.get("malloc_mmap_threshold_mb", 0))
-        if mmap_mb > 0 and self.device.type == "cpu":
-            set_malloc_mmap_threshold(mmap_mb)
+        # glibc hands freed memory back: large blocks at once (mmap), the heap after each micro-batch
+        self._trim = mmap_mb > 0 and self.device.type == "cpu" and set_malloc_mmap_threshold(mmap_mb)
 
     # ------------------------------------------------------------------ what the loop sees
     @property
@@ -344,6 +344,8 @@ class Trainer:
             eng.backward(loss * self.world if self.world > 1 else loss)
             if finite:
                 self._accumulate(acc, stats_acc, mb, logp, entropy, scaled)
+            if self._trim:
+                malloc_trim()
         if self.world > 1:
             finite = bool(eng.all_reduce([1.0 if finite else 0.0], "min")[0])
         parts = eng.gather_objects((acc, stats_acc))
@@ -454,6 +456,24 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
+def malloc_trim() -> bool:
+    """Have glibc return the free pages of its heaps to the system (``malloc_trim(0)``: also those
+    between live blocks, which a step's many small tensors leave). True where it could."""
+    try:
+        libc = _libc()
+        return bool(libc is not None and libc.malloc_trim(0) >= 0)
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
 def set_malloc_mmap_threshold(mb: int) -> bool:
     """Have glibc serve every allocation of ``mb`` MB or more with its own mmap, returned to the
     system when freed (True where it could be set: Linux with glibc).
@@ -462,16 +482,10 @@ def set_malloc_mmap_threshold(mb: int) -> bool:
     activation tensors come from its heap, whose freed space the process keeps: measured at 135M
     (benchmarks/results/2026-11-26_*_trainer-memory.md) a step's resident peak was 7.1 GB by default
     and 3.1 GB with a 1 MB threshold, the same step."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
     try:
-        libc = ctypes.CDLL(name)
+        libc = _libc()
         m_mmap_threshold = -3  # <malloc.h>
-        return bool(libc.mallopt(m_mmap_threshold, int(mb) << 20))
+        return bool(libc is not None and libc.mallopt(m_mmap_threshold, int(mb) << 20))
     except (OSError, AttributeError):  # not glibc
         return False
 
