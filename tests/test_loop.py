@@ -549,6 +549,31 @@ def test_evaluation_decodes_as_many_prompts_together_as_eval_batch_prompts(
     assert 0.0 <= out["val/pass_rate"] <= 1.0
 
 
+def test_a_second_signal_while_a_stopped_run_closes_still_names_its_checkpoint(tiny_overrides):
+    """The first Ctrl-C stops the run at the next step boundary with a checkpoint; a second one that
+    lands while the run is closing (its engines, progress and MLflow run) stops it at once and still
+    says at which step and where the checkpoint is. Real signals, sent at those two moments."""
+    from scalerl.loop.signals import Interrupted
+
+    cfg, run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=6", "checkpoint_every=2"])
+    next_groups, close = run.source.next_groups, run.source.close
+
+    def first_signal_during_step_4():
+        if run.state.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return next_groups()
+
+    def second_signal_while_closing():
+        os.kill(os.getpid(), signal.SIGINT)
+        close()
+
+    run.source.next_groups = first_signal_during_step_4
+    run.source.close = second_signal_while_closing
+    with pytest.raises(Interrupted) as e:
+        train(cfg, components=run)
+    assert e.value.detail.startswith("interrupted by SIGINT at step 4/6; the last checkpoint (step 4) is in ")
+
+
 class IgnoresWeights(HFGenerator):
     """A generator that keeps sampling from the weights it was built with."""
 

@@ -117,9 +117,13 @@ def _recipe(run: Components, stop: StopSignals) -> dict:
     # ---- cleanup
     finally:
         stop.graceful = False
-        run.source.close()
-        progress.close()
-        end_tracking(run, status)
+        try:
+            run.source.close()
+            progress.close()
+            end_tracking(run, status)
+        except Interrupted as e:  # a second signal while the stopped run closes: still say where it stands
+            e.detail = _interrupted_detail(run, e.signum)
+            raise
     return _finish(run)
 
 
