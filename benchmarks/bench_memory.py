@@ -395,9 +395,6 @@ def gpu_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-RUN_PHASES = ("build", "generate", "train", "hand over")
-
-
 def run_child(overrides: list[str], steps: int) -> list[dict]:
     """The phases of a real run in this process (see ``--suite run``): one row per phase."""
     import yaml
