@@ -101,29 +101,26 @@ def _recipe(run: Components, stop: StopSignals) -> dict:
     clock, status = Clock(run.state), "FAILED"
     progress = Progress(run.cfg, int(run.cfg.trainer.total_steps), run.state.step, enabled=run.is_main)
     run.checkpointed = run.state.step
-    # ---- train
     try:
-        _train(run, stop, clock, progress)
-        status = "FINISHED"
-    except (Stopped, SystemExit):  # SystemExit: a host's own signal handling (submitit on preemption)
-        status = "KILLED"
-        raise
-    except NonFiniteError as e:
-        raise _after_nonfinite(run, clock, e) from None
-    except Interrupted as e:
-        status = "KILLED"
-        e.detail = _interrupted_detail(run, e.signum)
-        raise
-    # ---- cleanup
-    finally:
-        stop.graceful = False
+        # ---- train
         try:
+            _train(run, stop, clock, progress)
+            status = "FINISHED"
+        # SystemExit: a host's own signal handling (submitit on preemption); Interrupted: a second signal
+        except (Stopped, SystemExit, Interrupted):
+            status = "KILLED"
+            raise
+        except NonFiniteError as e:
+            raise _after_nonfinite(run, clock, e) from None
+        # ---- cleanup
+        finally:
+            stop.graceful = False
             run.source.close()
             progress.close()
             end_tracking(run, status)
-        except Interrupted as e:  # a second signal while the stopped run closes: still say where it stands
-            e.detail = _interrupted_detail(run, e.signum)
-            raise
+    except Interrupted as e:  # in the loop, or while the stopped run closes: say where it stands
+        e.detail = _interrupted_detail(run, e.signum)
+        raise
     return _finish(run)
 
 

@@ -29,6 +29,7 @@ collectives are identities.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -456,7 +457,9 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+@functools.cache
 def _libc():
+    """glibc, looked up once (``find_library`` runs ``ldconfig``; malloc_trim is called every micro-batch)."""
     import ctypes
     import ctypes.util
 
