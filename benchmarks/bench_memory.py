@@ -50,6 +50,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 SMOLLM2_PROMPT = 190  # tokens: a GSM problem in SmolLM2's chat template with the system prompt (174-214)
@@ -429,8 +430,11 @@ def run_child(overrides: list[str], steps: int) -> list[dict]:
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         return out
 
+    scratch = tempfile.mkdtemp(prefix="bench-memory-run-")  # the run's store and outputs, not the cwd's
+    where = [f"tracking.uri=sqlite:///{scratch}/mlflow.db", f"out_dir={scratch}/out"]
+
     def make():
-        cfg = compose([*base, "generator=hf", *overrides])
+        cfg = compose([*base, "generator=hf", *where, *overrides])
         OmegaConf.resolve(cfg)
         return cfg, build(cfg)
 

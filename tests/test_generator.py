@@ -48,9 +48,11 @@ class LC:
     phrase: str = ""
 
 
-def make_model(seed: int = 0, bias: dict[int, float] | None = None, arch: str = "qwen2") -> torch.nn.Module:
+def make_model(
+    seed: int = 0, bias: dict[int, float] | None = None, arch: str = "qwen2", **shape
+) -> torch.nn.Module:
     """The model ``model.arch=arch`` builds (:func:`build_model`), at test size."""
-    mcfg = tiny_model_cfg(arch, hidden_size=64, intermediate_size=128, max_position_embeddings=256)
+    mcfg = tiny_model_cfg(arch, hidden_size=64, intermediate_size=128, max_position_embeddings=256, **shape)
     model = build_model(mcfg, len(TOK), seed=seed, pad_token_id=TOK.pad_token_id, eos_token_id=EOS).eval()
     if bias:
         b = torch.zeros(len(TOK))
@@ -394,3 +396,100 @@ def test_tempered_logprob_from_the_top_k_untempered_is_within_its_bound(temperat
                 assert bound == 0.0
             elif temperature < 1.0 and spread == 4.0:  # peaked: the 64 known tokens hold the mass
                 assert bound < 0.01, bound
+
+
+# ---------------------------------------------------------------------------- static cache
+def _static_vs_dynamic(model, prec, lc, calls, **kw):
+    """Samples from the default cache and from ``static_cache=true``, same seed, over ``calls``
+    (a list of prompt lists, generated one after another by the same generator)."""
+    out = []
+    for static in (False, True):
+        gen = HFGenerator(model, TOK, prec, lc, seed=3, static_cache=static, **kw)
+        out.append([flat(gen.generate(prompts, 3, version=0)) for prompts in calls])
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen2-gqa", "gpt2"])
+@pytest.mark.parametrize("mode", ["none", "interruption"])
+def test_static_cache_samples_what_the_default_cache_samples(arch, mode, monkeypatch):
+    """generator.static_cache (one shape a step, a CUDA graph on a GPU; eager here) decodes the same
+    tokens with the same log-probs, over prompts of equal and unequal lengths, calls that reuse its
+    buffers, and a later call with longer prompts that needs a larger one. With grouped KV heads
+    (2 KV heads for 4) its attention takes them as they are (``enable_gqa``), not repeated."""
+    gqa = arch == "qwen2-gqa"
+    model = make_model(
+        bias={EOS: 1.5, THINK_END: -30.0},
+        arch="qwen2" if gqa else arch,
+        **({"num_kv_heads": 2} if gqa else {}),
+    )
+    sdpa, grouped = torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(*args, **kw):
+        grouped.append(
+            bool(kw.get("enable_gqa")) and kw.get("attn_mask") is not None
+        )  # transformers' own: not both
+        return sdpa(*args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    prec = Precision()
+    lc = (
+        LC(max_new_tokens=16)
+        if mode == "none"
+        else LC("interruption", 40, 3, 6, answer_budget=5, phrase=PHRASE)
+    )
+    longer = [Prompt(0, "1234567+89012345="), Prompt(1, "9+9="), Prompt(2, "77+1=")]
+    dyn, sta = _static_vs_dynamic(model, prec, lc, [SAME_LEN, VAR_LEN, VAR_LEN, longer])
+    for a, b in zip(dyn, sta):
+        assert [s.completion_ids for s in a] == [s.completion_ids for s in b]
+        assert [s.loss_mask for s in a] == [s.loss_mask for s in b]
+        assert [(s.truncated, s.interrupted) for s in a] == [(s.truncated, s.interrupted) for s in b]
+        err = max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs))
+        assert err < 1e-5
+    assert max_logprob_error(model, prec, [sta[3]]) < 1e-4  # teacher-forced: right, not just equal
+    if mode == "interruption":
+        assert any(s.interrupted for call in sta for s in call)
+    assert any(grouped) == gqa
+    assert len({s.num_tokens for call in sta for s in call}) > 2  # rows of many lengths in one batch
+
+
+def test_static_cache_with_emulated_bf16_and_inflight_updates():
+    """The emulated bf16 body (rounded weights cached per version) and an in-flight weight update:
+    the static cache keeps the stale KV cache exactly as the default one does."""
+    model = make_model(seed=0, bias={EOS: -30.0})
+    new = make_model(seed=1, bias={EOS: -30.0})
+    prec = Precision(body="bf16", head="fp32")
+    runs = []
+    for static in (False, True):
+        m = copy.deepcopy(model)
+        calls = []
+
+        def weight_update(m=m, calls=calls):
+            calls.append(1)
+            if len(calls) == 4:  # in place, as the trainer's weights arrive (the body is parametrized)
+                src = dict(new.named_parameters())
+                with torch.no_grad():
+                    for name, p in m.named_parameters():
+                        p.copy_(src[name.replace("parametrizations.weight.original", "weight")])
+                return 4
+            return None
+
+        gen = HFGenerator(m, TOK, prec, LC("none", max_new_tokens=10), seed=0, static_cache=static)
+        runs.append(flat(gen.generate(VAR_LEN, 2, version=3, weight_update=weight_update)))
+    for a, b in zip(*runs):
+        assert a.versions == b.versions == [3, 3, 3] + [4] * 7
+        assert a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+def test_static_cache_from_the_config_and_its_limits():
+    cfg = _cfg("hf")
+    cfg.generator.static_cache = True
+    gen = make_generator(cfg, make_model(), TOK, Precision())
+    assert gen.static_cache
+    model = make_model()
+    model.config._attn_implementation = "eager"
+    with pytest.raises(
+        ValueError,
+        match="static_cache=true is not possible with this model: attention implementation 'eager'",
+    ):
+        HFGenerator(model, TOK, Precision(), LC(), static_cache=True)

@@ -38,6 +38,8 @@ def make_generator(
     if cls is None:
         raise ValueError(f"generator.name={name!r}: must be one of {', '.join(GENERATORS)}")
     extra = {"stale_kv_samples": int(getattr(cfg.generator, "stale_kv_samples", 4))}
+    if name == "hf":
+        extra["static_cache"] = bool(cfg.generator.get("static_cache", False))
     if name == "vllm":
         g = cfg.generator
         extra.update(

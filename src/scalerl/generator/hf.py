@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from scalerl.config.options import options
+from scalerl.generator import static_decode
 from scalerl.generator.base import Generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
@@ -75,6 +76,7 @@ class HFGenerator(Generator):
         device: torch.device | str = "cpu",
         seed: int = 0,
         stale_kv_samples: int = 4,
+        static_cache: bool = False,
     ):
         self.device = torch.device(device)
         self.stale_kv_samples = int(stale_kv_samples)
@@ -121,6 +123,11 @@ class HFGenerator(Generator):
         # rounded once per weight version
         self.compact_min_rows = _COMPACT_MIN_ROWS
         self.cache_rounded_weights = True
+        # generator.static_cache: decode steps of one shape, replayed as a CUDA graph on a GPU
+        self.static_cache = bool(static_cache)
+        if self.static_cache and (why := static_decode.supported(self.model)) is not None:
+            raise ValueError(f"generator.static_cache=true is not possible with this model: {why}")
+        self._static: dict[int, static_decode.StaticDecoder] = {}
 
     # ------------------------------------------------------------------ Generator interface
     def join_weight_group(self, spec, rank: int, store=None) -> None:
@@ -172,7 +179,11 @@ class HFGenerator(Generator):
                 use_cache=True,
                 **with_cache(body, cache),
             )
-        logits = self.precision.logits(self.model, out.last_hidden_state[:, -1])
+        return self._head_logprobs(out.last_hidden_state[:, -1])
+
+    def _head_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] log-probs from the last hidden state (the head in its precision)."""
+        logits = self.precision.logits(self.model, hidden)
         temperature = self.temperature if self.temperature > 0 else 1.0
         return self.precision.log_softmax(logits, temperature)
 
@@ -191,7 +202,11 @@ class HFGenerator(Generator):
         max_steps = self.max_new_tokens + (len(self.phrase_ids) if self.mode == "interruption" else 0)
         rs = self._row_state(B, max_steps)
         feed = _Prefill.of(prompt_ids, n, max_steps, self.pad_id, self.device)
-        cache = _make_cache(feed.L + max_steps)
+        cache = (
+            self._static_decoder(B, feed.L + max_steps)
+            if self.static_cache
+            else _make_cache(feed.L + max_steps)
+        )
         record = _Record()
         tok = torch.empty(0, dtype=torch.long, device=self.device)  # the tokens fed at the next step
         # rows still in the KV cache (None: all B). Finished rows are dropped from the cache once they
@@ -210,7 +225,8 @@ class HFGenerator(Generator):
             n_active = int((~rs.done).sum())
             if n_active == 0:
                 break
-            rows = self._compact(cache, rs.done, rows, n_active, B)
+            if not self.static_cache:  # a static cache keeps its shape: finished rows stay in it
+                rows = self._compact(cache, rs.done, rows, n_active, B)
         return record.result(rs, B, self.device)
 
     def _row_state(self, B: int, max_steps: int) -> _RowState:
@@ -239,6 +255,11 @@ class HFGenerator(Generator):
     def _next_logprobs(self, step: int, feed: _Prefill, cache, tok, rows, n: int, B: int) -> torch.Tensor:
         """[B, vocab] log-probs of the next token: the prefill (each prompt once, its cache then repeated
         for its n samples) at step 0, else the last tokens of the rows still in the cache."""
+        if isinstance(cache, static_decode.StaticDecoder):
+            if step > 0:
+                return cache.step(tok)
+            rep = lambda t: t if t is None or n == 1 else t.repeat_interleave(n, 0)  # noqa: E731
+            return cache.prefill(rep(feed.ids), rep(feed.pmask), rep(feed.prefill_pos))
         if step == 0:
             logp = self._logprobs(feed.ids, cache, feed.pmask, feed.prefill_pos)
             if n > 1:
@@ -259,6 +280,29 @@ class HFGenerator(Generator):
             full[rows] = logp
             logp = full
         return logp
+
+    def _static_decoder(self, B: int, needed: int) -> static_decode.StaticDecoder:
+        """The static decoder for ``B`` rows and ``needed`` positions: kept between calls (its CUDA
+        graph is captured once), made anew when the batch or the length does not fit it. At most two
+        are kept (the training batch's and the evaluation's shapes)."""
+        dec = self._static.get(B)
+        if dec is None or not dec.fits(B, needed):
+            self._static.pop(B, None)
+            if len(self._static) >= 2:
+                self._static.clear()
+            dec = static_decode.StaticDecoder(
+                self.model,
+                self._head_logprobs,
+                lambda: self.precision.autocast(self.model, cache_enabled=False),
+                B,
+                static_decode.capacity_for(needed),
+                self.device,
+                # emulated low precision rounds the weights into tensors made anew per version (and
+                # freed after each call), which a captured graph would go on reading: no graph then
+                graph=not _CachedWeights(self.model).active,
+            )
+            self._static[B] = dec
+        return dec
 
     def _advance(self, rs: _RowState, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of every row's state: force the phrase's next token where a thinking budget ran

@@ -141,13 +141,15 @@ class Precision:
         return model
 
     @staticmethod
-    def autocast(model: nn.Module) -> contextlib.AbstractContextManager:
+    def autocast(model: nn.Module, cache_enabled: bool = True) -> contextlib.AbstractContextManager:
         """The context to run the body's forward in (not the head's: :meth:`logits` sets its dtype):
-        ``torch.autocast`` in the body dtype for a native model with fp32 master weights."""
+        ``torch.autocast`` in the body dtype for a native model with fp32 master weights
+        (``cache_enabled=False`` inside a CUDA graph's capture: autocast's weight casts are then
+        part of every replay)."""
         dtype = getattr(model, "_scalerl_autocast", None)
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
+        return torch.autocast(next(model.parameters()).device.type, dtype=dtype, cache_enabled=cache_enabled)
 
     @staticmethod
     def _emulate(body: nn.Module, dtype: torch.dtype) -> None:

@@ -31,6 +31,10 @@ class HFGeneratorOption(GeneratorOption):
     """Batched sampling over the transformers model with a KV cache, weights swapped in flight."""
 
     name: str = "hf"
+    # decode steps of one shape over a preallocated KV cache, each captured once and replayed as a
+    # CUDA graph on a GPU (a small model's decode there waits on Python's kernel launches); off a
+    # GPU the same steps run eagerly (slower than the default cache: for tests)
+    static_cache: bool = False
 
 
 @register_option("generator", "vllm")
