@@ -258,8 +258,11 @@ class HFGenerator(Generator):
         if isinstance(cache, static_decode.StaticDecoder):
             if step > 0:
                 return cache.step(tok)
-            rep = lambda t: t if t is None or n == 1 else t.repeat_interleave(n, 0)  # noqa: E731
-            return cache.prefill(rep(feed.ids), rep(feed.pmask), rep(feed.prefill_pos))
+
+            def per_row(t):  # the static cache has a row for each sample: each prompt n times
+                return t if t is None or n == 1 else t.repeat_interleave(n, 0)
+
+            return cache.prefill(per_row(feed.ids), per_row(feed.pmask), per_row(feed.prefill_pos))
         if step == 0:
             logp = self._logprobs(feed.ids, cache, feed.pmask, feed.prefill_pos)
             if n > 1:

@@ -7,7 +7,8 @@ step writes its keys and values at one position given by a device tensor, and at
 whole capacity under a key mask (positions not yet written are masked). A step is then captured
 once as a CUDA graph and replayed: one launch for the whole step. Grouped KV heads are attended to
 as they are, not repeated in memory (:func:`_install_gqa_sdpa`). The prompts' prefill runs eagerly
-into the same cache. ``benchmarks/bench_static_decode.py`` measures it against the default cache.
+into the same cache, one row per sample (not once per prompt, as the default cache does).
+``benchmarks/bench_static_decode.py`` measures it against the default cache.
 
 Off a GPU the same steps run eagerly (no graph): the path the CPU tests compare with the default
 cache. The graph reads the model's parameters where they are; weights replaced in place (the

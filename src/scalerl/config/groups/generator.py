@@ -32,8 +32,9 @@ class HFGeneratorOption(GeneratorOption):
 
     name: str = "hf"
     # decode steps of one shape over a preallocated KV cache, each captured once and replayed as a
-    # CUDA graph on a GPU (a small model's decode there waits on Python's kernel launches); off a
-    # GPU the same steps run eagerly (slower than the default cache: for tests)
+    # CUDA graph on a GPU (a small model's step is otherwise hundreds of launches from Python and
+    # copies of a growing cache); off a GPU the same steps run eagerly (slower than the default
+    # cache: for tests)
     static_cache: bool = False
 
 
