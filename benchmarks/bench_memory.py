@@ -195,6 +195,25 @@ SHAPES = {
 }
 
 
+def shape_cfg(shape: str, max_position_embeddings: int):
+    """The ``model`` config that builds a randomly initialised model of ``SHAPES[shape]``."""
+    from omegaconf import OmegaConf
+
+    sh = SHAPES[shape]
+    return OmegaConf.create(
+        dict(
+            arch=sh["arch"],
+            hidden_size=sh["hidden"],
+            num_layers=sh["layers"],
+            num_heads=sh["heads"],
+            num_kv_heads=sh["kv_heads"],
+            intermediate_size=sh["intermediate"],
+            max_position_embeddings=max_position_embeddings,
+            tie_word_embeddings=sh["tied"],
+        )
+    )
+
+
 class _Mem:
     """Memory readings on ``device``: the CUDA allocator's tensors, or the process's resident set."""
 
@@ -233,7 +252,6 @@ def child_many(spec: dict) -> None:
     import torch
 
     torch.set_num_threads(spec.get("threads", 2))
-    from omegaconf import OmegaConf
 
     from scalerl.config import compose
     from scalerl.model.build import build_model
@@ -249,18 +267,7 @@ def child_many(spec: dict) -> None:
     base = mem.now()
     sh = SHAPES[spec["shape"]]
     longest = max(c["prompt"] + c["completion"] for c in spec["configs"])
-    mcfg = OmegaConf.create(
-        dict(
-            arch=sh["arch"],
-            hidden_size=sh["hidden"],
-            num_layers=sh["layers"],
-            num_heads=sh["heads"],
-            num_kv_heads=sh["kv_heads"],
-            intermediate_size=sh["intermediate"],
-            max_position_embeddings=longest + 8,
-            tie_word_embeddings=sh["tied"],
-        )
-    )
+    mcfg = shape_cfg(spec["shape"], longest + 8)
     t0 = time.time()
     with torch.device(device):  # built where it runs: no CPU initialisation of a 1.5B model
         model = build_model(mcfg, sh["vocab"], seed=0, pad_token_id=0, eos_token_id=1)

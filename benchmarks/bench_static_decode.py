@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_memory import SHAPES  # noqa: E402
+from bench_memory import SHAPES, shape_cfg  # noqa: E402
 
 from scalerl.generator import HFGenerator  # noqa: E402
 from scalerl.model.build import build_model  # noqa: E402
@@ -60,21 +60,8 @@ class _LC:
 
 
 def _model(shape: str, device: torch.device, max_len: int):
-    from omegaconf import OmegaConf
-
     sh = SHAPES[shape]
-    mcfg = OmegaConf.create(
-        dict(
-            arch=sh["arch"],
-            hidden_size=sh["hidden"],
-            num_layers=sh["layers"],
-            num_heads=sh["heads"],
-            num_kv_heads=sh["kv_heads"],
-            intermediate_size=sh["intermediate"],
-            max_position_embeddings=max_len,
-            tie_word_embeddings=sh["tied"],
-        )
-    )
+    mcfg = shape_cfg(shape, max_len)
     with torch.device(device):
         model = build_model(mcfg, sh["vocab"], seed=0, pad_token_id=0, eos_token_id=1)
     precision = Precision.for_device("bf16", "fp32", device)
