@@ -196,11 +196,12 @@ SHAPES = {
 }
 
 
-def shape_cfg(shape: str, max_position_embeddings: int):
-    """The ``model`` config that builds a randomly initialised model of ``SHAPES[shape]``."""
+def shape_cfg(shape: str | dict, max_position_embeddings: int):
+    """The ``model`` config that builds a randomly initialised model of ``shape`` (a name of
+    ``SHAPES``, or a dict of the same keys)."""
     from omegaconf import OmegaConf
 
-    sh = SHAPES[shape]
+    sh = SHAPES[shape] if isinstance(shape, str) else shape
     return OmegaConf.create(
         dict(
             arch=sh["arch"],

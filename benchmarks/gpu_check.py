@@ -711,22 +711,13 @@ def _digests(state: dict) -> dict[str, str]:
 
 def _build(shape: dict, dtype: str, seed: int = 0):
     import torch
-    from omegaconf import OmegaConf
 
     from scalerl.model.build import build_model
 
-    mcfg = OmegaConf.create(
-        dict(
-            arch=shape["arch"],
-            hidden_size=shape["hidden"],
-            num_layers=shape["layers"],
-            num_heads=shape["heads"],
-            num_kv_heads=shape["kv_heads"],
-            intermediate_size=shape["intermediate"],
-            max_position_embeddings=256,
-            tie_word_embeddings=shape["tied"],
-        )
-    )
+    sys.path.insert(0, str(HERE))
+    import bench_memory
+
+    mcfg = bench_memory.shape_cfg(shape, 256)
     model = build_model(mcfg, shape["vocab"], seed=seed, pad_token_id=0, eos_token_id=1)
     return model.to(getattr(torch, dtype))
 
