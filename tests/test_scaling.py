@@ -469,6 +469,22 @@ def test_a_runs_evaluations_are_fitted_per_domain_and_the_final_fit_draws_each_c
     assert evaluation_fits(evals[:3], protocol) == ({}, [])
 
 
+def _edges_blank(png) -> bool:
+    """Nothing drawn touches the image's border: no legend or label was cut off by its edge."""
+    from matplotlib.image import imread
+
+    img = imread(png)[..., :3]
+    border = np.concatenate(
+        [
+            img[:2].reshape(-1, 3),
+            img[-2:].reshape(-1, 3),
+            img[:, :2].reshape(-1, 3),
+            img[:, -2:].reshape(-1, 3),
+        ]
+    )
+    return bool((border > 0.98).all())
+
+
 def test_plots(tmp_path):
     rng = np.random.default_rng(10)
     fits = []
@@ -478,8 +494,12 @@ def test_plots(tmp_path):
     fits.append(("broken", fit_sigmoid([0, 1, 2], [0.1, 0.1, 0.1])))
     p = plot_fit(tmp_path / "curves.png", fits, extrapolate=2.0, log_x=True, title="t")
     assert p.read_bytes()[:8] == PNG_MAGIC
+    assert _edges_blank(p)
+    # three runs with points left out: four legend entries, placed below the axes, none clipped
+    p = plot_fit(tmp_path / "three.png", fits[:3], extrapolate=4.0)
+    assert _edges_blank(p)
     p = plot_fit(tmp_path / "lin_x.png", fits[0][1], log_x=False)
-    assert p.read_bytes()[:8] == PNG_MAGIC
+    assert p.read_bytes()[:8] == PNG_MAGIC and _edges_blank(p)
     mean_a = float(np.mean([f.A for _, f in fits[:3]]))
     fixed = {name: fit_fixed_A(f.compute, f.reward, mean_a) for name, f in fits[:3]}
     p = plot_linearised(tmp_path / "linearised.png", fixed)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerl.analysis.experiment import (
+    SAME_RECIPE,
     Baseline,
     ExperimentResult,
     analyse_runs,
@@ -198,7 +199,8 @@ def _labels(res: ExperimentResult) -> dict[str, str]:
     out = {}
     for r in res.runs:
         v = next(row["variant"] for row in res.rows if row["run_id"] == r.run_id)
-        out[r.run_id] = r.run_name if v in ("", r.run_name) else f"{r.run_name} ({v})"
+        # runs of one recipe (no variants) need no variant in their label
+        out[r.run_id] = r.run_name if v in ("", r.run_name, SAME_RECIPE) else f"{r.run_name} ({v})"
     return out
 
 

@@ -32,11 +32,13 @@ def _items(fits_and_data: FitsLike) -> list[tuple[str, SigmoidFit]]:
 
 
 def save_figure(fig: Figure, path, dpi: int = 110) -> Path:
-    """Write ``fig`` (made without pyplot) to ``path`` as a PNG, creating its folder."""
+    """Write ``fig`` (made without pyplot) to ``path`` as a PNG, creating its folder.  The image is
+    cut to what was drawn (with a small margin), so a legend placed outside the axes is never
+    clipped by the figure's edge."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", pad_inches=0.08)
     return path
 
 
@@ -77,6 +79,16 @@ def _label(name: str, fit: SigmoidFit) -> str:
     return f"{name}: {a}, B={fit.B:.2f}, C_mid={fit.C_mid:.3g}, R0={fit.R0:.3f}"
 
 
+def _used(fit: SigmoidFit) -> np.ndarray:
+    n = np.asarray(fit.compute).size
+    return np.asarray(fit.used, bool) if fit.used.size == n else np.ones(n, bool)
+
+
+def _shown(fit: SigmoidFit, log_x: bool) -> np.ndarray:
+    c, r = np.asarray(fit.compute, float), np.asarray(fit.reward, float)
+    return np.isfinite(c) & np.isfinite(r) & ((c > 0) if log_x else True)
+
+
 def plot_fit(
     path,
     fits_and_data: FitsLike,
@@ -93,15 +105,15 @@ def plot_fit(
     over the data, dashed bounds beyond).  Several runs share one figure.  With ``log_x`` the
     C = 0 (step-0) points cannot be drawn; R0 is in the legend."""
     items = _items(fits_and_data)
-    fig, ax = _figure(9.0, 5.0, len(items))
+    # the "hollow" legend entry counts towards the legend's size, which decides where it goes
+    any_excluded = any((~_used(f) & _shown(f, log_x)).any() for _, f in items)
+    fig, ax = _figure(9.0, 5.0, len(items) + any_excluded)
     colors = [f"C{i % 10}" for i in range(len(items))]
-    any_excluded = False
     for (name, fit), color in zip(items, colors):
         c, r = np.asarray(fit.compute, float), np.asarray(fit.reward, float)
         if c.size == 0:
             continue
-        used = np.asarray(fit.used, bool) if fit.used.size == c.size else np.ones(c.size, bool)
-        show = np.isfinite(c) & np.isfinite(r) & ((c > 0) if log_x else True)
+        used, show = _used(fit), _shown(fit, log_x)
         ax.plot(c[used & show], r[used & show], "o", color=color, ms=4, label=_label(name, fit))
         ax.plot(
             c[~used & show],
@@ -113,7 +125,6 @@ def plot_fit(
             alpha=0.8,
             label="_nolegend_",
         )
-        any_excluded |= bool((~used & show).any())
         if not fit.ok:
             continue
         pos = c[np.isfinite(c) & (c > 0)]
