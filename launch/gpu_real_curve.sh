@@ -14,7 +14,8 @@
 # side by side on the GPU for BUDGET_S seconds, then stop at a step boundary (SIGTERM). The learning
 # rate is constant after warm-up, so a run stopped at step n is the n-step run. Writes the MLflow store
 # and the runs' logs to ${OUT:-real-gpu-out}/; `python -m scalerl.analysis compare` fits them.
-#   SEEDS="0 1 2" BUDGET_S=450 STEPS=300 EVERY=4 EXTRA="..." launch/gpu_real_curve.sh
+#   BUDGET_S=515 STEPS=100 EVERY=5 launch/gpu_real_curve.sh   # the whole study: 8 minutes on one H200
+#   SEEDS="0 1 2" BUDGET_S=450 STEPS=300 EVERY=4 EXTRA="..." launch/gpu_real_curve.sh   # the knobs
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
