@@ -14,8 +14,8 @@
 # side by side on the GPU for BUDGET_S seconds, then stop at a step boundary (SIGTERM). The learning
 # rate is constant after warm-up, so a run stopped at step n is the n-step run. Writes the MLflow store
 # and the runs' logs to ${OUT:-real-gpu-out}/; `python -m scalerl.analysis compare` fits them.
-#   BUDGET_S=515 STEPS=100 EVERY=5 launch/gpu_real_curve.sh   # the whole study: 8 minutes on one H200
-#   SEEDS="0 1 2" BUDGET_S=450 STEPS=300 EVERY=4 EXTRA="..." launch/gpu_real_curve.sh   # the knobs
+# The defaults run the sweep's study whole (3 seeds x 100 steps: 8 minutes on one H200); the knobs:
+#   SEEDS="0 1" BUDGET_S=450 STEPS=300 EVERY=4 EXTRA="trainer.lr=1e-5" launch/gpu_real_curve.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -82,7 +82,7 @@ fi
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" > "$out/nvidia-smi.txt"
 
 SEEDS="${SEEDS:-0 1 2}"
-BUDGET_S="${BUDGET_S:-450}"
+BUDGET_S="${BUDGET_S:-515}"
 export SCALERL_CACHE="${SCALERL_CACHE:-/tmp/scalerl-cache}"
 work="${WORK:-/tmp/real-gpu}"
 mkdir -p "$work"
@@ -95,7 +95,7 @@ for o in yaml.safe_load(open('sweeps/smollm2_gsm.yaml'))['base']:
 GPU=(
     generator=hf "generator.static_cache=${STATIC:-true}" "eval.batch_prompts=${EVAL_BATCH:-64}"
     "trainer.micro_batch_size=${MICRO:-32}" "trainer.activation_checkpointing=${CKPT:-false}"
-    "eval.every=${EVERY:-4}" "trainer.total_steps=${STEPS:-300}"
+    ${EVERY:+"eval.every=$EVERY"} ${STEPS:+"trainer.total_steps=$STEPS"}
     trainer.threads="${THREADS:-4}" progress=log "tracking.uri=$uri" tracking.experiment=smollm2-gpu
 )
 # convert the GGUF once before the seeds start (they would wait on its lock)
