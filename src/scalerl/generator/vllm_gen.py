@@ -18,9 +18,11 @@ Same :class:`~scalerl.generator.base.Generator` contract as the HF generator:
 * **Behaviour log-probs** are those of the tempered distribution (``logprobs_mode=
   "processed_logprobs"``), the distribution the tokens were drawn from.
 * **Precision.** The engine computes in ``precision.body``; with ``precision.head=fp32`` over a
-  lower-precision body its LM head runs in fp32 (vLLM's ``head_dtype``), as the trainer's does.
+  lower-precision body its LM head runs in fp32 (vLLM's ``head_dtype``), as the trainer's does,
+  but over head weights vLLM holds in the body's dtype: the trainer's fp32 head weights are rounded
+  when loaded (vLLM warns of that one tensor an update; the body's tensors arrive in its dtype).
   CPU runs that *emulate* bf16 in the trainer run real bf16 in vLLM: ``train/gen_train_logprob_diff``
-  shows the difference.
+  shows both differences.
 
 Random state: budgets and every request's sampling seed are drawn from :attr:`rng`, so the samples
 follow from its state (saved in checkpoints) as the HF generator's do.

@@ -23,6 +23,19 @@ class _OnlyOtherBuckets(logging.Filter):
         return "were not loaded from checkpoint" not in record.getMessage()
 
 
+def _as_engine_dtype(items, dtype: torch.dtype):
+    """Each (name, tensor) with an fp32 tensor whose values the engine's dtype holds exactly (an
+    emulated bf16 trainer's rounded weights) cast to that dtype: the same values, half the bytes, and
+    no "Attempted to load weight ... with dtype" warning from vLLM for every tensor of every update.
+    A tensor the cast would change is left as it is (vLLM then warns, rightly: it rounds it)."""
+    for name, t in items:
+        if t.dtype == torch.float32 and dtype in (torch.bfloat16, torch.float16):
+            low = t.to(dtype)
+            if torch.equal(low.to(torch.float32), t):
+                t = low
+        yield name, t
+
+
 class WeightSync:
     """Mixed into vLLM's worker (``self.model_runner`` is the worker's model runner)."""
 
@@ -33,7 +46,8 @@ class WeightSync:
         log, only = logging.getLogger(_RELOAD_LOG), _OnlyOtherBuckets()
         log.addFilter(only)
         try:
-            self.model_runner.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+            items = _as_engine_dtype(state.items(), self.model_runner.model_config.dtype)
+            self.model_runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
         finally:
             log.removeFilter(only)
         return len(state)
@@ -60,7 +74,8 @@ class WeightSync:
                 count += 1
                 yield item
 
-        self.model_runner.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
+        items = _as_engine_dtype(stream(), self.model_runner.model_config.dtype)
+        self.model_runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
         return count
 
     def scalerl_fingerprint(self) -> dict[str, str]:
