@@ -709,15 +709,21 @@ def _digests(state: dict) -> dict[str, str]:
     return out
 
 
+def _bench_memory():
+    """benchmarks/bench_memory.py as a module (this folder on the import path once)."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import bench_memory
+
+    return bench_memory
+
+
 def _build(shape: dict, dtype: str, seed: int = 0):
     import torch
 
     from scalerl.model.build import build_model
 
-    sys.path.insert(0, str(HERE))
-    import bench_memory
-
-    mcfg = bench_memory.shape_cfg(shape, 256)
+    mcfg = _bench_memory().shape_cfg(shape, 256)
     model = build_model(mcfg, shape["vocab"], seed=seed, pad_token_id=0, eos_token_id=1)
     return model.to(getattr(torch, dtype))
 
@@ -915,9 +921,7 @@ def part_transport(ctx: Ctx, p: Part, timeout: float) -> None:
 
 # ---------------------------------------------------------------------- part d: memory
 def part_memory(ctx: Ctx, p: Part, timeout: float) -> None:
-    sys.path.insert(0, str(HERE))
-    import bench_memory
-
+    bench_memory = _bench_memory()
     rows = bench_memory.run_gpu_suite(ctx.smoke, "cpu" if ctx.smoke else "cuda", timeout - 3)
     (ctx.work / "memory.json").write_text(json.dumps(rows, indent=1))
     p.facts["rows"] = rows
