@@ -25,8 +25,8 @@ class _OnlyOtherBuckets(logging.Filter):
 
 def _as_engine_dtype(items, dtype: torch.dtype):
     """Each (name, tensor) with an fp32 tensor whose values the engine's dtype holds exactly (an
-    emulated bf16 trainer's rounded weights) cast to that dtype: the same values, half the bytes, and
-    no "Attempted to load weight ... with dtype" warning from vLLM for every tensor of every update.
+    emulated bf16 trainer's rounded weights) cast to that dtype before vLLM loads it: the same values,
+    and no "Attempted to load weight ... with dtype" warning from vLLM for every tensor of every update.
     A tensor the cast would change is left as it is (vLLM then warns, rightly: it rounds it)."""
     for name, t in items:
         if t.dtype == torch.float32 and dtype in (torch.bfloat16, torch.float16):
