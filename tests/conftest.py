@@ -75,11 +75,20 @@ def pytest_collection_modifyitems(items):
             f in fixtures for f in _SLOW_FIXTURES
         ):
             item.add_marker(pytest.mark.slow)
+        # Under `pytest -n N --dist loadgroup` (CI): a file's tests share one worker, so a module-scoped
+        # fixture (a sweep, a sandbox, a loaded model) is built once; the SLURM tests all share one, as
+        # they share one single-node cluster whose CPUs a second worker's jobs would queue behind.
+        group = "slurm" if item.get_closest_marker("slurm") else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("scalerl-cache")
+    """The warm-start and model caches, shared by the workers of one `pytest -n N` run (each entry is
+    built once, under its own lock, by whichever worker needs it first) and private to the run."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "scalerl-cache"
+    d.mkdir(exist_ok=True)
     os.environ["SCALERL_CACHE"] = str(d)
     yield d
 
