@@ -68,6 +68,26 @@ def pytest_runtest_setup(item):
         need(*mark.args)
 
 
+# Under `pytest -n N --dist loadgroup --no-loadscope-reorder` (CI) a file's tests run on one worker,
+# so a module-scoped fixture (a sweep, a sandbox, a loaded model) is built once and two vLLM engines
+# never compete for the cores; the SLURM tests share one worker, as they share one single-node
+# cluster whose CPUs a second worker's jobs would queue behind. The groups that take minutes (CI's
+# --durations) start first, so that the workers finish together.
+_LONGEST_FIRST = (
+    "test_vllm.py",
+    "slurm",
+    "test_sweep.py",
+    "test_deepspeed.py",
+    "test_loop.py",
+    "test_real.py",
+)
+
+
+def _group(item) -> str:
+    return "slurm" if item.get_closest_marker("slurm") else item.path.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
@@ -75,11 +95,9 @@ def pytest_collection_modifyitems(items):
             f in fixtures for f in _SLOW_FIXTURES
         ):
             item.add_marker(pytest.mark.slow)
-        # Under `pytest -n N --dist loadgroup` (CI): a file's tests share one worker, so a module-scoped
-        # fixture (a sweep, a sandbox, a loaded model) is built once; the SLURM tests all share one, as
-        # they share one single-node cluster whose CPUs a second worker's jobs would queue behind.
-        group = "slurm" if item.get_closest_marker("slurm") else item.path.name
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    rank = {g: i for i, g in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: files keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
