@@ -164,24 +164,23 @@ def test_interruptions_respect_the_thinking_and_the_answer_budget():
 
 
 @pytest.mark.parametrize("mode", ["sync", "ppo_off_policy", "pipeline_rl"])
-def test_each_async_mode_trains_with_vllm_and_the_pass_rate_rises(mode, tiny_overrides):
-    """A short real run of the embedded default (its own model and task; the tiny test model does
-    not learn within a few steps): vLLM generates (in the trainer's process, and in the pipeline
-    generator process), the trainer learns from it, the held-out pass rate goes up."""
+def test_each_async_mode_trains_with_vllm(mode, tiny_overrides):
+    """A short real run in each async mode with vLLM generating (in the trainer's process, and in the
+    pipeline generator process). sync and pipeline_rl (the default recipe's mode) run the embedded
+    default (its own model and task; the tiny test model does not learn within a few steps) and the
+    held-out pass rate must go up; ppo_off_policy, whose generation is sync's, one round of its
+    minibatches on the tiny model, checks what it changes: the lag."""
     where = [o for o in tiny_overrides if o.startswith(("out_dir=", "tracking."))]
-    overrides = [
-        *where,
-        "generator=vllm",
-        "generator.kv_cache_gib=0.25",
-        f"async_mode={mode}",
-        "trainer.total_steps=20",
-        "eval.every=20",
-        "eval.num_prompts=64",
-        "progress=log",
-    ]
+    common = ["generator=vllm", "generator.kv_cache_gib=0.25", f"async_mode={mode}", "progress=log"]
+    if mode == "ppo_off_policy":
+        heads = ["model.num_heads=2", "model.num_kv_heads=2"]  # head size 32: vLLM's CPU attention has no 16
+        overrides = [*tiny_overrides, *heads, *common, "trainer.total_steps=8", "eval.every=8"]
+    else:
+        overrides = [*where, *common, "trainer.total_steps=20", "eval.every=20", "eval.num_prompts=64"]
     cfg = compose(overrides)
     summary = train(cfg)
-    assert summary["pass_rate_final"] > summary["pass_rate_start"] + 0.05, summary
+    if mode != "ppo_off_policy":
+        assert summary["pass_rate_final"] > summary["pass_rate_start"] + 0.05, summary
     uri = cfg.tracking.uri
     c = MlflowClient(uri)
     metrics = c.get_run(summary["run_id"]).data.metrics
@@ -200,7 +199,8 @@ def test_each_async_mode_trains_with_vllm_and_the_pass_rate_rises(mode, tiny_ove
         gaps = [m.value for m in c.get_metric_history(summary["run_id"], "gen/stale_kv_logprob_gap")]
         assert gaps and all(0.0 <= g < 1.0 for g in gaps), gaps
     elif mode == "ppo_off_policy":  # minibatches generated with one policy, trained one after another
-        assert metrics["train/policy_lag_max"] <= cfg.async_mode.minibatches - 1
+        lags = [m.value for m in c.get_metric_history(summary["run_id"], "train/policy_lag_max")]
+        assert max(lags) == cfg.async_mode.minibatches - 1, lags
     else:
         assert metrics["train/policy_lag_max"] == 0.0
 

@@ -24,20 +24,24 @@ def preflight(cfg: DictConfig) -> None:
 
 @hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
+    from scalerl.messages import UserError
+
+    try:  # before torch and transformers are imported: a bad config is refused in seconds
+        validate(cfg)
+        preflight(cfg)  # what the config points at: out_dir, tracking store, model folder, data file
+    except UserError as e:  # a ConfigError, a task's DataFileError
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
     from scalerl.lock import LockBusy
-    from scalerl.loop import RunError
+    from scalerl.loop import RunError, train
     from scalerl.loop.run import Stopped
     from scalerl.loop.signals import Interrupted, exit_code
-    from scalerl.messages import UserError
     from scalerl.storage import CheckpointError
 
     try:
-        validate(cfg)
-        preflight(cfg)  # what the config points at: out_dir, tracking store, model folder, data file
-        from scalerl.loop import train
-
         train(cfg)
-    except (UserError, CheckpointError) as e:  # a ConfigError, a task's DataFileError
+    except (UserError, CheckpointError) as e:  # found while building the run: a data file, a checkpoint
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except Stopped as e:  # SIGINT/SIGTERM: stopped at a step boundary with a checkpoint
