@@ -132,6 +132,10 @@ def draw_problem(template, rng: random.Random, words, max_tries: int, number_sca
         return None
 
 
+# drawn validation problems: this many draws in a row, none new, and the templates cannot give more
+VAL_SATURATED = 2000
+
+
 class GsmTask(MathTask):
     name = "gsm"
 
@@ -194,13 +198,16 @@ class GsmTask(MathTask):
         taken = {q for q, _ in train} | originals
         rng = random.Random(f"gsm-val-{seed}")
         val: list[tuple[str, str]] = []
-        turn = 0
-        while len(val) < num_val and turn < 100 * num_val:
+        turn = since_new = 0
+        # the templates are exhausted once VAL_SATURATED draws in a row give nothing new
+        while len(val) < num_val and turn < 100 * num_val and since_new < VAL_SATURATED:
             drawn = draw_problem(templates[turn % len(templates)], rng, words, max_tries, number_scale)
             turn += 1
+            since_new += 1
             if drawn is not None and drawn[0] not in taken:
                 taken.add(drawn[0])
                 val.append(drawn)
+                since_new = 0
         if len(val) < num_val:
             raise DataFileError(
                 f"task.num_val={num_val}: the templates gave only {len(val)} problems unlike every training "
