@@ -38,6 +38,9 @@ class Prompt:
 
 
 PROMPTS = [Prompt(0, "12+34="), Prompt(1, "5+678="), Prompt(2, "90+1=")]
+# on the tiny model one step at this rate moves the log-probs of the tokens sampled before it by more
+# than 0.01 (the ppo_off_policy case shows it), so a generator a single update behind would show
+TINY_LR = "trainer.lr=1e-3"
 _GEN: dict = {}
 
 
@@ -166,20 +169,21 @@ def test_interruptions_respect_the_thinking_and_the_answer_budget():
 @pytest.mark.parametrize("mode", ["sync", "ppo_off_policy", "pipeline_rl"])
 def test_each_async_mode_trains_with_vllm(mode, tiny_overrides):
     """A short real run in each async mode with vLLM generating (in the trainer's process, and in the
-    pipeline generator process). sync and pipeline_rl (the default recipe's mode) run the embedded
-    default (its own model and task; the tiny test model does not learn within a few steps) and the
-    held-out pass rate must go up; ppo_off_policy, whose generation is sync's, one round of its
-    minibatches on the tiny model, checks what it changes: the lag."""
+    pipeline generator process). pipeline_rl (the default recipe's mode) runs the embedded default
+    (its own model and task; the tiny test model does not learn within a few steps) and the held-out
+    pass rate must go up. sync and ppo_off_policy run 8 steps of the tiny model at a rate where one
+    update moves the log-probs by more than 0.01: sync's generator has the trainer's weights at every
+    step; ppo_off_policy, one round of its minibatches, trains on older policies' tokens (the lag)."""
     where = [o for o in tiny_overrides if o.startswith(("out_dir=", "tracking."))]
     common = ["generator=vllm", "generator.kv_cache_gib=0.25", f"async_mode={mode}", "progress=log"]
-    if mode == "ppo_off_policy":
-        heads = ["model.num_heads=2", "model.num_kv_heads=2"]  # head size 32: vLLM's CPU attention has no 16
-        overrides = [*tiny_overrides, *heads, *common, "trainer.total_steps=8", "eval.every=8"]
-    else:
+    if mode == "pipeline_rl":
         overrides = [*where, *common, "trainer.total_steps=20", "eval.every=20", "eval.num_prompts=64"]
+    else:
+        heads = ["model.num_heads=2", "model.num_kv_heads=2"]  # head size 32: vLLM's CPU attention has no 16
+        overrides = [*tiny_overrides, *heads, *common, "trainer.total_steps=8", "eval.every=8", TINY_LR]
     cfg = compose(overrides)
     summary = train(cfg)
-    if mode != "ppo_off_policy":
+    if mode == "pipeline_rl":
         assert summary["pass_rate_final"] > summary["pass_rate_start"] + 0.05, summary
     uri = cfg.tracking.uri
     c = MlflowClient(uri)
@@ -190,7 +194,7 @@ def test_each_async_mode_trains_with_vllm(mode, tiny_overrides):
     # others, whose later steps train on older policies' tokens)
     assert diff[0] < 0.01, diff
     if mode == "sync":
-        assert max(diff) < 0.01, diff
+        assert len(diff) == cfg.trainer.total_steps and max(diff) < 0.01, diff
     if mode == "pipeline_rl":
         lags = [m.value for m in c.get_metric_history(summary["run_id"], "train/policy_lag_max")]
         assert 0 < max(lags) <= cfg.async_mode.max_lag  # in flight, within the lag bound
@@ -201,6 +205,7 @@ def test_each_async_mode_trains_with_vllm(mode, tiny_overrides):
     elif mode == "ppo_off_policy":  # minibatches generated with one policy, trained one after another
         lags = [m.value for m in c.get_metric_history(summary["run_id"], "train/policy_lag_max")]
         assert max(lags) == cfg.async_mode.minibatches - 1, lags
+        assert max(diff) > 0.01, diff  # older policies' tokens: what sync's check would see if it lagged
     else:
         assert metrics["train/policy_lag_max"] == 0.0
 
