@@ -186,6 +186,7 @@ def main(argv=None) -> int:
         warmstart = {
             m.parent.name: round(json.loads(m.read_text()).get("warmstart_seconds") or 0, 1)
             for m in sorted(cache.glob("warmstart-*/meta.json"))
+            if "made" not in json.loads(m.read_text())  # trained here, not the shipped base model
         }
         md = report(info, rows, warmstart)  # written after every case: a cut-off run keeps its rows
         (a.out / "gpu.md").write_text(md)

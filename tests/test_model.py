@@ -83,3 +83,58 @@ def test_a_long_call_that_reports_nothing_is_said_to_be_still_working(caplog):
     n = len(caplog.records)
     time.sleep(0.15)
     assert len(caplog.records) == n  # stopped with the block
+
+
+def _completion_loss(model, tokenizer, task, n: int = 64) -> float:
+    """Mean cross-entropy of the model on the completion tokens of ``n`` warm-start examples."""
+    import random
+
+    rows = []
+    for prompt, target in task.warmstart_examples(n, random.Random(1)):
+        p = tokenizer(prompt, add_special_tokens=False).input_ids
+        c = tokenizer(target, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        rows.append((p, c))
+    losses = []
+    with torch.no_grad():
+        for p, c in rows:
+            ids = torch.tensor([p + c])
+            logits = model(input_ids=ids).logits[0, len(p) - 1 : -1]
+            losses.append(torch.nn.functional.cross_entropy(logits, ids[0, len(p) :]))
+    return float(torch.stack(losses).mean())
+
+
+def test_the_default_base_model_ships_with_the_package(tmp_path, caplog):
+    """The embedded default's warm-started base model is in the package, named by its warm-start key
+    (after a change of the default model or task settings, `python -m scalerl.loop.ship` makes it
+    again): a run of the default on an empty cache takes it without training, and it is trained for
+    the task; any other settings warm-start as before."""
+    import logging
+
+    from scalerl.config import compose
+    from scalerl.model.build import SHIPPED_BASE, _warmstart_key, load_tiny
+    from scalerl.task import build_task
+
+    cfg = compose([f"model.cache_dir={tmp_path}"])
+    key = _warmstart_key(cfg)
+    shipped = [p.name for p in SHIPPED_BASE.iterdir()]
+    assert shipped == [f"warmstart-{key}"], f"{shipped}: not the default's; run python -m scalerl.loop.ship"
+    task = build_task(cfg)
+    with caplog.at_level(logging.INFO, logger="scalerl.model.build"):
+        model, tokenizer, info = load_tiny(cfg, task)
+    assert "shipped" in caplog.text and "training" not in caplog.text, caplog.text
+    assert info["warmstart_steps"] == cfg.model.warmstart_steps
+    assert (tmp_path / f"warmstart-{key}" / "model.safetensors").is_file()  # cached as its own warm-start
+    untrained = build_model(
+        cfg.model,
+        len(tokenizer),
+        seed=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    assert _completion_loss(model, tokenizer, task) < 0.3 < 2.0 < _completion_loss(untrained, tokenizer, task)
+
+    caplog.clear()
+    other = compose([f"model.cache_dir={tmp_path}", "model.hidden_size=32", "model.warmstart_steps=2"])
+    with caplog.at_level(logging.INFO, logger="scalerl.model.build"):
+        load_tiny(other, build_task(other))
+    assert "training 2 supervised steps" in caplog.text and "shipped" not in caplog.text

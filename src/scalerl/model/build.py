@@ -241,6 +241,30 @@ def _no_progress_bars():
 
 # while waiting for another process's warm-start, say so this often
 WAIT_NOTICE_S = float(os.environ.get("SCALERL_WAIT_NOTICE_S", "30"))
+# the embedded default's warm-started base model ships in the package, in a folder named by its
+# warm-start key (a run of the default needs no warm-start; any other model or task settings
+# warm-start once): `python -m scalerl.loop.ship` makes it again
+SHIPPED_BASE = Path(__file__).parent / "base"
+
+
+def warmstart_into(folder: Path, cfg, task, tokenizer) -> dict:
+    """Build the config's model, warm-start it on the task and save it (and the tokenizer) in ``folder``."""
+    mcfg = cfg.model
+    seed = int(mcfg.warmstart_seed)
+    model = build_model(
+        mcfg,
+        len(tokenizer),
+        seed=seed,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    info = warmstart(model, tokenizer, task, mcfg, seed=seed)
+    log.info("warm-start: done in %.0f s (loss %.3f)", info["warmstart_seconds"], info["warmstart_loss"])
+    with _no_progress_bars():
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    (folder / "meta.json").write_text(json.dumps(info))
+    return info
 
 
 def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
@@ -264,25 +288,17 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     path = root / f"warmstart-{key}"
     with hold(root / f"warmstart-{key}.lock", f"the warm-start cache {path}", wait=True, every=WAIT_NOTICE_S):
         if not (path / "meta.json").is_file():
-            log.info("warm-start: training %d supervised steps (cached as %s)", mcfg.warmstart_steps, path)
-            seed = int(mcfg.warmstart_seed)
-            model = build_model(
-                mcfg,
-                len(tokenizer),
-                seed=seed,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-            info = warmstart(model, tokenizer, task, mcfg, seed=seed)
-            log.info(
-                "warm-start: done in %.0f s (loss %.3f)", info["warmstart_seconds"], info["warmstart_loss"]
-            )
             tmp = root / f".tmp-{key}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
-            with _no_progress_bars():
-                model.save_pretrained(tmp)
-                tokenizer.save_pretrained(tmp)
-            (tmp / "meta.json").write_text(json.dumps(info))
+            shipped = SHIPPED_BASE / path.name
+            if (shipped / "meta.json").is_file():
+                log.info("warm-start: the base model shipped for these settings (%s)", shipped)
+                shutil.copytree(shipped, tmp)
+            else:
+                log.info(
+                    "warm-start: training %d supervised steps (cached as %s)", mcfg.warmstart_steps, path
+                )
+                warmstart_into(tmp, cfg, task, tokenizer)
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
     info = json.loads((path / "meta.json").read_text())
