@@ -149,6 +149,31 @@ def test_scancel_raises_instead_of_hanging(slurm_cluster, tmp_path):
     wait_until(lambda: slurm_cluster.sacct_state(job.job_id) == "CANCELLED", 15, "sacct to show CANCELLED")
 
 
+def test_an_error_result_of_a_job_slurm_runs_again_is_not_its_outcome(slurm_cluster, tmp_path):
+    """What a preempted job's requeue can leave (its `scontrol requeue`, killed by the requeue's own
+    SIGTERM, makes submitit write an error result): while SLURM runs or queues the job again, the
+    sweep's driver keeps waiting (`requeued`); once SLURM has ended it, the error stands."""
+    from submitit.core.utils import cloudpickle_dump
+
+    from scalerl.sweep.launch import requeued
+
+    started = tmp_path / "started"
+    job = make_executor(tmp_path / "logs", slurm_cluster).submit(sleep_forever, str(started))
+    wait_until(started.exists, 30, f"job {job.job_id} to start (squeue: {squeue_state(job.job_id)!r})")
+    job.watcher.get_state(job.job_id, mode="force")
+    cloudpickle_dump(
+        ("error", "CalledProcessError: scontrol requeue died with SIGTERM"), job.paths.result_pickle
+    )
+    assert job.done() and requeued(job)  # the result file is there, and SLURM runs the job
+    cloudpickle_dump(("success", {"steps": 3}), job.paths.result_pickle)
+    assert not requeued(job)  # a result of success is the job's outcome
+    cloudpickle_dump(("error", "the training raised"), job.paths.result_pickle)
+    subprocess.run(["scancel", job.job_id], check=True, timeout=20)
+    wait_until(lambda: slurm_cluster.sacct_state(job.job_id) == "CANCELLED", 30, "sacct to show CANCELLED")
+    job.watcher.get_state(job.job_id, mode="force")
+    assert not requeued(job)  # SLURM has ended it: the error is its outcome
+
+
 def test_checkpointable_job_is_requeued_and_resumes(slurm_cluster, tmp_path):
     progress = tmp_path / "progress"
     total = 8

@@ -181,6 +181,20 @@ def _state(job) -> str:
         return "UNKNOWN"
 
 
+def requeued(job) -> bool:
+    """A SLURM job whose result file holds an error while SLURM has it queued or running again: a
+    preempted job being requeued. Its ``scontrol requeue`` can be killed by the SIGTERM the requeue
+    itself sends, leaving an error result until the requeued attempt starts and removes it
+    (``job._drop_stale_result``); the job is not over."""
+    from submitit.core.utils import pickle_load
+
+    try:
+        outcome, _ = pickle_load(job.paths.result_pickle)
+    except Exception:  # no result file (yet), or one being written
+        return False
+    return outcome != "success" and _state(job).startswith(_ACTIVE_STATES)
+
+
 class Launcher:
     """Submits the runs of a plan and collects their outcomes."""
 
@@ -315,7 +329,7 @@ class Launcher:
                 for name in list(running):
                     r, job, t0 = running[name]
                     try:
-                        done = job.done(force_check=force)
+                        done = job.done(force_check=force) and (local or not requeued(job))
                     except Exception:  # accounting hiccup: try again at the next poll
                         done = False
                     if done:
