@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -121,6 +123,30 @@ def test_a_run_with_engines_of_their_own_trains_and_evaluates_through_them(tiny_
     assert data.metrics["train/policy_lag_max"] <= cfg.async_mode.max_lag
     # one trainer thread plus each engine's own thread (trainer.threads=1: the engines take 1 each)
     assert data.params["compute/devices"] == "3"
+
+
+@pytest.mark.slow  # an engine process
+def test_an_engine_that_dies_before_it_joins_is_named_at_once_and_the_pool_stops():
+    """An engine process that ends before it joins the weight-update group (its model failed to
+    build, it was killed) fails the run at once, naming it, and stopping the pool does not wait
+    out the group's timeout (600 s) behind the trainer's side of the join."""
+    _, _, model, _, pool = _pool([])
+    weights = PolicyWeights(model)
+
+    def kill_the_first_engine():
+        while not pool.procs:
+            time.sleep(0.001)
+        pool.procs[0].kill()  # seconds before it could have built its model and joined
+
+    threading.Thread(target=kill_the_first_engine, daemon=True).start()
+    closer = threading.Thread(target=pool.close, daemon=True)
+    try:
+        with pytest.raises(RunError, match=r"generator engine 0 died \(exit code -9\)"):
+            pool.load_weights(weights, 0)
+    finally:
+        closer.start()
+        closer.join(timeout=60)
+    assert not closer.is_alive(), "stopping the pool waited behind the weight group's join"
 
 
 def test_engines_on_a_cpu_share_the_generators_half_of_the_threads():

@@ -5,6 +5,7 @@ processes; buckets are bounded; shared memory as the one-machine alternative."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 
 import pytest
 import torch
@@ -153,6 +154,23 @@ def test_publish_stops_when_a_generator_process_is_gone():
     tx = WeightSender(store, spec, Layout.of(state_of(make_model(0))), alive=lambda: False)
     with pytest.raises(RuntimeError, match="generator process is gone"):
         tx.publish(state_of(make_model(1)), 1)
+
+
+def test_the_store_answers_the_trainer_while_the_sender_waits_for_receivers():
+    """Joining the group waits in a store call until every receiver has joined; the trainer's own
+    calls on the store (work for the engines, their stop when a run fails) do not wait behind it."""
+    spec = TransportSpec("gloo", "127.0.0.1", 0, world=2, timeout_s=20)
+    store = connect(spec, master=True)
+    spec = TransportSpec("gloo", "127.0.0.1", store.port, world=2, timeout_s=20)
+    tx = WeightSender(store, spec, Layout.of(state_of(make_model(0))))
+    time.sleep(1.0)  # the sender is now waiting for rank 1, which never comes
+    t0 = time.monotonic()
+    store.queue_push("engines/work/0", b"stop")
+    store.set("weights/version", "0")
+    waited = time.monotonic() - t0
+    tx.close()
+    assert tx._connect.is_alive(), "the sender stopped waiting before the receiver's timeout"
+    assert waited < 10, f"a store call waited {waited:.0f} s behind the sender's join (its timeout: 20 s)"
 
 
 def test_a_backend_other_than_gloo_or_nccl_is_refused():

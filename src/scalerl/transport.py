@@ -189,6 +189,7 @@ class WeightSender:
         self.device = torch.device("cpu" if spec.backend == "gloo" else device)
         store.set("weights/layout", layout.to_json())
         self.group = None
+        self._group_store = None
         self._works: list = []
         self._pending: list[torch.Tensor] = []  # kept alive until their broadcasts completed
         self._error: BaseException | None = None
@@ -200,7 +201,11 @@ class WeightSender:
 
     def _join(self) -> None:
         try:
-            self.group = _group(self.spec, self.store, 0)
+            # over a store client of its own: joining waits in a store call until every receiver
+            # has joined, and calls on one client wait for each other, so the trainer's own calls
+            # (work for the engines, their stop when a run fails) would wait out the timeout too
+            self._group_store = connect(self.spec)
+            self.group = _group(self.spec, self._group_store, 0)
         except BaseException as e:  # noqa: BLE001 - reported by the next publish
             self._error = e
 

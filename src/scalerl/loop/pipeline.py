@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from scalerl.generator.base import Generator
+from scalerl.loop.errors import RunError
 from scalerl.transport import (
     SharedMemoryTransport,
     TransportSpec,
@@ -484,7 +485,12 @@ class EnginePool(Generator):
                 self._start(state, version)
         source = self.source_of(weights)
         if self.placement.main:
-            self.sender.publish(source, version)
+            try:
+                self.sender.publish(source, version)
+            except RuntimeError as e:  # the transport saw an engine gone: say which, and how
+                if (why := self.gone()) is not None:
+                    raise RunError(why) from e
+                raise
         elif self.placement.backend == "shm":  # rank 0 gathers everything at once
             with source([e[0] for e in self.layout.entries]):
                 pass
@@ -506,20 +512,26 @@ class EnginePool(Generator):
             if kind == "ready":
                 ready.add(e)
             elif kind == "error":
-                raise RuntimeError(f"generator engine {e} failed to start:\n{payload}")
+                raise RunError(f"generator engine {e} failed to start:\n{payload}")
             else:
                 self._early.append((kind, e, _, payload))
         self.ready = True
 
     # ------------------------------------------------------------------ liveness
     def alive(self) -> bool:
-        if any(not p.is_alive() for p in self.procs):
-            return False
+        return self.gone() is None
+
+    def gone(self) -> str | None:
+        """Why an engine can no longer answer (a local process that ended, a remote one whose
+        heartbeat stopped), or None while every engine is up."""
+        for i, p in enumerate(self.procs):
+            if not p.is_alive():
+                return f"generator engine {i} died (exit code {p.exitcode}); its output above says why"
         for e in range(int(self.placement.engines), self.engines):  # engines on other tasks
             beat = self.store.get(f"engines/beat/{e}") if self.store.check([f"engines/beat/{e}"]) else None
             if beat is not None and time.time() - float(beat.decode()) > REMOTE_TIMEOUT_S:
-                return False
-        return True
+                return f"generator engine {e} on another task stopped answering"
+        return None
 
     def _get(self, timeout: float):
         deadline = time.time() + timeout
@@ -531,13 +543,8 @@ class EnginePool(Generator):
             time.sleep(0.001)
             if time.time() - last_check > 1.0:
                 last_check = time.time()
-                dead = [i for i, p in enumerate(self.procs) if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(
-                        f"generator engine {dead[0]} died (exit code {self.procs[dead[0]].exitcode})"
-                    )
-                if not self.alive():
-                    raise RuntimeError("a generator engine on another task stopped answering")
+                if (why := self.gone()) is not None:
+                    raise RunError(why)
                 if time.time() > deadline:
                     raise TimeoutError("no answer from the generator engines")
 
