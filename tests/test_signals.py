@@ -158,9 +158,10 @@ def test_a_second_run_on_a_live_runs_out_dir_is_refused_naming_it(tmp_path, mlfl
 
 
 def test_a_lock_left_by_a_dead_process_is_recovered_with_a_message(tmp_path, caplog):
-    from scalerl.lock import LockBusy, hold
+    from scalerl.lock import LockBusy, busy, hold
 
     lock = tmp_path / "out" / ".lock"
+    assert busy(lock, "the thing") is None and not lock.parent.exists()  # a probe creates nothing
     code = f"from scalerl.lock import hold\nwith hold({str(lock)!r}, 'x', wait=False):\n print('held', flush=True)\n input()"
     holder = subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -170,6 +171,8 @@ def test_a_lock_left_by_a_dead_process_is_recovered_with_a_message(tmp_path, cap
         with pytest.raises(LockBusy, match=f"the thing is in use by pid {holder.pid} on host"):
             with hold(lock, "the thing", wait=False):
                 pass
+        # what train.py says before it imports the run's libraries: the same line
+        assert busy(lock, "the thing").startswith(f"the thing is in use by pid {holder.pid} on host")
     finally:
         holder.kill()
         holder.wait()
@@ -177,6 +180,7 @@ def test_a_lock_left_by_a_dead_process_is_recovered_with_a_message(tmp_path, cap
         assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert f"recovered the lock on the thing left by pid {holder.pid}" in caplog.text
     assert lock.read_text() == ""  # released: it names nobody
+    assert busy(lock, "the thing") is None
 
 
 def test_a_hosts_own_signal_handler_is_kept():

@@ -32,6 +32,9 @@ def _main(cfg: DictConfig) -> None:
     except UserError as e:  # a ConfigError, a task's DataFileError
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    if (held := _out_dir_busy(cfg)) is not None:  # in seconds too; the run's own lock decides
+        print(f"error: {held}", file=sys.stderr)
+        sys.exit(1)
 
     from scalerl.lock import LockBusy
     from scalerl.loop import RunError, train
@@ -55,6 +58,20 @@ def _main(cfg: DictConfig) -> None:
     except (RunError, LockBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def _out_dir_busy(cfg: DictConfig) -> str | None:
+    """Why the run cannot start now because another process runs in its out_dir (rank 0 only: the
+    other ranks of a job share their out_dir with it), or None."""
+    import os
+    from pathlib import Path
+
+    from scalerl.lock import busy
+
+    if int(os.environ.get("RANK", "0")) != 0 or not cfg.get("out_dir"):
+        return None
+    out_dir = Path(str(cfg.out_dir))
+    return busy(out_dir / ".lock", f"out_dir {out_dir}")
 
 
 def _ignore_signals() -> None:

@@ -42,6 +42,27 @@ def read_holder(path: Path) -> dict | None:
         return None
 
 
+def busy(path: str | Path, what: str) -> str | None:
+    """The one-line LockBusy message if another live process holds the lock ``path`` now, else None
+    (also when the file does not exist: nothing is created). A probe: it holds nothing, so the
+    answer can change at once; :func:`hold` decides."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return f"{what} is in use by {_describe(read_holder(Path(path)))}; lock file {path}"
+    except OSError:  # a file system without locks: hold() says so
+        return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def hold(path: str | Path, what: str, *, wait: bool, every: float = 30.0):
     """Hold the lock ``path`` for the ``with`` block. ``what``: the locked thing, for messages.
