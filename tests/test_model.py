@@ -89,18 +89,12 @@ def _completion_loss(model, tokenizer, task, n: int = 64) -> float:
     """Mean cross-entropy of the model on the completion tokens of ``n`` warm-start examples."""
     import random
 
-    rows = []
-    for prompt, target in task.warmstart_examples(n, random.Random(1)):
-        p = tokenizer(prompt, add_special_tokens=False).input_ids
-        c = tokenizer(target, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        rows.append((p, c))
-    losses = []
+    from scalerl.model.build import completion_loss, example_batch
+
     with torch.no_grad():
-        for p, c in rows:
-            ids = torch.tensor([p + c])
-            logits = model(input_ids=ids).logits[0, len(p) - 1 : -1]
-            losses.append(torch.nn.functional.cross_entropy(logits, ids[0, len(p) :]))
-    return float(torch.stack(losses).mean())
+        return float(
+            completion_loss(model, *example_batch(tokenizer, task.warmstart_examples(n, random.Random(1))))
+        )
 
 
 def test_the_default_base_model_ships_with_the_package(tmp_path, caplog):

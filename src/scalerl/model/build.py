@@ -145,6 +145,29 @@ def _warmstart_key(cfg) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def example_batch(tokenizer, examples) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of (prompt, target) examples: each row the prompt, the target and EOS, right-padded;
+    the mask 1 on the target's tokens and the EOS."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows, masks = [], []
+    for prompt, target in examples:
+        p = tokenizer(prompt, add_special_tokens=False).input_ids
+        c = tokenizer(target, add_special_tokens=False).input_ids + [eos]
+        rows.append(p + c)
+        masks.append([0] * len(p) + [1] * len(c))
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
+    return ids, mask
+
+
+def completion_loss(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the tokens ``mask`` marks (see :func:`example_batch`)."""
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+
+
 def warmstart(model: PreTrainedModel, tokenizer, task, mcfg, *, seed: int) -> dict:
     """Supervised training on the task's warm-start examples; loss on the completion tokens only."""
     rng = random.Random(seed)
@@ -152,23 +175,11 @@ def warmstart(model: PreTrainedModel, tokenizer, task, mcfg, *, seed: int) -> di
     opt = torch.optim.AdamW(model.parameters(), lr=mcfg.warmstart_lr, weight_decay=0.0, betas=(0.9, 0.98))
     steps, bs = mcfg.warmstart_steps, mcfg.warmstart_batch_size
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / steps))
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     model.train()
     t0, loss_val = time.time(), float("nan")
     last_log = t0
     for step in range(steps):
-        rows, masks = [], []
-        for prompt, target in task.warmstart_examples(bs, rng):
-            p = tokenizer(prompt, add_special_tokens=False).input_ids
-            c = tokenizer(target, add_special_tokens=False).input_ids + [eos]
-            rows.append(p + c)
-            masks.append([0] * len(p) + [1] * len(c))
-        width = max(map(len, rows))
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-        mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
-        logits = model(input_ids=ids).logits[:, :-1].float()
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        loss = completion_loss(model, *example_batch(tokenizer, task.warmstart_examples(bs, rng)))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
