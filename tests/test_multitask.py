@@ -8,6 +8,7 @@ and formats from SLURM 22.05's srun/sbatch man pages and from the dev cluster's 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from scalerl.sweep.job import (
     finished_elsewhere,
     task_env,
 )
-from scalerl.sweep.launch import make_executor, max_parallel, num_tasks
+from scalerl.sweep.launch import Launcher, local_threads, make_executor, max_parallel, num_tasks
 
 # task 5 of a 2-node job of 4 tasks per node (global rank 5: the second node's local rank 1)
 SLURM_2x4 = {
@@ -182,10 +183,21 @@ def test_local_executor_runs_the_tasks_of_a_run(tmp_path):
     plan = _plan(tmp_path, "launcher.tasks_per_node=2")
     assert num_tasks(plan.launcher) == 2
     assert make_executor(plan).parameters["tasks_per_node"] == 2
-    # runs at once, sized to the machine: half the cores, shared by each run's tasks
+    # runs at once, sized to the machine: a core per task, each run with its share of the cores
+    cores = os.cpu_count() or 1
     one, two = max_parallel({"max_parallel": 0}), max_parallel(plan.launcher)
-    assert two == max(1, one // 2)
+    assert one == cores and two == max(1, cores // 2)
     assert max_parallel({**plan.launcher, "max_parallel": 3}) == 3  # set: as it is
+    assert local_threads(plan.launcher, []) == [f"trainer.threads={max(1, cores // (two * 2))}"]
+    assert local_threads({**plan.launcher, "max_parallel": 1}, []) == [
+        f"trainer.threads={max(1, cores // 2)}"
+    ]
+    assert local_threads(plan.launcher, ["trainer.threads=3"]) == []  # the sweep's own setting stays
+    # what each local job is given to compose (a SLURM job's processes get the cores SLURM gives them)
+    overrides, _, _ = Launcher(plan, "parent")._args(plan.runs[0])
+    assert overrides == [*plan.runs[0].overrides, *local_threads(plan.launcher, [])]
+    slurm = _plan(tmp_path, "launcher=slurm")
+    assert Launcher(slurm, "parent")._args(slurm.runs[0])[0] == slurm.runs[0].overrides
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """Launching the runs of a sweep with submitit and waiting for them.
 
 * ``launcher=local``: :class:`submitit.LocalExecutor` (explicitly: with ``srun`` on PATH,
-  ``AutoExecutor`` would pick SLURM), at most ``max_parallel`` runs at once (0 = cores / 2).
+  ``AutoExecutor`` would pick SLURM), at most ``max_parallel`` runs at once (0 = a core per task),
+  each with its share of the cores (``trainer.threads``) unless the sweep sets it.
 * ``launcher=slurm``: :class:`submitit.SlurmExecutor`, one job array (``array_parallelism``),
   ``max_requeue`` requeues on time limits (preemptions requeue without counting).
 
@@ -120,9 +121,21 @@ def num_tasks(launcher: dict) -> int:
 
 
 def max_parallel(launcher: dict) -> int:
-    """Local runs at once: ``max_parallel``, else half the cores shared by the runs' tasks."""
+    """Local runs at once: ``max_parallel``, else one a core for each of the runs' tasks (a run's
+    processes wait on each other part of the time: on 2 cores two pipeline_rl runs at once, one
+    thread a process, finish sooner than one at a time)."""
     n = int(launcher.get("max_parallel") or 0)
-    return n if n > 0 else max(1, (os.cpu_count() or 1) // 2 // num_tasks(launcher))
+    return n if n > 0 else max(1, (os.cpu_count() or 1) // num_tasks(launcher))
+
+
+def local_threads(launcher: dict, overrides: list[str]) -> list[str]:
+    """The override giving a local run its share of the cores, ``trainer.threads=<cores / (runs at
+    once x tasks)>`` (at least 1), unless the run sets trainer.threads itself: with ``0`` (all
+    cores) every run at once would start a thread per core for each of its processes."""
+    if any(o.lstrip("+").startswith("trainer.threads=") for o in overrides):
+        return []
+    share = (os.cpu_count() or 1) // (max_parallel(launcher) * num_tasks(launcher))
+    return [f"trainer.threads={max(1, share)}"]
 
 
 def make_executor(plan: Plan):
@@ -261,7 +274,10 @@ class Launcher:
     def _args(self, run: PlannedRun) -> tuple:
         settings = run_settings(self.plan.spec.name, run, self.plan.tracking_uri, self.parent_run_id)
         seed = run.seed if self.plan.spec.seeds is not None else None
-        return (list(run.overrides), settings, seed)
+        overrides = list(run.overrides)
+        if self.plan.launcher["name"] == "local":
+            overrides += local_threads(self.plan.launcher, overrides)
+        return (overrides, settings, seed)
 
     def _reattach(self, run: PlannedRun):
         """The job of ``run`` from an earlier launch if it is still running, else None."""

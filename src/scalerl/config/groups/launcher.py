@@ -21,7 +21,7 @@ class Local(Option):
     """Variants run as subprocesses on this machine."""
 
     name: str = "local"
-    max_parallel: int = 0  # variants at once; 0 = sized to the machine (cores / 2, at least 1)
+    max_parallel: int = 0  # variants at once; 0 = sized to the machine (a core per task, at least 1)
     timeout_min: int = 120
     max_requeue: int = 3
     nodes: int = 1  # this machine only: always 1
