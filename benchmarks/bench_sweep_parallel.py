@@ -1,0 +1,108 @@
+"""Runs at once in a local sweep: the throughput of N identical runs one at a time against N at once.
+
+A local sweep runs ``launcher.max_parallel`` runs at once (0: one a core per task), each with its
+share of the cores as ``trainer.threads``. This measures, on this machine, what that choice costs:
+the same ``train.py`` runs (the leave-one-out study's settings by default, seeds 0..N-1, in fresh
+folders sharing one warm cache) started all at once with one share each, then one after another
+with all the cores each (what ``max_parallel=1`` gives), ``--rounds`` times, the order alternating
+(``--first-round 1`` starts with one at a time).
+
+    python benchmarks/bench_sweep_parallel.py                       # 2 runs of 100 steps
+    python benchmarks/bench_sweep_parallel.py --runs 2 -- trainer.total_steps=300
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_learning import cpu_name
+
+ROOT = Path(__file__).resolve().parents[1]
+# the leave-one-out study's run settings (sweeps/loo.yaml's base), 100 steps
+LOO = [
+    "trainer.total_steps=100",
+    "eval.every=15",
+    "task.num_val=192",
+    "eval.num_prompts=192",
+    "eval.samples_per_prompt=4",
+    "task.num_train=6144",
+    "progress=log",
+]
+
+
+def start(folder: Path, seed: int, threads: int, extra: list[str]) -> subprocess.Popen:
+    args = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *LOO,
+        *extra,
+        f"seed={seed}",
+        f"trainer.threads={threads}",
+        f"out_dir={folder / f'run-{seed}'}",
+        f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
+    ]
+    log = open(folder / f"run-{seed}.log", "w")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def finish(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.wait() != 0:
+            raise SystemExit(f"a run failed (exit {p.returncode}): {p.args}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--first-round", type=int, default=0)
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args()
+    cores = os.cpu_count() or 1
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["SCALERL_CACHE"] = str(Path(tmp) / "cache")
+        # the shipped base model into the cache, so no timed run pays for it
+        warm = Path(tmp) / "warm"
+        warm.mkdir()
+        finish([start(warm, 0, cores, ["trainer.total_steps=1", "eval.every=1000", *a.overrides])])
+        for r in range(a.first_round, a.first_round + a.rounds):
+            for how in ("at once", "one at a time")[:: 1 if r % 2 == 0 else -1]:  # alternating
+                folder = Path(tmp) / f"{r}-{how.replace(' ', '-')}"
+                folder.mkdir()
+                t0 = time.time()
+                if how == "at once":
+                    share = max(1, cores // a.runs)
+                    finish([start(folder, s, share, a.overrides) for s in range(a.runs)])
+                else:
+                    for s in range(a.runs):
+                        finish([start(folder, s, 0, a.overrides)])
+                wall = time.time() - t0
+                rows.append({"round": r, "how": how, "runs": a.runs, "wall_s": round(wall, 1)})
+                print(json.dumps(rows[-1]), flush=True)
+    load = os.getloadavg()
+    print(
+        json.dumps(
+            {
+                "date": datetime.date.today().isoformat(),
+                "cpu": cpu_name(),
+                "cores": cores,
+                "load_after": [round(x, 2) for x in load],
+                "settings": LOO + a.overrides,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
