@@ -121,7 +121,7 @@ def num_tasks(launcher: dict) -> int:
 
 
 def max_parallel(launcher: dict) -> int:
-    """Local runs at once: ``max_parallel``, else one a core for each of the runs' tasks (a run's
+    """Local runs at once: ``max_parallel``, else the cores divided by a run's tasks (a run's
     processes wait on each other part of the time: on 2 cores two pipeline_rl runs at once, one
     thread a process, finish sooner than one at a time)."""
     n = int(launcher.get("max_parallel") or 0)
