@@ -25,15 +25,14 @@ from pathlib import Path
 
 from bench_learning import cpu_name
 
+from scalerl.config.errors import override_key
+from scalerl.sweep import load_spec
+
 ROOT = Path(__file__).resolve().parents[1]
 # the leave-one-out study's run settings (sweeps/loo.yaml's base), 100 steps
 LOO = [
+    *(o for o in load_spec(ROOT / "sweeps" / "loo.yaml").base if override_key(o) != "trainer.total_steps"),
     "trainer.total_steps=100",
-    "eval.every=15",
-    "task.num_val=192",
-    "eval.num_prompts=192",
-    "eval.samples_per_prompt=4",
-    "task.num_train=6144",
     "progress=log",
 ]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import submitit
 
+from scalerl.config.errors import override_key
 from scalerl.sweep.job import TrainJob
 from scalerl.sweep.plan import Plan, PlannedRun, run_settings
 
@@ -132,7 +133,7 @@ def local_threads(launcher: dict, overrides: list[str]) -> list[str]:
     """The override giving a local run its share of the cores, ``trainer.threads=<cores / (runs at
     once x tasks)>`` (at least 1), unless the run sets trainer.threads itself: with ``0`` (all
     cores) every run at once would start a thread per core for each of its processes."""
-    if any(o.lstrip("+").startswith("trainer.threads=") for o in overrides):
+    if any(override_key(o) == "trainer.threads" for o in overrides):
         return []
     share = (os.cpu_count() or 1) // (max_parallel(launcher) * num_tasks(launcher))
     return [f"trainer.threads={max(1, share)}"]
