@@ -66,12 +66,11 @@ def _out_dir_busy(cfg: DictConfig) -> str | None:
     import os
     from pathlib import Path
 
-    from scalerl.lock import busy
+    from scalerl.lock import busy, out_dir_lock
 
     if int(os.environ.get("RANK", "0")) != 0 or not cfg.get("out_dir"):
         return None
-    out_dir = Path(str(cfg.out_dir))
-    return busy(out_dir / ".lock", f"out_dir {out_dir}")
+    return busy(*out_dir_lock(Path(str(cfg.out_dir))))
 
 
 def _ignore_signals() -> None:

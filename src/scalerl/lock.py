@@ -42,6 +42,11 @@ def read_holder(path: Path) -> dict | None:
         return None
 
 
+def out_dir_lock(out_dir: str | Path) -> tuple[Path, str]:
+    """(lock file, what it locks) of a run's output directory: one process runs in it at a time."""
+    return Path(out_dir) / ".lock", f"out_dir {out_dir}"
+
+
 def busy(path: str | Path, what: str) -> str | None:
     """The one-line LockBusy message if another live process holds the lock ``path`` now, else None
     (also when the file does not exist: nothing is created). A probe: it holds nothing, so the

@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from scalerl.config.variants import group_variants
-from scalerl.lock import hold
+from scalerl.lock import hold, out_dir_lock
 from scalerl.loop import health
 from scalerl.loop.accounting import compute_metrics, count_step, device_hours, record_pass_rates
 from scalerl.loop.batch import prepare_batch, step_statistics
@@ -317,8 +317,7 @@ def _out_dir_lock(cfg, main: bool):
     if not main:
         yield
         return
-    out_dir = Path(cfg.out_dir)
-    with hold(out_dir / ".lock", f"out_dir {out_dir}", wait=False):
+    with hold(*out_dir_lock(Path(cfg.out_dir)), wait=False):
         yield
 
 
