@@ -229,14 +229,44 @@ def one_step(task: str, tmp_path: Path, mlflow_uri: str, *extra: str, length_con
 
 @pytest.mark.slow
 @pytest.mark.needs_extra("real-parts")
-def test_smollm2_trains_one_step_on_gsm_offline(tmp_path, mlflow_uri):
-    """The real model, converted from the packaged GGUF, one RL step on GSM problems; then its own
-    output for a known item, with its final answer made right and made wrong, scored by math-verify."""
-    cfg, _, _ = one_step("gsm", tmp_path, mlflow_uri, "task.num_train=64")
+@pytest.mark.timeout(1800)
+def test_smollm2_trains_one_step_on_gsm_offline_with_forced_interruptions(tmp_path, mlflow_uri):
+    """The real model, converted from the packaged GGUF, one RL step on GSM problems under ScaleRL's
+    length control (its tokenizer has no </think> token): a sample still writing at its thinking
+    budget gets the phrase forced in and then at most answer_budget tokens, and the run logs how many
+    were interrupted. Then its own output for a known item, with its final answer made right and made
+    wrong, scored by math-verify. (One run for both: each costs a CPU-minute of the real model.)"""
+    phrase = " Time is up, so the final answer is"
+    cfg, summary, run = one_step(
+        "gsm",
+        tmp_path,
+        mlflow_uri,
+        "task.num_train=64",
+        "length_control.think_budget_min=4",
+        "length_control.think_budget_max=6",
+        "length_control.answer_budget=8",
+        f"length_control.phrase='{phrase}'",
+        "eval.samples_per_prompt=4",
+        length_control="interruption",
+    )
+    assert cfg.length_control.name == "interruption" and cfg.length_control.max_new_tokens == 16
+    metrics = run.data.metrics
+    # a GSM answer takes more than 6 tokens: every training sample was interrupted
+    assert metrics["train/interruption_rate"] == 1.0
+    client = MlflowClient(mlflow_uri)
+    art = Path(client.download_artifacts(summary["run_id"], "samples/step_000001.jsonl", str(tmp_path)))
+    rows = [json.loads(line) for line in art.read_text().splitlines()]
     from scalerl.model.build import load_policy
 
     task = build_task(cfg)
     model, tokenizer, _ = load_policy(cfg, task)  # the converted folder, now cached
+    for r in rows:
+        assert r["interrupted"] and phrase in r["output"], r
+        thought, answer = r["output"].split(phrase, 1)
+        assert 1 <= len(tokenizer(thought, add_special_tokens=False).input_ids) <= 6 + 1
+        # the answer budget: at most 8 sampled tokens after the phrase (re-tokenising may merge one)
+        assert len(tokenizer(answer, add_special_tokens=False).input_ids) <= 8 + 1
+
     item = task.val_prompts()[0]
     ids = tokenizer(item.text, return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tokenizer.eos_token_id)
@@ -254,13 +284,15 @@ def test_smollm2_trains_one_step_on_champ_offline(tmp_path, mlflow_uri):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~1 CPU-minute a case, far longer on a shared 2-core machine
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("head", ["fp32", "bf16"])
 def test_smollm2_chunked_head_equals_the_whole_head(head):
     """The trainer's memory path on the real model (49,152-token vocabulary, tied embeddings): the LM
     head chunk by chunk (a chunk size that does not divide the positions, one that does) gives the
     unchunked log-probs, entropy, loss and gradients, under the recipe's FP32 head on a bf16 body and
-    under bf16 throughout; and autograd stores no [positions, vocabulary] tensor for the backward."""
+    under bf16 throughout; and autograd stores no [positions, vocabulary] tensor for the backward.
+    The body is the model's first 2 of its 30 blocks: the head and the embeddings it shares are what
+    is chunked, and the blocks above would only multiply the time (about 1 CPU-minute a case)."""
     import os
 
     import torch
@@ -275,7 +307,9 @@ def test_smollm2_chunked_head_equals_the_whole_head(head):
         smollm2_folder(os.environ["SCALERL_CACHE"]), dtype=torch.float32
     )
     vocab = model.get_output_embeddings().weight.shape[0]
-    assert vocab == 49152
+    assert vocab == 49152 and model.config.tie_word_embeddings
+    model.model.layers = model.model.layers[:2]
+    model.config.num_hidden_layers = 2
     precision = Precision.for_device("bf16", head, "cpu")
     precision.prepare(model)
     g = torch.Generator().manual_seed(0)
@@ -312,40 +346,3 @@ def test_smollm2_chunked_head_equals_the_whole_head(head):
     tr.module.train()
     shapes = saved_tensor_sizes(lambda: tr.token_logprobs(batch))
     assert max((s.numel() for s in shapes if len(s) and s[-1] == vocab), default=0) <= 48 * vocab
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_smollm2_trains_one_step_with_forced_interruptions(tmp_path, mlflow_uri):
-    """ScaleRL's length control on the real model (whose tokenizer has no </think> token): a sample
-    still writing at its thinking budget gets the phrase forced in and then at most answer_budget
-    tokens; the forced tokens are not trained on, and the run logs how many were interrupted."""
-    phrase = " Time is up, so the final answer is"
-    cfg, summary, run = one_step(
-        "gsm",
-        tmp_path,
-        mlflow_uri,
-        "task.num_train=64",
-        "length_control.think_budget_min=4",
-        "length_control.think_budget_max=6",
-        "length_control.answer_budget=8",
-        f"length_control.phrase='{phrase}'",
-        "eval.samples_per_prompt=4",
-        length_control="interruption",
-    )
-    assert cfg.length_control.name == "interruption" and cfg.length_control.max_new_tokens == 16
-    metrics = run.data.metrics
-    # a GSM answer takes more than 6 tokens: every training sample was interrupted
-    assert metrics["train/interruption_rate"] == 1.0
-    client = MlflowClient(mlflow_uri)
-    art = Path(client.download_artifacts(summary["run_id"], "samples/step_000001.jsonl", str(tmp_path)))
-    rows = [json.loads(line) for line in art.read_text().splitlines()]
-    from scalerl.model.build import load_policy
-
-    _, tokenizer, _ = load_policy(cfg, build_task(cfg))
-    for r in rows:
-        assert r["interrupted"] and phrase in r["output"], r
-        thought, answer = r["output"].split(phrase, 1)
-        assert 1 <= len(tokenizer(thought, add_special_tokens=False).input_ids) <= 6 + 1
-        # the answer budget: at most 8 sampled tokens after the phrase (re-tokenising may merge one)
-        assert len(tokenizer(answer, add_special_tokens=False).input_ids) <= 8 + 1
