@@ -64,6 +64,10 @@ _LAUNCHER_VARS = (
     "TORCHELASTIC_RUN_ID",
 )
 HEARTBEAT_S = 1.0
+# the longest a generating engine goes without reading the store for a new weight announcement: two
+# store round trips at every decode step of a small model (a few ms a step) are a share of its CPU
+# worth saving; a trainer's step takes far longer, so new weights are taken at most this much later
+ANNOUNCE_POLL_S = 0.02
 REMOTE_TIMEOUT_S = 300.0  # an engine on another task silent for this long is taken as gone
 
 
@@ -219,6 +223,7 @@ class _Engine:
         self.busy = 0.0
         self.tokens = 0
         self._beat = 0.0
+        self._polled = 0.0
 
     @classmethod
     def build(cls, cfg, spec: EngineSpec, store, device: torch.device) -> _Engine | None:
@@ -270,6 +275,9 @@ class _Engine:
             self.store.set(f"engines/beat/{self.spec.index}", str(time.time()))
         if self.poll_shm is not None:
             return self.poll_shm()
+        if now - self._polled < ANNOUNCE_POLL_S:
+            return None
+        self._polled = now
         v = announced(self.store)
         if v is None or v == self.gen.version:
             return None
