@@ -27,6 +27,7 @@ from bench_learning import cpu_name
 
 from scalerl.config.errors import override_key
 from scalerl.sweep import load_spec
+from scalerl.sweep.launch import local_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 # the leave-one-out study's run settings (sweeps/loo.yaml's base), 100 steps
@@ -37,14 +38,13 @@ LOO = [
 ]
 
 
-def start(folder: Path, seed: int, threads: int, extra: list[str]) -> subprocess.Popen:
+def start(folder: Path, seed: int, extra: list[str]) -> subprocess.Popen:
     args = [
         sys.executable,
         str(ROOT / "train.py"),
         *LOO,
         *extra,
         f"seed={seed}",
-        f"trainer.threads={threads}",
         f"out_dir={folder / f'run-{seed}'}",
         f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
     ]
@@ -72,18 +72,18 @@ def main() -> None:
         # the shipped base model into the cache, so no timed run pays for it
         warm = Path(tmp) / "warm"
         warm.mkdir()
-        finish([start(warm, 0, cores, ["trainer.total_steps=1", "eval.every=1000", *a.overrides])])
+        finish([start(warm, 0, [*a.overrides, "trainer.total_steps=1", "eval.every=1000"])])
         for r in range(a.first_round, a.first_round + a.rounds):
             for how in ("at once", "one at a time")[:: 1 if r % 2 == 0 else -1]:  # alternating
                 folder = Path(tmp) / f"{r}-{how.replace(' ', '-')}"
                 folder.mkdir()
                 t0 = time.time()
-                if how == "at once":
-                    share = max(1, cores // a.runs)
-                    finish([start(folder, s, share, a.overrides) for s in range(a.runs)])
+                if how == "at once":  # each run the share of the cores the local launcher gives it
+                    share = local_threads({"max_parallel": a.runs}, a.overrides)
+                    finish([start(folder, s, [*a.overrides, *share]) for s in range(a.runs)])
                 else:
                     for s in range(a.runs):
-                        finish([start(folder, s, 0, a.overrides)])
+                        finish([start(folder, s, [*a.overrides, "trainer.threads=0"])])
                 wall = time.time() - t0
                 rows.append({"round": r, "how": how, "runs": a.runs, "wall_s": round(wall, 1)})
                 print(json.dumps(rows[-1]), flush=True)

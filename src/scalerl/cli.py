@@ -64,13 +64,12 @@ def _out_dir_busy(cfg: DictConfig) -> str | None:
     """Why the run cannot start now because another process runs in its out_dir (rank 0 only: the
     other ranks of a job share their out_dir with it), or None."""
     import os
-    from pathlib import Path
 
     from scalerl.lock import busy, out_dir_lock
 
     if int(os.environ.get("RANK", "0")) != 0 or not cfg.get("out_dir"):
         return None
-    return busy(*out_dir_lock(Path(str(cfg.out_dir))))
+    return busy(*out_dir_lock(str(cfg.out_dir)))
 
 
 def _ignore_signals() -> None:
