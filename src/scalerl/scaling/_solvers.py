@@ -13,7 +13,14 @@ Derivatives (``g = s * (1 - s)``)::
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import expit
+
+
+def expit(z):
+    """scipy's logistic function, imported when a fit first needs it: scipy takes most of a second
+    to import, and a run or sweep that is refused, or never fits, should not pay for it."""
+    from scipy.special import expit as _expit
+
+    return _expit(z)
 
 
 def model(x: np.ndarray, r0, a, b, u) -> np.ndarray:

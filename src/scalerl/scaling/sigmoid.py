@@ -16,10 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import least_squares
-from scipy.special import expit
 
 from scalerl.scaling import _solvers
+from scalerl.scaling._solvers import expit  # scipy's, imported at the first fit
 
 METHODS = ("grid", "direct")
 DEFAULT_METHOD = "direct"
@@ -337,6 +336,8 @@ def _polish(x, y, r0, theta, lower, upper, free: Sequence[int] = (0, 1, 2), w=No
     # least_squares needs strictly feasible starts with lo < hi.
     span = hi - lo
     p0 = np.clip(p0, lo + 1e-10 * span, hi - 1e-10 * span)
+    from scipy.optimize import least_squares
+
     try:
         res = least_squares(fun, p0, jac=jac, bounds=(lo, hi), method="trf", x_scale="jac", max_nfev=200)
     except (ValueError, np.linalg.LinAlgError):
