@@ -7,6 +7,7 @@ group, option or key, a bad value) becomes one line naming the file, the variant
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -120,13 +121,17 @@ def apply_settings(cfg: DictConfig, settings: dict) -> DictConfig:
     return cfg
 
 
-def build_config(overrides: list[str], settings: dict, seed: int | None = None) -> DictConfig:
+def build_config(
+    overrides: list[str], settings: dict, seed: int | None = None, *, composed: DictConfig | None = None
+) -> DictConfig:
     """Compose ``overrides`` like ``python train.py`` would, set the sweep's keys, validate.
     This is what every job runs (and what planning checks). Keys added with ``+key=value`` that no
-    schema declares are refused by :func:`~scalerl.config.validate`, as for a single run."""
+    schema declares are refused by :func:`~scalerl.config.validate`, as for a single run.
+    ``composed``: ``overrides`` composed already (planning composes a variant once for all its
+    seeds: a composition takes most of a second); a copy of it is set and checked."""
     from scalerl.config import compose, validate
 
-    cfg = compose(overrides, check=False)
+    cfg = copy.deepcopy(composed) if composed is not None else compose(overrides, check=False)
     if seed is not None:
         cfg.seed = int(seed)
     apply_settings(cfg, settings)
@@ -146,11 +151,21 @@ def _check_places(uri: str, sweep_dir: Path) -> None:
 
 
 def _compose_or_raise(
-    overrides: list[str], where: str, settings: dict | None = None, seed=None
+    overrides: list[str], where: str, settings: dict | None = None, seed=None, composed=None
 ) -> DictConfig:
     try:
-        return build_config(overrides, settings or {}, seed)
+        return build_config(overrides, settings or {}, seed, composed=composed)
     except Exception as e:  # Hydra/OmegaConf/ConfigError: one line naming where
+        raise SweepError(f"{where}: {explain(e, overrides)}") from None
+
+
+def _compose_variant(overrides: list[str], where: str) -> DictConfig:
+    """``overrides`` composed (not yet checked: :func:`build_config` checks each run's copy)."""
+    from scalerl.config import compose
+
+    try:
+        return compose(overrides, check=False)
+    except Exception as e:  # Hydra/OmegaConf: one line naming where
         raise SweepError(f"{where}: {explain(e, overrides)}") from None
 
 
@@ -264,6 +279,8 @@ def make_plan(
     seeds = spec.seeds
     for vname, vovs in spec.variants.items():
         overrides = merge_overrides(base_train, vovs, cli_train)
+        where = f"{path}: variant {vname!r}"
+        composed = _compose_variant(overrides, where)  # once for all its seeds
         for seed in seeds if seeds is not None else [None]:
             job = vname if seeds is None or len(seeds) == 1 else f"{vname}-seed{seed}"
             ovs = overrides + ([f"seed={seed}"] if seed is not None else [])
@@ -271,7 +288,7 @@ def make_plan(
                 name=job, variant=vname, seed=-1, overrides=ovs, out_dir=str(sdir / job), total_steps=0
             )
             settings = run_settings(spec.name, run, uri, "0" * 32)
-            cfg = _compose_or_raise(overrides, f"{path}: variant {vname!r}", settings, seed)
+            cfg = _compose_or_raise(overrides, where, settings, seed, composed)
             run.seed = int(cfg.seed)
             run.total_steps = int(cfg.trainer.total_steps)
             if not run_all and vname != spec.baseline:
