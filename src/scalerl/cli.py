@@ -26,7 +26,7 @@ def preflight(cfg: DictConfig) -> None:
 def _main(cfg: DictConfig) -> None:
     from scalerl.messages import UserError
 
-    try:  # before torch and transformers are imported: a bad config is refused in seconds
+    try:  # before transformers is imported or anything built: a bad config is refused in seconds
         validate(cfg)
         preflight(cfg)  # what the config points at: out_dir, tracking store, model folder, data file
     except UserError as e:  # a ConfigError, a task's DataFileError
