@@ -128,7 +128,7 @@ def build_config(
     This is what every job runs (and what planning checks). Keys added with ``+key=value`` that no
     schema declares are refused by :func:`~scalerl.config.validate`, as for a single run.
     ``composed``: ``overrides`` composed already (planning composes a variant once for all its
-    seeds: a composition takes most of a second); a copy of it is set and checked."""
+    seeds: a composition takes about a third of a second); a copy of it is set and checked."""
     from scalerl.config import compose, validate
 
     cfg = copy.deepcopy(composed) if composed is not None else compose(overrides, check=False)
