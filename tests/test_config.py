@@ -273,6 +273,34 @@ def test_help_lists_groups_options_and_their_fields(tmp_path):
 
 
 @pytest.mark.slow
+def test_help_is_hydras_help_and_a_bad_override_one_line(tmp_path):
+    """train.py prints the help itself (Hydra's listing of every group's options, unused by the
+    template, took most of the time): the text must be what Hydra's own app help prints."""
+    args = ["loss=dapo", "trainer.lr=3e-4", "hydra.help.header=a header", "--help"]
+    ours = train_py(*args, cwd=tmp_path)
+    hydras = subprocess.run(  # Hydra's app help: its decorated main, past train.py's own handling
+        [
+            sys.executable,
+            "-c",
+            "import sys; from scalerl.cli import _main; sys.argv[0] = 'train.py'; _main()",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert ours.returncode == hydras.returncode == 0, (ours.stderr, hydras.stderr)
+    assert ours.stdout == hydras.stdout
+    assert ours.stdout.startswith("a header\n") and "\n  name: dapo\n" in ours.stdout
+    assert "lr: 0.0003" in ours.stdout
+    bad = train_py("loss=bogus", "--help", cwd=tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: unknown option loss=bogus (available: cispo, dapo, grpo, gspo)"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,expected",
     [

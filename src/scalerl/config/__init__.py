@@ -29,10 +29,13 @@ def conf_dir() -> str:
     )
 
 
-def compose(overrides: list[str] | None = None, *, check: bool = True) -> DictConfig:
+def compose(
+    overrides: list[str] | None = None, *, check: bool = True, with_hydra: bool = False
+) -> DictConfig:
     """Compose the recipe like ``python train.py <overrides>`` would, without running it.
 
-    Used by sweeps (to check every variant before launching) and by tests.
+    Used by sweeps (to check every variant before launching), ``train.py --help`` (``with_hydra``:
+    the ``hydra`` node is kept, for its help template) and by tests.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -42,7 +45,9 @@ def compose(overrides: list[str] | None = None, *, check: bool = True) -> DictCo
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3", job_name="scalerl"):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
+        cfg = hydra_compose(
+            config_name="config", overrides=list(overrides or []), return_hydra_config=with_hydra
+        )
     if check:
         validate(cfg)
     return cfg
