@@ -118,12 +118,13 @@ def _help(args: list[str]) -> bool:
     overrides = [a for a in args if a not in HELP_FLAGS]
     _check_overrides(overrides)
     cfg = compose(overrides, check=False, with_hydra=True)
-    template = string.Template(cfg.hydra.help.template)
-    with flag_override(cfg, ["struct", "readonly"], [False, False]):
-        del cfg["hydra"]
-    try:
+    try:  # a template with ${hydra:...} (set by Hydra's run only) or $FLAGS_HELP, $APP_CONFIG_GROUPS,
+        # ...: Hydra's own help
+        template = string.Template(cfg.hydra.help.template)
+        with flag_override(cfg, ["struct", "readonly"], [False, False]):
+            del cfg["hydra"]
         text = template.substitute(CONFIG=OmegaConf.to_yaml(cfg))
-    except (KeyError, ValueError):  # $FLAGS_HELP, $APP_CONFIG_GROUPS, ...: Hydra's own help
+    except Exception:
         return False
     print(text)
     return True
