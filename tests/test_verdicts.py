@@ -266,3 +266,40 @@ def test_the_prediction_summary_says_why_the_goal_was_missed():
     assert "points a seed" in text
     assert all(v.final_se == pytest.approx(0.02, abs=0.003) for v in vs)
     assert all(v.prediction.noise_sd == pytest.approx(0.012, abs=0.003) for v in vs)  # 3 seeds' mean
+
+
+@pytest.mark.parametrize(
+    "curve,shows",
+    [
+        (TrueCurve(0.15, 1.0, 1.4, 1000.0), "steeper"),  # the shipped study's regime: the ceiling is 1
+        (BASE, "higher"),  # a ceiling below 1: the whole budget's fit puts it higher instead
+    ],
+)
+def test_the_prediction_summary_names_curves_that_steepen_after_the_half(curve, shows):
+    """Curves whose exponent grows past half the budget (B 1.0, then up to 3.0 at the end): the
+    half-budget fits under-estimate every end, and the summary says that the whole budget's fits are
+    steeper (or higher) than the first half's. Curves that follow one sigmoid do not get that cause."""
+
+    def steepening(variant, seeds=3):
+        out = []
+        for r in _runs(variant, curve, seeds=seeds, n_points=20, reach=6.0):
+            c = r.compute
+            half = c.max() / 2
+            b = 1.0 + 2.0 * np.clip((c - half) / (c.max() - half), 0.0, 1.0)
+            with np.errstate(divide="ignore"):
+                true = curve.R0 + (curve.A - curve.R0) / (1.0 + (curve.C_mid / c) ** b)
+            rng = np.random.default_rng(zlib.crc32(r.run_id.encode()))
+            r.reward = np.where(c > 0, rng.binomial(2048, true) / 2048, r.reward)
+            out.append(r)
+        return out
+
+    vs = list(_verdicts({"base": steepening("base"), "dapo": steepening("dapo")}).values())
+    assert all(v.pred_err < -0.03 for v in vs), [v.pred_err for v in vs]
+    text = prediction_summary(vs)
+    assert "the half-budget fits under-estimate the outcome" in text, text
+    assert f"the same seeds' curves are {shows} than on its first half" in text, text
+    assert "steepen or rise after the half" in text
+    plain = prediction_summary(
+        list(_verdicts({"base": _runs("base", curve), "same": _runs("same", curve)}).values())
+    )
+    assert "after the half" not in plain, plain

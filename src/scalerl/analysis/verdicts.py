@@ -546,6 +546,39 @@ def _prediction_limits(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, 
     )
 
 
+SHAPE_B_RATIO = 1.1  # the whole budget's B this much above (or below) the first half's: a change of shape
+
+
+def _shape_change(scored: Sequence[VariantVerdict], *, under: bool) -> str:
+    """Where the half-budget fits miss one way, whether the curves change shape after the half: the
+    pooled fit of the whole budget against that of its first half (medians over the variants). An
+    under-estimate with a steeper (higher B) or higher (A) whole-budget fit means the curves steepen
+    or rise after the half, which no sigmoid fitted before it foresees; an over-estimate with a flatter
+    or lower one, that they flatten or stall. "" when the fits do not show it."""
+    pairs = [(v.half, v.pooled) for v in scored if v.half is not None and v.pooled is not None]
+    pairs = [(h, p) for h, p in pairs if h.ok and p.ok]
+    if len(pairs) < max(1, len(scored) // 2):
+        return ""
+    bh, bp = (float(np.median([f.B for f in fs])) for fs in zip(*pairs))
+    ah, ap = (float(np.median([f.A for f in fs])) for fs in zip(*pairs))
+    sign = 1 if under else -1
+    steeper = sign * math.log(bp / bh) > math.log(SHAPE_B_RATIO)
+    higher = sign * (ap - ah) > PRED_TOLERANCE
+    if not (steeper or higher):
+        return ""
+    what = " and ".join(
+        w
+        for w, on in (("steeper" if under else "flatter", steeper), ("higher" if under else "lower", higher))
+        if on
+    )
+    change = "steepen or rise" if under else "flatten or stall"
+    return (
+        f"fitted on the whole budget the same seeds' curves are {what} than on its first half (median B "
+        f"{bp:.2f} against {bh:.2f}, A {ap:.3f} against {ah:.3f}): the curves {change} after the half, "
+        "which a sigmoid fitted before it cannot foresee"
+    )
+
+
 def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
     """One paragraph: "k of n within 0.03; coverage p%" over the scored variants (and the baseline),
     whether the goal (:data:`PRED_GOAL_SHARE` within the tolerance, :data:`PRED_GOAL_COVERAGE`
@@ -604,6 +637,8 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
         why.append(
             f"the misses lean one way (mean {bias:+.3f}): the half-budget fits {side}-estimate the outcome"
         )
+        if shape := _shape_change(scored, under=bias < 0):
+            why.append(shape)
     if not why:
         why.append("no single cause stands out in the data")
     return text + ". Why: " + "; ".join(why) + "."
