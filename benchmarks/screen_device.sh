@@ -29,14 +29,21 @@ for s in ${SETTINGS:?"SETTINGS: NAME=,override,... (space-separated)"}; do
     SETS+=(--setting "${s%%=*}=$COMMON${s#*=}")
 done
 runs=/tmp/screen
+# the screen in a process group of its own, so that the cut reaches its runs and nothing else
 # shellcheck disable=SC2086  # SEEDS is a list of numbers
-timeout -s INT "${SCREEN_S:-450}" python3 benchmarks/bench_stability.py "${SETS[@]}" --seeds ${SEEDS:-0 1 2} \
-    --horizon "${HORIZON:-2}" --parallel "${PAR:-12}" --out "$runs" > "$out/bench.log" 2>&1
+setsid python3 benchmarks/bench_stability.py "${SETS[@]}" --seeds ${SEEDS:-0 1 2} \
+    --horizon "${HORIZON:-2}" --parallel "${PAR:-12}" --out "$runs" > "$out/bench.log" 2>&1 &
+group=$!
+(sleep "${SCREEN_S:-450}" && kill -TERM -- "-$group" 2> /dev/null) &  # (a background job ignores SIGINT)
+timer=$!
+wait "$group"
 echo "bench rc=$? at ${SECONDS}s; load $(cat /proc/loadavg)"
-pkill -INT -f train.py  # the runs stop after their step, their points kept in the store
-sleep 5
-pkill -9 -f train.py
-sleep 2
+kill "$timer" 2> /dev/null
+for _ in $(seq 60); do  # a cut run stops after its step, its points kept in the store
+    pgrep -g "$group" > /dev/null || break
+    sleep 1
+done
+kill -9 -- "-$group" 2> /dev/null
 # shellcheck disable=SC2086
 python3 benchmarks/bench_stability.py "${SETS[@]}" --seeds ${SEEDS:-0 1 2} --horizon "${HORIZON:-2}" \
     --out "$runs" --report-only --json "$out/screen.json" 2>&1 | tail -20
