@@ -86,12 +86,18 @@ def _check_overrides(args: list[str]) -> None:
     Command lines with Hydra flags (--help, --cfg, -m, ...) go to Hydra as they are."""
     if any(a.startswith("-") for a in args):
         return
-    from scalerl.config import compose
-    from scalerl.config.errors import explain, override_key
+    from scalerl.config.errors import override_key
 
-    overrides = [a for a in args if not override_key(a).startswith("hydra")]
+    _composed_or_exit([a for a in args if not override_key(a).startswith("hydra")])
+
+
+def _composed_or_exit(overrides: list[str], *, with_hydra: bool = False) -> DictConfig:
+    """``overrides`` composed (not validated), or their one-line error and exit 2."""
+    from scalerl.config import compose
+    from scalerl.config.errors import explain
+
     try:
-        compose(overrides, check=False)
+        return compose(overrides, check=False, with_hydra=with_hydra)
     except Exception as e:  # Hydra/OmegaConf composition errors
         print(f"error: {explain(e, overrides)}", file=sys.stderr)
         sys.exit(2)
@@ -113,11 +119,7 @@ def _help(args: list[str]) -> bool:
 
     from omegaconf import OmegaConf, flag_override
 
-    from scalerl.config import compose
-
-    overrides = [a for a in args if a not in HELP_FLAGS]
-    _check_overrides(overrides)
-    cfg = compose(overrides, check=False, with_hydra=True)
+    cfg = _composed_or_exit([a for a in args if a not in HELP_FLAGS], with_hydra=True)
     try:  # a template with ${hydra:...} (set by Hydra's run only) or $FLAGS_HELP, $APP_CONFIG_GROUPS,
         # ...: Hydra's own help
         template = string.Template(cfg.hydra.help.template)
