@@ -1,7 +1,8 @@
 """The embedded default's learning target, measured as a user runs it.
 
 Runs ``python train.py`` (the default recipe, or the overrides given) in a fresh folder with an
-empty warm-start cache, so the warm-start is included, and reports:
+empty warm-start cache (the default's base model ships in the package and is copied; other model or
+task settings train their warm-start, which is then included), and reports:
 
 * wall time of the whole command (target: <= 5 minutes on the 2-core machine),
 * held-out pass rate (mean over K samples at the training temperature) at step 0 and at the end
