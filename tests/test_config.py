@@ -138,6 +138,8 @@ def test_paper_hyperparameters_in_option_files():
     )
     assert paper.trainer.batch_size == 768 and paper.trainer.generations_per_prompt == 16
     assert paper.length_control.think_budget_min == 10240 and paper.length_control.answer_budget == 2048
+    # a run long enough for the paper's fit: its evaluations every 100 steps past a cut at 1k steps
+    assert paper.trainer.total_steps == 10000 and paper.scaling.min_step == 1000 and paper.eval.every == 100
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in OPTIONS[g]])
