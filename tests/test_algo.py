@@ -2,7 +2,9 @@
 
 Reference values are computed independently of the code under test: a plain-Python (no torch)
 transcription of the paper's formulas (``_ref_*`` below) produced the literal table ``EXPECTED``,
-and the test checks both the library and the reference against that table.
+and the test checks both the library and the reference against that table. A new loss: its
+parameters in ``PARAMS``, its branch in ``_ref_token_losses``, then its ``EXPECTED`` rows from
+``_ref_aggregate(_ref_token_losses(name, _ref_adv(norm)), agg)`` for every aggregation and norm.
 """
 
 from __future__ import annotations
@@ -131,8 +133,10 @@ def _ref_token_losses(name: str, adv: list[float]) -> list[list[float]]:
                 row.append(-min(rho, p["eps_max"]) * a * LOGP[i][t])
             elif name in ("dapo", "grpo"):
                 row.append(-min(rho * a, _clip(rho, 1 - p["eps_low"], 1 + p["eps_high"]) * a))
-            else:
+            elif name == "gspo":
                 row.append(-min(s * a, _clip(s, 1 - p["eps_low"], 1 + p["eps_high"]) * a))
+            else:
+                raise NotImplementedError(f"no reference for loss {name!r}: add its branch here")
         out.append(row)
     return out
 
@@ -246,7 +250,7 @@ def test_reference_matches_table():
 
 @pytest.mark.parametrize("norm", ["batch", "prompt", "none"])
 @pytest.mark.parametrize("agg", ["token", "sample", "prompt"])
-@pytest.mark.parametrize("name", ["cispo", "dapo", "grpo", "gspo"])
+@pytest.mark.parametrize("name", list(PARAMS))
 def test_policy_loss_reference_values(name, agg, norm):
     logp, gen, mask, g, r = _batch()
     adv = compute_advantages(r, g, norm)
@@ -383,7 +387,7 @@ def test_empty_sequences_and_groups_are_left_out():
 
 
 @pytest.mark.parametrize("agg", ["token", "sample", "prompt"])
-@pytest.mark.parametrize("name", ["cispo", "dapo", "grpo", "gspo"])
+@pytest.mark.parametrize("name", list(PARAMS))
 def test_empty_batch_is_zero_and_backward_works(name, agg):
     logp = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     gen = torch.randn(3, 4, dtype=torch.float64)
@@ -424,7 +428,7 @@ def test_zero_rows_batch():
     loss.backward()
 
 
-@pytest.mark.parametrize("name", ["cispo", "dapo", "grpo", "gspo"])
+@pytest.mark.parametrize("name", list(PARAMS))
 def test_infinite_padding_does_not_leak(name):
     logp, gen, mask, g, r = _batch()
     with torch.no_grad():
@@ -604,7 +608,9 @@ def test_length_penalty_boundaries():
 
 
 def test_builtin_losses_registered():
-    assert {"cispo", "dapo", "grpo", "gspo"} <= set(LOSSES)
+    # a new loss needs its PARAMS entry, its branch in _ref_token_losses and its EXPECTED values
+    # (from the reference: the parametrized tests below then check it against them)
+    assert set(LOSSES) == set(PARAMS)
     assert set(algo.__all__) >= {
         "compute_advantages",
         "policy_loss",
@@ -636,7 +642,7 @@ def test_check_loss_params_rejects_negative_eps_max():
 
 
 def test_unknown_loss_lists_registered_names():
-    with pytest.raises(ValueError, match="registered losses are cispo, dapo, grpo, gspo"):
+    with pytest.raises(ValueError, match=f"registered losses are {', '.join(sorted(LOSSES))}$"):
         policy_loss(
             "ppo",
             torch.zeros(1, 1),

@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalerl.config import options
 from scalerl.sweep import load_spec, make_plan, plan_lines
 from scalerl.sweep.cli import main
 from scalerl.sweep.launch import _LocalOrphan
+
+LOSS_OPTIONS = ", ".join(sorted(options("loss")))  # every registered loss, as the error lists them
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -172,7 +175,7 @@ def test_loo_dry_run_through_sweep_py(tmp_path):
     [
         (
             {"name": "bad", "variants": {"ok": [], "x": ["loss=bogus"]}},
-            "variant 'x': unknown option loss=bogus (available: cispo, dapo, grpo, gspo)",
+            f"variant 'x': unknown option loss=bogus (available: {LOSS_OPTIONS})",
         ),
         ({"name": "bad", "variants": {"x": ["loss.eps_maxx=3"]}}, "variant 'x': unknown key loss.eps_maxx"),
         ({"name": "bad", "variants": {"x": ["+trainer.foo=3"]}}, "variant 'x': unknown key trainer.foo"),
@@ -219,7 +222,7 @@ def test_bad_command_line_override(tmp_path, monkeypatch, capsys):
     write_sweep(tmp_path / "s.yaml", {"x": []}, name="s")
     assert main(["s.yaml", "loss=nope"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: command line: unknown option loss=nope (available: cispo, dapo, grpo, gspo)"
+        f"error: command line: unknown option loss=nope (available: {LOSS_OPTIONS})"
     )
     assert main(["s.yaml", "launcher.bogus=1"]) == 2
     assert "error: command line: unknown key launcher.bogus" in capsys.readouterr().err

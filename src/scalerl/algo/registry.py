@@ -59,7 +59,11 @@ def register_loss(
     """Register a per-token loss function under ``name`` with its parameter checks.
 
     ``clip_indicator`` (optional) marks the tokens where the loss clips; see the module docstring.
-    ``doc``: the option's one line in ``--help`` when one function is registered under several names.
+    Without one, ``train/clip_fraction`` is logged as NaN: a loss that never clips passes one that
+    is always False, so the metric reads 0.
+    ``doc``: the option's one line in ``--help`` when one function is registered under several names,
+    and only where ``conf/loss/<name>.yaml`` has no opening comment: ``--help`` shows the first
+    sentence of that comment, so write it there.
     """
 
     def deco(fn: Callable) -> Callable:
