@@ -142,6 +142,26 @@ def test_unsettled_fits_are_never_called():
     assert "A" not in slow.called and slow.verdict.endswith(AT_MAX_NOTE), slow.verdict
 
 
+def test_a_fit_through_as_many_points_as_parameters_is_not_settled():
+    """Three evaluations past the early cut (a short sweep): the sigmoid passes through them, so its
+    A is the last point's level with no interval. Such seeds are neither averaged in nor called,
+    however far apart the variants' last points are."""
+    vs = _verdicts(
+        {
+            "base": _runs("base", BASE, n_points=3),
+            "lower": _runs("lower", TrueCurve(0.15, 0.40, 1.9, 1000.0), n_points=3, params={"loss": "dapo"}),
+        },
+        bootstrap=50,
+    )
+    for v in vs.values():
+        assert v.fitted == 3 and v.A.n == 0, v.A
+        assert v.A.unsettled == "A: 0 of 3 fitted seeds settled (3 points for 3 parameters in 3)", v.A
+        assert not v.called
+    # with a fourth point the same curves are fitted with an interval and can be scored
+    vs = _verdicts({"base": _runs("base", BASE, n_points=4)}, bootstrap=50)
+    assert "points for 3 parameters" not in vs["base"].A.unsettled
+
+
 def test_where_the_ceilings_reach_1_efficiency_is_compared_at_1():
     """A task the policy learns to solve: every seed's ceiling reaches 1. A less efficient variant
     (B halved) is called lower at A = 1 and one on the baseline's curve is not; neither A is compared,

@@ -305,9 +305,13 @@ def inactive_reason(variant: Sequence[RunData], baseline: Sequence[RunData]) -> 
 
 
 def a_unsettled(fit: SigmoidFit | None) -> str:
-    """Why a seed's A cannot be used ("" = settled): unfitted, or A at a bound of the pass rate."""
+    """Why a seed's A cannot be used ("" = settled): unfitted, fitted through as many points as the
+    curve has free parameters (it passes through them: A is then the last point's level, not a
+    ceiling, and has no interval), or A at a bound of the pass rate."""
     if fit is None or not fit.ok:
         return "unfitted"
+    if not fit.fixed_A and fit.n_points <= 3:
+        return f"{fit.n_points} points for 3 parameters"
     if fit.A >= 1.0 - A_BOUND_TOL:
         return "A at 1"
     if fit.A <= fit.R0 + A_BOUND_TOL:
@@ -342,7 +346,7 @@ def _estimate(values: Sequence[float], why: Sequence[str], total: int, level: fl
         counts[w] = counts.get(w, 0) + 1
     detail = ", ".join(f"{w} in {k}" for w, k in counts.items())
     if v.size < 2 or 2 * v.size < total:
-        e.unsettled = f"{name}: {v.size} of {total} seeds settled" + (f" ({detail})" if detail else "")
+        e.unsettled = f"{name}: {v.size} of {total} fitted seeds settled" + (f" ({detail})" if detail else "")
         if v.size < 2 and not detail:
             e.unsettled += ", and an interval over seeds needs 2 or more"
     return e
