@@ -445,7 +445,22 @@ def test_more_eval_prompts_than_the_data_file_validates(tmp_path, store):
     base = ["task=jsonl", f"task.path={path}", f"out_dir={tmp_path / 'run'}", *store]
     msg = env_error([*base, "eval.num_prompts=8"])  # 5% of 40 = 2 validation prompts
     assert "eval.num_prompts=8: must be <= 2, the validation prompts task=jsonl has" in msg
-    checked([*base, "eval.num_prompts=2"])
+    checked([*base, "eval.num_prompts=2", "model.warmstart_steps=0"])
+
+
+def test_a_data_file_gives_the_tiny_model_nothing_to_warm_start_on(tmp_path, store):
+    """task=jsonl has prompts and answers, no worked solutions: model=tiny's warm-start is refused in
+    one line before anything is written (it used to fail inside the warm-start with a traceback and
+    leave lock files), and model.warmstart_steps=0 (random weights) is the stated way through."""
+    path = tmp_path / "data.jsonl"
+    path.write_text(_lines(*[{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(40)]))
+    run = tmp_path / "run"
+    base = ["task=jsonl", f"task.path={path}", "eval.num_prompts=2", f"out_dir={run}", *store]
+    msg = env_error(base)
+    assert msg.startswith("invalid config value model.warmstart_steps=400: must be 0 with task=jsonl"), msg
+    assert "model=hf or model=smollm2" in msg
+    assert not run.exists() and not (tmp_path / "mlflow.db").exists()
+    assert checked([*base, "model.warmstart_steps=0"]).model.warmstart_steps == 0
 
 
 def test_prompts_too_long_for_the_tiny_models_positions(tmp_path, store):
@@ -455,7 +470,7 @@ def test_prompts_too_long_for_the_tiny_models_positions(tmp_path, store):
     base = ["task=jsonl", f"task.path={path}", "eval.num_prompts=2", f"out_dir={tmp_path / 'run'}", *store]
     msg = env_error([*base, "length_control=none"])  # 100 + 64 > 128
     assert "length_control.max_new_tokens=64" in msg and "(128 - 100 characters" in msg
-    checked([*base, "length_control=none", "length_control.max_new_tokens=28"])
+    checked([*base, "length_control=none", "length_control.max_new_tokens=28", "model.warmstart_steps=0"])
 
 
 # ------------------------------------------------------------------------------------ sweep files

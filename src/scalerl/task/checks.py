@@ -1,7 +1,10 @@
 """Checks on a task's data, run before a run builds anything: the data file parses, the evaluation's
-prompts exist, the tiny model's positions hold the longest prompt (:func:`scalerl.cli.preflight`)."""
+prompts exist, the tiny model's positions hold the longest prompt and the task has examples to
+warm-start it on (:func:`scalerl.cli.preflight`)."""
 
 from __future__ import annotations
+
+import random
 
 from omegaconf import DictConfig
 
@@ -32,5 +35,14 @@ def check_task(cfg: DictConfig) -> int:
             "eval.num_prompts",
             cfg.eval.num_prompts,
             f"<= {n_val}, the validation prompts task={cfg.task.name} has{where}",
+        )
+    warmstart = cfg.model.name == "tiny" and int(cfg.model.warmstart_steps) > 0
+    if warmstart and not task.warmstart_examples(1, random.Random(0)):
+        raise ConfigError(
+            "model.warmstart_steps",
+            cfg.model.warmstart_steps,
+            f"0 with task={cfg.task.name} and model=tiny: the task has no worked examples to warm-start "
+            "it on (0: it starts from random weights); for real data a pretrained model, model=hf or "
+            "model=smollm2",
         )
     return n_val
