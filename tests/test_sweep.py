@@ -19,6 +19,7 @@ from scalerl.config import options
 from scalerl.sweep import load_spec, make_plan, plan_lines
 from scalerl.sweep.cli import main
 from scalerl.sweep.launch import _LocalOrphan
+from scalerl.sweep.plan import points_past_cut
 
 LOSS_OPTIONS = ", ".join(sorted(options("loss")))  # every registered loss, as the error lists them
 
@@ -126,6 +127,36 @@ def test_cli_override_replaces_the_variants_value(tmp_path):
     plan = make_plan(load_spec(tmp_path / "s.yaml"), ["trainer.lr=0.002"], sweep_dir=tmp_path / "out")
     assert plan_lines(plan) == ["a  loss=dapo trainer.lr=0.002"]
     assert plan.runs[0].out_dir == str(tmp_path / "out" / "a") and not (tmp_path / "out").exists()
+
+
+def test_a_budget_too_short_to_score_is_said_before_the_runs(tmp_path, monkeypatch, capsys):
+    """A run fits its sigmoid on the evaluations at or after scaling.min_step; with fewer than 4 its
+    ceiling cannot be scored (3: the curve passes through them). The plan says so, naming the
+    variants, before anything runs (a newcomer's 3-step sweep ran minutes for 'unfittable')."""
+    assert points_past_cut(300, 15, 10) == 20 and points_past_cut(12, 5, 10) == 2  # 10 and the last
+    assert points_past_cut(12, 1, 10) == 3 and points_past_cut(3, 1, 0) == 4
+    write_sweep(
+        tmp_path / "s.yaml",
+        {"short": ["trainer.total_steps=12", "eval.every=1"], "long": ["trainer.total_steps=60"]},
+        name="s",
+    )
+    tail = "a sigmoid needs 3 to be fitted and 4 to have an interval and be scored"
+    plan = make_plan(load_spec(tmp_path / "s.yaml"), [], sweep_dir=tmp_path / "out")
+    assert plan.warnings == [
+        f"variant 'short': 3 evaluations a run at or after scaling.min_step=10 (trainer.total_steps=12, eval.every=1): {tail}"
+    ]
+    assert (
+        make_plan(load_spec(tmp_path / "s.yaml"), ["scaling.min_step=9"], sweep_dir=tmp_path / "o").warnings
+        == []
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["s.yaml", "--dry-run", "trainer.total_steps=3", "eval.every=1"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"note: every variant: 0 evaluations a run at or after scaling.min_step=10 (trainer.total_steps=3, eval.every=1): {tail}"
+        in err
+    )
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "mlflow.db").exists()
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml")))

@@ -197,6 +197,8 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
             f"; {len(skipped)} not run, since their component cannot act here "
             f"({', '.join(dict.fromkeys(r.variant for r in skipped))}; --run-all runs them)"
         )
+    for w in plan.warnings:
+        say("note: " + w)
     if args.dry_run:
         say("dry run: " + header + "; nothing launched or written")
         print("\n".join(plan_lines(plan)), flush=True)

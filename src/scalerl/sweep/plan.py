@@ -91,7 +91,9 @@ class Plan:
     launcher_overrides: list[str]
     cli_overrides: list[str]
     scaling: dict[str, Any]  # the composed scaling settings (fit method, bootstrap, ...)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(
+        default_factory=list
+    )  # said before the runs start (a budget too short to fit)
 
     def run(self, name: str) -> PlannedRun:
         return next(r for r in self.runs if r.name == name)
@@ -219,6 +221,15 @@ def cannot_act_here(cfg: DictConfig, launcher: DictConfig) -> str:
     )
 
 
+SCORED_POINTS = 4  # a fit through 3 points passes through them: no interval, never scored (analysis.verdicts)
+
+
+def points_past_cut(total_steps: int, every: int, min_step: int) -> int:
+    """A run's evaluations at or after the early cut's step: step 0, every ``every`` steps, the last."""
+    steps = {*range(0, total_steps + 1, every), total_steps}
+    return sum(s >= min_step for s in steps)
+
+
 def make_plan(
     spec: SweepSpec,
     cli_overrides: list[str] | None = None,
@@ -276,11 +287,25 @@ def make_plan(
     _check_places(uri, sdir)
 
     runs: list[PlannedRun] = []
+    short: dict[str, list[str]] = {}  # what is too short -> the variants it is said of
     seeds = spec.seeds
     for vname, vovs in spec.variants.items():
         overrides = merge_overrides(base_train, vovs, cli_train)
         where = f"{path}: variant {vname!r}"
         composed = _compose_variant(overrides, where)  # once for all its seeds
+        steps, every, cut = (
+            int(composed.trainer.total_steps),
+            int(composed.eval.every),
+            int(composed.scaling.min_step),
+        )
+        n = points_past_cut(steps, every, cut)
+        if n < SCORED_POINTS:
+            short.setdefault(
+                f"{n} evaluations a run at or after scaling.min_step={cut} (trainer.total_steps={steps}, "
+                f"eval.every={every}): a sigmoid needs 3 to be fitted and {SCORED_POINTS} to have an "
+                "interval and be scored",
+                [],
+            ).append(vname)
         for seed in seeds if seeds is not None else [None]:
             job = vname if seeds is None or len(seeds) == 1 else f"{vname}-seed{seed}"
             ovs = overrides + ([f"seed={seed}"] if seed is not None else [])
@@ -303,6 +328,16 @@ def make_plan(
         launcher_overrides=launch,
         cli_overrides=list(cli_overrides or []),
         scaling=OmegaConf.to_container(sweep_cfg.scaling, resolve=True),
+        warnings=[
+            (
+                "every variant"
+                if len(names) == len(spec.variants)
+                else "variant " + ", ".join(map(repr, names))
+            )
+            + ": "
+            + what
+            for what, names in short.items()
+        ],
     )
 
 
