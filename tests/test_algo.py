@@ -609,7 +609,7 @@ def test_length_penalty_boundaries():
 
 def test_builtin_losses_registered():
     # a new loss needs its PARAMS entry, its branch in _ref_token_losses and its EXPECTED values
-    # (from the reference: the parametrized tests below then check it against them)
+    # (from the reference): the parametrized reference tests then check it against them
     assert set(LOSSES) == set(PARAMS)
     assert set(algo.__all__) >= {
         "compute_advantages",

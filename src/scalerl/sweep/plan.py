@@ -91,9 +91,8 @@ class Plan:
     launcher_overrides: list[str]
     cli_overrides: list[str]
     scaling: dict[str, Any]  # the composed scaling settings (fit method, bootstrap, ...)
-    warnings: list[str] = field(
-        default_factory=list
-    )  # said before the runs start (a budget too short to fit)
+    # said before the runs start (a budget too short for a verdict)
+    warnings: list[str] = field(default_factory=list)
 
     def run(self, name: str) -> PlannedRun:
         return next(r for r in self.runs if r.name == name)
