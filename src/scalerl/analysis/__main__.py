@@ -27,7 +27,7 @@ from scalerl.analysis.experiment import DEFAULT_MIN_STEP, baseline_argument, row
 from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
 from scalerl.analysis.reporting import report, safe_name
 from scalerl.scaling.protocol import FitProtocol, FitProtocolError
-from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS
+from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS, N_PARAMS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-MIN_POINTS = 3  # a sigmoid fit has three free parameters
+MIN_POINTS = N_PARAMS  # a sigmoid fit has three free parameters
 
 
 def _bad_argument(args) -> str | None:

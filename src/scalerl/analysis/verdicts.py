@@ -54,7 +54,7 @@ from scipy import stats
 
 from scalerl.analysis.mlflow_io import RunData
 from scalerl.scaling.protocol import FitProtocol
-from scalerl.scaling.sigmoid import B_BOUNDS, SigmoidFit, _predict, fit_fixed_A
+from scalerl.scaling.sigmoid import B_BOUNDS, N_PARAMS, SigmoidFit, _predict, fit_fixed_A
 
 FAMILY_LEVEL = 0.05
 """Family-wise error rate of the verdict table: the chance that any comparison is called when no
@@ -310,8 +310,8 @@ def a_unsettled(fit: SigmoidFit | None) -> str:
     ceiling, and has no interval), or A at a bound of the pass rate."""
     if fit is None or not fit.ok:
         return "unfitted"
-    if not fit.fixed_A and fit.n_points <= 3:
-        return f"{fit.n_points} points for 3 parameters"
+    if not fit.fixed_A and fit.n_points <= N_PARAMS:
+        return f"{fit.n_points} points for {N_PARAMS} parameters"
     if fit.A >= 1.0 - A_BOUND_TOL:
         return "A at 1"
     if fit.A <= fit.R0 + A_BOUND_TOL:

@@ -24,6 +24,9 @@ METHODS = ("grid", "direct")
 DEFAULT_METHOD = "direct"
 """The more accurate method on the synthetic accuracy suite (see analysis/README.md)."""
 
+N_PARAMS = 3
+"""The curve's free parameters (A, B, C_mid; R0 is observed): a fit needs this many points, and a
+fit through exactly this many passes through them, leaving no residuals for an interval."""
 B_BOUNDS = (0.1, 10.0)
 """B is a positive exponent; the paper's fits lie in 1-2.5."""
 U_MARGIN = math.log(100.0)
@@ -261,11 +264,11 @@ def _prepare(compute, reward, r0, min_compute, drop_nonfinite) -> _Prepared:
     p = _Prepared(c, y, used, dict(sorted(excluded.items())), r0_val, n_r0)
 
     n = int(used.sum())
-    if n < 3:
-        p.reason = f"only {n} points to fit after exclusions (need at least 3, one per parameter)"
+    if n < N_PARAMS:
+        p.reason = f"only {n} points to fit after exclusions (need at least {N_PARAMS}, one per parameter)"
         return p
-    if np.unique(c[used]).size < 3:
-        p.reason = "fewer than 3 distinct compute values to fit"
+    if np.unique(c[used]).size < N_PARAMS:
+        p.reason = f"fewer than {N_PARAMS} distinct compute values to fit"
         return p
     if r0_val >= 1.0:
         p.reason = "R0 is already 1.0: nothing to gain"
@@ -715,16 +718,16 @@ def fit_sigmoid_runs(
     pooled = _Prepared(c_all, y_all, used_all, excluded, r0_val, 0)
     # Re-run the pooled sanity checks (enough points, rising curve).
     n = int(used_all.sum())
-    if n < 3:
+    if n < N_PARAMS:
         return _failed(
             pooled,
             method,
             min_compute,
             level,
-            reason=f"only {n} points to fit after exclusions (need at least 3, one per parameter)",
+            reason=f"only {n} points to fit after exclusions (need at least {N_PARAMS}, one per parameter)",
             run_index=ri,
         )
-    if np.unique(c_all[used_all]).size < 3:
+    if np.unique(c_all[used_all]).size < N_PARAMS:
         return _failed(
             pooled,
             method,

@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from scalerl.config.errors import explain, override_key
+from scalerl.scaling.sigmoid import N_PARAMS
 from scalerl.sweep.spec import SweepError, SweepSpec
 
 # Keys the sweep sets for every run; a sweep file or the command line may not set them.
@@ -220,7 +221,9 @@ def cannot_act_here(cfg: DictConfig, launcher: DictConfig) -> str:
     )
 
 
-SCORED_POINTS = 4  # a fit through 3 points passes through them: no interval, never scored (analysis.verdicts)
+SCORED_POINTS = (
+    N_PARAMS + 1
+)  # a fit through N_PARAMS points has no interval: never scored (analysis.verdicts)
 
 
 def points_past_cut(total_steps: int, every: int, min_step: int) -> int:
@@ -301,7 +304,7 @@ def make_plan(
         if n < SCORED_POINTS:
             short.setdefault(
                 f"{n} evaluations a run at or after scaling.min_step={cut} (trainer.total_steps={steps}, "
-                f"eval.every={every}): a sigmoid needs 3 to be fitted and {SCORED_POINTS} to have an "
+                f"eval.every={every}): a sigmoid needs {N_PARAMS} to be fitted and {SCORED_POINTS} to have an "
                 "interval and be scored",
                 [],
             ).append(vname)
