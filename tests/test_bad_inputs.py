@@ -461,6 +461,17 @@ def test_a_data_file_gives_the_tiny_model_nothing_to_warm_start_on(tmp_path, sto
     assert "model=hf or model=smollm2" in msg
     assert not run.exists() and not (tmp_path / "mlflow.db").exists()
     assert checked([*base, "model.warmstart_steps=0"]).model.warmstart_steps == 0
+    # a caller that skips the preflight (scalerl.loop.build, the model loader) meets the same line,
+    # before the warm-start cache's folder or lock is made
+    from scalerl.model.build import load_policy
+    from scalerl.task import build_task
+
+    cache = tmp_path / "cache"
+    cfg = compose([*base, f"model.cache_dir={cache}"])
+    with pytest.raises(ConfigError) as e:
+        load_policy(cfg, build_task(cfg))
+    assert one_line(str(e.value)) == msg
+    assert not cache.exists()
 
 
 def test_prompts_too_long_for_the_tiny_models_positions(tmp_path, store):

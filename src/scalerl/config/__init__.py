@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from scalerl.config.options import GROUPS, option_class, options, register_option
-from scalerl.config.schema import Config, register_configs
+from scalerl.config.schema import Config, evaluates_at, register_configs
 from scalerl.config.validate import ConfigError, option_of, validate
 from scalerl.config.variants import group_variants
 
@@ -67,6 +67,7 @@ __all__ = [
     "ConfigError",
     "compose",
     "conf_dir",
+    "evaluates_at",
     "group_variants",
     "option_class",
     "option_of",

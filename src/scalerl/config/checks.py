@@ -61,6 +61,17 @@ def non_finite(value: object, key: str = ""):
     return None
 
 
+def no_warmstart_examples(steps: object, task_name: str):
+    """``model.warmstart_steps`` > 0 for ``model=tiny`` on a task with no worked examples to warm-start
+    it on (a data file): (key, value, allowed). Said by the run's preflight and by the model loader."""
+    return (
+        "model.warmstart_steps",
+        steps,
+        f"0 with task={task_name} and model=tiny: the task has no worked examples to warm-start it on "
+        "(0: it starts from random weights); for real data a pretrained model, model=hf or model=smollm2",
+    )
+
+
 def problems(*results) -> Iterable[tuple[str, object, str]]:
     """The non-None results, in order."""
     return [r for r in results if r is not None]

@@ -46,6 +46,13 @@ class EvalConfig(Option):
         )
 
 
+def evaluates_at(step: int, total_steps: int, every: int) -> bool:
+    """Whether a run evaluates on the held-out prompts after ``step`` optimiser steps: at step 0 (before
+    any update), every ``eval.every`` steps and at the last (the loop, and a sweep's plan counting a
+    run's points)."""
+    return step % every == 0 or step == total_steps
+
+
 @dataclass
 class TrackingConfig(Option):
     uri: Optional[str] = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the cwd

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from scalerl.config import evaluates_at
 from scalerl.config.variants import group_variants
 from scalerl.lock import hold, out_dir_lock
 from scalerl.loop import health
@@ -134,7 +135,7 @@ def _train(run: Components, stop: StopSignals, clock: Clock, progress: Progress)
     while st.step < total:
         _, stats = train_step(run)
         last = st.step == total
-        if st.step % cfg.eval.every == 0 or last:
+        if evaluates_at(st.step, total, int(cfg.eval.every)):
             stats.update(evaluation(run, clock, progress))
         if last:  # logged with the last step, so that its flush is whole
             stats.update(final_fit(run))

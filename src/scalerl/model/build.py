@@ -291,6 +291,11 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
             eos_token_id=tokenizer.eos_token_id,
         )
         return model, tokenizer, {"source": "random init"}
+    if not task.warmstart_examples(1, random.Random(0)):  # before the cache's lock: nothing to write
+        from scalerl.config import ConfigError
+        from scalerl.config.checks import no_warmstart_examples
+
+        raise ConfigError(*no_warmstart_examples(mcfg.warmstart_steps, cfg.task.name))
     from scalerl.lock import hold
 
     key = _warmstart_key(cfg)

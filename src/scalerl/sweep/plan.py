@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from scalerl.config import evaluates_at
 from scalerl.config.errors import explain, override_key
 from scalerl.scaling.sigmoid import N_PARAMS
 from scalerl.sweep.spec import SweepError, SweepSpec
@@ -227,9 +228,8 @@ SCORED_POINTS = (
 
 
 def points_past_cut(total_steps: int, every: int, min_step: int) -> int:
-    """A run's evaluations at or after the early cut's step: step 0, every ``every`` steps, the last."""
-    steps = {*range(0, total_steps + 1, every), total_steps}
-    return sum(s >= min_step for s in steps)
+    """A run's evaluations at or after the early cut's step (:func:`scalerl.config.evaluates_at`)."""
+    return sum(evaluates_at(s, total_steps, every) for s in range(max(0, min_step), total_steps + 1))
 
 
 def make_plan(

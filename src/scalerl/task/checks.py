@@ -9,6 +9,7 @@ import random
 from omegaconf import DictConfig
 
 from scalerl.config import ConfigError
+from scalerl.config.checks import no_warmstart_examples
 from scalerl.task import build_task
 
 
@@ -38,11 +39,5 @@ def check_task(cfg: DictConfig) -> int:
         )
     warmstart = cfg.model.name == "tiny" and int(cfg.model.warmstart_steps) > 0
     if warmstart and not task.warmstart_examples(1, random.Random(0)):
-        raise ConfigError(
-            "model.warmstart_steps",
-            cfg.model.warmstart_steps,
-            f"0 with task={cfg.task.name} and model=tiny: the task has no worked examples to warm-start "
-            "it on (0: it starts from random weights); for real data a pretrained model, model=hf or "
-            "model=smollm2",
-        )
+        raise ConfigError(*no_warmstart_examples(cfg.model.warmstart_steps, cfg.task.name))
     return n_val
