@@ -127,6 +127,85 @@ def test_impossible_combinations_are_refused(overrides, expect):
     assert expect in compose_error(overrides)
 
 
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        # seeds torch cannot take (a traceback inside the run, its out_dir left behind)
+        (
+            ["seed=99999999999999999999999"],
+            "seed=99999999999999999999999: must be an integer in 0..4294967295",
+        ),
+        (["seed=-1"], "seed=-1: must be an integer in 0..4294967295"),
+        (["model.warmstart_seed=4294967296"], "model.warmstart_seed=4294967296: must be an integer in 0.."),
+        (["placement.port=65536"], "placement.port=65536: must be an integer in 0..65535"),
+        (["model.warmstart_lr=0"], "model.warmstart_lr=0.0: must be > 0"),
+        (["model.warmstart_lr=-1"], "model.warmstart_lr=-1.0: must be > 0"),
+        (["model.cache_dir="], "model.cache_dir='': must be a folder path"),
+        (["task.warmstart_phrase="], "task.warmstart_phrase='': must be a non-empty string"),
+        # a penalty window past the hard limit never reaches its -1
+        (
+            ["length_control=length_penalty", "length_control.max_new_tokens=32"],
+            "length_control.l_max=56: must be <= max_new_tokens (32)",
+        ),
+        # several trainer processes of one run need DeepSpeed (each rank failed inside the run)
+        (
+            ["launcher.tasks_per_node=2"],
+            "launcher.tasks_per_node=2: must be 1 with trainer=torch: 2 trainer processes",
+        ),
+        (
+            ["launcher=slurm", "launcher.nodes=2"],
+            "launcher.nodes=2: must be 1 with trainer=torch: 2 trainer processes",
+        ),
+        (
+            ["launcher=slurm", "launcher.partition="],
+            "launcher.partition='': must be a partition name, or null",
+        ),
+        (["+norm.eps=1"], "unknown key norm.eps=1 (keys of norm=batch: none)"),
+        # a top-level setting deleted: a traceback, or a run without it
+        (["~out_dir"], "out_dir='???': must be set"),
+        (["~eval"], "eval='???': must be set"),
+        (["~seed"], "seed='???': must be set"),
+        # a group given no option, null, or several
+        (["loss="], "unknown option loss= (available: cispo, dapo, grpo, gspo)"),
+        (["loss=null"], "unknown option loss=null (available: cispo, dapo, grpo, gspo)"),
+        (["+experiment="], "unknown option experiment= (available: baseline, "),
+        (["+experiment=null"], "unknown option experiment=null (available: baseline, deepseek_grpo, "),
+        (["+loss=dapo"], "loss already has an option: write loss=dapo without the '+'"),
+        (
+            ["loss=[cispo,dapo]"],
+            "bad value loss=[cispo,dapo]: one option (available: cispo, dapo, grpo, gspo)",
+        ),
+        # a free mapping set as a whole takes new keys only with '+'
+        (["tracking.tags={team: rl}"], "write +tracking.tags={team: rl}"),
+        # interpolations that do not resolve (a traceback from OmegaConf)
+        (
+            ["out_dir=${oc.env:SCALERL_NO_SUCH_VAR}/run"],
+            "out_dir='${oc.env:SCALERL_NO_SUCH_VAR}/run': must be",
+        ),
+        (
+            ["trainer.lr=${trainer.nope}"],
+            "trainer.lr='${trainer.nope}': must be an interpolation that resolves",
+        ),
+        (
+            ["trainer.lr=${oc.env:HOME}"],
+            "trainer.lr='${oc.env:HOME}': must be an interpolation that resolves",
+        ),
+    ],
+)
+def test_values_the_run_could_not_use_are_one_line(overrides, expect):
+    assert expect in compose_error(overrides)
+
+
+def test_the_seed_port_penalty_and_launcher_limits_are_accepted():
+    compose(["seed=4294967295", "model.warmstart_seed=0", "placement.port=65535"])
+    compose(["length_control=length_penalty", "length_control.max_new_tokens=56"])
+    compose(["launcher.tasks_per_node=2", "trainer=deepspeed"])
+    compose(
+        ["launcher.nodes=1", "launcher.tasks_per_node=2", "placement=split", "placement.generator_tasks=1"]
+    )
+    compose(["+tracking.tags={team: rl}", "trainer.total_steps=${trainer.warmup_steps}"])
+
+
 def test_the_limits_themselves_are_accepted():
     compose(["eval.num_prompts=128"])
     compose(["length_control=none", "length_control.max_new_tokens=118"])
@@ -288,6 +367,59 @@ def test_a_password_in_an_unreachable_uri_is_not_printed(tmp_path):
     port = closed_port()
     msg = env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri=http://user:s3cret@127.0.0.1:{port}"])
     assert "s3cret" not in msg and "127.0.0.1" in msg
+
+
+def test_an_unreachable_or_driverless_tracking_database(tmp_path):
+    """A database URI was not checked: the run failed when it opened its store, with a traceback
+    and its out_dir made."""
+    port = closed_port()
+    msg = env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri=postgresql://u@127.0.0.1:{port}/db"])
+    assert msg.startswith("tracking.uri=") and f"no tracking database answers at 127.0.0.1:{port}" in msg
+    with socket.socket() as server:  # a server answers: the driver is what is missing
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        uri = f"postgresql+nosuchdriver://u@127.0.0.1:{server.getsockname()[1]}/db"
+        msg = env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri={uri}"])
+    assert msg.startswith("tracking.uri=") and "database driver" in msg, msg
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sqlite_file_that_is_not_an_mlflow_store_is_refused_untouched(tmp_path):
+    """MLflow would write its tables into any SQLite file it is pointed at (another program's
+    database) and fail on a file that is not SQLite: both refused before anything is written."""
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("create table mine(x)")
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    for path, problem in (
+        (other, "is an SQLite database but not an MLflow store"),
+        (text, "is not an SQLite"),
+    ):
+        msg = env_error([f"out_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{path}"])
+        assert msg.startswith("tracking.uri=") and problem in msg, msg
+    with sqlite3.connect(other) as db:
+        assert [r[0] for r in db.execute("select name from sqlite_master")] == ["mine"]
+    assert text.read_text() == "not a database\n" and not (tmp_path / "run").exists()
+
+
+def test_a_cuda_trainer_without_cuda_is_refused_before_the_out_dir_is_made(tmp_path, store):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    msg = env_error([f"out_dir={tmp_path / 'run'}", *store, "trainer.device=cuda"])
+    assert msg.startswith("invalid config value trainer.device='cuda': must be auto or cpu"), msg
+    for device in ("cpu", "auto"):  # NCCL weight updates from a CPU trainer (a traceback in the run)
+        msg = env_error(
+            [f"out_dir={tmp_path / 'run'}", *store, "async_mode.transport=nccl", f"trainer.device={device}"]
+        )
+        assert msg.startswith(
+            "invalid config value async_mode.transport='nccl': must be auto, gloo or shm"
+        ), msg
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_tracking_store_under_a_file(tmp_path):
@@ -689,6 +821,19 @@ def test_train_py_checks_what_the_config_points_at_first(tmp_path):
     for overrides, expect in cases:
         _assert_refused(_run([sys.executable, str(ROOT / "train.py"), *overrides], tmp_path), expect)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.slow
+def test_train_py_refuses_before_hydra_writes_its_own_folders(tmp_path):
+    """Hydra makes its run folder and output subfolder before the task function runs: a bad value
+    with hydra.run.dir or hydra.output_subdir set left those behind."""
+    args = [sys.executable, str(ROOT / "train.py"), f"out_dir={tmp_path / 'run'}", "trainer.lr=-1"]
+    r = _run([*args, "hydra.output_subdir=.hydra", f"hydra.run.dir={tmp_path / 'hyd'}"], tmp_path)
+    _assert_refused(r, "trainer.lr=-1.0: must be > 0")
+    assert list(tmp_path.iterdir()) == []
+    # ${hydra:...} resolves only in Hydra's run: such a command line is still checked there
+    r = _run([*args, "out_dir=${hydra:runtime.cwd}/run"], tmp_path)
+    _assert_refused(r, "trainer.lr=-1.0: must be > 0")
 
 
 @pytest.mark.slow

@@ -234,6 +234,22 @@ def test_loo_dry_run_through_sweep_py(tmp_path):
         ({"name": "bad", "baseline": "y", "variants": {"x": []}}, "baseline 'y' is not a variant"),
         ({"name": "bad", "variants": {"x": ["out_dir=/tmp/x"]}}, "variant 'x': out_dir is set by the sweep"),
         ("name: bad\nvariants: [a\n", "invalid YAML at line"),
+        # a variant's folder would be the sweep folder's state file
+        ({"name": "bad", "variants": {"sweep.json": []}}, "variant 'sweep.json': a variant name must be"),
+        ({"name": "bad", "variants": {"Report": []}}, "variant 'Report': a variant name must be"),
+        # YAML reads an unquoted off / ~ as false / null: the run would be named False / None
+        (
+            "name: bad\nvariants:\n  off: []\n",
+            "variant name False: YAML reads this unquoted name as a boolean",
+        ),
+        ("name: bad\nvariants:\n  ~: []\n", "variant name None: YAML reads this unquoted name as a null"),
+        ({"name": "bad", "variants": {"x": ["=dapo"]}}, "variant 'x': malformed override '=dapo'"),
+        ({"name": "bad", "variants": {"x": ["~"]}}, "variant 'x': malformed override '~'"),
+        ({"name": "bad", "description": False, "variants": {"x": []}}, "description must be a string"),
+        (
+            {"name": "bad", "variants": {"x": ["tracking=default"]}},
+            "variant 'x': tracking is set by the sweep",
+        ),
     ],
 )
 def test_bad_sweep_file_fails_before_launching(tmp_path, monkeypatch, capsys, content, expected):
@@ -258,6 +274,57 @@ def test_bad_command_line_override(tmp_path, monkeypatch, capsys):
     assert main(["s.yaml", "launcher.bogus=1"]) == 2
     assert "error: command line: unknown key launcher.bogus" in capsys.readouterr().err
     assert listing(tmp_path) == ["s.yaml"]
+
+
+def test_command_line_mistakes_are_one_line_and_write_nothing(tmp_path, monkeypatch, capsys):
+    """Mistakes with the sweep file, the flags and the tracking store: one line, exit 2, no
+    traceback, nothing written (and no MLflow tables put into a database that is not a store)."""
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    write_sweep(tmp_path / "s.yaml", {"x": []}, name="s")
+    (tmp_path / "dir.yaml").mkdir()
+    (tmp_path / "store").mkdir()
+    other = sqlite3.connect(tmp_path / "other.db")
+    other.execute("CREATE TABLE t (x)")
+    other.commit()
+    other.close()
+    before = listing(tmp_path)
+
+    def refused(argv: list[str], expected: str) -> None:
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse
+            rc = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and expected in err[0], (rc, err)
+
+    refused(["dir.yaml"], "error: dir.yaml: is a folder, not a sweep file")
+    refused(["s.yaml", "--dryrun"], "error: unrecognized arguments: --dryrun (see python sweep.py --help)")
+    refused(["s.yaml", "=x"], "command line: malformed override '=x'")
+    refused(["s.yaml", "tracking=default"], "command line: tracking is set by the sweep")
+    for uri, expected in (
+        (f"sqlite:///{tmp_path / 'store'}", "is a folder; a sqlite store is a file"),
+        (f"sqlite:///{tmp_path / 's.yaml'}", "s.yaml is not an SQLite database"),
+        (f"sqlite:///{tmp_path / 'other.db'}", "other.db is an SQLite database but not an MLflow store"),
+        ("sqlite://m.db", "a sqlite URI is sqlite:///relative/file.db"),
+    ):
+        refused(["s.yaml", "--tracking-uri", uri], expected)
+    with monkeypatch.context() as m:  # a file this user cannot read (root reads any: simulated)
+        m.setattr(
+            Path, "read_text", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+        )
+        refused(["s.yaml"], "error: s.yaml: cannot read the sweep file (Permission denied)")
+    with monkeypatch.context() as m:  # a folder the preflight cannot foresee failing (/proc/x, a full disk)
+        m.setattr(Path, "mkdir", lambda *a, **k: (_ for _ in ()).throw(OSError(30, "Read-only file system")))
+        refused(["s.yaml", "--out", "out"], "sweep folder (--out)=")
+    assert listing(tmp_path) == before
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["t"]
+    # the sweep file after an override is still the sweep file
+    assert main(["trainer.lr=0.002", "s.yaml", "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip() == "x  trainer.lr=0.002"
 
 
 @pytest.mark.slow

@@ -81,23 +81,27 @@ def _ignore_signals() -> None:
 
 
 def _check_overrides(args: list[str]) -> None:
-    """Compose the overrides before Hydra does, so that an unknown group, option or key, a malformed
-    override or a wrongly typed value is one line (exit 2) instead of Hydra's multi-line report.
-    Command lines with Hydra flags (--help, --cfg, -m, ...) go to Hydra as they are."""
+    """Compose and validate the overrides before Hydra does, so that an unknown group, option or key,
+    a malformed override or a wrongly typed or out-of-range value is one line (exit 2) instead of
+    Hydra's multi-line report, and is refused before Hydra makes a folder of its own (a
+    ``hydra.run.dir`` or ``hydra.output_subdir`` the command line sets). Command lines with Hydra
+    flags (--help, --cfg, -m, ...) go to Hydra as they are."""
     if any(a.startswith("-") for a in args):
         return
     from scalerl.config.errors import override_key
 
-    _composed_or_exit([a for a in args if not override_key(a).startswith("hydra")])
+    overrides = [a for a in args if not override_key(a).startswith("hydra")]
+    # `${hydra:...}` resolves only inside Hydra's run: such a command line is validated there
+    _composed_or_exit(overrides, check=not any("${hydra:" in a for a in overrides))
 
 
-def _composed_or_exit(overrides: list[str], *, with_hydra: bool = False) -> DictConfig:
-    """``overrides`` composed (not validated), or their one-line error and exit 2."""
+def _composed_or_exit(overrides: list[str], *, with_hydra: bool = False, check: bool = False) -> DictConfig:
+    """``overrides`` composed (and validated with ``check``), or their one-line error and exit 2."""
     from scalerl.config import compose
     from scalerl.config.errors import explain
 
     try:
-        return compose(overrides, check=False, with_hydra=with_hydra)
+        return compose(overrides, check=check, with_hydra=with_hydra)
     except Exception as e:  # Hydra/OmegaConf composition errors
         print(f"error: {explain(e, overrides)}", file=sys.stderr)
         sys.exit(2)

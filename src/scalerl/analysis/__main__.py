@@ -30,6 +30,13 @@ from scalerl.scaling.protocol import FitProtocol, FitProtocolError
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS, N_PARAMS
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line (not argparse's usage block), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -92,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--no-write-back", action="store_true", help="do not log fit/* metrics to the runs")
     common.add_argument("--seed", type=int, default=0, help="bootstrap seed")
 
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m scalerl.analysis",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -129,6 +136,20 @@ def _bad_argument(args) -> str | None:
         return f"--bootstrap={args.bootstrap}: must be >= 0 (0 = no intervals)"
     if args.extrapolate < 1:
         return f"--extrapolate={args.extrapolate}: must be >= 1"
+    if args.runs is not None:
+        ids = [s.strip() for s in args.runs.split(",") if s.strip()]
+        if not ids:
+            return f"--runs={args.runs!r}: no run id (expected comma-separated MLflow run ids)"
+        dup = next((r for r in ids if ids.count(r) > 1), None)
+        if dup:  # one run counted twice would weigh as two seeds
+            return f"--runs: run id {dup!r} is given twice (expected distinct run ids)"
+    if args.out is not None:
+        from scalerl.config.preflight import PathError, check_out_dir
+
+        try:
+            check_out_dir(args.out or ".", key="--out")
+        except PathError as e:
+            return str(e)
     return None
 
 
@@ -164,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     uri = resolve_tracking_uri(args.tracking_uri)
-    run_ids = [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs else None
+    run_ids = [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs is not None else None
     try:
         check_uri(uri)
         client = make_client(uri)

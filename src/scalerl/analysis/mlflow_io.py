@@ -152,6 +152,9 @@ def load_run(client, run, *, reward_key: str = REWARD_KEY) -> RunData:
         else:
             notes.append(f"step {s}: {reward_key} without {COMPUTE_KEYS[axis]}; skipped")
             continue
+        if not (math.isfinite(c) and math.isfinite(rew[s])):  # a fit or a plot of inf/nan is noise
+            notes.append(f"step {s}: {reward_key}={rew[s]}, {COMPUTE_KEYS[axis]}={c} not finite; skipped")
+            continue
         steps.append(s)
         cs.append(c)
         rs.append(rew[s])
@@ -189,6 +192,11 @@ def load_runs(
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             raise AnalysisError(f"no MLflow experiment named {experiment!r}")
+        if exp.lifecycle_stage == "deleted":  # its runs are hidden: say why there are none
+            raise AnalysisError(
+                f"MLflow experiment {experiment!r} is deleted; restore it first "
+                f"(mlflow experiments restore --experiment-id {exp.experiment_id})"
+            )
         statuses = {"FINISHED"} | ({"RUNNING"} if include_running else set())
         runs, token = [], None
         while True:  # MLflow filters have no OR: filter the status here

@@ -397,7 +397,6 @@ def report(
     """
     opts = protocol or FitProtocol()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     res = analyse_runs(
         runs,
         opts,
@@ -442,6 +441,7 @@ def report(
         )
     markdown += table + "\n" + "".join(line + "\n" for line in legend)
 
+    out.mkdir(parents=True, exist_ok=True)  # after the analysis: a refused baseline writes nothing
     files = [rows_to_csv(rows, out / "fits.csv")]
     if res.verdicts:
         files.append(rows_to_csv([verdict_row(v) for v in listed], out / "verdicts.csv"))

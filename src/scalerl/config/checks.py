@@ -24,6 +24,23 @@ def at_least(key: str, value: object, low: float, prefix: str = "an integer "):
     return None
 
 
+def in_range(key: str, value: object, low: int, high: int):
+    """An integer in ``low..high`` (both included)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return key, value, f"an integer in {low}..{high}"
+    return None
+
+
+# torch takes seeds below 2**64 and the run derives others from a seed by multiplying it by about
+# a million: seeds of 32 bits (numpy's range) stay in range
+MAX_SEED = 2**32 - 1
+
+
+def seed(key: str, value: object):
+    """A seed torch takes, and every seed the run derives from it."""
+    return in_range(key, value, 0, MAX_SEED)
+
+
 def positive(key: str, value: object):
     if not _num(value) or value <= 0:
         return key, value, "> 0"

@@ -27,9 +27,16 @@ def _default_cfg() -> DictConfig:
 
 
 def _options(group: str) -> list[str]:
-    from scalerl.config import GROUPS, options
+    """The options of ``group``: registered ones, or the YAML files of a folder of ``conf/``
+    (``experiment``)."""
+    from pathlib import Path
 
-    return sorted(options(group)) if group in GROUPS else []
+    from scalerl.config import GROUPS, conf_dir, options
+
+    if group in GROUPS:
+        return sorted(options(group))
+    folder = Path(conf_dir()) / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if group and folder.is_dir() else []
 
 
 def _groups() -> list[str]:
@@ -89,7 +96,7 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
     if isinstance(exc, UserError):  # a ConfigError, a task's DataFileError: one line already
         return msg
     if isinstance(exc, MissingConfigException):
-        m = re.search(r"Could not (?:find|load) '([^'/]+)/([^']+)'", msg)
+        m = re.search(r"Could not (?:find|load) '([^'/]+)/([^']*)'", msg)
         if m:
             group, option = m.group(1), m.group(2)
             # the user's override (a list value shows up as one of its elements)
@@ -97,6 +104,12 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
             value = ov.split("=", 1)[1] if "=" in ov else option
             avail = _options(group)
             return f"unknown option {group}={value} (available: {', '.join(avail)})"
+        return first
+    if msg.startswith("Config group override must be"):  # group=null
+        nulls = [o for o in overrides if o.lower().replace(" ", "").endswith("=null")]
+        ov = next((o for o in nulls if _options(override_key(o))), None)
+        if ov:
+            return f"unknown option {ov.lstrip('+')} (available: {', '.join(_options(override_key(ov)))})"
         return first
     if isinstance(exc, OverrideParseException):
         bad = next((o for o in overrides if o in msg), None)
@@ -108,12 +121,23 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
         if m:
             key = m.group(1)
             ov = next((o for o in overrides if override_key(o) == key), None)
+            if ov and "is not in struct" in str(exc.__cause__):  # a free mapping set with new keys
+                return f"bad value {ov}: {key} takes new keys only with '+': write +{ov}"
             return _unknown_key_message(key, ov.split("=", 1)[1] if ov and "=" in ov else None, overrides)
         m = re.search(r"Error merging override (.+)$", first)
         if m:
             cause = exc.__cause__
             detail = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
             return f"bad value {m.group(1)}" + (f": {detail}" if detail else "")
+        m = re.search(r"^In '(?:scalerl_schema/)?([^'/]+)/[^']*': ValidationError", first)
+        lists = [o for o in overrides if m and override_key(o) == m.group(1) and "[" in o]
+        if lists:  # group=[a,b]: Hydra merges the options, whose schemas differ
+            return f"bad value {lists[-1]}: one option (available: {', '.join(_options(m.group(1)))})"
+        m = re.search(r"^Multiple values for ([^ .]+)\. To override", first)
+        if m:  # +group=option for a group the defaults already choose
+            ov = next((o for o in overrides if o.startswith("+") and override_key(o) == m.group(1)), None)
+            fix = ov.lstrip("+") if ov else f"{m.group(1)}=..."
+            return f"{m.group(1)} already has an option: write {fix} without the '+'"
         m = re.search(r"Could not append to config. An item is already at '([^']+)'", msg)
         if m:
             return f"{m.group(1)} already exists: write {m.group(1)}=... without the '+'"

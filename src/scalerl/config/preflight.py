@@ -23,6 +23,8 @@ from scalerl.messages import first_line
 
 # schemes MLflow stores by default; a URI without a scheme is a local folder
 TRACKING_SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
+# database servers (SQLAlchemy URIs, ``scheme+driver://``) and their default ports
+DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 CONNECT_TIMEOUT_S = 5.0
 WEIGHT_FILES = (
     "model.safetensors",
@@ -75,21 +77,27 @@ def check_tracking_uri(uri: str, key: str = "tracking.uri") -> None:
     if scheme and scheme not in TRACKING_SCHEMES:
         allowed = "http(s)://host:port, sqlite:///file.db, file:///folder or a folder path"
         raise PathError(key, shown, f"unknown scheme {parsed.scheme!r} (use {allowed})")
-    if scheme in ("http", "https"):
+    if scheme in ("http", "https", *DATABASE_PORTS):
         host = parsed.hostname
         if not host:
-            raise PathError(key, shown, "no host (use http://host:port)")
+            raise PathError(key, shown, f"no host (use {scheme}://host:port)")
         try:
-            port = parsed.port or (443 if scheme == "https" else 80)
+            port = parsed.port or DATABASE_PORTS.get(scheme) or (443 if scheme == "https" else 80)
         except ValueError:
             raise PathError(key, shown, "the port is not a number") from None
+        what = "tracking database" if scheme in DATABASE_PORTS else "tracking server"
         try:
             with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
                 pass
         except OSError as e:
             reason = e.strerror or type(e).__name__
-            raise PathError(key, shown, f"no tracking server answers at {host}:{port} ({reason})") from None
+            raise PathError(key, shown, f"no {what} answers at {host}:{port} ({reason})") from None
+        if scheme in DATABASE_PORTS:
+            _check_database_driver(uri, key, shown)
     elif scheme == "sqlite":
+        problem = sqlite_problem(uri)
+        if problem:
+            raise PathError(key, shown, problem)
         db = uri.split("://", 1)[1] if "://" in uri else ""
         path = db[1:] if db.startswith("/") else db
         if path and path != ":memory:":
@@ -109,6 +117,74 @@ def check_tracking_uri(uri: str, key: str = "tracking.uri") -> None:
                 "this MLflow refuses folder (file) stores unless MLFLOW_ALLOW_FILE_STORE=true is set; "
                 "use sqlite:///<folder>/mlflow.db, or set that variable",
             )
+
+
+def sqlite_problem(uri: str) -> str | None:
+    """Why MLflow cannot use the sqlite store at ``uri`` as it is (None: it can, or it is new): a
+    URI SQLAlchemy refuses, a folder, or an existing file that is not an MLflow store (MLflow would
+    write its tables into someone else's database)."""
+    import sqlite3
+
+    if not uri.startswith("sqlite:"):
+        return None
+    if not uri.startswith("sqlite:///"):
+        return "a sqlite URI is sqlite:///relative/file.db or sqlite:////absolute/file.db"
+    path = Path(uri[len("sqlite:///") :]).expanduser()
+    if str(path) == ":memory:" or not path.exists():
+        return None
+    if path.is_dir():
+        return f"{path} is a folder; a sqlite store is a file (sqlite:///{path}/mlflow.db)"
+    if path.stat().st_size == 0:
+        return None  # an empty file: MLflow makes it a new store
+    try:
+        with path.open("rb") as fh:
+            header = fh.read(16)
+    except OSError as e:
+        return f"{path} cannot be read ({e.strerror or type(e).__name__})"
+    if header != b"SQLite format 3\x00":  # sqlite would take a short file for an empty one
+        return f"{path} is not an SQLite database"
+    try:  # read-only: checking writes nothing
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return f"{path} is not an SQLite database"
+    if tables and not {"experiments", "runs", "alembic_version"} <= tables:
+        return f"{path} is an SQLite database but not an MLflow store (no MLflow tables)"
+    return None
+
+
+def _check_database_driver(uri: str, key: str, shown: str) -> None:
+    """The Python driver SQLAlchemy uses for a database URI is installed (MLflow imports it only
+    when the run opens its store)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        dialect = make_url(uri).get_dialect()
+        (getattr(dialect, "import_dbapi", None) or dialect.dbapi)()  # SQLAlchemy 2 or 1.4
+    except ImportError as e:  # the dialect's driver module (psycopg, pymysql, ...)
+        raise PathError(key, shown, f"the database driver is not installed ({first_line(e)})") from None
+    except Exception as e:  # sqlalchemy's NoSuchModuleError (an unknown +driver), ArgumentError
+        raise PathError(key, shown, f"no such database driver ({first_line(e)})") from None
+
+
+def check_trainer_device(cfg: DictConfig) -> None:
+    """``trainer.device=cuda``, or weights sent to the engines over NCCL, where the trainer has no
+    CUDA device (both failed inside the run, after its out_dir was made)."""
+    device = str(cfg.trainer.device)
+    nccl = cfg.async_mode.name == "pipeline_rl" and cfg.async_mode.transport == "nccl"
+    if device != "cuda" and not nccl:
+        return
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if device == "cuda" and not cuda:
+        raise ConfigError("trainer.device", device, "auto or cpu: torch sees no CUDA device on this machine")
+    if nccl and (device == "cpu" or not cuda):
+        where = "with trainer.device=cpu" if device == "cpu" else "here (torch sees no CUDA device)"
+        raise ConfigError("async_mode.transport", "nccl", f"auto, gloo or shm {where}: NCCL connects GPUs")
 
 
 def file_store_refused() -> bool:
@@ -213,6 +289,7 @@ def preflight(cfg: DictConfig) -> None:
 
     check_out_dir(cfg.out_dir)
     check_tracking_uri(tracking_uri(cfg))
+    check_trainer_device(cfg)
     if cfg.model.name == "hf":
         config = check_model_folder(str(cfg.model.name_or_path))
         positions = max_positions(config) if config else None

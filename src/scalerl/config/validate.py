@@ -15,9 +15,9 @@ import dataclasses
 
 from omegaconf import DictConfig, OmegaConf
 
-from scalerl.config.checks import non_finite
+from scalerl.config.checks import non_finite, seed
 from scalerl.config.options import GROUPS, options
-from scalerl.config.schema import PROGRESS, SECTIONS
+from scalerl.config.schema import PROGRESS, SECTIONS, Config
 from scalerl.messages import UserError
 
 
@@ -35,7 +35,9 @@ class UnknownKeyError(ConfigError):
 
     def __init__(self, key: str, value: object, known: list[str], owner: str):
         self.key, self.value, self.allowed = key, value, ", ".join(known)
-        ValueError.__init__(self, f"unknown key {key}={value!r} (keys of {owner}: {', '.join(known)})")
+        ValueError.__init__(
+            self, f"unknown key {key}={value!r} (keys of {owner}: {', '.join(known) or 'none'})"
+        )
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -60,6 +62,28 @@ def _unknown_keys(node: DictConfig, path: str) -> None:
         child = node[key]
         if isinstance(child, DictConfig):
             _unknown_keys(child, child_path)
+
+
+def _deleted(cfg: DictConfig) -> None:
+    """A top-level setting removed with ``~key`` (a group's ``~group`` leaves it unset instead)."""
+    for f in dataclasses.fields(Config):
+        if f.name not in cfg:
+            raise ConfigError(f.name, "???", "set (required)")
+
+
+def _unresolved(cfg: DictConfig) -> None:
+    """An interpolation (``${oc.env:VAR}``, ``${key}``) that does not resolve, or not to its key's type."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as e:
+        key = str(getattr(e, "full_key", "") or "?")
+        node: object = OmegaConf.to_container(cfg, resolve=False)
+        for part in key.split("."):
+            node = node.get(part, "?") if isinstance(node, dict) else "?"
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(key, node, f"an interpolation that resolves ({detail})") from None
 
 
 def _missing(node: DictConfig, path: str) -> None:
@@ -92,13 +116,18 @@ def option_of(cfg: DictConfig, group: str):
 def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` on the first unknown key, missing or out-of-range value, or
     inconsistent value in ``cfg``."""
+    _deleted(cfg)
     _unknown_keys(cfg, "")
     _missing(cfg, "")
+    _unresolved(cfg)
     for group in GROUPS:
         _missing(cfg[group], group)
         _problems(option_of(cfg, group), group)
     for section in SECTIONS:
         _problems(OmegaConf.to_object(cfg[section]), section)
+    bad_seed = seed("seed", cfg.seed)
+    if bad_seed:
+        raise ConfigError(*bad_seed)
     _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
     _check(cfg.progress in PROGRESS, "progress", cfg.progress, "one of " + ", ".join(PROGRESS))
     _check(bool(str(cfg.out_dir).strip()), "out_dir", cfg.out_dir, "a folder path")
@@ -131,6 +160,7 @@ def _relations(cfg: DictConfig) -> None:
             f">= {n}, the domains of task=multi (each is validated on its own)",
         )
     _placement_relations(cfg)
+    _launcher_relations(cfg)
     if model.name == "tiny" and task.name == "addition":
         need = addition_prompt_chars(task) + int(cfg.length_control.max_new_tokens)
         _check(
@@ -140,6 +170,22 @@ def _relations(cfg: DictConfig) -> None:
             f"<= model.max_position_embeddings - prompt length "
             f"({model.max_position_embeddings} - {addition_prompt_chars(task)} = "
             f"{model.max_position_embeddings - addition_prompt_chars(task)})",
+        )
+
+
+def _launcher_relations(cfg: DictConfig) -> None:
+    """A sweep's job of several tasks is one run of several trainer processes (its last
+    ``placement.generator_tasks`` run engines instead): only DeepSpeed trains in several."""
+    lc = cfg.launcher
+    launched = int(lc.nodes) * int(lc.tasks_per_node)
+    trainers = launched - int(cfg.placement.get("generator_tasks", 0) or 0)
+    if launched > 1 and trainers > 1 and cfg.trainer.name != "deepspeed":
+        key = "tasks_per_node" if int(lc.tasks_per_node) > 1 else "nodes"
+        raise ConfigError(
+            f"launcher.{key}",
+            lc[key],
+            f"1 with trainer={cfg.trainer.name}: {trainers} trainer processes of one run "
+            "(launcher.nodes x launcher.tasks_per_node) need trainer=deepspeed",
         )
 
 

@@ -47,11 +47,20 @@ def resolve_file(arg: str) -> Path:
             if cand.is_file():
                 return cand
         raise SweepError(f"no sweep file or shipped sweep named {arg!r} (shipped: {', '.join(shipped())})")
+    if p.is_dir():
+        raise SweepError(f"{display_path(p)}: is a folder, not a sweep file (a YAML file)")
     raise SweepError(f"{display_path(p)}: no such sweep file")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line (not argparse's usage block), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python sweep.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -90,8 +99,8 @@ def say(msg: str) -> None:
 
 def _split_args(args, parser) -> tuple[str | None, list[str]]:
     sweep, overrides = None, []
-    for a in args.args:
-        if sweep is None and not overrides and "=" not in a and not a.startswith("~"):
+    for a in args.args:  # the sweep file: the first argument that is not an override
+        if sweep is None and "=" not in a and not a.startswith("~"):
             sweep = a
         else:
             overrides.append(a)
@@ -209,7 +218,12 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
 def launch(plan, header: str) -> int:
     from filelock import FileLock, Timeout
 
-    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # e.g. a read-only or virtual file system the preflight cannot foresee
+        raise SweepError(
+            f"sweep folder (--out)={str(plan.sweep_dir)!r}: cannot be created ({e.strerror or type(e).__name__})"
+        ) from None
     lock = FileLock(str(plan.sweep_dir / ".sweep.lock"))
     try:
         lock.acquire(timeout=0)

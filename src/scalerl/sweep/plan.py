@@ -44,8 +44,11 @@ def merge_overrides(*lists: list[str]) -> list[str]:
 
 
 def _owned(key: str) -> bool:
+    """``key`` is, is under, or holds (``tracking`` as a whole) a key the sweep sets."""
     return (
-        any(key == o or key.startswith(o + ".") for o in OWNED) or key == "hydra" or key.startswith("hydra.")
+        any(key == o or key.startswith(o + ".") or o.startswith(key + ".") for o in OWNED)
+        or key == "hydra"
+        or key.startswith("hydra.")
     )
 
 
@@ -178,7 +181,7 @@ def split_cli(args: list[str]) -> tuple[list[str], list[str], str | None]:
     train, launch, uri = [], [], None
     for ov in args:
         key = override_key(ov)
-        if "=" not in ov and not ov.startswith("~"):
+        if ("=" not in ov and not ov.startswith("~")) or not key:
             raise SweepError(
                 f"{COMMAND_LINE}: malformed override {ov!r} (expected group=option or key=value)"
             )

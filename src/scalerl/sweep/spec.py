@@ -22,7 +22,7 @@ from pathlib import Path
 
 ALLOWED_KEYS = ("name", "description", "base", "seeds", "baseline", "variants")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-RESERVED_NAMES = ("logs", "report")  # folders of the sweep directory
+RESERVED_NAMES = ("logs", "report", "sweep.json", "status.json")  # entries of the sweep directory
 
 
 class SweepError(ValueError):
@@ -71,7 +71,7 @@ def _overrides(value, where: str, path: str) -> list[str]:
         if not isinstance(item, str):
             raise SweepError(f"{path}: {where}: override {item!r} is not a string like key=value")
         s = item.strip()
-        if "=" not in s and not s.startswith("~"):
+        if ("=" not in s and not s.startswith("~")) or not s.lstrip("+~").split("=", 1)[0].strip():
             raise SweepError(
                 f"{path}: {where}: malformed override {s!r} (expected group=option or key=value)"
             )
@@ -99,7 +99,8 @@ def parse_spec(data, path: str) -> SweepSpec:
     name = data.get("name", Path(path).stem)
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise SweepError(f"{path}: name {name!r} must be letters, digits, '_', '.', '-' (it names folders)")
-    desc = data.get("description") or ""
+    desc = data.get("description")
+    desc = "" if desc is None else desc
     if not isinstance(desc, str):
         raise SweepError(f"{path}: description must be a string")
     base = _overrides(data.get("base"), "base", path)
@@ -126,8 +127,14 @@ def parse_spec(data, path: str) -> SweepSpec:
         )
     variants: dict[str, list[str]] = {}
     for vname, ovs in raw.items():
+        if vname is None or isinstance(vname, bool):
+            # YAML reads an unquoted yes/no/on/off/true/false/~ as a boolean or null, not a name
+            raise SweepError(
+                f"{path}: variant name {vname!r}: YAML reads this unquoted name as a "
+                f"{'boolean' if vname is not None else 'null'}; quote it (e.g. 'off': [...])"
+            )
         vname = str(vname)
-        if not NAME_RE.match(vname) or vname in RESERVED_NAMES:
+        if not NAME_RE.match(vname) or vname.lower() in RESERVED_NAMES:
             raise SweepError(
                 f"{path}: variant {vname!r}: a variant name must be letters, digits, '_', '.', '-' "
                 f"and not one of {', '.join(RESERVED_NAMES)} (it names a folder and an MLflow run)"
@@ -188,6 +195,8 @@ def load_spec(path: str | Path) -> SweepSpec:
 
     shown = display_path(path)
     p = Path(path)
+    if p.is_dir():
+        raise SweepError(f"{shown}: is a folder, not a sweep file (a YAML file)")
     if not p.is_file():
         raise SweepError(f"{shown}: no such sweep file")
     try:
@@ -199,4 +208,6 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise SweepError(f"{shown}: invalid YAML{where}: {problem}") from None
     except UnicodeDecodeError:
         raise SweepError(f"{shown}: not a UTF-8 text file") from None
+    except OSError as e:  # unreadable (permissions, a device): one line, not a traceback
+        raise SweepError(f"{shown}: cannot read the sweep file ({e.strerror or type(e).__name__})") from None
     return parse_spec(data, shown)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -55,6 +56,33 @@ class ProgramFailed(Exception):
     def __init__(self, kind: str, detail: str = ""):
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
+
+
+# a plain number as data files write it, which LaTeX would misread: digits grouped by spaces
+# (``1 000 000`` is 1 0 0 0 0 0 0 multiplied, i.e. 0) and scientific notation (``1e3`` is 3e)
+_GROUPED = re.compile(r"[-+]?\d{1,3}(?:[ \u2009\u202f]\d{3})+(?:\.\d+)?")
+_SCIENTIFIC = re.compile(r"([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+)")
+
+
+def gold_latex(gold: str) -> str:
+    """The reference answer as LaTeX: plain numbers written with grouped digits or an exponent
+    rewritten (``1 000 000`` -> ``1000000``, ``1.5e-3`` -> ``1.5 \\times 10^{-3}``), the rest as is."""
+    g = gold.strip()
+    if _GROUPED.fullmatch(g):
+        return re.sub(r"[ \u2009\u202f]", "", g)
+    m = _SCIENTIFIC.fullmatch(g)
+    return f"{m[1]} \\times 10^{{{m[2]}}}" if m else g
+
+
+def check_answer(gold: str, completion: str) -> float:
+    """1.0 iff math-verify finds the gold answer in the completion (its last ``\\boxed{}``, else
+    its last number or formula), else 0.0. The gold answer is parsed as LaTeX math (so ``1/(n+1)``
+    is a formula, not the number 1; :func:`gold_latex`)."""
+    from math_verify import parse, verify
+
+    gold_parsed = parse(f"${gold_latex(gold)}$")
+    pred = parse(final_answer(completion))
+    return 1.0 if gold_parsed and pred and verify(gold_parsed, pred) else 0.0
 
 
 @contextmanager

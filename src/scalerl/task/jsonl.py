@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from scalerl.messages import UserError
-from scalerl.task.base import Prompt
+from scalerl.task.base import Prompt, check_answer
 
 
 class DataFileError(UserError):
@@ -102,8 +102,6 @@ class JsonlTask:
     def score(self, prompt: Prompt, completion: str) -> float:
         """As GSM and CHAMP: the answer parsed as LaTeX math (parsed as plain text, ``2^{10}`` is the
         number 2 and ``1/(n+1)`` the number 1, so a wrong ``\\boxed{2}`` or ``\\boxed{1}`` passed)."""
-        from scalerl.task.math_tasks import check_answer  # imports this module
-
         return check_answer(prompt.answer, completion)
 
     def warmstart_examples(self, n: int, rng: random.Random) -> list[tuple[str, str]]:

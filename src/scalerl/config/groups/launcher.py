@@ -69,6 +69,9 @@ class Slurm(Option):
 
     def check(self):
         return problems(
+            ("partition", self.partition, "a partition name, or null for the cluster's default")
+            if self.partition is not None and not self.partition.strip()
+            else None,
             at_least("nodes", self.nodes, 1),
             at_least("tasks_per_node", self.tasks_per_node, 1),
             at_least("gpus_per_node", self.gpus_per_node, 0, ""),

@@ -69,4 +69,7 @@ class LengthPenalty(Option):
         )
         if not out and self.l_max <= self.l_cache:
             out = [("l_max", self.l_max, f"> l_cache ({self.l_cache})")]
+        # samples are cut at max_new_tokens: a window past it never reaches its -1
+        if not out and self.l_max > self.max_new_tokens:
+            out = [("l_max", self.l_max, f"<= max_new_tokens ({self.max_new_tokens})")]
         return out

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from scalerl.config.checks import at_least, one_of, problems
+from scalerl.config.checks import at_least, one_of, positive, problems, seed
 from scalerl.config.options import Option, register_option
 
 ARCHS = ("gpt2", "qwen2", "llama")
@@ -51,6 +51,9 @@ class TinyModel(Option):
             at_least("max_position_embeddings", self.max_position_embeddings, 1),
             at_least("warmstart_steps", self.warmstart_steps, 0, ""),
             at_least("warmstart_batch_size", self.warmstart_batch_size, 1),
+            positive("warmstart_lr", self.warmstart_lr),
+            seed("warmstart_seed", self.warmstart_seed),
+            ("cache_dir", self.cache_dir, "a folder path") if not str(self.cache_dir).strip() else None,
         )
 
 

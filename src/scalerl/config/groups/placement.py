@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scalerl.config.checks import at_least, positive, problems
+from scalerl.config.checks import at_least, in_range, positive, problems
 from scalerl.config.options import Option, register_option
 
 
@@ -32,7 +32,7 @@ class PlacementOption(Option):
         return problems(
             at_least("engines", self.engines, 1),
             at_least("tensor_parallel_size", self.tensor_parallel_size, 1),
-            at_least("port", self.port, 0, ""),
+            in_range("port", self.port, 0, 65535),
             positive("bucket_mb", self.bucket_mb),
         )
 

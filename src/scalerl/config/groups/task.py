@@ -49,6 +49,10 @@ class Addition(Option):
             in_unit("warmstart_hard_frac", self.warmstart_hard_frac),
             in_unit("warmstart_slip_prob", self.warmstart_slip_prob),
             in_unit("warmstart_recheck_prob", self.warmstart_recheck_prob),
+            # what cuts a re-check short, then the answer: as length_control.phrase, never empty
+            ("warmstart_phrase", self.warmstart_phrase, "a non-empty string")
+            if not self.warmstart_phrase
+            else None,
             at_least("num_val", self.num_val, 1),
             at_least("num_train", self.num_train, 1),
             positive("verifier_timeout_s", self.verifier_timeout_s),
