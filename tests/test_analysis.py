@@ -333,7 +333,7 @@ def test_cli_never_chooses_an_unfittable_baseline(store, capsys):
     assert not any(r["baseline"] == "True" for r in rows.values())
 
 
-def test_cli_refuses_bad_runs_out_and_stores_in_one_line(store, capsys, tmp_path):
+def test_cli_refuses_bad_runs_out_and_stores_in_one_line(store, refused, tmp_path):
     """Exit 2 with one line, before anything is written: no --out folder, no fit/* metrics, and no
     MLflow tables put into a database that is not a store."""
     import sqlite3
@@ -348,34 +348,30 @@ def test_cli_refuses_bad_runs_out_and_stores_in_one_line(store, capsys, tmp_path
         db.execute("CREATE TABLE t (x)")
     rid = store["ids"]["base"]
 
-    def refused(argv: list[str], expected: str) -> None:
-        try:
-            rc = main(argv)
-        except SystemExit as e:  # argparse
-            rc = e.code
-        err = capsys.readouterr().err.strip().splitlines()
-        assert rc == 2 and len(err) == 1 and expected in err[0], (rc, err)
-
-    refused([*base, "--runs", ","], "--runs=',': no run id")
+    refused(main, [*base, "--runs", ","], "--runs=',': no run id")
     # the same run twice would count as two seeds of its variant
-    refused([*base, "--runs", f"{rid},{rid}"], f"--runs: run id {rid!r} is given twice")
-    refused([*base, "--out", str(tmp_path / "file")], "--out=")
-    refused([*base, "--baseline", "nope", "--out", str(out)], "baseline 'nope' (--baseline)")
-    refused([*base, "--bogus"], "error: unrecognized arguments: --bogus (see python -m scalerl.analysis")
+    refused(main, [*base, "--runs", f"{rid},{rid}"], f"--runs: run id {rid!r} is given twice")
+    refused(main, [*base, "--out", str(tmp_path / "file")], "--out=")
+    refused(main, [*base, "--baseline", "nope", "--out", str(out)], "baseline 'nope' (--baseline)")
+    refused(
+        main, [*base, "--bogus"], "error: unrecognized arguments: --bogus (see python -m scalerl.analysis"
+    )
     for uri, expected in (
         (f"sqlite:///{tmp_path / 'folder'}", "is a folder; a sqlite store is a file"),
         (f"sqlite:///{tmp_path / 'file'}", "is not an SQLite database"),
         (f"sqlite:///{tmp_path / 'other.db'}", "is an SQLite database but not an MLflow store"),
         ("sqlite://x.db", "a sqlite URI is sqlite:///relative/file.db"),
     ):
-        refused(["fit", "--tracking-uri", uri, "--out", str(out)], expected)
+        refused(main, ["fit", "--tracking-uri", uri, "--out", str(out)], expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder", "other.db"]
     assert (tmp_path / "file").read_text() == "x"
     with sqlite3.connect(tmp_path / "other.db") as db:
         assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["t"]
     client = store["client"]
     client.delete_experiment(client.create_experiment("gone", artifact_location=str(tmp_path / "gone")))
-    refused([*base[:3], "--experiment", "gone"], "MLflow experiment 'gone' is deleted; restore it first")
+    refused(
+        main, [*base[:3], "--experiment", "gone"], "MLflow experiment 'gone' is deleted; restore it first"
+    )
 
 
 def test_non_finite_points_are_skipped_with_a_note(store):

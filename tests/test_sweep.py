@@ -276,7 +276,7 @@ def test_bad_command_line_override(tmp_path, monkeypatch, capsys):
     assert listing(tmp_path) == ["s.yaml"]
 
 
-def test_command_line_mistakes_are_one_line_and_write_nothing(tmp_path, monkeypatch, capsys):
+def test_command_line_mistakes_are_one_line_and_write_nothing(tmp_path, monkeypatch, capsys, refused):
     """Mistakes with the sweep file, the flags and the tracking store: one line, exit 2, no
     traceback, nothing written (and no MLflow tables put into a database that is not a store)."""
     import sqlite3
@@ -292,33 +292,27 @@ def test_command_line_mistakes_are_one_line_and_write_nothing(tmp_path, monkeypa
     other.close()
     before = listing(tmp_path)
 
-    def refused(argv: list[str], expected: str) -> None:
-        try:
-            rc = main(argv)
-        except SystemExit as e:  # argparse
-            rc = e.code
-        err = capsys.readouterr().err.strip().splitlines()
-        assert rc == 2 and len(err) == 1 and expected in err[0], (rc, err)
-
-    refused(["dir.yaml"], "error: dir.yaml: is a folder, not a sweep file")
-    refused(["s.yaml", "--dryrun"], "error: unrecognized arguments: --dryrun (see python sweep.py --help)")
-    refused(["s.yaml", "=x"], "command line: malformed override '=x'")
-    refused(["s.yaml", "tracking=default"], "command line: tracking is set by the sweep")
+    refused(main, ["dir.yaml"], "error: dir.yaml: is a folder, not a sweep file")
+    refused(
+        main, ["s.yaml", "--dryrun"], "error: unrecognized arguments: --dryrun (see python sweep.py --help)"
+    )
+    refused(main, ["s.yaml", "=x"], "command line: malformed override '=x'")
+    refused(main, ["s.yaml", "tracking=default"], "command line: tracking is set by the sweep")
     for uri, expected in (
         (f"sqlite:///{tmp_path / 'store'}", "is a folder; a sqlite store is a file"),
         (f"sqlite:///{tmp_path / 's.yaml'}", "s.yaml is not an SQLite database"),
         (f"sqlite:///{tmp_path / 'other.db'}", "other.db is an SQLite database but not an MLflow store"),
         ("sqlite://m.db", "a sqlite URI is sqlite:///relative/file.db"),
     ):
-        refused(["s.yaml", "--tracking-uri", uri], expected)
+        refused(main, ["s.yaml", "--tracking-uri", uri], expected)
     with monkeypatch.context() as m:  # a file this user cannot read (root reads any: simulated)
         m.setattr(
             Path, "read_text", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
         )
-        refused(["s.yaml"], "error: s.yaml: cannot read the sweep file (Permission denied)")
+        refused(main, ["s.yaml"], "error: s.yaml: cannot read the sweep file (Permission denied)")
     with monkeypatch.context() as m:  # a folder the preflight cannot foresee failing (/proc/x, a full disk)
         m.setattr(Path, "mkdir", lambda *a, **k: (_ for _ in ()).throw(OSError(30, "Read-only file system")))
-        refused(["s.yaml", "--out", "out"], "sweep folder (--out)=")
+        refused(main, ["s.yaml", "--out", "out"], "sweep folder (--out)=")
     assert listing(tmp_path) == before
     with sqlite3.connect(tmp_path / "other.db") as db:
         assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["t"]

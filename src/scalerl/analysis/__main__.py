@@ -26,15 +26,9 @@ from pathlib import Path
 from scalerl.analysis.experiment import DEFAULT_MIN_STEP, baseline_argument, rows_to_markdown
 from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
 from scalerl.analysis.reporting import report, safe_name
+from scalerl.messages import OneLineParser
 from scalerl.scaling.protocol import FitProtocol, FitProtocolError
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS, N_PARAMS
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A usage error is one line (not argparse's usage block), exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

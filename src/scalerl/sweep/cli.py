@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from scalerl.messages import OneLineParser
 from scalerl.sweep.spec import SweepError, display_path
 
 EXIT_FAILED_RUNS = 1
@@ -50,13 +51,6 @@ def resolve_file(arg: str) -> Path:
     if p.is_dir():
         raise SweepError(f"{display_path(p)}: is a folder, not a sweep file (a YAML file)")
     raise SweepError(f"{display_path(p)}: no such sweep file")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A usage error is one line (not argparse's usage block), exit status 2."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -60,6 +60,8 @@ def _overrides(value, where: str, path: str) -> list[str]:
             f"{path}: {where}: expected a list of overrides like [loss=dapo, trainer.lr=1e-4], "
             f"got {type(value).__name__}"
         )
+    from scalerl.config.errors import override_key  # here: a sweep file is read, then planned with it
+
     out = []
     for item in value:
         if isinstance(item, dict) and len(item) == 1:
@@ -71,7 +73,7 @@ def _overrides(value, where: str, path: str) -> list[str]:
         if not isinstance(item, str):
             raise SweepError(f"{path}: {where}: override {item!r} is not a string like key=value")
         s = item.strip()
-        if ("=" not in s and not s.startswith("~")) or not s.lstrip("+~").split("=", 1)[0].strip():
+        if ("=" not in s and not s.startswith("~")) or not override_key(s):
             raise SweepError(
                 f"{path}: {where}: malformed override {s!r} (expected group=option or key=value)"
             )
