@@ -221,10 +221,25 @@ def test_the_limits_themselves_are_accepted():
         (["loss=nope"], "unknown option loss=nope"),
         (["model=hf"], "model.name_or_path"),
         (["task=jsonl"], "task.path"),
+        # OmegaConf reads any integer as a boolean: 2 was true
+        (["filter.zero_variance=2"], "filter.zero_variance='2': must be true or false"),
+        (["trainer.share_prompts=-1"], "trainer.share_prompts='-1': must be true or false"),
     ],
 )
 def test_wrong_types_unknown_keys_and_unset_values_are_one_line(overrides, expect):
     assert expect in compose_error(overrides)
+
+
+def test_the_words_a_boolean_takes_are_accepted():
+    for word, value in [
+        ("yes", True),
+        ("No", False),
+        ("ON", True),
+        ("'false'", False),
+        ("1", True),
+        ("0", False),
+    ]:
+        assert compose([f"filter.zero_variance={word}"]).filter.zero_variance is value
 
 
 @pytest.mark.parametrize(
@@ -334,6 +349,7 @@ def test_unwritable_out_dir(tmp_path, store):
         ("foo://x", "unknown scheme 'foo'"),
         ("http://", "no host"),
         ("http://127.0.0.1:notaport", "port"),
+        ("sqlite:///:memory:", "an in-memory store ends with the process"),
     ],
 )
 def test_malformed_tracking_uris(tmp_path, uri, expect):
@@ -792,6 +808,8 @@ def _assert_refused(r: subprocess.CompletedProcess, expect: str) -> None:
         (["eval.num_prompts=1000"], "must be <= task.num_val (128)"),
         (["out_dir="], "out_dir=''"),
         (["trainer.lr=abc"], "trainer.lr"),
+        # --cfg printed a recipe the run would refuse
+        (["--cfg", "job", "trainer.batch_size=30"], "must be a multiple of trainer.generations_per_prompt"),
     ],
 )
 def test_train_py_refuses_in_one_line_and_writes_nothing(tmp_path, overrides, expect):
@@ -834,6 +852,45 @@ def test_train_py_refuses_before_hydra_writes_its_own_folders(tmp_path):
     # ${hydra:...} resolves only in Hydra's run: such a command line is still checked there
     r = _run([*args, "out_dir=${hydra:runtime.cwd}/run"], tmp_path)
     _assert_refused(r, "trainer.lr=-1.0: must be > 0")
+
+
+@pytest.mark.slow
+def test_a_multirun_is_checked_job_by_job_before_hydra_writes(tmp_path):
+    """``train.py -m`` went to Hydra unchecked: it wrote multirun/<date>/<time>/multirun.yaml and
+    each job's folder before the job that failed validation."""
+    train = [sys.executable, str(ROOT / "train.py"), "-m"]
+    cases = [
+        (["loss=cispo,nope"], "unknown option loss=nope (available: cispo, dapo, grpo, gspo)"),
+        (["trainer.lr=1e-4,-1"], "trainer.lr=-1.0: must be > 0"),
+        (["trainer.total_steps=range(1,x)"], "malformed override 'trainer.total_steps=range(1,x)'"),
+        # a fixed out_dir for several jobs: the second would resume (or be refused by) the first's run
+        ([f"out_dir={tmp_path / 'run'}", "loss=cispo,dapo"], "the 2 jobs of this multirun would share it"),
+        (["loss=cispo,dapo", "--cfg", "job"], "-m cannot be combined with --cfg"),  # Hydra: a traceback
+    ]
+    for overrides, expect in cases:
+        _assert_refused(_run([*train, *overrides], tmp_path), expect)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_multiruns_jobs_each_train_in_an_out_dir_of_their_own(tmp_path, mlflow_uri):
+    """The default out_dir's ${now:...} is resolved once for a whole multirun: its second job resumed
+    the first's run (or was refused when its recipe differed)."""
+    from conftest import TINY
+    from mlflow.tracking import MlflowClient
+
+    args = [*TINY, "async_mode=sync", "trainer.total_steps=1,2", f"tracking.uri={mlflow_uri}"]
+    r = _run([sys.executable, str(ROOT / "train.py"), "-m", *args, "tracking.experiment=multirun"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (sweep,) = (tmp_path / "outputs").glob("*/*")  # outputs/<date>/<time>: Hydra's sweep folder
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml"]
+    run_ids = [json.loads((sweep / job / "run_info.json").read_text())["run_id"] for job in ("0", "1")]
+    assert run_ids[0] != run_ids[1]
+    client = MlflowClient(mlflow_uri)
+    for run_id, steps in zip(run_ids, (1, 2)):
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.params["trainer.total_steps"] == str(steps)
+        assert [m.step for m in client.get_metric_history(run_id, "val/pass_rate")][-1] == steps
 
 
 @pytest.mark.slow

@@ -480,8 +480,10 @@ def test_every_documented_train_command_composes_and_validates(where, overrides)
             next(words, None)
         elif not w.startswith("-"):
             kept.append(w)
-    cfg = compose(kept)
-    assert cfg.trainer.total_steps > 0, where
+    from scalerl.cli import MULTIRUN_FLAGS, _multirun_jobs
+
+    for job in _multirun_jobs(kept) if set(overrides) & MULTIRUN_FLAGS else [kept]:
+        assert compose(job).trainer.total_steps > 0, where
 
 
 def test_the_documented_commands_are_found():

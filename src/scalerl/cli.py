@@ -80,19 +80,95 @@ def _ignore_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _check_overrides(args: list[str]) -> None:
+def _check_overrides(args: list[str]) -> list[str]:
     """Compose and validate the overrides before Hydra does, so that an unknown group, option or key,
     a malformed override or a wrongly typed or out-of-range value is one line (exit 2) instead of
     Hydra's multi-line report, and is refused before Hydra makes a folder of its own (a
-    ``hydra.run.dir`` or ``hydra.output_subdir`` the command line sets). Command lines with Hydra
-    flags (--help, --cfg, -m, ...) go to Hydra as they are."""
-    if any(a.startswith("-") for a in args):
-        return
+    ``hydra.run.dir`` or ``hydra.output_subdir`` the command line sets). ``--cfg`` checks what it
+    prints; a multirun (``-m``) is checked job by job (:func:`_multirun_jobs`) before Hydra makes its
+    sweep folder, and its jobs get an ``out_dir`` each; other Hydra flags (--info, --hydra-help, ...)
+    go to Hydra as they are. Returns the command line Hydra is to run."""
+    flags = [a for a in args if a.startswith("-")]
+    multirun, other = set(flags) & MULTIRUN_FLAGS, sorted(set(flags) & OTHER_MODES)
+    if multirun and other:
+        print(
+            f"error: {min(multirun)} cannot be combined with {other[0]}: Hydra runs one of a run, a "
+            "multirun, --cfg and --info",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    if flags and set(flags) <= PRINT_FLAGS:  # --cfg job: the recipe it prints is checked too
+        _check_overrides(_without_flag_values(args))
+        return args
+    if flags and not set(flags) <= MULTIRUN_FLAGS:
+        return args
     from scalerl.config.errors import override_key
 
-    overrides = [a for a in args if not override_key(a).startswith("hydra")]
+    keys = [override_key(a) for a in args if not a.startswith("-")]
+    if flags and any(k.startswith(("hydra/sweeper", "hydra.sweeper")) for k in keys):
+        return args  # another sweeper expands the jobs its own way: Hydra checks them
+    overrides = [a for a in args if not a.startswith("-") and not override_key(a).startswith("hydra")]
     # `${hydra:...}` resolves only inside Hydra's run: such a command line is validated there
-    _composed_or_exit(overrides, check=not any("${hydra:" in a for a in overrides))
+    check = not any("${hydra:" in a for a in overrides)
+    if not flags:
+        _composed_or_exit(overrides, check=check)
+        return args
+    cfgs = [_composed_or_exit(job, check=check) for job in _multirun_jobs(overrides)]
+    if "out_dir" not in keys:  # the default's ${now:...} is one time for every job of the sweep
+        return [*args, JOB_OUT_DIR]
+    dirs = [str(c.out_dir) for c in cfgs] if check else []
+    if shared := next((d for d in dirs if dirs.count(d) > 1), None):
+        print(
+            f"error: bad value out_dir={shared}: the {dirs.count(shared)} jobs of this multirun would "
+            "share it (each resuming the one before); give each its own, e.g. "
+            f"out_dir={shared.rstrip('/')}/${{hydra:job.num}}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return args
+
+
+def _without_flag_values(args: list[str]) -> list[str]:
+    """``args`` without Hydra's flags and the values they take (``--cfg job``, ``-p trainer``)."""
+    words, kept = iter(args), []
+    for w in words:
+        if w in FLAGS_WITH_VALUES:
+            next(words, None)
+        elif not w.startswith("-"):
+            kept.append(w)
+    return kept
+
+
+# A multirun's jobs run in Hydra's sweep folder (conf/config.yaml: outputs/<date>/<time>), one
+# subfolder each (the job's number), next to Hydra's multirun.yaml.
+JOB_OUT_DIR = "out_dir=${hydra:sweep.dir}/${hydra:sweep.subdir}"
+MULTIRUN_FLAGS = {"-m", "--multirun"}
+OTHER_MODES = {"--run", "-r", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}  # Hydra's
+FLAGS_WITH_VALUES = {"--cfg", "-c", "--package", "-p"}
+PRINT_FLAGS = FLAGS_WITH_VALUES | {"--resolve"}
+
+
+def _multirun_jobs(overrides: list[str]) -> list[list[str]]:
+    """The jobs' override lists of ``python train.py -m <overrides>`` as Hydra's basic sweeper
+    expands them (``loss=cispo,dapo``, ``range(...)``, ``glob(...)``), or a malformed sweep's one line
+    and exit 2."""
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from scalerl.config import conf_dir
+    from scalerl.config.errors import explain
+
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3", job_name="scalerl"):
+            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+            return BasicSweeper.split_arguments(parser.parse_overrides(overrides), None)[0]
+    except Exception as e:  # a malformed override or sweep
+        print(f"error: {explain(e, overrides)}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _composed_or_exit(overrides: list[str], *, with_hydra: bool = False, check: bool = False) -> DictConfig:
@@ -143,7 +219,7 @@ def main() -> None:
     try:
         if _help(sys.argv[1:]):
             return
-        _check_overrides(sys.argv[1:])
+        sys.argv[1:] = _check_overrides(sys.argv[1:])
         _main()
     except KeyboardInterrupt:  # Ctrl-C before the run's own handling starts
         _ignore_signals()

@@ -100,7 +100,7 @@ def check_tracking_uri(uri: str, key: str = "tracking.uri") -> None:
             raise PathError(key, shown, problem)
         db = uri.split("://", 1)[1] if "://" in uri else ""
         path = db[1:] if db.startswith("/") else db
-        if path and path != ":memory:":
+        if path:
             folder = Path(path).expanduser().absolute().parent
             if folder.exists() and not folder.is_dir():
                 raise PathError(key, shown, f"{folder} is a file, not a folder")
@@ -121,8 +121,8 @@ def check_tracking_uri(uri: str, key: str = "tracking.uri") -> None:
 
 def sqlite_problem(uri: str) -> str | None:
     """Why MLflow cannot use the sqlite store at ``uri`` as it is (None: it can, or it is new): a
-    URI SQLAlchemy refuses, a folder, or an existing file that is not an MLflow store (MLflow would
-    write its tables into someone else's database)."""
+    URI SQLAlchemy refuses, an in-memory store, a folder, or an existing file that is not an MLflow
+    store (MLflow would write its tables into someone else's database)."""
     import sqlite3
 
     if not uri.startswith("sqlite:"):
@@ -130,7 +130,12 @@ def sqlite_problem(uri: str) -> str | None:
     if not uri.startswith("sqlite:///"):
         return "a sqlite URI is sqlite:///relative/file.db or sqlite:////absolute/file.db"
     path = Path(uri[len("sqlite:///") :]).expanduser()
-    if str(path) == ":memory:" or not path.exists():
+    if str(path) == ":memory:":
+        return (
+            "an in-memory store ends with the process (its runs could not be resumed or compared): "
+            "use a file, e.g. sqlite:///mlflow.db"
+        )
+    if not path.exists():
         return None
     if path.is_dir():
         return f"{path} is a folder; a sqlite store is a file (sqlite:///{path}/mlflow.db)"

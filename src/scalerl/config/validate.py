@@ -134,6 +134,25 @@ def validate(cfg: DictConfig) -> None:
     _relations(cfg)
 
 
+BOOLEAN_WORDS = ("true", "false", "yes", "no", "y", "n", "on", "off", "1", "0")
+
+
+def check_boolean_overrides(cfg: DictConfig, overrides: list[str]) -> None:
+    """OmegaConf reads any integer as a boolean (``filter.zero_variance=2`` is true): a command-line
+    value for a true/false key must be one of :data:`BOOLEAN_WORDS` (any case)."""
+    from scalerl.config.errors import override_key
+
+    for ov in overrides:
+        key = override_key(ov)
+        if ov.startswith("~") or "=" not in ov or "/" in key:
+            continue
+        value = ov.split("=", 1)[1].strip().strip("'\"")
+        if "${" in value:  # an interpolation: its target's own type decides
+            continue
+        if isinstance(OmegaConf.select(cfg, key, default=None), bool) and value.lower() not in BOOLEAN_WORDS:
+            raise ConfigError(key, value, "true or false")
+
+
 def addition_prompt_chars(task) -> int:
     """Characters in the longest prompt of ``task=addition`` (``a+b=``, both zero-padded)."""
     width = max(int(task.max_digits), int(task.warmstart_max_digits))
