@@ -1,11 +1,16 @@
-"""The embedded addition task: prompts, answers, verifier, and the noisy warm-start working."""
+"""The embedded addition task: prompts, answers, verifier, and the noisy warm-start working; what a
+new task must register (a Task class in ``TASKS``, a ``verifier_timeout_s`` field on its option)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
-from scalerl.task import AdditionTask, final_answer
+import pytest
+
+from scalerl.config.options import options
+from scalerl.task import TASKS, AdditionTask, build_task, final_answer, make_task
 
 STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d\d),")
 
@@ -83,3 +88,22 @@ def test_overthinking_warmstart_rechecks_and_answers_after_the_phrase():
     assert 0.27 < (rechecked + interrupted) / len(examples) < 0.33
     assert 0.4 < interrupted / (rechecked + interrupted) < 0.6
     assert plain + rechecked + interrupted == len(examples)
+
+
+def test_every_task_option_has_a_verifier_time_limit_and_a_task_class():
+    """The loop reads ``task.verifier_timeout_s`` of every task option (scalerl.task.score), and
+    ``build_task`` builds the class registered in ``TASKS`` under the option's name."""
+    for name, cls in options("task").items():
+        assert "verifier_timeout_s" in {f.name for f in dataclasses.fields(cls)}, name
+        assert name in TASKS, name
+
+
+def test_a_task_option_missing_its_time_limit_or_class_is_named_before_a_run_builds_it():
+    # an option registered without verifier_timeout_s: refused when the task is built (the
+    # preflight), not at the first evaluation after the warm-start
+    cfg = type("Cfg", (), {"task": {"name": "addition", "num_val": 8}})()
+    with pytest.raises(TypeError, match="'addition' has no verifier_timeout_s field"):
+        build_task(cfg)
+    # an option with no Task class: the message says where the class goes
+    with pytest.raises(ValueError, match=r"unknown task 'reverse': no Task class .* scalerl.task.TASKS"):
+        make_task({"name": "reverse", "verifier_timeout_s": 2.0})

@@ -29,7 +29,13 @@ def build_task(cfg) -> Task:
     from omegaconf import DictConfig, OmegaConf
 
     t = cfg.task
-    return make_task(OmegaConf.to_container(t, resolve=True) if isinstance(t, DictConfig) else dict(t))
+    fields = OmegaConf.to_container(t, resolve=True) if isinstance(t, DictConfig) else dict(t)
+    if "verifier_timeout_s" not in fields:  # read by the loop (scalerl.task.score), not by the task
+        raise TypeError(
+            f"task option {fields.get('name')!r} has no verifier_timeout_s field: every task option "
+            "declares one (scalerl.config.groups.task), the time limit the loop puts on its verifier"
+        )
+    return make_task(fields)
 
 
 def make_task(fields: Mapping) -> Task:
@@ -37,7 +43,10 @@ def make_task(fields: Mapping) -> Task:
     are completed with that option's defaults first."""
     name = fields.get("name")
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r} (tasks: {', '.join(TASKS)})")
+        raise ValueError(
+            f"unknown task {name!r}: no Task class under that name in scalerl.task.TASKS"
+            f" (tasks: {', '.join(TASKS)}); a task option needs its class registered there too"
+        )
     if name == "multi":
         from scalerl.config.groups.task import domain_option
         from scalerl.config.validate import ConfigError
