@@ -180,12 +180,25 @@ def test_registered_options_are_the_yaml_files():
         assert files == sorted(OPTIONS[g]), g
 
 
-def test_the_task_and_model_factories_cover_every_option():
+def test_the_factories_cover_every_option():
+    """The groups whose options the code builds by name: a YAML option without its class would be
+    refused only when a run builds it."""
+    from scalerl.algo.advantages import NORMS
+    from scalerl.generator import GENERATORS
+    from scalerl.loop.modes import MODES
     from scalerl.model.build import POLICY_LOADERS
     from scalerl.task import TASKS
+    from scalerl.trainer import ENGINES
 
-    assert set(TASKS) == set(OPTIONS["task"])
-    assert set(POLICY_LOADERS) == set(OPTIONS["model"])
+    for group, factory in [
+        ("task", TASKS),
+        ("model", POLICY_LOADERS),
+        ("generator", GENERATORS),
+        ("trainer", ENGINES),
+        ("async_mode", MODES),
+        ("norm", NORMS),
+    ]:
+        assert set(factory) == set(OPTIONS[group]), group
 
 
 def test_a_registered_loss_becomes_an_option_with_its_checks():

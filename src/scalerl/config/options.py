@@ -14,7 +14,9 @@ The dataclass is the option's schema: its fields are the only keys ``conf/<group
 and the command line may set for that option (Hydra rejects others and wrongly typed values), its
 defaults are the values that YAML file states, and ``check`` holds its value checks.
 Validation, ``--help``, the option-matrix tests and the MLflow group params all enumerate
-:func:`options`; nothing else lists a group's options.
+:func:`options`. Groups whose options the code builds by name keep a factory in step with it (a
+task's class in ``scalerl.task.TASKS``, ``POLICY_LOADERS``, ``GENERATORS``, ``ENGINES``, ``MODES``,
+``NORMS``; checked by ``tests/test_config.py``); ``conf/README.md`` says what a new option needs.
 """
 
 from __future__ import annotations
