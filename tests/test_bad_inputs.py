@@ -224,6 +224,8 @@ def test_the_limits_themselves_are_accepted():
         # OmegaConf reads any integer as a boolean: 2 was true
         (["filter.zero_variance=2"], "filter.zero_variance='2': must be true or false"),
         (["trainer.share_prompts=-1"], "trainer.share_prompts='-1': must be true or false"),
+        # Hydra merges a list of options whose schemas agree: deepspeed ran
+        (["trainer=[torch,deepspeed]"], "trainer='[torch,deepspeed]': must be one option (available: "),
     ],
 )
 def test_wrong_types_unknown_keys_and_unset_values_are_one_line(overrides, expect):

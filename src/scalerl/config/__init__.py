@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from scalerl.config.options import GROUPS, option_class, options, register_option
 from scalerl.config.schema import Config, evaluates_at, register_configs
-from scalerl.config.validate import ConfigError, check_boolean_overrides, option_of, validate
+from scalerl.config.validate import ConfigError, check_overrides, option_of, validate
 from scalerl.config.variants import group_variants
 
 
@@ -49,7 +49,7 @@ def compose(
             config_name="config", overrides=list(overrides or []), return_hydra_config=with_hydra
         )
     if check:
-        check_boolean_overrides(cfg, list(overrides or []))
+        check_overrides(cfg, list(overrides or []))
         validate(cfg)
     return cfg
 

@@ -137,17 +137,22 @@ def validate(cfg: DictConfig) -> None:
 BOOLEAN_WORDS = ("true", "false", "yes", "no", "y", "n", "on", "off", "1", "0")
 
 
-def check_boolean_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """OmegaConf reads any integer as a boolean (``filter.zero_variance=2`` is true): a command-line
-    value for a true/false key must be one of :data:`BOOLEAN_WORDS` (any case)."""
+def check_overrides(cfg: DictConfig, overrides: list[str]) -> None:
+    """What composing lets through on a command line: OmegaConf reads any integer as a boolean
+    (``filter.zero_variance=2`` is true), so a true/false key takes one of :data:`BOOLEAN_WORDS`
+    (any case); Hydra merges a list of a group's options (``trainer=[torch,deepspeed]`` ran
+    deepspeed), so a group takes one option."""
     from scalerl.config.errors import override_key
 
     for ov in overrides:
         key = override_key(ov)
-        if ov.startswith("~") or "=" not in ov or "/" in key:
+        if ov.startswith("~") or "=" not in ov:
             continue
-        value = ov.split("=", 1)[1].strip().strip("'\"")
-        if "${" in value:  # an interpolation: its target's own type decides
+        value = ov.split("=", 1)[1].strip()
+        if key in GROUPS and value.startswith("["):
+            raise ConfigError(key, value, f"one option (available: {', '.join(options(key))})")
+        value = value.strip("'\"")
+        if "/" in key or "${" in value:  # an interpolation: its target's own type decides
             continue
         if isinstance(OmegaConf.select(cfg, key, default=None), bool) and value.lower() not in BOOLEAN_WORDS:
             raise ConfigError(key, value, "true or false")
