@@ -89,9 +89,86 @@ def test_a_failed_save_leaves_the_last_checkpoint_and_no_temporary_file(tmp_path
     assert sorted(p.name for p in ck.dir.iterdir()) == ["last.pt", "previous.pt"]
 
 
+def test_a_save_onto_a_full_disk_says_so_and_leaves_the_last_checkpoint(tmp_path):
+    """The disk is full (the temporary file is /dev/full): OSError ENOSPC, which the run reports in
+    one line, not torch's own "unexpected pos" RuntimeError."""
+    import errno
+
+    from scalerl.storage import save_atomic
+
+    ck = Checkpointer(tmp_path)
+    ck.save({"step": 1})
+    (ck.dir / f".last.pt.tmp{os.getpid()}").symlink_to("/dev/full")
+    with pytest.raises(OSError) as e:
+        save_atomic({"step": 2, "w": torch.zeros(100_000)}, ck.path)
+    assert e.value.errno == errno.ENOSPC
+    assert ck.load()["step"] == 1
+    assert sorted(p.name for p in ck.dir.iterdir()) == ["last.pt"]
+
+
 class _Unpicklable:
     def __reduce__(self):
         raise OSError(28, "No space left on device")
+
+
+_HANG = """
+import sys, time
+from scalerl.tracking import Checkpointer
+
+class Hang:  # pickled mid-save: the process is killed while its temporary file is open
+    def __reduce__(self):
+        time.sleep(600)
+"""
+_SAVE_AND_HANG = _HANG + 'Checkpointer(sys.argv[1]).save({"step": 2, "hang": Hang()})\n'
+_RESUME_AND_HANG = (
+    _HANG
+    + 'ck = Checkpointer(sys.argv[1])\nck.load()\nck.save({"step": 3, "hang": Hang()})\n'  # load: the resume
+)
+
+
+def _killed_while_saving(script: str, ck: Checkpointer) -> None:
+    """Run ``script`` on ``ck``'s out_dir and SIGKILL it once its save has begun."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", script, str(ck.dir.parent)])
+    try:
+        deadline = time.time() + 120
+        while not list(ck.dir.glob(".last.pt.tmp*")):
+            assert proc.poll() is None and time.time() < deadline, "the save never began"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_temporary_file_of_a_save_killed_midway_goes_with_the_next_save(tmp_path):
+    """SIGKILL while a checkpoint is written leaves its temporary file (a whole checkpoint's size):
+    the next save removes it, so preemptions during saves do not fill the disk."""
+    ck = Checkpointer(tmp_path)
+    ck.save({"step": 1})
+    _killed_while_saving(_SAVE_AND_HANG, ck)
+    assert ck.load()["step"] == 1
+    ck.save({"step": 3})
+    assert sorted(p.name for p in ck.dir.iterdir()) == ["last.pt", "previous.pt"]
+    assert ck.load()["step"] == 3
+
+
+def test_a_run_resumed_from_the_previous_checkpoint_keeps_it_until_a_new_one_is_written(tmp_path):
+    """The latest checkpoint is corrupt, so the run resumes from the one before it; killed while it
+    writes its next one, the one before is still there to resume from (not replaced by the corrupt
+    latest), and once the new one is written it is the one before."""
+    ck = Checkpointer(tmp_path)
+    ck.save({"step": 1})
+    ck.save({"step": 2})
+    data = ck.path.read_bytes()
+    ck.path.write_bytes(data[: len(data) // 2])
+    _killed_while_saving(_RESUME_AND_HANG, ck)
+    again = Checkpointer(tmp_path)
+    assert again.load()["step"] == 1
+    again.save({"step": 3})
+    assert again.load()["step"] == 3 and torch.load(again.previous, weights_only=True)["step"] == 1
 
 
 def test_rng_states_round_trip_through_a_safe_checkpoint(tmp_path):

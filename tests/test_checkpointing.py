@@ -3,9 +3,11 @@ change, and checkpoints that never hold weights that stopped being finite."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
-from test_loop import SYNC, make_run
+from test_loop import SYNC, history, make_run, uri_of
 
 from scalerl.config import ConfigError, compose
 from scalerl.config.schema import RESUMABLE_CHANGES
@@ -62,3 +64,37 @@ def test_resuming_with_a_changed_recipe_is_refused_in_one_line(tiny_overrides):
     assert "\n" not in str(e.value)
     summary = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3"]))  # longer: allowed
     assert summary["steps"] == 3
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB file system (tmpfs): room for the tiny run's first checkpoint, not for a second beside it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_ends_the_run_in_one_line_keeping_the_last_checkpoint(tiny_overrides, small_disk):
+    """The out_dir's disk fills up: the checkpoint that does not fit ends the run in one line that says
+    so (not torch's "unexpected pos"), the one before it stays usable, and once there is room the
+    same command resumes from it with every step logged once."""
+    from scalerl.tracking import Checkpointer
+
+    out = small_disk / "run"
+    args = [*[o for o in tiny_overrides if not o.startswith("out_dir=")], *SYNC, f"out_dir={out}"]
+    args += ["trainer.total_steps=6", "checkpoint_every=2"]
+    with pytest.raises(RunError, match=r"checkpoint of step 4: No space left on device") as e:
+        train(compose(args))
+    assert "\n" not in str(e.value) and "the last checkpoint is kept" in str(e.value)
+    ck = Checkpointer(out)
+    assert ck.load()["step"] == 2 and not list(ck.dir.glob(".*tmp*"))
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # room again
+    summary = train(compose(args))
+    assert summary["steps"] == 6
+    uri = uri_of(tiny_overrides)
+    assert [s for s, _ in history(uri, summary["run_id"], "train/reward")] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in history(uri, summary["run_id"], "progress/step")] == list(range(7))

@@ -106,6 +106,67 @@ def test_resume_from_an_older_checkpoint_logs_the_redone_steps_once(tmp_path, ne
     assert steps(client, run_id, SENTINEL) == list(range(8))
 
 
+def test_a_run_killed_while_it_wrote_its_params_gets_them_when_resumed(tmp_path, new_store):
+    """Killed after run_info.json named its MLflow run but before all its params (and config.yaml)
+    were written: the resumed run writes the rest, and a later resume whose resumable keys changed
+    writes nothing over them."""
+    uri = new_store(tmp_path, "m.db")
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = compose([f"tracking.uri={uri}", "tracking.experiment=killed", f"out_dir={out}"])
+    client = MlflowClient(uri)
+    # what the killed run left: its MLflow run, run_info.json, the first of its params
+    exp_id = client.create_experiment("killed")
+    run_id = client.create_run(exp_id).info.run_id
+    (out / "run_info.json").write_text(json.dumps({"run_id": run_id, "experiment_id": exp_id, "uri": uri}))
+    client.log_param(run_id, "seed", str(cfg.seed))
+    assert Tracker(cfg, out).start(None, {"device": "cpu"}) == run_id
+    params = client.get_run(run_id).data.params
+    assert params["loss.name"] == str(cfg.loss.name) and params["device"] == "cpu" and len(params) > 50
+    assert "config.yaml" in [a.path for a in client.list_artifacts(run_id)]
+    longer = compose(
+        [f"tracking.uri={uri}", "tracking.experiment=killed", f"out_dir={out}", "trainer.total_steps=99"]
+    )
+    assert Tracker(longer, out).start(run_id, {"device": "cpu"}) == run_id
+    assert client.get_run(run_id).data.params == params
+    assert len(client.search_runs([exp_id])) == 1
+
+
+@pytest.mark.slow
+def test_a_tracking_server_that_answers_only_errors_ends_the_run_in_one_line(tmp_path):
+    """Something answers on the tracking server's port (so the preflight passes) but MLflow behind it
+    does not (a proxy answering 503): the run ends in one line naming the store, exit 1, before it
+    trains or checkpoints anything."""
+    import http.server
+    import threading
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b"<html>\n<body>503 Service Unavailable</body>\n</html>\n")
+
+        do_GET = do_POST = do_PATCH = answer
+
+        def log_message(self, *args):
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{proxy.server_address[1]}"
+    try:
+        args = _train_args(tmp_path / "run", uri, "down", "async_mode=sync", "trainer.total_steps=2")
+        r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    finally:
+        proxy.shutdown()
+    errors = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert len(errors) == 1 and errors[0].startswith(f"error: could not start the MLflow run in {uri}"), (
+        errors
+    )
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
 def _train_args(out, uri: str, experiment: str, *extra: str) -> list[str]:
     from conftest import TINY
 

@@ -26,16 +26,19 @@ class UnsafeCheckpointError(CheckpointError):
 
 def save_atomic(obj, path: Path) -> None:
     """``torch.save`` to a temporary file beside ``path``, fsync, rename into place (the temporary
-    file is removed when the save fails, e.g. on a full disk)."""
+    file is removed when the save fails, e.g. on a full disk: OSError ENOSPC)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        torch.save(obj, tmp)
-        with open(tmp, "rb") as f:
+        with open(tmp, "wb") as f:  # a file object: the disk's own errors reach Python as OSError
+            torch.save(obj, f)
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError):
+            raise e.__context__ from None  # torch's "unexpected pos ..." raised over the disk's error
         raise
     try:  # the rename itself reaches the disk
         fd = os.open(path.parent, os.O_RDONLY)

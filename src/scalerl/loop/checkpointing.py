@@ -15,6 +15,7 @@ from scalerl.config import ConfigError
 from scalerl.config.schema import RESUMABLE_CHANGES
 from scalerl.loop.errors import RunError
 from scalerl.loop.state import Clock
+from scalerl.messages import first_line
 from scalerl.tracking import rng_state, set_rng_state
 from scalerl.tracking.secrets import redact
 from scalerl.tracking.tracker import flatten
@@ -70,6 +71,20 @@ def checkpoint(run: Components, clock: Clock) -> None:
             f"the last good checkpoint is kept in {run.ckpt.path}" if run.ckpt.exists() else "no checkpoint"
         )
         raise RunError(f"the weights are no longer finite at step {st.step} (trainer.lr too high?); {kept}")
+    try:
+        _write(run)
+    except OSError as e:  # a full or read-only out_dir: the checkpoint before this one stays the last
+        kept = f"the last checkpoint is kept in {run.ckpt.path}" if run.ckpt.exists() else "no checkpoint yet"
+        raise RunError(
+            f"could not write the checkpoint of step {st.step}: {e.strerror or first_line(e)} "
+            f"({e.filename or run.ckpt.dir}); {kept}; run the same command again once it can be written"
+        ) from None
+    if run.is_main:
+        run.tracker.flush()
+
+
+def _write(run: Components) -> None:
+    st = run.state
     own = {"rng": rng_state(), "generator_rng": run.generator.rng_state()}  # this rank's own streams
     tag = run.trainer.save_engine_checkpoint(engine_dir(run), tag=f"step_{st.step:08d}", rank_state=own)
     if run.is_main:
@@ -89,7 +104,6 @@ def checkpoint(run: Components, clock: Clock) -> None:
         )
         if not recipe_path(run.out_dir).is_file():
             write_json(recipe_path(run.out_dir), recipe(run.cfg))
-        run.tracker.flush()
 
 
 def checkpoint_safe(run: Components, clock: Clock) -> None:

@@ -46,6 +46,7 @@ from scalerl.loop.summary import (
     unflushed_message,
     write_summary,
 )
+from scalerl.messages import first_line
 from scalerl.scaling import live
 from scalerl.tracking import Tracker, tracking_uri
 from scalerl.tracking.secrets import redact
@@ -293,9 +294,17 @@ def start_tracking(run: Components, resumed: tuple[str, list] | None) -> None:
         "compute/devices": str(run.devices),
         "device": str(run.device),
     }
-    run.tracker.start(resumed[0] if resumed else None, extra, variants=group_variants(run.cfg))
+    try:
+        run.tracker.start(resumed[0] if resumed else None, extra, variants=group_variants(run.cfg))
+        if resumed:
+            run.tracker.restore_pending(resumed[1])
+    except Exception as e:  # a tracking server that stopped answering after the preflight reached it
+        raise RunError(
+            f"could not {'resume' if resumed else 'start'} the MLflow run in {redact(run.tracker.uri)} "
+            f"({type(e).__name__}: {first_line(e)}); nothing was trained: run the same command again "
+            "once the tracking store answers"
+        ) from None
     if resumed:
-        run.tracker.restore_pending(resumed[1])
         log.info("resumed %s at step %d (MLflow run %s)", run.out_dir, run.state.step, run.tracker.run_id)
 
 

@@ -57,17 +57,21 @@ class Checkpointer:
         self.dir = Path(out_dir) / "checkpoint"
         self.path = self.dir / "last.pt"
         self.previous = self.dir / "previous.pt"
+        self.latest_unusable = False  # load() resumed from previous.pt: the next save must keep it
 
     def exists(self) -> bool:
         return self.path.is_file() or self.previous.is_file()
 
     def save(self, state: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        if self.path.is_file():
+        for stale in self.dir.glob(f".{self.path.name}.tmp*"):  # a run killed while it saved left it
+            stale.unlink(missing_ok=True)
+        if self.path.is_file() and not self.latest_unusable:
             # a hard link keeps the current checkpoint as `previous` until the new one is in place
             self.previous.unlink(missing_ok=True)
             os.link(self.path, self.previous)
         save_atomic(state, self.path)
+        self.latest_unusable = False
 
     def load(self) -> dict:
         """The newest usable checkpoint: ``last.pt``, or ``previous.pt`` (with a warning) when the
@@ -85,4 +89,6 @@ class Checkpointer:
             if not self.previous.is_file():
                 raise
             log.warning("%s; resuming from the one before it, %s", e, self.previous)
-            return load_safe(self.previous)
+            state = load_safe(self.previous)
+            self.latest_unusable = True
+            return state

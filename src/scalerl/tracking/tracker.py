@@ -117,9 +117,14 @@ class Tracker:
         info = self.out_dir / "run_info.json"
         if run_id is None and info.is_file():
             run_id = json.loads(info.read_text()).get("run_id")
+        params = {**run_params(self.cfg, variants), **extra_params}
         if run_id is not None:
             self.run_id = run_id
             self._retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+            # a run stopped while it described itself (after run_info.json) has the rest written now
+            have = self._retry(lambda: self.client.get_run(run_id)).data.params
+            if missing := {k: v for k, v in params.items() if k not in have}:
+                self._describe(missing)
             return run_id
         exp_name = self.cfg.tracking.experiment
         exp = self._retry(lambda: self.client.get_experiment_by_name(exp_name))
@@ -139,10 +144,13 @@ class Tracker:
         tmp = info.with_suffix(".tmp")
         tmp.write_text(json.dumps({"run_id": self.run_id, "experiment_id": exp_id, "uri": redact(self.uri)}))
         os.replace(tmp, info)
-        params = {**run_params(self.cfg, variants), **extra_params}
-        self._log_params(params)
-        self.log_artifact_text("config.yaml", redact(OmegaConf.to_yaml(self.cfg, resolve=True)))
+        self._describe(params)
         return self.run_id
+
+    def _describe(self, params: dict[str, str]) -> None:
+        """The run's config.yaml, then its params: a run that has all its params has its config.yaml."""
+        self.log_artifact_text("config.yaml", redact(OmegaConf.to_yaml(self.cfg, resolve=True)))
+        self._log_params(params)
 
     def _create_experiment(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
