@@ -98,3 +98,26 @@ def test_a_full_disk_ends_the_run_in_one_line_keeping_the_last_checkpoint(tiny_o
     uri = uri_of(tiny_overrides)
     assert [s for s, _ in history(uri, summary["run_id"], "train/reward")] == [1, 2, 3, 4, 5, 6]
     assert [s for s, _ in history(uri, summary["run_id"], "progress/step")] == list(range(7))
+
+
+@pytest.mark.slow  # a train.py process
+def test_a_full_disk_before_the_first_checkpoint_is_one_line_from_train_py(tiny_overrides, small_disk):
+    """The disk is full when the run writes its first files (run_info.json): one line naming the
+    out_dir and the disk's error, exit 1, not a traceback."""
+    import sys
+    from pathlib import Path
+
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as f, pytest.raises(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    out = small_disk / "run"
+    args = [*[o for o in tiny_overrides if not o.startswith("out_dir=")], *SYNC, f"out_dir={out}"]
+    train_py = Path(__file__).resolve().parents[1] / "train.py"
+    r = subprocess.run([sys.executable, str(train_py), *args], capture_output=True, text=True, timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error") or "Traceback" in line]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert errors == [
+        f"error: could not write in {out}: No space left on device; run the same command again once it "
+        "can be written (the run resumes from its last checkpoint)"
+    ], r.stderr[-3000:]

@@ -141,7 +141,7 @@ def test_an_engine_that_dies_before_it_joins_is_named_at_once_and_the_pool_stops
     threading.Thread(target=kill_the_first_engine, daemon=True).start()
     closer = threading.Thread(target=pool.close, daemon=True)
     try:
-        with pytest.raises(RunError, match=r"generator engine 0 died \(exit code -9\)"):
+        with pytest.raises(RunError, match=r"generator engine 0 was killed by signal 9 \(SIGKILL\)"):
             pool.load_weights(weights, 0)
     finally:
         closer.start()

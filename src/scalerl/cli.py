@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import hydra
@@ -58,6 +59,20 @@ def _main(cfg: DictConfig) -> None:
     except (RunError, LockBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except OSError as e:
+        if e.errno not in DISK_ERRORS:
+            raise
+        # a write outside the checkpoint (run_info.json, summary.json, a figure) on a full or
+        # read-only disk; the checkpoint's own is a RunError
+        print(
+            f"error: could not write {e.filename or f'in {cfg.out_dir}'}: {e.strerror}; run the same "
+            "command again once it can be written (the run resumes from its last checkpoint)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}  # a full disk, a quota, a read-only one
 
 
 def _out_dir_busy(cfg: DictConfig) -> str | None:

@@ -534,6 +534,8 @@ class EnginePool(Generator):
         heartbeat stopped), or None while every engine is up."""
         for i, p in enumerate(self.procs):
             if not p.is_alive():
+                if p.exitcode is not None and p.exitcode < 0:  # a signal: the process printed nothing
+                    return f"generator engine {i} was killed by signal {-p.exitcode} ({_signal_name(-p.exitcode)})"
                 return f"generator engine {i} died (exit code {p.exitcode}); its output above says why"
         for e in range(int(self.placement.engines), self.engines):  # engines on other tasks
             beat = self.store.get(f"engines/beat/{e}") if self.store.check([f"engines/beat/{e}"]) else None
@@ -655,3 +657,13 @@ class EnginePool(Generator):
                     p.join(timeout=5)
             if self.sender is not None:
                 self.sender.close()
+
+
+def _signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9 (the out-of-memory killer's, or a user's ``kill -9``)."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown"
