@@ -132,6 +132,37 @@ def test_a_run_killed_while_it_wrote_its_params_gets_them_when_resumed(tmp_path,
     assert len(client.search_runs([exp_id])) == 1
 
 
+def test_a_store_whose_writer_was_killed_mid_transaction_is_not_refused(tmp_path, new_store):
+    """A process SIGKILLed while it wrote to the store leaves a hot journal, which a read-only
+    connection cannot roll back: the preflight called the store "not an SQLite database" and every
+    later run on it was refused (CI: the DeepSpeed resume tests after a SIGKILL). MLflow's own
+    connection rolls it back, and the runs in the store are all there."""
+    from scalerl.config.preflight import check_tracking_uri, sqlite_problem
+
+    uri = new_store(tmp_path)
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("kept")).info.run_id
+    db = uri[len("sqlite:///") :]
+    writer = (
+        "import os, signal, sqlite3\n"
+        f"c = sqlite3.connect({db!r})\n"
+        "c.execute('PRAGMA cache_size=1')\n"  # the transaction's pages reach the file before it ends
+        "c.execute('BEGIN')\n"
+        "for i in range(20000):\n"
+        "    c.execute('INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)', (f'k{i}', 'x' * 100, 'none'))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", writer]).returncode == -9
+    assert (tmp_path / "mlflow.db-journal").stat().st_size > 0  # the hot journal
+    assert sqlite_problem(uri) is None
+    check_tracking_uri(uri)
+    assert [
+        r.info.run_id
+        for r in MlflowClient(uri).search_runs([client.get_experiment_by_name("kept").experiment_id])
+    ] == [run_id]
+    assert not MlflowClient(uri).get_run(run_id).data.tags.get("k0")
+
+
 @pytest.mark.slow
 def test_a_tracking_server_that_answers_only_errors_ends_the_run_in_one_line(tmp_path):
     """Something answers on the tracking server's port (so the preflight passes) but MLflow behind it

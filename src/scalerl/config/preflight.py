@@ -154,8 +154,12 @@ def sqlite_problem(uri: str) -> str | None:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
             db.close()
-    except sqlite3.Error:
-        return f"{path} is not an SQLite database"
+    except sqlite3.Error as e:
+        if getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            return f"{path} is not an SQLite database"
+        # locked by a writer, or the journal of a writer that was killed (a read-only connection
+        # cannot roll it back; MLflow's will): MLflow's own connection decides
+        return None
     if tables and not {"experiments", "runs", "alembic_version"} <= tables:
         return f"{path} is an SQLite database but not an MLflow store (no MLflow tables)"
     return None
