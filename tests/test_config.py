@@ -487,13 +487,9 @@ def _documented_train_commands() -> list[tuple[str, list[str]]]:
 def test_every_documented_train_command_composes_and_validates(where, overrides):
     """A command a user copies from the README or docs/ starts: its overrides compose and pass the
     config checks (a renamed or removed option fails here, not on the user's machine)."""
-    words, kept = iter(overrides), []
-    for w in words:
-        if w in ("--cfg", "-c", "--package", "-p", "--info", "-i"):  # Hydra's flags with a value
-            next(words, None)
-        elif not w.startswith("-"):
-            kept.append(w)
-    from scalerl.cli import MULTIRUN_FLAGS, _multirun_jobs
+    from scalerl.cli import MULTIRUN_FLAGS, _multirun_jobs, _without_flag_values
+
+    kept = _without_flag_values(overrides)  # Hydra's flags and the values they take
 
     for job in _multirun_jobs(kept) if set(overrides) & MULTIRUN_FLAGS else [kept]:
         assert compose(job).trainer.total_steps > 0, where

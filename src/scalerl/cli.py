@@ -159,26 +159,23 @@ def _without_flag_values(args: list[str]) -> list[str]:
 JOB_OUT_DIR = "out_dir=${hydra:sweep.dir}/${hydra:sweep.subdir}"
 MULTIRUN_FLAGS = {"-m", "--multirun"}
 OTHER_MODES = {"--run", "-r", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}  # Hydra's
-FLAGS_WITH_VALUES = {"--cfg", "-c", "--package", "-p"}
-PRINT_FLAGS = FLAGS_WITH_VALUES | {"--resolve"}
+FLAGS_WITH_VALUES = {"--cfg", "-c", "--package", "-p", "--info", "-i"}
+PRINT_FLAGS = {"--cfg", "-c", "--package", "-p", "--resolve"}
 
 
 def _multirun_jobs(overrides: list[str]) -> list[list[str]]:
     """The jobs' override lists of ``python train.py -m <overrides>`` as Hydra's basic sweeper
     expands them (``loss=cispo,dapo``, ``range(...)``, ``glob(...)``), or a malformed sweep's one line
     and exit 2."""
-    from hydra import initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from scalerl.config import conf_dir
+    from scalerl.config import hydra_initialized
     from scalerl.config.errors import explain
 
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=conf_dir(), version_base="1.3", job_name="scalerl"):
+        with hydra_initialized():
             parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
             return BasicSweeper.split_arguments(parser.parse_overrides(overrides), None)[0]
     except Exception as e:  # a malformed override or sweep

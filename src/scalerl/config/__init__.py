@@ -3,7 +3,9 @@ outside a Hydra app."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -29,6 +31,20 @@ def conf_dir() -> str:
     )
 
 
+@contextlib.contextmanager
+def hydra_initialized() -> Iterator[None]:
+    """Hydra initialised on ``conf/`` (and the structured configs registered) as ``train.py`` has it,
+    for composing outside its run (:func:`compose`, the expansion of ``train.py -m``'s jobs)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3", job_name="scalerl"):
+        yield
+
+
 def compose(
     overrides: list[str] | None = None, *, check: bool = True, with_hydra: bool = False
 ) -> DictConfig:
@@ -38,13 +54,8 @@ def compose(
     the ``hydra`` node is kept, for its help template) and by tests.
     """
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
-    register_configs()
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3", job_name="scalerl"):
+    with hydra_initialized():
         cfg = hydra_compose(
             config_name="config", overrides=list(overrides or []), return_hydra_config=with_hydra
         )
@@ -70,6 +81,7 @@ __all__ = [
     "conf_dir",
     "evaluates_at",
     "group_variants",
+    "hydra_initialized",
     "option_class",
     "option_of",
     "options",
