@@ -145,6 +145,21 @@ def tiny_overrides(tmp_path, mlflow_uri, request):
 
 
 @pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB file system (tmpfs): room for the tiny run's first checkpoint, not for a second beside it
+    (mounting needs root, as in CI)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.fixture
 def refused(capsys):
     """``refused(main, argv, expected)``: the command line's ``main`` (``sweep.py``'s, the analysis
     CLI's) exits 2 with one line on stderr that contains ``expected`` (argparse's exits included)."""

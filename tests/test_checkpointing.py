@@ -66,18 +66,6 @@ def test_resuming_with_a_changed_recipe_is_refused_in_one_line(tiny_overrides):
     assert summary["steps"] == 3
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MB file system (tmpfs): room for the tiny run's first checkpoint, not for a second beside it."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
 def test_a_full_disk_ends_the_run_in_one_line_keeping_the_last_checkpoint(tiny_overrides, small_disk):
     """The out_dir's disk fills up: the checkpoint that does not fit ends the run in one line that says
     so (not torch's "unexpected pos"), the one before it stays usable, and once there is room the

@@ -132,6 +132,63 @@ def test_a_run_killed_while_it_wrote_its_params_gets_them_when_resumed(tmp_path,
     assert len(client.search_runs([exp_id])) == 1
 
 
+def test_a_run_killed_before_it_wrote_its_run_id_is_found_by_its_key(tmp_path, new_store):
+    """Killed between creating its MLflow run and writing the run's id to run_info.json: the next start
+    finds that run by the key run_info.json held before the run existed, and continues it (one run in
+    the experiment, not an empty RUNNING one beside a second); killed before creating it, the next
+    start creates it under the same key."""
+    from scalerl.tracking.tracker import RUN_KEY_TAG
+
+    uri = new_store(tmp_path, "m.db")
+    client = MlflowClient(uri)
+    exp_id = client.create_experiment("keyed")
+    for name, created in (("created", True), ("not_created", False)):
+        out = tmp_path / name
+        out.mkdir()
+        cfg = compose([f"tracking.uri={uri}", "tracking.experiment=keyed", f"out_dir={out}"])
+        key = f"key-{name}"
+        (out / "run_info.json").write_text(json.dumps({"run_key": key, "experiment_id": exp_id, "uri": uri}))
+        left = client.create_run(exp_id, tags={RUN_KEY_TAG: key}).info.run_id if created else None
+        run_id = Tracker(cfg, out).start(None, {"device": "cpu"})
+        assert (run_id == left) == created
+        info = json.loads((out / "run_info.json").read_text())
+        assert info["run_id"] == run_id and info["run_key"] == key
+        run = client.get_run(run_id)
+        assert run.info.status == "RUNNING" and run.data.tags[RUN_KEY_TAG] == key
+        assert run.data.params["device"] == "cpu" and run.data.params["loss.name"] == str(cfg.loss.name)
+        assert Tracker(cfg, out).start(None, {"device": "cpu"}) == run_id  # through run_info.json now
+    assert len(client.search_runs([exp_id])) == 2
+
+
+def test_a_disk_that_fills_before_the_run_id_is_written_leaves_no_running_run(
+    tmp_path, new_store, small_disk
+):
+    """The out_dir's disk has room for run_info.json's key but not for its rewrite with the run's id:
+    the start fails with the disk's error and the MLflow run it created is FAILED, not RUNNING for
+    ever; once there is room, the next start continues that run."""
+    uri = new_store(tmp_path, "m.db")  # the store is not on the small disk
+    out = small_disk / "run"
+    out.mkdir()
+    spare = small_disk / "spare"
+    spare.write_bytes(b"\0" * 4096)  # one page, freed below: room for one small file, not two
+    with open(small_disk / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    spare.unlink()
+    cfg = compose([f"tracking.uri={uri}", "tracking.experiment=full", f"out_dir={out}"])
+    with pytest.raises(OSError, match="No space left on device"):
+        Tracker(cfg, out).start(None, {})
+    client = MlflowClient(uri)
+    exp_id = client.get_experiment_by_name("full").experiment_id
+    [left] = client.search_runs([exp_id])
+    assert left.info.status == "FAILED"
+    assert "run_id" not in json.loads((out / "run_info.json").read_text())  # the key, as before
+    (small_disk / "filler").unlink()
+    assert Tracker(cfg, out).start(None, {}) == left.info.run_id
+    assert [r.info.status for r in client.search_runs([exp_id])] == ["RUNNING"]
+    assert not [p.name for p in out.iterdir() if p.name != "run_info.json"]  # no temporary file left
+
+
 def test_a_store_whose_writer_was_killed_mid_transaction_is_not_refused(tmp_path, new_store):
     """A process SIGKILLed while it wrote to the store leaves a hot journal, which a read-only
     connection cannot roll back: the preflight called the store "not an SQLite database" and every
@@ -224,9 +281,10 @@ def _checkpoint_step(path) -> int:
 
 @pytest.mark.slow
 def test_a_run_that_outlived_its_tracking_server_writes_every_step_once_when_run_again(tmp_path):
-    """The server dies mid-run: the run ends saying its metrics are unflushed (exit 1, one line, the
-    MLflow run not FINISHED). Once the server is back, the same command writes what the store lacks,
-    marks the run FINISHED and says there is nothing left to do."""
+    """The server dies mid-run: the run ends saying its metrics and artifacts (the evaluations'
+    samples, the scaling-curve figure) are not written (exit 1, one line, the MLflow run not
+    FINISHED; the artifacts kept in the out_dir). Once the server is back, the same command writes
+    what the store lacks, marks the run FINISHED and says there is nothing left to do."""
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     store = tmp_path / "server"
@@ -249,8 +307,10 @@ def test_a_run_that_outlived_its_tracking_server_writes_every_step_once_when_run
         assert "Traceback" not in text
         errors = [line for line in text.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "run the same command again to write them" in errors[0], text
+        assert " artifacts could not be written" in errors[0] and "tracking_outbox" in errors[0], text
         summary = json.loads((out / "summary.json").read_text())
         assert summary["metrics_unflushed"] > 0 and summary["mlflow_status"] != "FINISHED"
+        assert summary["artifacts_unsent"] == len(list((out / "tracking_outbox").rglob("*.*"))) >= 5
         run_id = summary["run_id"]
 
         server = start_server(store, port)  # back again
@@ -263,6 +323,10 @@ def test_a_run_that_outlived_its_tracking_server_writes_every_step_once_when_run
         assert steps(client, run_id, "val/pass_rate") == [0, 2, 4, 6, 8, 10]
         assert client.get_run(run_id).info.status == "FINISHED"
         assert json.loads((out / "summary.json").read_text())["metrics_unflushed"] == 0
+        samples = [a.path for a in client.list_artifacts(run_id, "samples")]
+        assert samples == [f"samples/step_{s:06d}.jsonl" for s in (0, 2, 4, 6, 8, 10)]
+        assert "scaling_curve.png" in [a.path for a in client.list_artifacts(run_id)]
+        assert not (out / "tracking_outbox").exists()
         # and once more: nothing pending, nothing written twice
         r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0 and "already finished" in r.stdout + r.stderr

@@ -40,8 +40,32 @@ def save_atomic(obj, path: Path) -> None:
         if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError):
             raise e.__context__ from None  # torch's "unexpected pos ..." raised over the disk's error
         raise
-    try:  # the rename itself reaches the disk
-        fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_dir(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as :func:`save_atomic` writes a checkpoint: a temporary file beside
+    it, fsynced, renamed into place, the rename fsynced. A crash or a power loss leaves the old file
+    or the new one, never an empty or half-written one; a full disk raises OSError and leaves the
+    old file (the temporary one removed)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """A rename in ``folder`` reaches the disk."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:

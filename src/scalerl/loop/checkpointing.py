@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,7 @@ from scalerl.config.schema import RESUMABLE_CHANGES
 from scalerl.loop.errors import RunError
 from scalerl.loop.state import Clock
 from scalerl.messages import first_line
+from scalerl.storage import write_text_atomic
 from scalerl.tracking import rng_state, set_rng_state
 from scalerl.tracking.secrets import redact
 from scalerl.tracking.tracker import flatten
@@ -134,7 +134,5 @@ def restore(run: Components) -> tuple[str, list] | None:
 
 
 def write_json(path: Path, obj: dict) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (a temporary file beside it, then a rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    """Write ``obj`` as JSON to ``path`` atomically and durably (:func:`scalerl.storage.write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(obj, indent=1))

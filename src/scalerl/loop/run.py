@@ -274,9 +274,15 @@ def _interrupted_detail(run: Components, signum: int) -> str:
 def _finish(run: Components) -> dict:
     """The summary of a run that ended (raises :class:`MetricsUnflushed` if the store lacks metrics)."""
     summary = write_summary(run)
-    if run.is_main and summary["metrics_unflushed"]:
+    if run.is_main and (summary["metrics_unflushed"] or summary["artifacts_unsent"]):
         raise MetricsUnflushed(
-            unflushed_message(summary["metrics_unflushed"], run.tracker.uri, run.ckpt.path)
+            unflushed_message(
+                summary["metrics_unflushed"],
+                run.tracker.uri,
+                run.ckpt.path,
+                summary["artifacts_unsent"],
+                run.tracker.outbox,
+            )
         )
     if run.is_main:
         print_summary(summary)
@@ -299,6 +305,8 @@ def start_tracking(run: Components, resumed: tuple[str, list] | None) -> None:
         if resumed:
             run.tracker.restore_pending(resumed[1])
     except Exception as e:  # a tracking server that stopped answering after the preflight reached it
+        if run.tracker.run_id is not None:  # not left RUNNING (the next start finds it again)
+            run.tracker.end("FAILED")
         raise RunError(
             f"could not {'resume' if resumed else 'start'} the MLflow run in {redact(run.tracker.uri)} "
             f"({type(e).__name__}: {first_line(e)}); nothing was trained: run the same command again "

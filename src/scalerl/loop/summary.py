@@ -22,14 +22,22 @@ log = logging.getLogger("scalerl")
 
 
 class MetricsUnflushed(RunError):
-    """The run ended, but the tracking store did not take all its metrics: they are kept in the
-    checkpoint, and running the same command again writes them."""
+    """The run ended, but the tracking store did not take all its metrics or artifacts: they are kept
+    (the metrics in the checkpoint, the artifacts in the out_dir's ``tracking_outbox``), and running
+    the same command again writes them."""
 
 
-def unflushed_message(n: int, uri: str, ckpt) -> str:
+def unflushed_message(n: int, uri: str, ckpt, artifacts: int = 0, outbox=None) -> str:
+    what, where = [], []
+    if n or not artifacts:
+        what.append(f"{n} metric values")
+        where.append(str(ckpt))
+    if artifacts:
+        what.append(f"{artifacts} artifacts")
+        where.append(str(outbox))
     return (
-        f"the run ended, but {n} metric values could not be written to the tracking store {redact(uri)}; "
-        f"they are kept in {ckpt}: run the same command again to write them"
+        f"the run ended, but {' and '.join(what)} could not be written to the tracking store {redact(uri)}; "
+        f"they are kept in {' and '.join(where)}: run the same command again to write them"
     )
 
 
@@ -45,6 +53,7 @@ def write_summary(run: Components) -> dict:
         "pass_rate_final": st.evals[-1]["pass_rate"] if st.evals else None,
         "wall_seconds": st.elapsed,
         "metrics_unflushed": len(run.tracker.pending),
+        "artifacts_unsent": len(run.tracker.unsent_artifacts()) if run.is_main else 0,
         "mlflow_status": run.tracker.status,
         "tracking_uri": redact(run.tracker.uri),
         "fit": run.final_fit or {},
@@ -115,7 +124,11 @@ def finished_summary(cfg) -> dict | None:
     summary = json.loads(done.read_text())
     if summary.get("steps", 0) < cfg.trainer.total_steps:
         return None
-    if summary.get("metrics_unflushed", 0) or summary.get("mlflow_status") != "FINISHED":
+    if (
+        summary.get("metrics_unflushed")
+        or summary.get("artifacts_unsent")
+        or summary.get("mlflow_status") != "FINISHED"
+    ):
         ck = Checkpointer(out_dir)
         if ck.exists():
             state = ck.load()
@@ -126,15 +139,25 @@ def finished_summary(cfg) -> dict | None:
         try:
             written = tracker.catch_up(run_id, pending)
         except Exception as e:
+            unsent = len(tracker.unsent_artifacts())
             raise MetricsUnflushed(
-                unflushed_message(len(pending), tracker.uri, ck.path) + f" ({type(e).__name__})"
+                unflushed_message(len(pending), tracker.uri, ck.path, unsent, tracker.outbox)
+                + f" ({type(e).__name__})"
             ) from None
-        if tracker.pending or tracker.status != "FINISHED":
-            raise MetricsUnflushed(unflushed_message(len(tracker.pending), tracker.uri, ck.path))
-        summary.update(metrics_unflushed=0, mlflow_status=tracker.status, tracking_uri=redact(tracker.uri))
+        if tracker.pending or tracker.unsent_artifacts() or tracker.status != "FINISHED":
+            unsent = len(tracker.unsent_artifacts())
+            raise MetricsUnflushed(
+                unflushed_message(len(tracker.pending), tracker.uri, ck.path, unsent, tracker.outbox)
+            )
+        summary.update(
+            metrics_unflushed=0,
+            artifacts_unsent=0,
+            mlflow_status=tracker.status,
+            tracking_uri=redact(tracker.uri),
+        )
         write_json(done, summary)
         log.info(
-            "wrote %d metric values the tracking store lacked; MLflow run %s is FINISHED",
+            "wrote %d metric values (and any kept artifacts) the tracking store lacked; MLflow run %s is FINISHED",
             written,
             summary["run_id"],
         )

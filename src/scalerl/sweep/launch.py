@@ -22,6 +22,7 @@ from pathlib import Path
 import submitit
 
 from scalerl.config.errors import override_key
+from scalerl.storage import write_text_atomic
 from scalerl.sweep.job import TrainJob
 from scalerl.sweep.plan import Plan, PlannedRun, run_settings
 
@@ -112,8 +113,9 @@ def summary_of(out_dir: str | Path) -> dict | None:
 
 def is_finished(run: PlannedRun) -> bool:
     s = summary_of(run.out_dir)
-    # a run whose metrics did not all reach the tracking store runs again: that writes them
-    return bool(s) and int(s.get("steps", 0)) >= run.total_steps and not s.get("metrics_unflushed")
+    # a run whose metrics or artifacts did not all reach the tracking store runs again: that writes them
+    unsent = s and (s.get("metrics_unflushed") or s.get("artifacts_unsent"))
+    return bool(s) and int(s.get("steps", 0)) >= run.total_steps and not unsent
 
 
 def num_tasks(launcher: dict) -> int:
@@ -231,9 +233,7 @@ class Launcher:
     def _record(self, job: str, **fields) -> None:
         entry = self._status.setdefault(job, {})
         entry.update(fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        tmp = self.status_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._status, indent=1))
-        os.replace(tmp, self.status_path)
+        write_text_atomic(self.status_path, json.dumps(self._status, indent=1))
 
     def not_run(self, run: PlannedRun) -> None:
         """``run`` is planned but not launched: its component cannot act where it would run."""

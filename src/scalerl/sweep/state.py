@@ -13,6 +13,7 @@ import socket
 import time
 from pathlib import Path
 
+from scalerl.storage import write_text_atomic
 from scalerl.sweep.plan import Plan
 from scalerl.sweep.spec import SweepError
 from scalerl.tracking.secrets import redact
@@ -29,10 +30,7 @@ def read_json(path: Path) -> dict:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    write_text_atomic(Path(path), json.dumps(data, indent=1, default=str))
 
 
 def client_for(uri: str):

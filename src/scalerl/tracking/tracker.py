@@ -8,7 +8,11 @@
   twice, entries not yet written are written from the checkpoint. So a killed run that resumes has
   no duplicate and no missing metric steps.
 * A tracking server that goes away loses nothing: a failed flush keeps the buffer (and warns);
-  the next flush, the final one, or the next resume writes it.
+  the next flush, the final one, or the next resume writes it. An artifact the server did not take
+  is kept in ``<out_dir>/tracking_outbox/`` and sent at the next flush the same way.
+* A new run's key is written to ``run_info.json`` before its MLflow run is created (as the run's
+  tag ``scalerl.run_key``): a start killed in between leaves a run the next start finds and
+  continues, not an empty RUNNING run beside a second one.
 """
 
 from __future__ import annotations
@@ -16,17 +20,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from scalerl.storage import write_text_atomic
 from scalerl.tracking.secrets import redact
 
 log = logging.getLogger(__name__)
 SENTINEL = "progress/step"
+# the out_dir's key for its MLflow run, in run_info.json before the run exists
+RUN_KEY_TAG = "scalerl.run_key"
+OUTBOX = "tracking_outbox"  # in the out_dir: artifacts the tracking store has not taken yet
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 
 # Fail fast when a tracking server is unreachable: we retry ourselves at the next flush.
@@ -115,8 +125,8 @@ class Tracker:
             self.run_id = run_id or "disabled"
             return self.run_id
         info = self.out_dir / "run_info.json"
-        if run_id is None and info.is_file():
-            run_id = json.loads(info.read_text()).get("run_id")
+        known = json.loads(info.read_text()) if info.is_file() else {}
+        run_id = run_id or known.get("run_id")
         params = {**run_params(self.cfg, variants), **extra_params}
         if run_id is not None:
             self.run_id = run_id
@@ -129,23 +139,47 @@ class Tracker:
         exp_name = self.cfg.tracking.experiment
         exp = self._retry(lambda: self.client.get_experiment_by_name(exp_name))
         exp_id = exp.experiment_id if exp is not None else self._create_experiment(exp_name)
+        # The run's key is on disk before the run exists: a process killed between creating the run
+        # and writing its id (or a disk that fills there) leaves a run that the next start finds by
+        # its key, not an empty RUNNING run beside a second one.
+        key = known.get("run_key") or uuid.uuid4().hex
+        if "run_key" not in known:
+            write_text_atomic(
+                info, json.dumps({"run_key": key, "experiment_id": exp_id, "uri": redact(self.uri)})
+            )
+        run = self._run_with_key(exp_id, key) or self._retry(
+            lambda: self.client.create_run(exp_id, run_name=self.cfg.tracking.run_name, tags=self._tags(key))
+        )
+        self.run_id = run.info.run_id
+        record = {"run_id": self.run_id, "run_key": key, "experiment_id": exp_id, "uri": redact(self.uri)}
+        try:
+            write_text_atomic(info, json.dumps(record))
+        except OSError:  # a full disk: the run is FAILED until a start that can write finds it by key
+            self.end("FAILED")
+            raise
+        self._describe({k: v for k, v in params.items() if k not in run.data.params})
+        return self.run_id
+
+    def _tags(self, key: str) -> dict[str, str]:
         tags = {
             "host": socket.gethostname(),
             "git_commit": _git_commit(),
             "out_dir": str(self.out_dir.resolve()),
+            RUN_KEY_TAG: key,
         }
         tags.update({k: str(v) for k, v in (self.cfg.tracking.tags or {}).items()})
         if self.cfg.tracking.parent_run_id:
             tags["mlflow.parentRunId"] = self.cfg.tracking.parent_run_id
-        run = self._retry(
-            lambda: self.client.create_run(exp_id, run_name=self.cfg.tracking.run_name, tags=tags)
+        return tags
+
+    def _run_with_key(self, exp_id: str, key: str):
+        """The run created for this out_dir by a start that stopped before writing its id, or None."""
+        found = self._retry(
+            lambda: self.client.search_runs([exp_id], f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=1)
         )
-        self.run_id = run.info.run_id
-        tmp = info.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run_id": self.run_id, "experiment_id": exp_id, "uri": redact(self.uri)}))
-        os.replace(tmp, info)
-        self._describe(params)
-        return self.run_id
+        if found:
+            self._retry(lambda: self.client.update_run(found[0].info.run_id, status="RUNNING"))
+        return found[0] if found else None
 
     def _describe(self, params: dict[str, str]) -> None:
         """The run's config.yaml, then its params: a run that has all its params has its config.yaml."""
@@ -209,7 +243,11 @@ class Tracker:
         return int(max((m.step for m in hist), default=-1))
 
     def flush(self) -> bool:
-        """Write buffered metrics; False (buffer kept) when the tracking store is unreachable."""
+        """Write buffered metrics, then the artifacts kept in :attr:`outbox`; False (both kept) when the
+        tracking store does not take them all."""
+        return self._flush_metrics() and self.send_artifacts()
+
+    def _flush_metrics(self) -> bool:
         if not self.enabled or not self.pending:
             self.pending = [] if not self.enabled else self.pending
             return True
@@ -244,21 +282,75 @@ class Tracker:
         return True
 
     # ------------------------------------------------------------------ artifacts and end
+    @property
+    def outbox(self) -> Path:
+        """Artifacts the tracking store did not take, under their artifact paths; sent at every flush."""
+        return self.out_dir / OUTBOX
+
     def log_artifact_text(self, path: str, text: str) -> None:
+        """``text`` as the artifact ``path``; kept in :attr:`outbox` if the store does not take it."""
         if not self.enabled:
             return
         try:
             self.client.log_text(self.run_id, text, path)
         except Exception as e:
-            log.warning("tracking: could not write artifact %s (%s)", path, type(e).__name__)
+            self._keep(path, e, lambda dest: dest.write_text(text))
 
     def log_artifact_file(self, local: str | Path, artifact_dir: str | None = None) -> None:
+        """The file ``local`` as an artifact (under ``artifact_dir``); a copy is kept in :attr:`outbox`
+        if the store does not take it (the file itself may be rewritten before the next flush)."""
         if not self.enabled:
             return
         try:
             self.client.log_artifact(self.run_id, str(local), artifact_dir)
         except Exception as e:
-            log.warning("tracking: could not write artifact %s (%s)", local, type(e).__name__)
+            path = f"{artifact_dir}/{Path(local).name}" if artifact_dir else Path(local).name
+            self._keep(path, e, lambda dest: shutil.copyfile(local, dest))
+
+    def _keep(self, path: str, error: Exception, write) -> None:
+        dest = self.outbox / path
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            write(dest)
+        except OSError as e:
+            log.warning(
+                "tracking: artifact %s lost: the store did not take it (%s) and %s",
+                path,
+                type(error).__name__,
+                e,
+            )
+            return
+        log.warning(
+            "tracking: could not write artifact %s to %s (%s); kept in %s for the next flush",
+            path,
+            redact(self.uri),
+            type(error).__name__,
+            self.outbox,
+        )
+
+    def unsent_artifacts(self) -> list[Path]:
+        """The artifacts kept in :attr:`outbox` that the store does not have yet."""
+        return sorted(p for p in self.outbox.rglob("*") if p.is_file()) if self.outbox.is_dir() else []
+
+    def send_artifacts(self) -> bool:
+        """Send what :attr:`outbox` holds (each file removed once the store has it); False if the
+        store did not take them all."""
+        if not self.enabled:
+            return True
+        for f in self.unsent_artifacts():
+            parent = f.parent.relative_to(self.outbox).as_posix()
+            try:
+                self.client.log_artifact(self.run_id, str(f), None if parent == "." else parent)
+            except Exception as e:
+                log.warning(
+                    "tracking: could not send the kept artifacts to %s (%s)",
+                    redact(self.uri),
+                    type(e).__name__,
+                )
+                return False
+            f.unlink()
+        shutil.rmtree(self.outbox, ignore_errors=True)
+        return True
 
     def set_tag(self, key: str, value: str) -> None:
         if self.enabled:
