@@ -264,10 +264,17 @@ class Launcher:
             return  # the job failed before it reached MLflow
         try:
             from scalerl.sweep.state import client_for
+            from scalerl.tracking.tracker import keyed_run
 
             client = client_for(self.plan.tracking_uri)
-            if client.get_run(info["run_id"]).info.status == "RUNNING":
-                client.set_terminated(info["run_id"], status=status)
+            run_id = info.get("run_id")
+            if run_id is None:  # killed between creating its MLflow run and writing the run's id
+                found = keyed_run(client, info["experiment_id"], info["run_key"])
+                if found is None:
+                    return
+                run_id = found.info.run_id
+            if client.get_run(run_id).info.status == "RUNNING":
+                client.set_terminated(run_id, status=status)
         except Exception as e:  # the report still marks the run
             self.say(f"{run.name}: could not mark its MLflow run {status} ({type(e).__name__})")
 

@@ -83,6 +83,12 @@ def run_params(cfg: DictConfig, variants: dict[str, str] | None = None) -> dict[
     return {k[:250]: redact(v)[:6000] for k, v in params.items()}
 
 
+def keyed_run(client, experiment_id: str, key: str):
+    """The MLflow run created under the out_dir key ``key`` (``run_info.json``'s ``run_key``), or None."""
+    found = client.search_runs([experiment_id], f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=1)
+    return found[0] if found else None
+
+
 def _client(uri: str):
     """An MlflowClient of ``uri``. A sqlite file that does not exist yet is created under a lock
     beside it (``<file>.lock``): MLflow builds a new store's schema by migrations, and two runs
@@ -174,12 +180,10 @@ class Tracker:
 
     def _run_with_key(self, exp_id: str, key: str):
         """The run created for this out_dir by a start that stopped before writing its id, or None."""
-        found = self._retry(
-            lambda: self.client.search_runs([exp_id], f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=1)
-        )
-        if found:
-            self._retry(lambda: self.client.update_run(found[0].info.run_id, status="RUNNING"))
-        return found[0] if found else None
+        found = self._retry(lambda: keyed_run(self.client, exp_id, key))
+        if found is not None:
+            self._retry(lambda: self.client.update_run(found.info.run_id, status="RUNNING"))
+        return found
 
     def _describe(self, params: dict[str, str]) -> None:
         """The run's config.yaml, then its params: a run that has all its params has its config.yaml."""
