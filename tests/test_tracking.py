@@ -24,7 +24,9 @@ def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_server_that_goes_away_loses_no_metrics(tmp_path):
+def test_server_that_goes_away_loses_no_metrics(tmp_path, caplog):
+    """Metrics and artifacts written while the server is away are kept and written when it is back;
+    the outage is one warning (and one when it is over), not one a flush."""
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     proc = start_server(tmp_path, port)
@@ -42,14 +44,32 @@ def test_server_that_goes_away_loses_no_metrics(tmp_path):
             tr.log(s, {"train/reward": 0.1 * s})
             tr.log_step_done(s)
         t0 = time.time()
+        caplog.clear()
         assert not tr.flush()  # fails fast, keeps the metrics
         assert time.time() - t0 < 60
         assert len(tr.pending) == 6
+        tr.log_artifact_text("samples/step_000005.jsonl", '{"output": "12"}\n')
+        png = tmp_path / "run" / "scaling_curve.png"
+        png.write_bytes(b"\x89PNG figure")
+        tr.log_artifact_file(png)
+        png.write_bytes(b"\x89PNG a later figure")  # the next evaluation's, drawn before the next flush
+        assert not tr.flush()
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and warned[0].startswith(f"tracking: {uri} did not take 6 metric values"), (
+            warned
+        )
+        assert len(tr.unsent_artifacts()) == 2
         proc = start_server(tmp_path, port)  # back again
         assert tr.flush()
         client = MlflowClient(uri)
         assert steps(client, run_id, "train/reward") == [0, 1, 2, 3, 4, 5]
         assert steps(client, run_id, SENTINEL) == [0, 1, 2, 3, 4, 5]
+        assert client.download_artifacts(run_id, "scaling_curve.png", str(tmp_path))
+        assert (tmp_path / "scaling_curve.png").read_bytes() == b"\x89PNG figure"  # the one it did not take
+        assert [a.path for a in client.list_artifacts(run_id, "samples")] == ["samples/step_000005.jsonl"]
+        assert not tr.unsent_artifacts() and not (tmp_path / "run" / "tracking_outbox").exists()
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"][1:]
+        assert warned == [f"tracking: {uri} answers again: the metrics it lacked are written"]
     finally:
         stop_server(proc, graceful=False)
 

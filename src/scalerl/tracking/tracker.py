@@ -44,6 +44,9 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its table-creation INFO lines
+# not urllib3's "Retrying ... Connection refused" for each request to a server that went away: the
+# tracker says once what the store did not take and where it is kept
+logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
 def tracking_uri(cfg: DictConfig) -> str:
@@ -83,6 +86,15 @@ def run_params(cfg: DictConfig, variants: dict[str, str] | None = None) -> dict[
     return {k[:250]: redact(v)[:6000] for k, v in params.items()}
 
 
+def _reason(error: Exception) -> str:
+    """What went wrong, short: MLflow wraps a refused connection in a paragraph."""
+    text = str(error)
+    for known in ("Connection refused", "timed out", "Name or service not known", "Max retries exceeded"):
+        if known in text:
+            return f"{type(error).__name__}: {known}"
+    return type(error).__name__
+
+
 def keyed_run(client, experiment_id: str, key: str):
     """The MLflow run created under the out_dir key ``key`` (``run_info.json``'s ``run_key``), or None."""
     found = client.search_runs([experiment_id], f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=1)
@@ -119,6 +131,7 @@ class Tracker:
         self.uri = tracking_uri(cfg)
         self.client = _client(self.uri) if enabled else None
         self.flush_failures = 0
+        self.failing = False  # the store's last write failed: the next failures are not warned again
         self.status = "RUNNING"  # as this tracker last set it in MLflow (UNKNOWN: could not)
 
     # ------------------------------------------------------------------ run lifecycle
@@ -275,15 +288,27 @@ class Tracker:
             except Exception as e:
                 self.flush_failures += 1
                 self.pending = [p for c in chunks[i:] for p in c]
-                log.warning(
-                    "tracking: could not write %d metrics to %s (%s); kept for the next flush",
-                    len(self.pending),
-                    self.uri,
-                    type(e).__name__,
-                )
+                self._failed(f"{len(self.pending)} metric values", e)
                 return False
+        if self.failing:
+            log.warning("tracking: %s answers again: the metrics it lacked are written", redact(self.uri))
+            self.failing = False
         self.pending = []
         return True
+
+    def _failed(self, what: str, error: Exception) -> None:
+        """A write the store did not take. The first of an outage is a warning saying where what it
+        lacks is kept; the next ones, until a write succeeds, are not repeated (debug)."""
+        say = log.debug if self.failing else log.warning
+        say(
+            "tracking: %s did not take %s (%s); what it lacks is kept (metrics in the checkpoint, "
+            "artifacts in %s) and written when it answers again",
+            redact(self.uri),
+            what,
+            _reason(error),
+            self.outbox,
+        )
+        self.failing = True
 
     # ------------------------------------------------------------------ artifacts and end
     @property
@@ -318,19 +343,14 @@ class Tracker:
             write(dest)
         except OSError as e:
             log.warning(
-                "tracking: artifact %s lost: the store did not take it (%s) and %s",
+                "tracking: artifact %s lost: %s did not take it (%s) and %s",
                 path,
-                type(error).__name__,
+                redact(self.uri),
+                _reason(error),
                 e,
             )
             return
-        log.warning(
-            "tracking: could not write artifact %s to %s (%s); kept in %s for the next flush",
-            path,
-            redact(self.uri),
-            type(error).__name__,
-            self.outbox,
-        )
+        self._failed(f"the artifact {path}", error)
 
     def unsent_artifacts(self) -> list[Path]:
         """The artifacts kept in :attr:`outbox` that the store does not have yet."""
@@ -346,11 +366,7 @@ class Tracker:
             try:
                 self.client.log_artifact(self.run_id, str(f), None if parent == "." else parent)
             except Exception as e:
-                log.warning(
-                    "tracking: could not send the kept artifacts to %s (%s)",
-                    redact(self.uri),
-                    type(e).__name__,
-                )
+                self._failed(f"the kept artifact {f.relative_to(self.outbox).as_posix()}", e)
                 return False
             f.unlink()
         shutil.rmtree(self.outbox, ignore_errors=True)
