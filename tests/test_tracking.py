@@ -275,6 +275,72 @@ def test_a_tracking_server_that_answers_only_errors_ends_the_run_in_one_line(tmp
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
+@pytest.mark.slow
+def test_a_run_whose_server_fails_while_it_describes_itself_is_not_left_running(tmp_path):
+    """The server creates the run, then refuses its params (a proxy in front of a real server answers
+    503 to log-batch): the run ends in one line, and its MLflow run is FAILED, not RUNNING for ever;
+    once the server takes writes again, the same command continues that run."""
+    import http.server
+    import threading
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    server = start_server(tmp_path, port)
+    refuse = {"log-batch": True}
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def forward(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+            if refuse["log-batch"] and self.path.endswith("/runs/log-batch"):
+                self.send_response(503)
+                self.end_headers()
+                return
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}{self.path}", data=body, method=self.command
+            )
+            for k in ("Content-Type", "Authorization"):
+                if self.headers.get(k):
+                    req.add_header(k, self.headers[k])
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    status, data = r.status, r.read()
+            except urllib.error.HTTPError as e:
+                status, data = e.code, e.read()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = forward
+
+        def log_message(self, *args):
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{proxy.server_address[1]}"
+    out = tmp_path / "run"
+    args = _train_args(out, uri, "describe", "async_mode=sync", "trainer.total_steps=2")
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        errors = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+        assert len(errors) == 1 and errors[0].startswith(f"error: could not start the MLflow run in {uri}")
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        [run] = client.search_runs([client.get_experiment_by_name("describe").experiment_id])
+        assert run.info.status == "FAILED"
+        refuse["log-batch"] = False
+        r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads((out / "summary.json").read_text())["run_id"] == run.info.run_id
+        again = client.get_run(run.info.run_id)
+        assert again.info.status == "FINISHED" and again.data.params["loss.name"]
+    finally:
+        proxy.shutdown()
+        stop_server(server, graceful=False)
+
+
 def _train_args(out, uri: str, experiment: str, *extra: str) -> list[str]:
     from conftest import TINY
 
