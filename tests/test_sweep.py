@@ -740,3 +740,30 @@ def test_sweep_report_and_analysis_cli_give_the_same_table(synthetic_sweep, caps
     assert rc == 0 and "baseline:" not in capsys.readouterr().err  # given: nothing to explain
     again = {r["run_id"]: r for r in csv.DictReader((sw["out"] / "cli2" / "fits.csv").open())}
     assert {k: r["delta_A"] for k, r in again.items()} == {k: r["delta_A"] for k, r in cli_rows.items()}
+
+
+def test_a_sweep_killed_before_it_wrote_sweep_json_keeps_its_parent_run(tmp_path, new_store):
+    """Killed after creating its MLflow parent run but before writing sweep.json (or before the
+    parent's params): the next start finds that parent by its folder and completes it, instead of
+    leaving it RUNNING beside a second parent."""
+    from scalerl.sweep.state import SWEEP_FILE, client_for, start_parent
+
+    uri = new_store(tmp_path)
+    f = write_sweep(tmp_path / "s.yaml", {"base": [], "dapo": ["loss=dapo"]}, name="killed", baseline="base")
+    plan = make_plan(load_spec(f), [], sweep_dir=tmp_path / "out", tracking_uri=uri)
+    exp_id, first = start_parent(plan)
+    client = client_for(uri)
+    params = client.get_run(first).data.params
+    assert params["variant.dapo"] == "loss=dapo"
+    # what a start killed right after creating the parent leaves: the run, without params or sweep.json
+    (plan.sweep_dir / SWEEP_FILE).unlink()
+    client.delete_run(first)  # (stands for the earlier state: no parent yet)
+    tags = client.get_run(first).data.tags
+    left = client.create_run(
+        exp_id, run_name="killed", tags={k: tags[k] for k in ("sweep.role", "sweep.folder")}
+    )
+    assert start_parent(plan) == (exp_id, left.info.run_id)
+    again = client.get_run(left.info.run_id)
+    assert again.info.status == "RUNNING" and again.data.params == params
+    assert json.loads((plan.sweep_dir / SWEEP_FILE).read_text())["parent_run_id"] == left.info.run_id
+    assert [r.info.run_id for r in client.search_runs([exp_id])] == [left.info.run_id]

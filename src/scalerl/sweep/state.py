@@ -71,6 +71,15 @@ def _parent_exists(client, run_id: str | None, exp_id: str) -> bool:
     return run.info.experiment_id == exp_id and run.info.lifecycle_stage == "active"
 
 
+def _parent_of_folder(client, exp_id: str, folder: Path):
+    """The active parent run of the sweep in ``folder`` (tag ``sweep.folder``), or None."""
+    if "'" in str(folder):  # not expressible in MLflow's filter string
+        return None
+    where = f"tags.`sweep.role` = 'parent' and tags.`sweep.folder` = '{folder}'"
+    found = client.search_runs([exp_id], where, max_results=1)
+    return found[0] if found else None
+
+
 def start_parent(plan: Plan) -> tuple[str, str]:
     """(experiment id, parent run id): reuse the sweep folder's parent run when it still exists,
     else create one. Writes ``sweep.json`` and marks the parent RUNNING."""
@@ -87,37 +96,39 @@ def start_parent(plan: Plan) -> tuple[str, str]:
         RunTag("sweep.launcher", " ".join(plan.launcher_overrides) or "launcher=local"),
         RunTag("sweep.folder", str(plan.sweep_dir)),
     ]
-    if _parent_exists(client, parent, exp_id):
+    params = {
+        "sweep.name": spec.name,
+        "sweep.file": spec.path,
+        "sweep.base": " ".join(spec.base),
+        "sweep.seeds": ",".join(map(str, spec.seeds)) if spec.seeds is not None else "config",
+        "sweep.baseline": spec.baseline or "",
+        "sweep.variants": ",".join(spec.variants),
+        # the command line's own overrides, applied to every run after the file's
+        "sweep.cli_overrides": " ".join(plan.cli_overrides) or "(none)",
+    }
+    for name, ovs in spec.variants.items():
+        params[f"variant.{name}"] = " ".join(ovs) or "(no overrides)"
+    params = {k[:250]: redact(v)[:6000] for k, v in params.items()}
+    if not _parent_exists(client, parent, exp_id):
+        # a parent created by a start killed before it wrote sweep.json: found by its folder
+        found = _parent_of_folder(client, exp_id, plan.sweep_dir)
+        parent = found.info.run_id if found is not None else None
+    if parent is not None:
         client.update_run(parent, status="RUNNING")
-        client.log_batch(parent, tags=launch_tags)
+        have = client.get_run(parent).data.params
+        params = {k: v for k, v in params.items() if k not in have}
     else:
         tags = {
             "sweep": spec.name,
             "sweep.role": "parent",
             "sweep.file": spec.path,
+            "sweep.folder": str(plan.sweep_dir),
             "host": socket.gethostname(),
         }
         if spec.description:
             tags["mlflow.note.content"] = spec.description
-        run = client.create_run(exp_id, run_name=spec.name, tags=tags)
-        parent = run.info.run_id
-        params = {
-            "sweep.name": spec.name,
-            "sweep.file": spec.path,
-            "sweep.base": " ".join(spec.base),
-            "sweep.seeds": ",".join(map(str, spec.seeds)) if spec.seeds is not None else "config",
-            "sweep.baseline": spec.baseline or "",
-            "sweep.variants": ",".join(spec.variants),
-            # the command line's own overrides, applied to every run after the file's
-            "sweep.cli_overrides": " ".join(plan.cli_overrides) or "(none)",
-        }
-        for name, ovs in spec.variants.items():
-            params[f"variant.{name}"] = " ".join(ovs) or "(no overrides)"
-        client.log_batch(
-            parent,
-            params=[Param(k[:250], redact(v)[:6000]) for k, v in params.items()],
-            tags=launch_tags,
-        )
+        parent = client.create_run(exp_id, run_name=spec.name, tags=tags).info.run_id
+    client.log_batch(parent, params=[Param(k, v) for k, v in params.items()], tags=launch_tags)
     state.update(
         {
             "name": spec.name,
