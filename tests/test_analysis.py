@@ -125,8 +125,11 @@ def test_cli_compare(store):
     assert proc.returncode == 0, proc.stderr
     rows = _table(proc.stdout)
     names = [r["run_name"] for r in rows]
-    assert names == ["base", "dapo", "bf16", "tiny"], proc.stdout  # sorted by A, unfittable last
-    assert "live" not in names  # RUNNING runs need --include-running
+    # sorted by A, unfittable last; RUNNING runs need --include-running: listed, not fitted
+    assert names == ["base", "dapo", "bf16", "tiny", "live"], proc.stdout
+    assert rows[4]["status"] == "running" and rows[4]["A [90% CI]"] == ""
+    assert "left out: still RUNNING (--include-running fits such runs)" in rows[4]["note"]
+    assert "left out (not fitted, listed in the table): 1 run still RUNNING" in proc.stderr
     # The recipe choices that differ are columns; bookkeeping params are not.
     assert {"loss", "precision"} <= set(rows[0]) and "out_dir" not in rows[0] and "trainer.lr" not in rows[0]
     for r in rows[:3]:
@@ -384,3 +387,126 @@ def test_non_finite_points_are_skipped_with_a_note(store):
     (run,) = load_runs(client, "non-finite")
     assert run.steps.tolist() == [0, 10, 20, 40, 50, 60, 70] and np.isfinite(run.reward).all()
     assert any(n.startswith("step 30: val/pass_rate=nan") for n in run.notes)
+
+
+# ------------------------------------------------------------------------------------ bad or partial input
+def test_an_infinite_value_is_skipped_not_plotted(store, capsys):
+    """MLflow stores inf as the largest float: such a point is skipped with a note, like NaN, rather
+    than reaching the fit and the plot (which raised out of matplotlib: a traceback, a report cut off)."""
+    client, rng = store["client"], np.random.default_rng(3)
+    eid = client.create_experiment("inf", artifact_location=str(store["tmp"] / "inf"))
+    for name in ("a", "b"):
+        c, y = sample_run(RUNS["base"][0], rng, reach=6.0, trials=2048, n_points=20)
+        if name == "b":
+            y[5], y[7] = math.inf, -math.inf
+        _log_run(client, eid, name, np.arange(c.size) * 10, c, y, {"loss": name})
+    run = next(r for r in load_runs(client, "inf") if r.run_name == "b")
+    assert 50 not in run.steps and 70 not in run.steps and np.all(np.abs(run.reward) <= 1)
+    (note,) = run.notes
+    assert note.startswith("steps 50, 70: not finite (step 50: val/pass_rate=inf, compute/flops=")
+    rc, cap, rows = _fit_cli(store, capsys, "inf")
+    assert rc == 0, cap.err
+    assert rows["b"]["ok"] == "True" and rows["b"]["n_evals"] == "19"
+    assert "note: b: steps 50, 70: not finite" in cap.out
+
+
+def test_failed_running_and_empty_runs_are_named_not_dropped(store, capsys):
+    """Runs the analysis does not fit (FAILED, still RUNNING, without val/pass_rate) are listed in the
+    table and on stderr with why, never left out silently; a sweep's parent run is not one of them;
+    a baseline whose runs all failed is kept (its deltas empty), not an error or another variant."""
+    from mlflow.entities import RunTag
+
+    client, rng = store["client"], np.random.default_rng(4)
+    eid = client.create_experiment("partial", artifact_location=str(store["tmp"] / "partial"))
+    parent = client.create_run(eid, run_name="sweep")
+    client.set_terminated(parent.info.run_id)
+    for name, status in (("ok0", "FINISHED"), ("ok1", "FINISHED"), ("bad0", "FAILED"), ("live0", None)):
+        c, y = sample_run(RUNS["base"][0], rng, reach=6.0, trials=2048, n_points=20)
+        rid = _log_run(client, eid, name, np.arange(c.size) * 10, c, y, {"loss": name[:-1]}, finish=False)
+        client.log_batch(rid, tags=[RunTag("mlflow.parentRunId", parent.info.run_id)])
+        if status:
+            client.set_terminated(rid, status=status)
+    empty = client.create_run(eid, run_name="crashed")  # finished before its first evaluation
+    client.set_terminated(empty.info.run_id)
+
+    rc, cap, rows = _fit_cli(store, capsys, "partial")
+    assert rc == 0, cap.err
+    (line,) = [ln for ln in cap.err.splitlines() if ln.startswith("left out")]
+    assert (
+        "1 run FAILED (bad0)" in line
+        and "1 run still RUNNING" in line
+        and "1 run without val/pass_rate (crashed)" in line
+    )
+    assert set(rows) == {"ok0", "ok1", "bad0", "live0", "crashed"}  # not the parent run
+    assert rows["bad0"]["status"] == "failed" and rows["bad0"]["left_out"] == "run FAILED"
+    assert rows["bad0"]["variant"] == "loss=bad" and rows["ok0"]["variant"] == "(one recipe)"
+    assert rows["bad0"]["ok"] == "False" and rows["bad0"]["A"] == ""
+    assert "(2 runs, 3 left out" in cap.out and "left out: run FAILED" in cap.out
+    # the failed variant as baseline: kept, with empty deltas
+    rc, cap, rows = _fit_cli(store, capsys, "partial", "--baseline", "bad0")
+    assert rc == 0, cap.err
+    assert rows["bad0"]["baseline"] == "True" and rows["ok0"]["delta_A"] == "nan"
+    # nothing finished at all: the one-line error names what there is
+    eid = client.create_experiment("all-failed", artifact_location=str(store["tmp"] / "all-failed"))
+    _log_run(client, eid, "f", [0, 10, 20, 30], [0, 1e16, 2e16, 3e16], [0.1, 0.2, 0.3, 0.4], {}, finish=False)
+    client.set_terminated(client.search_runs([eid])[0].info.run_id, status="FAILED")
+    rc, cap, _ = _fit_cli(store, capsys, "all-failed")
+    assert rc == 2 and cap.err.count("\n") == 1 and "(left out: 1 run FAILED (f))" in cap.err
+
+
+def test_cli_refuses_stores_and_outputs_it_cannot_use(store, refused, tmp_path):
+    """An empty sqlite file is no store (reading made it one: MLflow's tables written into it); a URI
+    urlparse refuses, an empty flag, an --out the permission bits allow but the kernel refuses and a
+    bootstrap too small for its interval: one line, exit 2, nothing written."""
+    from scalerl.analysis.__main__ import main
+
+    base = ["fit", "--experiment", EXPERIMENT, "--no-write-back", "--out", str(tmp_path / "out")]
+    db = tmp_path / "empty.db"
+    db.write_bytes(b"")
+    refused(main, [*base, "--tracking-uri", f"sqlite:///{db}"], "is an empty file, not an MLflow store")
+    assert db.stat().st_size == 0
+    refused(main, [*base, "--tracking-uri", "http://[::1"], "--tracking-uri='http://[::1': not a URI")
+    refused(main, [*base, "--tracking-uri", ""], "--tracking-uri='': empty")
+    uri = ["--tracking-uri", store["uri"]]
+    refused(main, [*base[:-1], "", *uri], "--out='': empty")
+    refused(
+        main,
+        [*base[:-1], "/proc/scalerl-analysis", *uri],
+        "--out='/proc/scalerl-analysis': cannot write there",
+    )
+    refused(main, [*base, *uri, "--bootstrap", "1"], "--bootstrap=1: must be 0 (no intervals) or at least 20")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsettled_seed_and_failed_run_are_noted_in_the_run_table(store, capsys):
+    """A seed fitted through 3 points (A = its last level, 1.000 here, no interval) says it is not
+    averaged into its variant; a FAILED run chosen by id says it is fitted as far as it went; a
+    variant name with a '|' or a line break does not split the verdict table's row."""
+    from mlflow.entities import RunTag
+
+    client, rng = store["client"], np.random.default_rng(5)
+    eid = client.create_experiment("unsettled", artifact_location=str(store["tmp"] / "unsettled"))
+    ids = []
+    for s in range(2):
+        c, y = sample_run(RUNS["base"][0], rng, reach=6.0, trials=2048, n_points=20)
+        ids.append(_log_run(client, eid, f"base{s}", np.arange(c.size) * 10, c, y, {"loss": "cispo"}))
+    for s in range(2):
+        rid = _log_run(
+            client, eid, f"few{s}", [0, 10, 20, 30], [0, 1e16, 2e16, 3e16], [0.1, 0.12, 0.13, 0.2], {}
+        )
+        client.log_batch(rid, tags=[RunTag("variant", "a|b\nc")])
+        ids.append(rid)
+    client.set_terminated(ids[1], status="FAILED")
+    from scalerl.analysis.__main__ import main
+
+    out = store["tmp"] / "out-unsettled"
+    rc = main(["fit", "--tracking-uri", store["uri"], "--runs", ",".join(ids), "--out", str(out),
+               "--bootstrap", "0", "--no-write-back"])  # fmt: skip
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    runs = {r["run_name"]: r for r in _table(cap.out)}
+    assert runs["few0"]["A [90% CI]"] == "1.000"
+    assert "A unsettled (fitted through 3 points for 3 parameters" in runs["few0"]["note"]
+    assert "run FAILED: fitted on the evaluations it logged" in runs["base1"]["note"]
+    verdicts = _table(cap.out, 0)
+    assert [v["variant"] for v in verdicts] == ["loss=cispo", "a/b c"]

@@ -23,7 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-from scalerl.analysis.experiment import DEFAULT_MIN_STEP, baseline_argument, rows_to_markdown
+from scalerl.analysis.experiment import (
+    DEFAULT_MIN_STEP,
+    baseline_argument,
+    left_out_rows,
+    left_out_summary,
+    rows_to_markdown,
+)
 from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
 from scalerl.analysis.reporting import report, safe_name
 from scalerl.messages import OneLineParser
@@ -74,7 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--method", choices=METHODS, default=DEFAULT_METHOD, help=f"fit method (default {DEFAULT_METHOD})"
     )
-    common.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for CIs (0 = none)")
+    common.add_argument(
+        "--bootstrap",
+        type=int,
+        default=200,
+        help="bootstrap resamples for CIs (0 = none; else at least 2/(1-level), 20 at the default level)",
+    )
     common.add_argument("--level", type=float, default=0.9, help="confidence level of the intervals")
     common.add_argument(
         "--extrapolate", type=float, default=2.0, help="plots extend fits to this x the budget"
@@ -128,6 +139,12 @@ def _bad_argument(args) -> str | None:
         return f"--level={args.level}: must be in (0, 1)"
     if args.bootstrap < 0:
         return f"--bootstrap={args.bootstrap}: must be >= 0 (0 = no intervals)"
+    least = min_bootstrap(args.level)
+    if 0 < args.bootstrap < least:  # the interval's ends would be the extreme resamples, or one resample
+        return (
+            f"--bootstrap={args.bootstrap}: must be 0 (no intervals) or at least {least}, so that each "
+            f"{(1 - args.level) / 2:.1%} tail of a {args.level:.0%} interval holds a resample"
+        )
     if args.extrapolate < 1:
         return f"--extrapolate={args.extrapolate}: must be >= 1"
     if args.runs is not None:
@@ -137,13 +154,46 @@ def _bad_argument(args) -> str | None:
         dup = next((r for r in ids if ids.count(r) > 1), None)
         if dup:  # one run counted twice would weigh as two seeds
             return f"--runs: run id {dup!r} is given twice (expected distinct run ids)"
+    if args.tracking_uri is not None and not args.tracking_uri.strip():
+        return (
+            f"--tracking-uri={args.tracking_uri!r}: empty (give an MLflow tracking URI, e.g. "
+            "sqlite:///mlflow.db, or leave the flag out for $MLFLOW_TRACKING_URI)"
+        )
     if args.out is not None:
         from scalerl.config.preflight import PathError, check_out_dir
 
         try:
-            check_out_dir(args.out or ".", key="--out")
+            check_out_dir(args.out, key="--out")
         except PathError as e:
             return str(e)
+    return None
+
+
+def min_bootstrap(level: float) -> int:
+    """The fewest bootstrap resamples whose ``level`` percentile interval has a resample in each tail."""
+    return math.ceil(round(2 / (1 - level), 9))
+
+
+def _probe_out(out: Path) -> str | None:
+    """Why ``out`` cannot be written (None: it can), found by creating it and a file in it, then
+    removing what the probe made: a refusal leaves nothing behind, and the report is not cut off
+    half-way by a folder the permission bits call writable (``/proc``, a read-only mount, root)."""
+    made = []
+    try:
+        missing = [p for p in (out, *out.parents) if not p.exists()]
+        out.mkdir(parents=True, exist_ok=True)
+        made = list(missing)
+        probe = out / f".scalerl-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        return f"--out={str(out)!r}: cannot write there ({e.strerror or type(e).__name__})"
+    finally:
+        for p in made:  # deepest first
+            try:
+                p.rmdir()
+            except OSError:
+                pass
     return None
 
 
@@ -180,17 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     uri = resolve_tracking_uri(args.tracking_uri)
     run_ids = [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs is not None else None
+    left_out: list = []
     try:
         check_uri(uri)
         client = make_client(uri)
-        runs = load_runs(client, args.experiment, run_ids, include_running=args.include_running)
+        runs = load_runs(
+            client, args.experiment, run_ids, include_running=args.include_running, left_out=left_out
+        )
     except AnalysisError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not runs:
         status = "finished or running" if args.include_running else "finished"
+        others = f" (left out: {left_out_summary(left_out)})" if left_out else ""
         print(
-            f"error: no {status} runs with val/pass_rate in experiment {args.experiment!r} at {uri}",
+            f"error: no {status} runs with val/pass_rate in experiment {args.experiment!r} at {uri}{others}",
             file=sys.stderr,
         )
         return 2
@@ -206,7 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     out = Path(args.out) if args.out else Path("outputs") / "analysis" / safe_name(args.experiment)
+    unwritable = _probe_out(out)
+    if unwritable:
+        print(f"error: {unwritable}", file=sys.stderr)
+        return 2
     baseline, given_by = baseline_argument(client, runs, args.baseline)
+    pending = left_out_rows(runs, left_out)
+    if baseline and not any(baseline in (r.run_id, r.run_name) for r in runs):
+        # a left-out run named as the baseline: its variant (kept, with empty deltas)
+        baseline = next((p["variant"] for p in pending if baseline in (p["run_id"], p["run_name"])), baseline)
+    counted = f"{len(runs)} runs" + (f", {len(left_out)} left out" if left_out else "")
     try:
         rep = report(
             runs,
@@ -218,13 +281,19 @@ def main(argv: list[str] | None = None) -> int:
             client=None if args.no_write_back else client,
             comparison=args.command == "compare",
             name=args.experiment if not run_ids else "Selected runs",
-            title=f"# Scaling fits: {where} ({len(runs)} runs, tracking {uri})",
+            title=f"# Scaling fits: {where} ({counted}, tracking {uri})",
+            pending=pending,
         )
     except AnalysisError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the disk filled up, the folder went away: one line, not a traceback
+        print(f"error: --out={str(out)!r}: writing the report failed ({e})", file=sys.stderr)
+        return 1
     if not args.baseline:
         print(rep.baseline.describe(), file=sys.stderr)
+    if left_out:
+        print(f"left out (not fitted, listed in the table): {left_out_summary(left_out)}", file=sys.stderr)
     print(rep.markdown, end="")
     for r in runs:
         for note in r.notes:

@@ -26,10 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
-from scalerl.analysis.verdicts import A_UNSETTLED, VariantVerdict, baseline_A, fixed_A_fits, verdicts
+from scalerl.analysis.verdicts import (
+    A_BOUND_TOL,
+    A_UNSETTLED,
+    VariantVerdict,
+    baseline_A,
+    fixed_A_fits,
+    verdicts,
+)
 from scalerl.config.options import RECIPE_GROUPS  # groups logged as params named after the group
 from scalerl.scaling.protocol import FitProtocol
-from scalerl.scaling.sigmoid import SigmoidFit
+from scalerl.scaling.sigmoid import N_PARAMS, SigmoidFit
 
 MARGIN_A = 0.02
 """The paper's margin on A (three seeds differed by at most 0.015): the prediction check's tolerance."""
@@ -312,6 +319,8 @@ def analyse_runs(
         fit = protocol.fit(c, r.reward, min_compute=cut)
         if r.compute.size == 0:
             fit.reason = "no val/pass_rate evaluations paired with compute"
+        if not fit.ok and r.notes:  # say which evaluations were skipped, and why
+            fit.reason = f"{fit.reason} ({'; '.join(r.notes)})"
         fits[r.run_id] = fit
         order = np.argsort(r.steps, kind="stable")
         row = {
@@ -442,6 +451,47 @@ def fit_experiment(
     ).rows
 
 
+def left_out_rows(runs: Sequence[RunData], left_out: Sequence[tuple[RunData, str]]) -> list[dict]:
+    """Table rows (:func:`~scalerl.analysis.reporting.report`'s ``pending``) of the runs
+    :func:`~scalerl.analysis.mlflow_io.load_runs` left out (``(run, why)``): named, never fitted,
+    their variant named as the fitted runs' are, with the params it differs from them in (a param
+    it did not log, e.g. a run that crashed at its start, names nothing)."""
+    base = differing_params(runs)
+
+    def differing(r: RunData) -> list[str]:
+        return [k for k in differing_params([*runs, r]) if k in base or k in r.params]
+
+    return [
+        {
+            "run_id": r.run_id,
+            "run_name": r.run_name,
+            "variant": _variant_name(r, differing(r)),
+            **{k: r.params.get(k, "") for k in differing(r)},
+            "status": r.status.lower(),
+            "ok": False,
+            "reason": "",
+            "left_out": why,
+        }
+        for r, why in left_out
+    ]
+
+
+def left_out_summary(left_out: Sequence[tuple[RunData, str]], limit: int = 4) -> str:
+    """One line: the left-out runs grouped by why, e.g. ``3 runs FAILED (a, b, c); 1 run still
+    RUNNING (--include-running fits it) (d)``."""
+    by: dict[str, list[str]] = {}
+    for r, why in left_out:
+        by.setdefault(why, []).append(r.run_name)
+    parts = []
+    for why, names in by.items():
+        shown = ", ".join(names[:limit]) + (
+            f", ... ({len(names) - limit} more)" if len(names) > limit else ""
+        )
+        what = why[4:] if why.startswith("run ") else why
+        parts.append(f"{len(names)} run{'s' if len(names) != 1 else ''} {what} ({shown})")
+    return "; ".join(parts)
+
+
 def baseline_argument(client, runs: Sequence[RunData], baseline: str | None) -> tuple[str | None, str]:
     """(baseline, who gave it) for :func:`analyse_runs`: ``baseline`` as given (``--baseline``);
     else the baseline variant the runs' sweep declared (param ``sweep.baseline`` of the parent run
@@ -498,6 +548,7 @@ FIT_KEYS = (
     "verdict",
     "n_runs",
     "run_ids",
+    "left_out",
 )
 """Row keys that are not recipe params (everything else in a row is a table column of its own)."""
 EXTRA_KEYS = ("job", "seed", "overrides", "steps", "log", "error")
@@ -570,19 +621,42 @@ def row_notes(row: dict) -> list[str]:
     notes = []
     if row.get("baseline"):
         notes.append("baseline")
-    fitted_status = str(row.get("status", "finished")).lower() in ("finished", "running")
+    if row.get("left_out"):
+        notes.append(f"left out: {row['left_out']}")
+    status = str(row.get("status", "finished")).lower()
+    fitted_status = status in ("finished", "running")
     if not row.get("ok") and row.get("reason") and fitted_status:
         notes.append(f"unfittable: {row['reason']}")
+    if row.get("ok") and not fitted_status:  # chosen by run id: fitted on what it logged before it stopped
+        notes.append(f"run {status.upper()}: fitted on the evaluations it logged before it ended")
     if row.get("ok") and _finite(row.get("A_hi")) and row["A_hi"] >= A_UNSETTLED:
         notes.append(
             "A unsettled: its interval reaches 1, so the data cannot rule out a ceiling of 1 (run longer)"
         )
+    elif row.get("ok") and _finite(row.get("A")):
+        why = _a_unsettled_row(row)
+        if why:
+            notes.append(f"A unsettled ({why}): not averaged into its variant's A")
     if not fitted_status:
         if row.get("error"):
             notes.append(str(row["error"]))
         if row.get("log"):
             notes.append(f"log: {row['log']}")
     return notes
+
+
+def _a_unsettled_row(row: dict) -> str:
+    """:func:`~scalerl.analysis.verdicts.a_unsettled` from a row's values (the interval aside)."""
+    n = row.get("n_points")
+    if isinstance(n, int) and n <= N_PARAMS:
+        return (
+            f"fitted through {n} points for {N_PARAMS} parameters: A is the last point's level, not a ceiling"
+        )
+    if row["A"] >= A_UNSETTLED:
+        return "A at 1"
+    if _finite(row.get("R0")) and row["A"] <= row["R0"] + A_BOUND_TOL:
+        return "A at R0"
+    return ""
 
 
 def _cell(row: dict, col: str) -> str:

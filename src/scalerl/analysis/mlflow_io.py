@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ def check_uri(uri: str) -> None:
         check_tracking_uri(uri, key="--tracking-uri")
     except PathError as e:
         raise AnalysisError(str(e)) from None
+    except ValueError as e:  # urlparse's own (an unclosed IPv6 bracket ...)
+        raise AnalysisError(f"--tracking-uri={uri!r}: not a URI ({e})") from None
     # reading must not create a store: a mistyped sqlite or folder path is an error, not an empty store
     local = None
     if uri.startswith("sqlite:///"):
@@ -47,6 +50,28 @@ def check_uri(uri: str) -> None:
         local = uri
     if local and local != ":memory:" and not Path(local).expanduser().exists():
         raise AnalysisError(f"--tracking-uri={uri!r}: no such tracking store ({local} does not exist)")
+    if uri.startswith("sqlite:///") and local and Path(local).expanduser().is_file():
+        empty = _empty_sqlite(Path(local).expanduser())
+        if empty:  # MLflow would create its tables in it: reading must write nothing
+            raise AnalysisError(f"--tracking-uri={uri!r}: {empty}, not an MLflow store (nothing to read)")
+
+
+def _empty_sqlite(path: Path) -> str:
+    """Why the sqlite file ``path`` holds no store ("" when it has tables): an empty file or a
+    database without tables (what MLflow would turn into a new store)."""
+    import sqlite3
+
+    if path.stat().st_size == 0:
+        return f"{path} is an empty file"
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            n = db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return ""  # locked or not a database: check_tracking_uri and MLflow say which
+    return f"{path} is an SQLite database with no tables" if n == 0 else ""
 
 
 def _get_run(client, run_id: str):
@@ -125,12 +150,42 @@ def load_activity(client, run_id: str, latest: dict[str, float]) -> dict[str, fl
 
 def metric_history(client, run_id: str, key: str) -> dict[int, float]:
     """step -> value (the latest by timestamp when a step was logged twice)."""
+    return _history(client, run_id, key)[0]
+
+
+def _history(client, run_id: str, key: str) -> tuple[dict[int, float], list[int]]:
+    """:func:`metric_history` and the steps logged more than once with different values."""
     out: dict[int, tuple[int, float]] = {}
+    conflicts = set()
     for m in client.get_metric_history(run_id, key):
         prev = out.get(m.step)
+        if prev is not None and not _same(prev[1], float(m.value)):
+            conflicts.add(int(m.step))
         if prev is None or m.timestamp >= prev[0]:
             out[m.step] = (m.timestamp, float(m.value))
-    return {s: v for s, (_, v) in out.items()}
+    return {s: v for s, (_, v) in out.items()}, sorted(conflicts)
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+MLFLOW_INF = sys.float_info.max
+"""MLflow stores an infinite metric value as the largest float (and -inf as its negative)."""
+
+
+def _usable(v: float) -> bool:
+    return math.isfinite(v) and abs(v) < MLFLOW_INF
+
+
+def _steps(steps: list[int], limit: int = 6) -> str:
+    """``step 10`` / ``steps 10, 20, 30`` / ``steps 10, 20, 30, ... 200 (20 evaluations)``."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) <= limit:
+        return "steps " + ", ".join(map(str, steps))
+    head = ", ".join(map(str, steps[: limit - 1]))
+    return f"steps {head}, ... {steps[-1]} ({len(steps)} evaluations)"
 
 
 def load_run(client, run, *, reward_key: str = REWARD_KEY) -> RunData:
@@ -141,23 +196,44 @@ def load_run(client, run, *, reward_key: str = REWARD_KEY) -> RunData:
     if axis not in COMPUTE_KEYS:
         notes.append(f"unknown scaling.compute_axis {axis!r}; using flops")
         axis = "flops"
-    rew = metric_history(client, info.run_id, reward_key)
-    comp = metric_history(client, info.run_id, COMPUTE_KEYS[axis])
+    ckey = COMPUTE_KEYS[axis]
+    rew, rew_twice = _history(client, info.run_id, reward_key)
+    comp, comp_twice = _history(client, info.run_id, ckey)
     steps, cs, rs = [], [], []
+    unpaired, bad = [], []
     for s in sorted(rew):
         if s in comp:
             c = comp[s]
         elif s == 0:
             c = 0.0  # the step-0 evaluation: no compute spent yet
         else:
-            notes.append(f"step {s}: {reward_key} without {COMPUTE_KEYS[axis]}; skipped")
+            unpaired.append(s)
             continue
-        if not (math.isfinite(c) and math.isfinite(rew[s])):  # a fit or a plot of inf/nan is noise
-            notes.append(f"step {s}: {reward_key}={rew[s]}, {COMPUTE_KEYS[axis]}={c} not finite; skipped")
+        # a fit or a plot of inf/nan is noise (MLflow stores inf as the largest float)
+        if not (_usable(c) and _usable(rew[s])):
+            bad.append((s, rew[s], c))
             continue
         steps.append(s)
         cs.append(c)
         rs.append(rew[s])
+    if unpaired:
+        notes.append(f"{_steps(unpaired)}: {reward_key} without {ckey}; skipped")
+    if bad:
+
+        def shown(v: float) -> str:
+            return ("inf" if v > 0 else "-inf") if math.isfinite(v) and abs(v) >= MLFLOW_INF else f"{v:g}"
+
+        s, r_, c = bad[0]
+        first = f"{reward_key}={shown(r_)}, {ckey}={shown(c)}"
+        if len(bad) == 1:
+            notes.append(f"step {s}: {first} not finite; skipped")
+        else:
+            notes.append(f"{_steps([b[0] for b in bad])}: not finite (step {s}: {first}); skipped")
+    for key, twice in ((reward_key, rew_twice), (ckey, comp_twice)):
+        if twice:
+            notes.append(
+                f"{_steps(twice)}: {key} logged more than once with different values; the latest used"
+            )
     return RunData(
         run_id=info.run_id,
         run_name=info.run_name or data.tags.get("mlflow.runName", info.run_id[:8]),
@@ -181,9 +257,14 @@ def load_runs(
     *,
     include_running: bool = False,
     reward_key: str = REWARD_KEY,
+    left_out: list[tuple[RunData, str]] | None = None,
 ) -> list[RunData]:
     """Runs of ``experiment`` (by name) that logged ``reward_key`` (finished ones, plus running
-    ones with ``include_running``), or exactly the given ``run_ids`` (any status)."""
+    ones with ``include_running``), or exactly the given ``run_ids`` (any status).
+
+    ``left_out``: a list that receives ``(run, why)`` for each other run of the experiment (failed,
+    killed, still running, or without ``reward_key``; ``run`` has no curve), so that a report can
+    name them rather than leave them out silently; parent runs (a sweep's) are not listed."""
     if run_ids:
         runs = [_get_run(client, r) for r in run_ids]
     else:
@@ -205,9 +286,45 @@ def load_runs(
             token = page.token
             if not token:
                 break
-        runs = [r for r in runs if r.info.status in statuses and reward_key in r.data.metrics]
         runs.sort(key=lambda r: r.info.start_time or 0)
+        if left_out is not None:
+            parents = {r.data.tags.get("mlflow.parentRunId") for r in runs}
+            for r in runs:
+                why = _left_out_why(r, statuses, reward_key)
+                if why and r.info.run_id not in parents and r.data.tags.get("sweep.role") != "parent":
+                    left_out.append((_bare_run(r), why))
+        runs = [r for r in runs if r.info.status in statuses and reward_key in r.data.metrics]
     return [load_run(client, r, reward_key=reward_key) for r in runs]
+
+
+def _left_out_why(run, statuses: set[str], reward_key: str) -> str:
+    """Why :func:`load_runs` leaves ``run`` out ("" when it does not)."""
+    status = run.info.status
+    if status == "RUNNING" and status not in statuses:
+        return "still RUNNING (--include-running fits such runs)"
+    if status not in statuses:
+        return f"run {status}" + ("" if reward_key in run.data.metrics else f", without {reward_key}")
+    if reward_key not in run.data.metrics:
+        return f"without {reward_key}"
+    return ""
+
+
+def _bare_run(run) -> RunData:
+    """A run's identity, params and tags, without its curve."""
+    info, data = run.info, run.data
+    empty = np.zeros(0)
+    return RunData(
+        run_id=info.run_id,
+        run_name=info.run_name or data.tags.get("mlflow.runName", info.run_id[:8]),
+        status=info.status,
+        experiment_id=info.experiment_id,
+        params=dict(data.params),
+        tags=dict(data.tags),
+        compute_axis=data.params.get("scaling.compute_axis", "flops"),
+        steps=empty.astype(int),
+        compute=empty,
+        reward=empty,
+    )
 
 
 def write_back(

@@ -229,6 +229,21 @@ def _legend(res: ExperimentResult, opts: FitProtocol) -> list[str]:
     return lines
 
 
+def _draw(path: Path, draw) -> Path | None:
+    """``draw(path)``; a figure that fails is reported in ``<path>.error.txt``, never the report
+    (matplotlib's notes on an empty panel are not printed)."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="No artists with labels found")
+            return draw(path)
+    except Exception as e:  # noqa: BLE001 - a figure must not cost the report
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / (path.name + ".error.txt")).write_text(f"{type(e).__name__}: {e}\n")
+        return None
+
+
 def _plots(res: ExperimentResult, opts: FitProtocol, out: Path, *, name: str, comparison: bool):
     from scalerl.scaling.plot import plot_fit, plot_linearised
 
@@ -236,25 +251,33 @@ def _plots(res: ExperimentResult, opts: FitProtocol, out: Path, *, name: str, co
     labels = _labels(res)
     run_plots: dict[str, Path] = {}
     for r in res.runs:
-        run_plots[r.run_id] = plot_fit(
+        plot = _draw(
             out / "runs" / safe_name(f"{r.run_name}-{r.run_id[:8]}") / "scaling_curve.png",
-            [(labels[r.run_id], res.fits[r.run_id])],
-            extrapolate=opts.extrapolate,
-            title=f"{r.run_name}: sigmoid fit",
-            xlabel=xlabel,
+            lambda p, r=r: plot_fit(
+                p,
+                [(labels[r.run_id], res.fits[r.run_id])],
+                extrapolate=opts.extrapolate,
+                title=f"{r.run_name}: sigmoid fit",
+                xlabel=xlabel,
+            ),
         )
+        if plot is not None:
+            run_plots[r.run_id] = plot
     files: list[Path] = []
     if not comparison or not res.runs:
         return files, run_plots
     order = [row["run_id"] for row in res.rows if row.get("run_id") in res.fits]
     if len(order) <= MAX_LINES:
         files.append(
-            plot_fit(
+            _draw(
                 out / "scaling_curves.png",
-                [(labels[i], res.fits[i]) for i in order],
-                extrapolate=opts.extrapolate,
-                title=f"{name}: validation pass rate vs compute",
-                xlabel=xlabel,
+                lambda p: plot_fit(
+                    p,
+                    [(labels[i], res.fits[i]) for i in order],
+                    extrapolate=opts.extrapolate,
+                    title=f"{name}: validation pass rate vs compute",
+                    xlabel=xlabel,
+                ),
             )
         )
     title = f"{name}: linearised, A fixed to the baseline's {res.A_fixed:.3f} (slope = B)"
@@ -273,20 +296,23 @@ def _plots(res: ExperimentResult, opts: FitProtocol, out: Path, *, name: str, co
     if not lin:
         lin = [(labels[i], res.fits[i]) for i in order if res.fits[i].ok][:MAX_LINES]
         title = f"{name}: linearised fits (slope = B)"
-    files.append(plot_linearised(out / "linearised.png", lin, title=title, xlabel=xlabel))
+    files.append(_draw(out / "linearised.png", lambda p: plot_linearised(p, lin, title=title, xlabel=xlabel)))
     if res.pooled_fits:
         files.append(
-            plot_fit(
+            _draw(
                 out / "pooled_curves.png",
-                list(res.pooled_fits.items())[:MAX_LINES],
-                extrapolate=opts.extrapolate,
-                title=f"{name}: seeds pooled per recipe",
-                xlabel=xlabel,
+                lambda p: plot_fit(
+                    p,
+                    list(res.pooled_fits.items())[:MAX_LINES],
+                    extrapolate=opts.extrapolate,
+                    title=f"{name}: seeds pooled per recipe",
+                    xlabel=xlabel,
+                ),
             )
         )
     if res.verdicts:
         files += _verdict_figures(res, opts, out, name=name, xlabel=xlabel)
-    return files, run_plots
+    return [f for f in files if f is not None], run_plots
 
 
 def _verdict_figures(
@@ -305,13 +331,8 @@ def _verdict_figures(
     ]  # fmt: skip
     if any(not v.baseline for v in res.verdicts) and any(v.baseline for v in res.verdicts):
         jobs.insert(1, ("forest.png", lambda p: plot_forest(p, res.verdicts)))
-    files = []
-    for fname, draw in jobs:
-        try:
-            files.append(draw(out / fname))
-        except Exception as e:  # noqa: BLE001 - a figure must not cost the sweep its report
-            (out / (fname + ".error.txt")).write_text(f"{type(e).__name__}: {e}\n")
-    return files
+    files = [_draw(out / fname, draw) for fname, draw in jobs]
+    return [f for f in files if f is not None]
 
 
 def ui_tags(v: VariantVerdict | None, variant: str, level: float) -> dict[str, str]:

@@ -845,6 +845,11 @@ def prediction_cell(v: VariantVerdict) -> str:
     return s + ")"
 
 
+def _md_cell(text: str) -> str:
+    """``text`` as one Markdown table cell (a ``|`` or a line break would split the row)."""
+    return str(text).replace("|", "/").replace("\r", " ").replace("\n", " ")
+
+
 def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
     """The Markdown verdict table: variant, settled seeds, A and B at the baseline's A (mean
     [t-interval over settled seeds]), ΔA and ΔB [simultaneous interval], the smallest detectable
@@ -861,7 +866,7 @@ def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
             "| "
             + " | ".join(
                 [
-                    v.variant,
+                    _md_cell(v.variant),
                     f"{v.A.n}/{len(v.run_ids)}",
                     _est(v.A, ".3f"),
                     _est(v.B, ".2f"),
@@ -869,7 +874,7 @@ def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
                     _cmp(v.dB, ".2f") if not v.baseline else "",
                     _f(v.dA.mdd, ".3f") if v.scored else "",
                     prediction_cell(v),
-                    v.verdict.replace("|", "/"),
+                    _md_cell(v.verdict),
                 ]
             )
             + " |"
