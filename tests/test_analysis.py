@@ -130,6 +130,12 @@ def test_cli_compare(store):
     assert rows[4]["status"] == "running" and rows[4]["A [90% CI]"] == ""
     assert "left out: still RUNNING (--include-running fits such runs)" in rows[4]["note"]
     assert "left out (not fitted, listed in the table): 1 run still RUNNING" in proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert warned == [
+        "warning: the runs are on different compute axes (device_hours: bf16; flops: base, dapo, tiny): "
+        "their C_mid, a --min-compute cut and the curves' x-axis are each in its own unit; compare "
+        "A and B only among runs of one axis"
+    ], proc.stderr
     # The recipe choices that differ are columns; bookkeeping params are not.
     assert {"loss", "precision"} <= set(rows[0]) and "out_dir" not in rows[0] and "trainer.lr" not in rows[0]
     for r in rows[:3]:

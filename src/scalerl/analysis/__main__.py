@@ -169,6 +169,20 @@ def _bad_argument(args) -> str | None:
     return None
 
 
+def mixed_axes(runs) -> str:
+    """A warning when ``runs`` were fitted on different compute axes ("" when they share one)."""
+    by: dict[str, list[str]] = {}
+    for r in runs:
+        by.setdefault(r.compute_axis, []).append(r.run_name)
+    if len(by) < 2:
+        return ""
+    listed = "; ".join(f"{axis}: {', '.join(names)}" for axis, names in sorted(by.items()))
+    return (
+        f"the runs are on different compute axes ({listed}): their C_mid, a --min-compute cut and "
+        "the curves' x-axis are each in its own unit; compare A and B only among runs of one axis"
+    )
+
+
 def min_bootstrap(level: float) -> int:
     """The fewest bootstrap resamples whose ``level`` percentile interval has a resample in each tail."""
     return math.ceil(round(2 / (1 - level), 9))
@@ -294,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         print(rep.baseline.describe(), file=sys.stderr)
     if left_out:
         print(f"left out (not fitted, listed in the table): {left_out_summary(left_out)}", file=sys.stderr)
+    if mixed := mixed_axes(runs):
+        print(f"warning: {mixed}", file=sys.stderr)
     print(rep.markdown, end="")
     for r in runs:
         for note in r.notes:
