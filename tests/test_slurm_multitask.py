@@ -105,7 +105,9 @@ def test_two_task_job_runs_one_deepspeed_run_over_both_tasks(slurm_cluster, tmp_
 def test_two_task_job_preempted_resumes_both_ranks(slurm_cluster, tmp_path, _cache_dir):
     """Preempted after its first checkpoint (SIGTERM + USR2 to both tasks, what SLURM sends): rank 0
     checkpoints through submitit and requeues the job; both tasks start again and resume."""
-    f, out, uri = _sweep(tmp_path, "ds2_preempt", ["trainer.total_steps=6", "checkpoint_every=3"])
+    # 12 steps, the first checkpoint at 3: the signals reach the job with steps left to stop at (with
+    # 6, a fast machine finished the run before submitit's handler ran, and nothing was requeued)
+    f, out, uri = _sweep(tmp_path, "ds2_preempt", ["trainer.total_steps=12", "checkpoint_every=3"])
     with _sweep_in_background(f, out, uri, slurm_cluster.partition, tmp_path, TWO_TASKS) as proc:
         ckpt = out / "ds2" / "checkpoint" / "last.pt"
         _wait_for(ckpt.exists, 300, "the first checkpoint", proc)
@@ -120,11 +122,11 @@ def test_two_task_job_preempted_resumes_both_ranks(slurm_cluster, tmp_path, _cac
     assert "[sweep] requeued job (restart 1)" in logs[0] and "[sweep] requeued job (restart 1)" in logs[1]
     for rank, text in enumerate(logs):  # each task ran as its rank, before and after the requeue
         assert text.count(f"[sweep] task: rank {rank} of 2") == 2, text[-3000:]
-    _ranks_agree(out, 6)
+    _ranks_agree(out, 12)
     run = _one_child_run(uri, "ds2_preempt")
     assert run.info.status == "FINISHED"
     steps = [m.step for m in _client(uri).get_metric_history(run.info.run_id, "progress/step")]
-    assert sorted(steps) == list(range(7))  # resumed: no step twice, none missing
+    assert sorted(steps) == list(range(13))  # resumed: no step twice, none missing
     raw = slurm_cluster.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State")
     assert [ln.split()[0] for ln in raw.splitlines() if ln.strip()][:1] == ["REQUEUED"], raw
 

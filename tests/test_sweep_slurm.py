@@ -62,6 +62,14 @@ def _sweep_cmd(f: Path, out: Path, uri: str, partition: str) -> list[str]:
     ]
 
 
+def _json(path: Path) -> dict:
+    """The JSON file at ``path``, or {} while it is not there (or being replaced)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -153,7 +161,10 @@ def test_slurm_cancelled_job_is_reported_not_waited_for(slurm_cluster, tmp_path,
     )
     out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
     with _sweep_in_background(f, out, uri, slurm_cluster.partition, tmp_path) as proc:
-        _wait_for(lambda: (out / "long" / "run_info.json").exists(), 240, "the long run to start", proc)
+        # its MLflow run exists (run_info.json holds the run's key before the run, its id after)
+        _wait_for(
+            lambda: "run_id" in _json(out / "long" / "run_info.json"), 240, "the long run to start", proc
+        )
         job = _job_id(out, "long")
         t0 = time.monotonic()
         subprocess.run(["scancel", job], check=True, timeout=20)
