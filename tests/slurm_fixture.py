@@ -16,6 +16,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,25 @@ def slurm_cluster() -> SlurmCluster:
     if partitions[default] not in ("idle", "mixed", "allocated", "completing"):
         pytest.fail(f"default partition {default} node state is {partitions[default]!r}", pytrace=False)
     return SlurmCluster(conf=Path(conf), partition=default.rstrip("*"))
+
+
+def preempt(job_id: str, took_sigterm) -> None:
+    """What SLURM sends a preempted job: SIGTERM (submitit's handler ignores it), then USR2 (submitit
+    checkpoints and runs `scontrol requeue`). USR2 is sent once ``took_sigterm()`` says the job's
+    tasks have the SIGTERM: sent back to back, the SIGTERM could arrive after the USR2 and kill the
+    `scontrol requeue` its handler runs, and the job failed instead of requeuing (CI, a fast machine)."""
+    subprocess.run(["scancel", job_id, "--signal", "SIGTERM"], check=True, timeout=20)
+    deadline = time.monotonic() + 60
+    while not took_sigterm():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} did not take the SIGTERM within 60 s")
+        time.sleep(0.1)
+    subprocess.run(["scancel", job_id, "--signal", "USR2"], check=True, timeout=20)
+
+
+def took_sigterm(*logs: Path) -> bool:
+    """Whether every one of ``logs`` (submitit's stderr files) shows submitit's handler took a SIGTERM."""
+    try:
+        return all("Bypassing signal SIGTERM" in Path(f).read_text() for f in logs)
+    except OSError:
+        return False

@@ -16,6 +16,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import submitit
+from slurm_fixture import preempt, took_sigterm
 from submitit.core.utils import UncompletedJobError
 
 pytestmark = pytest.mark.slurm
@@ -190,7 +191,7 @@ def test_checkpointable_job_is_requeued_and_resumes(slurm_cluster, tmp_path):
     # What SLURM does on preemption: SIGTERM (submitit ignores it), then USR2 (the
     # --signal=USR2@90 of submitit's sbatch script). The handler checkpoints and runs
     # `scontrol requeue` (JobRequeue=1); the job restarts after cred_expire (15 s here).
-    job._interrupt()
+    preempt(job.job_id, lambda: took_sigterm(job.paths.stderr))
     try:
         out = result_within(job, 50)
     except Exception as exc:

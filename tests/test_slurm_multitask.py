@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from slurm_fixture import preempt
 from test_sweep import TINY_BASE, TINY_TASK, _client, _runs, write_sweep
 from test_sweep_slurm import _env, _finish, _job_id, _sweep_cmd, _wait_for
 
@@ -105,15 +106,12 @@ def test_two_task_job_runs_one_deepspeed_run_over_both_tasks(slurm_cluster, tmp_
 def test_two_task_job_preempted_resumes_both_ranks(slurm_cluster, tmp_path, _cache_dir):
     """Preempted after its first checkpoint (SIGTERM + USR2 to both tasks, what SLURM sends): rank 0
     checkpoints through submitit and requeues the job; both tasks start again and resume."""
-    # 12 steps, the first checkpoint at 3: the signals reach the job with steps left to stop at (with
-    # 6, a fast machine finished the run before submitit's handler ran, and nothing was requeued)
     f, out, uri = _sweep(tmp_path, "ds2_preempt", ["trainer.total_steps=12", "checkpoint_every=3"])
     with _sweep_in_background(f, out, uri, slurm_cluster.partition, tmp_path, TWO_TASKS) as proc:
         ckpt = out / "ds2" / "checkpoint" / "last.pt"
         _wait_for(ckpt.exists, 300, "the first checkpoint", proc)
         job = _job_id(out, "ds2")
-        subprocess.run(["scancel", job, "--signal", "SIGTERM"], check=True, timeout=20)
-        subprocess.run(["scancel", job, "--signal", "USR2"], check=True, timeout=20)
+        preempt(job, lambda: all("Bypassing signal SIGTERM" in t for t in _task_logs(out, "ds2")))
         rc, stdout, stderr = _finish(proc, 420)
     assert rc == 0, stderr[-3000:]
     assert json.loads((out / "status.json").read_text())["ds2"]["status"] == "finished"

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from slurm_fixture import preempt, took_sigterm
 from test_sweep import REPO, TINY_BASE, TINY_TASK, _client, _csv, _runs, write_sweep
 
 pytestmark = pytest.mark.slurm
@@ -122,8 +123,7 @@ def test_slurm_sweep_reaches_mlflow_and_a_preempted_job_resumes(slurm_cluster, t
         _wait_for(ckpt.exists, 240, "cispo's first checkpoint", proc)
         job = _job_id(out, "cispo")
         assert job and "_" in job, job  # an element of the sweep's job array
-        subprocess.run(["scancel", job, "--signal", "SIGTERM"], check=True, timeout=20)
-        subprocess.run(["scancel", job, "--signal", "USR2"], check=True, timeout=20)
+        preempt(job, lambda: took_sigterm(_json(out / "status.json")["cispo"]["log"]))
         rc, stdout, stderr = _finish(proc, 300)
     assert rc == 0, stderr[-3000:]
 
