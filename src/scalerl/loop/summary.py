@@ -144,8 +144,8 @@ def finished_summary(cfg) -> dict | None:
                 unflushed_message(len(pending), tracker.uri, ck.path, unsent, tracker.outbox)
                 + f" ({type(e).__name__})"
             ) from None
-        if tracker.pending or tracker.unsent_artifacts() or tracker.status != "FINISHED":
-            unsent = len(tracker.unsent_artifacts())
+        unsent = len(tracker.unsent_artifacts())
+        if tracker.pending or unsent or tracker.status != "FINISHED":
             raise MetricsUnflushed(
                 unflushed_message(len(tracker.pending), tracker.uri, ck.path, unsent, tracker.outbox)
             )
