@@ -401,6 +401,7 @@ BAD_VALUES = [
     ("trainer=deepspeed trainer.zero_stage=4", "trainer.zero_stage", "0, 1, 2, 3"),
     ("trainer.lr=-0.1", "trainer.lr", "> 0"),
     ("scaling.compute_axis=tokens", "scaling.compute_axis", "device_hours, flops"),
+    ("scaling.bootstrap=5", "scaling.bootstrap", "0 (no intervals) or at least 20"),
     ("task.warmstart_slip_prob=1.5", "task.warmstart_slip_prob", "[0, 1]"),
     ("model.arch=gpt3", "model.arch", "one of gpt2, qwen2, llama"),
     ("model.arch=gpt2 model.num_kv_heads=2", "model.num_kv_heads", "equal to num_heads (4)"),

@@ -227,6 +227,10 @@ def test_loo_dry_run_through_sweep_py(tmp_path):
             {"name": "bad", "base": ["async_mode=bogus"], "variants": {"x": []}},
             "base: unknown option async_mode=bogus",
         ),
+        (  # the report's intervals need resamples in each tail (as the analysis CLI's --bootstrap)
+            {"name": "bad", "base": ["scaling.bootstrap=5"], "variants": {"x": []}},
+            "base: invalid config value scaling.bootstrap=5: must be 0 (no intervals) or at least 20",
+        ),
         ({"name": "bad", "variants": {"x": ["loss"]}}, "variant 'x': malformed override 'loss'"),
         ({"name": "bad", "variants": {"x": {"loss": "dapo"}}}, "variant 'x': expected a list of overrides"),
         ({"name": "bad", "variants": ["loss=dapo"]}, "'variants' must be a non-empty mapping"),

@@ -33,7 +33,7 @@ from scalerl.analysis.experiment import (
 from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
 from scalerl.analysis.reporting import report, safe_name
 from scalerl.messages import OneLineParser
-from scalerl.scaling.protocol import FitProtocol, FitProtocolError
+from scalerl.scaling.protocol import FitProtocol, FitProtocolError, bootstrap_problem
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS, N_PARAMS
 
 
@@ -139,12 +139,9 @@ def _bad_argument(args) -> str | None:
         return f"--level={args.level}: must be in (0, 1)"
     if args.bootstrap < 0:
         return f"--bootstrap={args.bootstrap}: must be >= 0 (0 = no intervals)"
-    least = min_bootstrap(args.level)
-    if 0 < args.bootstrap < least:  # the interval's ends would be the extreme resamples, or one resample
-        return (
-            f"--bootstrap={args.bootstrap}: must be 0 (no intervals) or at least {least}, so that each "
-            f"{(1 - args.level) / 2:.1%} tail of a {args.level:.0%} interval holds a resample"
-        )
+    bad = bootstrap_problem("--bootstrap", args.bootstrap, args.level)
+    if bad:
+        return f"{bad[0]}={bad[1]}: must be {bad[2]}"
     if args.extrapolate < 1:
         return f"--extrapolate={args.extrapolate}: must be >= 1"
     if args.runs is not None:
@@ -181,11 +178,6 @@ def mixed_axes(runs) -> str:
         f"the runs are on different compute axes ({listed}): their C_mid, a --min-compute cut and "
         "the curves' x-axis are each in its own unit; compare A and B only among runs of one axis"
     )
-
-
-def min_bootstrap(level: float) -> int:
-    """The fewest bootstrap resamples whose ``level`` percentile interval has a resample in each tail."""
-    return math.ceil(round(2 / (1 - level), 9))
 
 
 def _probe_out(out: Path) -> str | None:

@@ -18,7 +18,7 @@ from omegaconf import MISSING
 
 from scalerl.config.checks import at_least, problems
 from scalerl.config.options import GROUPS, SCHEMA_ROOT, Option, options
-from scalerl.scaling.protocol import fit_problems
+from scalerl.scaling.protocol import FitProtocol, bootstrap_problem, fit_problems
 
 PROGRESS = ("auto", "bar", "log")
 
@@ -93,10 +93,10 @@ class ScalingConfig(Option):
             fit.get("compute_axis"),
             fit.get("method"),
             at_least("refit_every", self.refit_every, 1),
-            *(
-                fit.get(k)
-                for k in ("min_step", "min_compute", "grid_A", "grid_C_mid", "bootstrap", "extrapolate")
-            ),
+            *(fit.get(k) for k in ("min_step", "min_compute", "grid_A", "grid_C_mid")),
+            # a run's and a sweep's intervals are at the protocol's level
+            fit.get("bootstrap") or bootstrap_problem("bootstrap", self.bootstrap, FitProtocol.level),
+            fit.get("extrapolate"),
         )
 
 

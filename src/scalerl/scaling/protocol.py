@@ -60,6 +60,27 @@ def _grid(v: object) -> list | None:
     return out if len(out) == 3 and all(_num(x) for x in out) else None
 
 
+def min_bootstrap(level: float) -> int:
+    """The fewest bootstrap resamples whose ``level`` percentile interval has a resample in each tail
+    (fewer, and the interval's ends are the extreme resamples, or one resample)."""
+    return math.ceil(round(2 / (1 - level), 9))
+
+
+def bootstrap_problem(key: str, bootstrap: object, level: float) -> tuple[str, object, str] | None:
+    """``(key, value, allowed)`` when ``bootstrap`` is neither 0 (no intervals) nor enough resamples
+    for a ``level`` interval (:func:`min_bootstrap`); None when it is. The entry points (the
+    ``scaling`` config, the analysis CLI) check it; :class:`FitProtocol` accepts any count >= 0."""
+    least = min_bootstrap(level)
+    if _num(bootstrap) and (bootstrap == 0 or bootstrap >= least):
+        return None
+    return (
+        key,
+        bootstrap,
+        f"0 (no intervals) or at least {least}, so that each {(1 - level) / 2:.1%} tail of a "
+        f"{level:.0%} interval holds a resample",
+    )
+
+
 def fit_problems(values) -> dict[str, tuple[str, object, str]]:
     """key -> ``(key, value, allowed)`` for each fit setting of ``values`` (an object with the
     :data:`CONFIG_KEYS` as attributes: a ``ScalingConfig`` or a :class:`FitProtocol`) out of its range.
