@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -18,6 +21,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def unavailable_server():
+    """The URI of something on 127.0.0.1 that answers every request with 503 (a proxy whose MLflow
+    behind it is down): the tracking preflight, which only connects, passes; MLflow's calls fail."""
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b"<html>\n<body>503 Service Unavailable</body>\n</html>\n")
+
+        do_GET = do_POST = do_PATCH = do_DELETE = answer
+
+        def log_message(self, *args):
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{proxy.server_address[1]}"
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
 
 
 def start_server(folder: Path, port: int, timeout: float = 120) -> subprocess.Popen:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow_server import free_port, unavailable_server
 
 from scalerl.config import options
 from scalerl.sweep import load_spec, make_plan, plan_lines
@@ -514,6 +515,26 @@ def test_report_command_rewrites_the_report(tiny_sweep, capsys):
     assert "# Sweep tiny: 3 runs (2 finished, 1 failed)" in out.out
     assert main(["--report", "no_such_sweep", "--out", str(tiny_sweep["root"] / "nowhere")]) == 2
     assert "no sweep launched here" in capsys.readouterr().err
+
+
+def test_report_command_with_its_store_gone_is_one_line(tiny_sweep, capsys, monkeypatch):
+    """`--report` against a tracking store that is not there, or that answers only errors: one line
+    naming the store, a non-zero exit, no traceback, and the report already written left as it was."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    args = ["--report", str(tiny_sweep["file"]), "--out", str(tiny_sweep["out"])]
+    folder = tiny_sweep["out"] / "report"
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    port = free_port()
+    assert main([*args, "--tracking-uri", f"http://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"no tracking server answers at 127.0.0.1:{port}" in err[0], err
+    with unavailable_server() as uri:
+        assert main([*args, "--tracking-uri", uri]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"error: tiny: the report failed (the tracking store at {uri} failed: MlflowException: it answered HTTP 503)"
+    ), err
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
 def test_report_flags_a_ceiling_the_data_does_not_settle():

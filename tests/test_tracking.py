@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from mlflow_server import free_port, start_server, stop_server
+from mlflow_server import free_port, start_server, stop_server, unavailable_server
 
 from scalerl.config import compose
 from scalerl.tracking import SENTINEL, Tracker
@@ -245,28 +245,9 @@ def test_a_tracking_server_that_answers_only_errors_ends_the_run_in_one_line(tmp
     """Something answers on the tracking server's port (so the preflight passes) but MLflow behind it
     does not (a proxy answering 503): the run ends in one line naming the store, exit 1, before it
     trains or checkpoints anything."""
-    import http.server
-    import threading
-
-    class Unavailable(http.server.BaseHTTPRequestHandler):
-        def answer(self):
-            self.send_response(503)
-            self.end_headers()
-            self.wfile.write(b"<html>\n<body>503 Service Unavailable</body>\n</html>\n")
-
-        do_GET = do_POST = do_PATCH = answer
-
-        def log_message(self, *args):
-            pass
-
-    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    uri = f"http://127.0.0.1:{proxy.server_address[1]}"
-    try:
+    with unavailable_server() as uri:
         args = _train_args(tmp_path / "run", uri, "down", "async_mode=sync", "trainer.total_steps=2")
         r = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    finally:
-        proxy.shutdown()
     errors = r.stderr.strip().splitlines()
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert len(errors) == 1 and errors[0].startswith(f"error: could not start the MLflow run in {uri}"), (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 
 class UserError(ValueError):
@@ -15,6 +16,23 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     it has no message."""
     text = str(exc).strip()
     return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+CONNECTION_FAULTS = ("Connection refused", "timed out", "Name or service not known", "Max retries exceeded")
+
+
+def fault_reason(error: BaseException, *, detail: bool = False) -> str:
+    """What went wrong talking to a server, short: MLflow wraps a refused connection in a paragraph
+    (with the URI, which may hold credentials); this names the exception and the known cause only,
+    or for another error its type (with ``detail``, and its message's first line: redact it)."""
+    text = str(error)
+    status = re.search(r"too many (\d{3}) error responses", text)  # urllib3's retries ran out
+    if status:
+        return f"{type(error).__name__}: it answered HTTP {status.group(1)}"
+    for known in CONNECTION_FAULTS:
+        if known in text:
+            return f"{type(error).__name__}: {known}"
+    return f"{type(error).__name__}: {first_line(error)}" if detail else type(error).__name__
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -130,10 +130,42 @@ def cmd_report(args) -> int:
         from scalerl.sweep.plan import absolute_uri
 
         state["tracking_uri"] = absolute_uri(args.tracking_uri)
+    from scalerl.config.preflight import PathError, check_tracking_uri
+
+    try:
+        check_tracking_uri(state["tracking_uri"], key="tracking URI")
+    except PathError as e:
+        raise SweepError(str(e)) from None
     t0 = time.time()
-    report = build_report(state)
+    try:
+        report = build_report(state)
+    except Exception as e:  # e.g. the store went away while the report read it: nothing is lost
+        print(
+            f"error: {name}: the report failed ({_report_failure(e, state['tracking_uri'])})", file=sys.stderr
+        )
+        return EXIT_FAILED_RUNS
     _print_report(report, state, t0)
     return 0  # the report was written; failed runs are marked in it
+
+
+def _report_failure(error: Exception, uri: str) -> str:
+    """What made the report fail, in one line. A fault of what it talks to (the tracking store, the
+    disk) is named with the store's URI, credentials masked; anything else is a bug in the report,
+    whose traceback is printed first, as what to send with a bug report."""
+    from mlflow.exceptions import MlflowException
+
+    from scalerl.messages import CONNECTION_FAULTS, fault_reason, first_line
+    from scalerl.tracking.secrets import redact
+
+    if isinstance(error, (MlflowException, OSError)) and any(k in str(error) for k in CONNECTION_FAULTS):
+        return f"the tracking store at {redact(uri)} failed: {fault_reason(error)}"
+    if isinstance(error, MlflowException):
+        return f"the tracking store at {redact(uri)}: {redact(first_line(error))}"
+    if not isinstance(error, OSError):
+        import traceback
+
+        traceback.print_exc()
+    return redact(fault_reason(error, detail=True))
 
 
 def _print_report(report, state: dict, t0: float) -> None:
@@ -263,11 +295,8 @@ def _launch(plan, header: str) -> int:
     try:
         report = build_report(state)
     except Exception as e:  # the runs are done and on disk: never lose them to a report problem
-        import traceback
-
-        traceback.print_exc()
         say(
-            f"the report failed ({type(e).__name__}: {e}); retry with: python sweep.py --report {plan.spec.name}"
+            f"the report failed ({_report_failure(e, plan.tracking_uri)}); retry with: python sweep.py --report {plan.spec.name}"
         )
         end_parent(plan.tracking_uri, parent, "FAILED")
         return EXIT_FAILED_RUNS

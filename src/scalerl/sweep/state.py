@@ -155,7 +155,12 @@ def end_parent(uri: str, parent_run_id: str, status: str = "FINISHED") -> None:
     try:
         client_for(uri).set_terminated(parent_run_id, status=status)
     except Exception as e:  # the report is on disk anyway
-        print(f"[sweep] warning: could not mark the parent run {status}: {type(e).__name__}: {e}", flush=True)
+        from scalerl.messages import fault_reason
+
+        print(
+            f"[sweep] warning: could not mark the parent run {status} at {redact(uri)}: {redact(fault_reason(e, detail=True))}",
+            flush=True,
+        )
 
 
 def load_state(sweep_dir: Path) -> dict:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from scalerl.messages import fault_reason
 from scalerl.storage import write_text_atomic
 from scalerl.tracking.secrets import redact
 
@@ -84,15 +85,6 @@ def run_params(cfg: DictConfig, variants: dict[str, str] | None = None) -> dict[
     params = flatten(container)
     params.update(variants or {})
     return {k[:250]: redact(v)[:6000] for k, v in params.items()}
-
-
-def _reason(error: Exception) -> str:
-    """What went wrong, short: MLflow wraps a refused connection in a paragraph."""
-    text = str(error)
-    for known in ("Connection refused", "timed out", "Name or service not known", "Max retries exceeded"):
-        if known in text:
-            return f"{type(error).__name__}: {known}"
-    return type(error).__name__
 
 
 def keyed_run(client, experiment_id: str, key: str):
@@ -305,7 +297,7 @@ class Tracker:
             "artifacts in %s) and written when it answers again",
             redact(self.uri),
             what,
-            _reason(error),
+            fault_reason(error),
             self.outbox,
         )
         self.failing = True
@@ -346,7 +338,7 @@ class Tracker:
                 "tracking: artifact %s lost: %s did not take it (%s) and %s",
                 path,
                 redact(self.uri),
-                _reason(error),
+                fault_reason(error),
                 e,
             )
             return
