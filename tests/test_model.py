@@ -105,13 +105,25 @@ def test_the_default_base_model_ships_with_the_package(tmp_path, caplog):
     import logging
 
     from scalerl.config import compose
+    from scalerl.loop.ship import shipped_keys, shipped_settings
     from scalerl.model.build import SHIPPED_BASE, _warmstart_key, load_tiny
     from scalerl.task import build_task
 
     cfg = compose([f"model.cache_dir={tmp_path}"])
     key = _warmstart_key(cfg)
-    shipped = [p.name for p in SHIPPED_BASE.iterdir()]
-    assert shipped == [f"warmstart-{key}"], f"{shipped}: not the default's; run python -m scalerl.loop.ship"
+    shipped = sorted(p.name for p in SHIPPED_BASE.iterdir())
+    expected = sorted({f"warmstart-{k}" for k in shipped_keys().values()})
+    assert shipped == expected, (
+        f"{shipped}: not the default's and the study's; run python -m scalerl.loop.ship"
+    )
+    assert f"warmstart-{key}" in shipped
+    # the leave-one-out study (sweeps/loo.yaml: 2-digit sums) starts from its own shipped base too
+    study = compose([*shipped_settings()["loo study"], f"model.cache_dir={tmp_path / 'study'}"])
+    assert _warmstart_key(study) != key
+    with caplog.at_level(logging.INFO, logger="scalerl.model.build"):
+        load_tiny(study, build_task(study))
+    assert "shipped" in caplog.text and "training" not in caplog.text, caplog.text
+    caplog.clear()
     task = build_task(cfg)
     with caplog.at_level(logging.INFO, logger="scalerl.model.build"):
         model, tokenizer, info = load_tiny(cfg, task)

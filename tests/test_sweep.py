@@ -21,6 +21,7 @@ from scalerl.sweep import load_spec, make_plan, plan_lines
 from scalerl.sweep.cli import main
 from scalerl.sweep.launch import _LocalOrphan
 from scalerl.sweep.plan import points_past_cut
+from scalerl.sweep.spec import SweepError
 
 LOSS_OPTIONS = ", ".join(sorted(options("loss")))  # every registered loss, as the error lists them
 
@@ -128,6 +129,34 @@ def test_cli_override_replaces_the_variants_value(tmp_path):
     plan = make_plan(load_spec(tmp_path / "s.yaml"), ["trainer.lr=0.002"], sweep_dir=tmp_path / "out")
     assert plan_lines(plan) == ["a  loss=dapo trainer.lr=0.002"]
     assert plan.runs[0].out_dir == str(tmp_path / "out" / "a") and not (tmp_path / "out").exists()
+
+
+def test_a_groups_settings_apply_to_a_variant_only_where_its_option_has_them(tmp_path):
+    """The base sizes the interruption budget to the task; the variant that swaps interruptions for
+    the length penalty keeps the penalty's own settings (and those it sets), not an error for keys the
+    penalty does not have; a key both options have applies to both; the plan says what it left out."""
+    write_sweep(
+        tmp_path / "s.yaml",
+        {"a": [], "lp": ["length_control=length_penalty", "length_control.l_max=32"]},
+        name="s",
+        base=["length_control.think_budget_min=20", "length_control.max_new_tokens=60"],
+    )
+    plan = make_plan(
+        load_spec(tmp_path / "s.yaml"), ["length_control.answer_budget=6"], sweep_dir=tmp_path / "o"
+    )
+    assert plan_lines(plan) == [
+        "a   length_control.think_budget_min=20 length_control.max_new_tokens=60 length_control.answer_budget=6",
+        "lp  length_control.max_new_tokens=60 length_control=length_penalty length_control.l_max=32",
+    ]
+    tail = "not applied: length_control=length_penalty has no key of that name (it keeps its own settings)"
+    assert plan.warnings == [
+        f"variant 'lp': the base's length_control.think_budget_min=20 {tail}",
+        f"variant 'lp': the command line's length_control.answer_budget=6 {tail}",
+    ]
+    # a key that no option has is still an error, named where it was written
+    write_sweep(tmp_path / "t.yaml", {"a": []}, name="t", base=["length_control.think_budget=20"])
+    with pytest.raises(SweepError, match="base: unknown key length_control.think_budget"):
+        make_plan(load_spec(tmp_path / "t.yaml"), [], sweep_dir=tmp_path / "o")
 
 
 def test_a_budget_too_short_to_score_is_said_before_the_runs(tmp_path, monkeypatch, capsys):

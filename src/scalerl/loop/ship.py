@@ -1,7 +1,10 @@
-"""``python -m scalerl.loop.ship``: warm-start the embedded default's base model (the default
-``model`` and ``task`` settings) and put it in the package, ``scalerl/model/base/warmstart-<key>``,
-in place of the one there. Run it after changing what the warm-start key covers (the default model
-or task settings, the warm-start procedure); test_model says when the shipped one no longer matches."""
+"""``python -m scalerl.loop.ship``: warm-start the embedded base models a user runs first and put them
+in the package, ``scalerl/model/base/warmstart-<key>``, in place of those there: the default's (the
+default ``model`` and ``task`` settings, ``python train.py``) and the leave-one-out study's
+(``sweeps/loo.yaml``'s base, ``python sweep.py --loo``), so that neither trains a warm-start first
+and every machine starts from the same base. Run it after changing what the warm-start key covers
+(the default model or task settings, the study's task settings, the warm-start procedure);
+test_model says when a shipped one no longer matches."""
 
 from __future__ import annotations
 
@@ -21,23 +24,55 @@ from scalerl.model.tokenizer import build_char_tokenizer
 from scalerl.task import build_task
 
 
-def main() -> None:
+def shipped_settings() -> dict[str, list[str]]:
+    """What each shipped base is warm-started for: a name -> the overrides of its runs."""
+    from scalerl.sweep.cli import sweeps_dir
+    from scalerl.sweep.plan import is_launcher
+    from scalerl.sweep.spec import load_spec
+
+    study = load_spec(sweeps_dir() / "loo.yaml")
+    return {"default": [], "loo study": [o for o in study.base if not is_launcher(o)]}
+
+
+def shipped_keys() -> dict[str, str]:
+    """name -> the warm-start key of the base shipped for it."""
+    return {name: _warmstart_key(compose(ovs)) for name, ovs in shipped_settings().items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument(
+        "--force", action="store_true", help="make again the bases already shipped for these settings"
+    )
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cfg = compose([])
-    key = _warmstart_key(cfg)
+    keys = shipped_keys()
+    SHIPPED_BASE.mkdir(parents=True, exist_ok=True)
+    for old in SHIPPED_BASE.iterdir():  # a base for settings no longer shipped
+        if old.name not in {f"warmstart-{k}" for k in keys.values()}:
+            shutil.rmtree(old)
+            print(f"removed {old} (no longer the settings of a shipped base)")
     with tempfile.TemporaryDirectory() as d:
-        folder = Path(d) / f"warmstart-{key}"
-        info = warmstart_into(folder, cfg, build_task(cfg), build_char_tokenizer())
-        info["made"] = {
-            "on": str(date.today()),
-            "machine": platform.processor() or platform.machine(),
-            "torch": torch.__version__,
-        }
-        (folder / "meta.json").write_text(json.dumps(info, indent=1))
-        shutil.rmtree(SHIPPED_BASE, ignore_errors=True)
-        SHIPPED_BASE.mkdir(parents=True)
-        shutil.copytree(folder, SHIPPED_BASE / folder.name)
-    print(f"shipped {SHIPPED_BASE / folder.name} (loss {info['warmstart_loss']:.3f})")
+        for name, overrides in shipped_settings().items():
+            cfg = compose(overrides)
+            target = SHIPPED_BASE / f"warmstart-{_warmstart_key(cfg)}"
+            if (target / "meta.json").is_file() and not args.force:
+                print(f"kept {target} for the {name} (the same settings; --force makes it again)")
+                continue
+            folder = Path(d) / target.name
+            info = warmstart_into(folder, cfg, build_task(cfg), build_char_tokenizer())
+            info["made"] = {
+                "for": name,
+                "on": str(date.today()),
+                "machine": platform.processor() or platform.machine(),
+                "torch": torch.__version__,
+            }
+            (folder / "meta.json").write_text(json.dumps(info, indent=1))
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(folder, target)
+            print(f"shipped {target} for the {name} (loss {info['warmstart_loss']:.3f})")
 
 
 if __name__ == "__main__":

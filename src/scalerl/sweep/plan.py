@@ -43,6 +43,47 @@ def merge_overrides(*lists: list[str]) -> list[str]:
     return list(out.values())
 
 
+def option_keys(group: str, option: str) -> set[str]:
+    """The dotted keys (``length_control.l_max``, ...) that ``group=option`` has."""
+    from scalerl.config import compose
+
+    def keys(node, prefix: str) -> set[str]:
+        if not isinstance(node, dict):
+            return {prefix}
+        return {prefix} | {k for name, v in node.items() for k in keys(v, f"{prefix}.{name}")}
+
+    cfg = compose([f"{group}={option}"], check=False)
+    return keys(OmegaConf.to_container(cfg[group], resolve=False), group)
+
+
+def carried(shared: list[str], variant: list[str]) -> tuple[list[str], list[str]]:
+    """``shared`` overrides (the sweep's base, or the command line) split into those that apply to a
+    run of ``variant`` and those that do not: a setting of a group's key (``length_control.
+    think_budget_min=20``) where the variant picks another option of that group
+    (``length_control=length_penalty``) that has no such key. The setting was made for the option
+    the others run (sizing the interruption budget to the task); the variant's option keeps its own
+    values, as the paper's leave-one-out swaps a component with its settings. A key both options
+    have (``length_control.max_new_tokens``) applies to both."""
+    picked = {
+        override_key(o): o.split("=", 1)[1].strip()
+        for o in variant
+        if "=" in o and "." not in override_key(o) and not o.startswith("~")
+    }
+    keys: dict[str, set[str]] = {}
+    apply, dropped = [], []
+    for ov in shared:
+        key = override_key(ov)
+        group = key.split(".", 1)[0]
+        if "." in key and group in picked and not ov.startswith("~"):
+            if group not in keys:
+                keys[group] = option_keys(group, picked[group])
+            if key not in keys[group]:
+                dropped.append(ov)
+                continue
+        apply.append(ov)
+    return apply, dropped
+
+
 def _owned(key: str) -> bool:
     """``key`` is, is under, or holds (``tracking`` as a whole) a key the sweep sets."""
     return (
@@ -293,9 +334,21 @@ def make_plan(
 
     runs: list[PlannedRun] = []
     short: dict[str, list[str]] = {}  # what is too short -> the variants it is said of
+    notes: list[str] = []  # settings of a group a variant replaced with another option
     seeds = spec.seeds
     for vname, vovs in spec.variants.items():
-        overrides = merge_overrides(base_train, vovs, cli_train)
+        base_v, base_off = carried(base_train, vovs)
+        cli_v, cli_off = carried(cli_train, vovs)
+        for whose, off in (("base", base_off), (COMMAND_LINE, cli_off)):
+            if off:
+                picks = ", ".join(
+                    o for o in vovs if override_key(o) in {override_key(x).split(".")[0] for x in off}
+                )
+                notes.append(
+                    f"variant {vname!r}: the {whose}'s {', '.join(off)} not applied: {picks} has no key "
+                    "of that name (it keeps its own settings)"
+                )
+        overrides = merge_overrides(base_v, vovs, cli_v)
         where = f"{path}: variant {vname!r}"
         composed = _compose_variant(overrides, where)  # once for all its seeds
         steps, every, cut = (
@@ -342,7 +395,8 @@ def make_plan(
             + ": "
             + what
             for what, names in short.items()
-        ],
+        ]
+        + notes,
     )
 
 
