@@ -12,7 +12,8 @@ from test_loop import SYNC, history, make_run, uri_of
 from scalerl.config import ConfigError, compose
 from scalerl.config.schema import RESUMABLE_CHANGES
 from scalerl.loop import RunError, train
-from scalerl.loop.checkpointing import check_same_recipe, recipe, recipe_path, write_json
+from scalerl.loop.checkpointing import check_same_recipe, recipe, recipe_path
+from scalerl.storage import write_json
 
 
 def test_the_recipe_leaves_out_what_may_change_on_resume(tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from scalerl.loop.checkpointing import write_json
 from scalerl.loop.summary import fit_caveat
+from scalerl.storage import write_json
 
 
 def test_summary_names_the_fit_with_its_intervals():

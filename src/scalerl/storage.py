@@ -4,6 +4,7 @@ code when it is loaded."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -60,6 +61,12 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """``obj`` as JSON in ``path``, atomically and durably (:func:`write_text_atomic`); a value JSON
+    has no type for (a path, a date) is written as its text."""
+    write_text_atomic(path, json.dumps(obj, indent=1, default=str))
 
 
 def _fsync_dir(folder: Path) -> None:

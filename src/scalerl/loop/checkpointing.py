@@ -15,7 +15,7 @@ from scalerl.config.schema import RESUMABLE_CHANGES
 from scalerl.loop.errors import RunError
 from scalerl.loop.state import Clock
 from scalerl.messages import first_line
-from scalerl.storage import write_text_atomic
+from scalerl.storage import write_json
 from scalerl.tracking import rng_state, set_rng_state
 from scalerl.tracking.secrets import redact
 from scalerl.tracking.tracker import flatten
@@ -131,8 +131,3 @@ def restore(run: Components) -> tuple[str, list] | None:
         set_rng_state(own["rng"])
         run.generator.set_rng_state(own["generator_rng"])
     return ck["run_id"], ck["pending_metrics"]
-
-
-def write_json(path: Path, obj: dict) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically and durably (:func:`scalerl.storage.write_text_atomic`)."""
-    write_text_atomic(path, json.dumps(obj, indent=1))

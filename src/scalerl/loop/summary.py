@@ -9,9 +9,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scalerl.loop.checkpointing import write_json
 from scalerl.loop.errors import RunError
 from scalerl.scaling.live import FIT_LEVEL
+from scalerl.storage import write_json
 from scalerl.tracking import Checkpointer, Tracker
 from scalerl.tracking.secrets import redact
 

@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-from scalerl.storage import write_text_atomic
+from scalerl.storage import write_json
 from scalerl.sweep.plan import Plan
 from scalerl.sweep.spec import SweepError
 from scalerl.tracking.secrets import redact
@@ -27,10 +27,6 @@ def read_json(path: Path) -> dict:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
-
-
-def write_json(path: Path, data: dict) -> None:
-    write_text_atomic(Path(path), json.dumps(data, indent=1, default=str))
 
 
 def client_for(uri: str):
@@ -73,11 +69,9 @@ def _parent_exists(client, run_id: str | None, exp_id: str) -> bool:
 
 def _parent_of_folder(client, exp_id: str, folder: Path):
     """The active parent run of the sweep in ``folder`` (tag ``sweep.folder``), or None."""
-    if "'" in str(folder):  # not expressible in MLflow's filter string
-        return None
-    where = f"tags.`sweep.role` = 'parent' and tags.`sweep.folder` = '{folder}'"
-    found = client.search_runs([exp_id], where, max_results=1)
-    return found[0] if found else None
+    from scalerl.tracking.tracker import run_by_tags
+
+    return run_by_tags(client, exp_id, {"sweep.role": "parent", "sweep.folder": str(folder)})
 
 
 def start_parent(plan: Plan) -> tuple[str, str]:

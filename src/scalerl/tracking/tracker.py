@@ -87,10 +87,19 @@ def run_params(cfg: DictConfig, variants: dict[str, str] | None = None) -> dict[
     return {k[:250]: redact(v)[:6000] for k, v in params.items()}
 
 
+def run_by_tags(client, experiment_id: str, tags: dict[str, str]):
+    """A run of the experiment that carries every tag of ``tags``, or None (also when a value holds a
+    quote, which MLflow's filter string cannot express)."""
+    if any("'" in str(v) for v in tags.values()):
+        return None
+    where = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    found = client.search_runs([experiment_id], where, max_results=1)
+    return found[0] if found else None
+
+
 def keyed_run(client, experiment_id: str, key: str):
     """The MLflow run created under the out_dir key ``key`` (``run_info.json``'s ``run_key``), or None."""
-    found = client.search_runs([experiment_id], f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=1)
-    return found[0] if found else None
+    return run_by_tags(client, experiment_id, {RUN_KEY_TAG: key})
 
 
 def _client(uri: str):
