@@ -216,12 +216,21 @@ def test_loo_dry_run_through_sweep_py(tmp_path):
         "prompt_norm": "norm=prompt",
         "no_zero_var_filter": "filter.zero_variance=false",
         "no_npr": "filter.no_positive_resampling=false",
-        "length_penalty": "length_control=length_penalty",
+        # sized to the task: the penalty's own settings, not base's interruption budget
+        "length_penalty": "length_control=length_penalty length_control.l_max=32 length_control.l_cache=4",
     }
     by_name = {ln.split()[0].removesuffix("-seed0"): ln.split(None, 1)[1] for ln in lines}
     assert by_name["scalerl"] == f"{base} seed=0"
+    interruption_budget = [o for o in spec["base"] if o.startswith("length_control.think_budget")]
+    assert len(interruption_budget) == 2
     for name, override in reverted.items():
-        assert by_name[name].split("  (not run: ")[0] == f"{base} {override} seed=0"
+        shared = base
+        if name == "length_penalty":
+            shared = " ".join(o for o in spec["base"] if o not in interruption_budget)
+            assert (
+                "note: variant 'length_penalty': the base's " + ", ".join(interruption_budget) in res.stderr
+            )
+        assert by_name[name].split("  (not run: ")[0] == f"{shared} {override} seed=0"
     import torch
 
     if not torch.cuda.is_available():  # the bf16 head would be emulated here: planned, not run

@@ -25,13 +25,16 @@ from scalerl.task import build_task
 
 
 def shipped_settings() -> dict[str, list[str]]:
-    """What each shipped base is warm-started for: a name -> the overrides of its runs."""
-    from scalerl.sweep.cli import sweeps_dir
-    from scalerl.sweep.plan import is_launcher
-    from scalerl.sweep.spec import load_spec
+    """What each shipped base is warm-started for: a name -> the overrides of its runs (the study's:
+    its sweep file's ``base``, read as the sweep reads it, without the launcher's settings)."""
+    import yaml
 
-    study = load_spec(sweeps_dir() / "loo.yaml")
-    return {"default": [], "loo study": [o for o in study.base if not is_launcher(o)]}
+    from scalerl.config import conf_dir
+    from scalerl.config.errors import override_key
+
+    study = yaml.safe_load((Path(conf_dir()).parent / "sweeps" / "loo.yaml").read_text())
+    base = [str(o) for o in study.get("base") or []]
+    return {"default": [], "loo study": [o for o in base if override_key(o).split(".")[0] != "launcher"]}
 
 
 def shipped_keys() -> dict[str, str]:
