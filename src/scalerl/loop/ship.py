@@ -37,9 +37,14 @@ def shipped_settings() -> dict[str, list[str]]:
     return {"default": [], "loo study": [o for o in base if override_key(o).split(".")[0] != "launcher"]}
 
 
+def shipped_configs() -> dict[str, object]:
+    """name -> the composed config of the runs its base is shipped for."""
+    return {name: compose(ovs) for name, ovs in shipped_settings().items()}
+
+
 def shipped_keys() -> dict[str, str]:
     """name -> the warm-start key of the base shipped for it."""
-    return {name: _warmstart_key(compose(ovs)) for name, ovs in shipped_settings().items()}
+    return {name: _warmstart_key(cfg) for name, cfg in shipped_configs().items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,16 +56,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    keys = shipped_keys()
+    configs = shipped_configs()
+    targets = {name: SHIPPED_BASE / f"warmstart-{_warmstart_key(cfg)}" for name, cfg in configs.items()}
     SHIPPED_BASE.mkdir(parents=True, exist_ok=True)
     for old in SHIPPED_BASE.iterdir():  # a base for settings no longer shipped
-        if old.name not in {f"warmstart-{k}" for k in keys.values()}:
+        if old not in targets.values():
             shutil.rmtree(old)
             print(f"removed {old} (no longer the settings of a shipped base)")
     with tempfile.TemporaryDirectory() as d:
-        for name, overrides in shipped_settings().items():
-            cfg = compose(overrides)
-            target = SHIPPED_BASE / f"warmstart-{_warmstart_key(cfg)}"
+        for name, cfg in configs.items():
+            target = targets[name]
             if (target / "meta.json").is_file() and not args.force:
                 print(f"kept {target} for the {name} (the same settings; --force makes it again)")
                 continue

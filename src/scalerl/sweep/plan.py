@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +44,10 @@ def merge_overrides(*lists: list[str]) -> list[str]:
     return list(out.values())
 
 
-def option_keys(group: str, option: str) -> set[str]:
-    """The dotted keys (``length_control.l_max``, ...) that ``group=option`` has."""
+@functools.cache
+def option_keys(group: str, option: str) -> frozenset[str]:
+    """The dotted keys (``length_control.l_max``, ...) that ``group=option`` has (composed once per
+    option: a plan asks for each variant's base and command-line settings)."""
     from scalerl.config import compose
 
     def keys(node, prefix: str) -> set[str]:
@@ -53,7 +56,7 @@ def option_keys(group: str, option: str) -> set[str]:
         return {prefix} | {k for name, v in node.items() for k in keys(v, f"{prefix}.{name}")}
 
     cfg = compose([f"{group}={option}"], check=False)
-    return keys(OmegaConf.to_container(cfg[group], resolve=False), group)
+    return frozenset(keys(OmegaConf.to_container(cfg[group], resolve=False), group))
 
 
 def carried(shared: list[str], variant: list[str]) -> tuple[list[str], list[str]]:
@@ -69,15 +72,12 @@ def carried(shared: list[str], variant: list[str]) -> tuple[list[str], list[str]
         for o in variant
         if "=" in o and "." not in override_key(o) and not o.startswith("~")
     }
-    keys: dict[str, set[str]] = {}
     apply, dropped = [], []
     for ov in shared:
         key = override_key(ov)
         group = key.split(".", 1)[0]
         if "." in key and group in picked and not ov.startswith("~"):
-            if group not in keys:
-                keys[group] = option_keys(group, picked[group])
-            if key not in keys[group]:
+            if key not in option_keys(group, picked[group]):
                 dropped.append(ov)
                 continue
         apply.append(ov)
