@@ -424,8 +424,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             out["3-buckets-on-one-rank"] = res
     with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
         json.dump(out, f)
-    # both ranks done before their process group goes: left to the interpreter's exit, gloo's
-    # threads were once torn down under a rank ("terminate called without an active exception")
+    # both ranks done before their process group goes (not left to the interpreter's exit)
     dist.barrier()
     dist.destroy_process_group()
     """
