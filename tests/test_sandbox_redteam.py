@@ -346,6 +346,29 @@ GAMED_MATH = {
     "an inequality around it": r"\boxed{41 \le x \le 43}",
     "every number from 0 to 99, unboxed": " ".join(str(i) for i in range(100)),
     "every number from 0 to 99, boxed": r"\boxed{" + ", ".join(str(i) for i in range(100)) + "}",
+    # a relation is judged as a whole: math-verify alone reads one side (the right of `=`)
+    "a false equation ending in it": r"\boxed{43 = 42}",
+    "a false chain ending in it": r"\boxed{41 = 43 = 42}",
+    "a false equation starting with it": r"\boxed{42 = 43}",
+    "a name, then a false chain": r"\boxed{x = 43 = 42}",
+    "a false sum ending in it": r"\boxed{40 + 3 = 42}",
+    "a false unicode equation": "\\boxed{43 \uff1d 42}",
+    "an approximation by a wrong number": r"\boxed{41 \approx 42}",
+    "a wrong number, unicode approx": "\\boxed{43 \u2248 42}",
+    "a wrong number, similar": r"\boxed{43 \sim 42}",
+    "a wrong number, congruent": r"\boxed{43 \equiv 42}",
+    "a wrong number, defined as it": r"\boxed{43 := 42}",
+    "a wrong number, implying it": r"\boxed{43 \Rightarrow 42}",
+    "a wrong number, questioned equal": r"\boxed{43 \stackrel{?}{=} 42}",
+    "43 vee 42": r"\boxed{43 \vee 42}",
+    "x = 43 lor x = 42": r"\boxed{x = 43 \lor x = 42}",
+    "a congruence class": r"\boxed{x \equiv 42 \pmod{100}}",
+    "an upper bound": r"\boxed{x < 43}",
+    "a strict range": r"\boxed{41 < x < 43}",
+    "not the wrong number": r"\boxed{x \ne 43}",
+    "a true inequality": r"\boxed{43 \geq 42}",
+    "an equation in the unknown": r"\boxed{x^2 + 1 = 42}",
+    "a false equation, unboxed LaTeX": r"so $43 = 42$",
 }
 
 
@@ -384,3 +407,31 @@ def test_jsonl_answers_are_parsed_as_math(tmp_path):
 def test_math_right_answers_still_score():
     assert check_answer("42", r"so \boxed{42}") == 1.0
     assert check_answer("42", "41?</think> The answer is \\boxed{42}.") == 1.0
+    # a relation stating the answer: a name (or nothing) before it, or sides equal to it
+    for answer in (
+        r"\boxed{42}",
+        r"\boxed{x = 42}",
+        r"\boxed{x=42}",
+        r"\boxed{y=42}",
+        r"\boxed{n = 42}",
+        r"\boxed{= 42}",
+        r"\boxed{x \approx 42}",
+        r"\boxed{x \to 42}",
+        r"\boxed{a_{10} = 42}",
+        r"\boxed{\theta = 42^\circ}",
+        r"\boxed{f(2) = 42}",
+        r"\boxed{\text{Area} = 42}",
+        r"\boxed{x = 42 \text{ cm}}",
+        r"\boxed{m\angle ABC = 42^\circ}",
+        r"\boxed{40 + 2 = 42}",
+        r"\boxed{x = \frac{84}{2} = 42}",
+        r"so $x = 42$.",
+    ):
+        assert check_answer("42", answer) == 1.0, answer
+    # gold answers that are themselves relations, tuples or formulas are compared as before
+    assert check_answer("x = 2", r"\boxed{x = 2}") == 1.0
+    assert check_answer("x = 2", r"\boxed{x = 3}") == 0.0
+    assert check_answer("x < 3", r"\boxed{x < 3}") == 1.0
+    assert check_answer("(3, 42)", r"\boxed{(x, y) = (3, 42)}") == 1.0
+    assert check_answer(r"\frac{1}{n+1}", r"\boxed{a_n = \frac{1}{n+1}}") == 1.0
+    assert check_answer(r"\frac{1}{n+1}", r"\boxed{\frac{2}{n+1} = \frac{1}{n+1}}") == 0.0

@@ -74,15 +74,103 @@ def gold_latex(gold: str) -> str:
     return f"{m[1]} \\times 10^{{{m[2]}}}" if m else g
 
 
+# relations that make an answer an equation, inequality or chain: judged as a whole, since
+# math-verify reads only one side (the right of ``=``, the left of a unicode ``≈``), so that
+# ``43 = 42`` passed for 42. ``\\stackrel{?}{=}``-like links hold braces, so they come first.
+_RELATION = re.compile(
+    r"\\(?:stackrel|overset)\{[^{}]*\}\{[^{}]*\}"
+    r"|\\(?:approx|sim|simeq|cong|equiv|doteq|coloneqq|to|rightarrow|Rightarrow|longrightarrow"
+    r"|Longrightarrow|implies|le|ge|leq|geq|leqslant|geqslant|lt|gt|ll|gg|ne|neq|iff|Leftrightarrow"
+    r"|lor|vee|land|wedge|mid|nmid)(?![A-Za-z])"
+    r"|<=|>=|!=|==|:=|[=<>\u2264\u2265\u2260\u2248\u223c\u2261\uff1d\u2192\u21d2]"
+)
+# the links of a chain that claim its sides equal (``\\approx`` is read as ``=``); any other
+# (``<``, ``\\ne``, ``\\lor`` ...) makes the answer a range or a hedge, not a number
+_EQUAL_LINKS = re.compile(
+    r"\\(?:stackrel|overset)\{.*|\\(?:approx|sim|simeq|cong|equiv|doteq|coloneqq|to|rightarrow"
+    r"|Rightarrow|longrightarrow|Longrightarrow|implies)|==?|:=|[\u2248\u223c\u2261\uff1d\u2192\u21d2]"
+)
+_GREEK = (
+    "alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|"
+    "rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega"
+)
+_NAME1 = (
+    r"(?:m\s*\\angle\s*|\\angle\s*)?"  # m∠ABC
+    rf"(?:[A-Za-z]+|\\(?:{_GREEK})(?![A-Za-z])|\\(?:text|mathrm|mathit|operatorname)\{{[A-Za-z ]+\}}"
+    r"|\\overline\{[A-Za-z]+\})"
+    r"(?:\s*_\s*(?:\{[^{}]*\}|\w))?(?:\s*\^\s*(?:\{[^{}]*\}|\w))?'*"  # a_{10}, x^{(2)}, f'
+    r"(?:\s*(?:\\left)?\([^()]*\))?"  # f(2), P(A)
+)
+# a name that states what the answer is (``x``, ``a_{10}``, ``\\theta``, ``f(2)``, ``AB``,
+# ``\\text{Area}``, ``(x, y)``): it claims no value, so it may stand before the value
+_NAME = re.compile(rf"\s*(?:{_NAME1}|\(\s*{_NAME1}(?:\s*,\s*{_NAME1})*\s*\))\s*")
+_MAX_SIDES = 6  # a longer chain is no final answer (and each side costs a math-verify parse)
+
+
+def relation_chain(latex: str) -> tuple[list[str], list[str]]:
+    """(sides, links) of ``latex`` split on the relation symbols outside braces, brackets and
+    parentheses: ``x = 40 + 2 = 42`` -> ``(["x ", " 40 + 2 ", " 42"], ["=", "="])``."""
+    sides, links, depth, start = [], [], 0, 0
+    for m in re.finditer(rf"{_RELATION.pattern}|[{{}}()\[\]]", latex):
+        tok = m.group()
+        if tok in "{[(":
+            depth += 1
+        elif tok in "}])":
+            depth -= 1
+        elif depth == 0:
+            sides.append(latex[start : m.start()])
+            links.append(tok)
+            start = m.end()
+    return [*sides, latex[start:]], links
+
+
+def _chain_holds(gold_parsed, answer: str) -> bool:
+    """Whether the answer's relation chain (if any) states the gold value and nothing else: every
+    link an equality, the last side the gold, and every other side a name or equal to it."""
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    sides, links = relation_chain(answer)
+    if not links:
+        return True
+    if len(sides) > _MAX_SIDES or not all(_EQUAL_LINKS.fullmatch(link) for link in links):
+        return False
+
+    def side(latex: str) -> list:
+        # LaTeX only: with the default number fallback ``43 \\lor 42`` would be read as 42
+        return parse(f"${latex}$", extraction_config=[LatexExtractionConfig()])
+
+    last = side(sides[-1].strip().rstrip(",.;"))  # ``x = 42,``
+    if not (last and verify(gold_parsed, last)):
+        return False
+    # an empty side (``= 42``) claims nothing, as a name does
+    return all(not s.strip() or _NAME.fullmatch(s) or verify(last, side(s)) for s in sides[:-1])
+
+
 def check_answer(gold: str, completion: str) -> float:
     """1.0 iff math-verify finds the gold answer in the completion (its last ``\\boxed{}``, else
     its last number or formula), else 0.0. The gold answer is parsed as LaTeX math (so ``1/(n+1)``
-    is a formula, not the number 1; :func:`gold_latex`)."""
+    is a formula, not the number 1; :func:`gold_latex`).
+
+    An answer that is a relation (``=``, ``\\approx``, ``<``, ``\\ne`` ..., or a chain of them;
+    :func:`relation_chain`) is judged as a whole when the gold answer is not one: math-verify
+    reads only one side, so ``\\boxed{43 = 42}`` passed for 42. It scores 1 only if every link
+    is an equality (``\\approx`` counts as ``=``), its last side verifies against the gold, and
+    every other side is either a name (``x``, ``a_{10}``, ``f(2)``, ``\\text{Area}``, ``(x, y)``)
+    or verifies equal to the last side: ``x = 42``, ``x \\approx 42`` and the true
+    ``40 + 2 = 42`` score 1; ``43 = 42``, ``x = 43 = 42``, ``41 \\approx 42``, ``x < 43`` and
+    ``x^2 + 1 = 42`` score 0. A gold answer that is itself a relation is compared as math-verify
+    compares it."""
     from math_verify import parse, verify
 
-    gold_parsed = parse(f"${gold_latex(gold)}$")
+    gold_tex = gold_latex(gold)
+    gold_parsed = parse(f"${gold_tex}$")
     pred = parse(final_answer(completion))
-    return 1.0 if gold_parsed and pred and verify(gold_parsed, pred) else 0.0
+    if not (gold_parsed and pred and verify(gold_parsed, pred)):
+        return 0.0
+    # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
+    if relation_chain(gold_tex)[1] or not isinstance(pred[-1], str):
+        return 1.0
+    return 1.0 if _chain_holds(gold_parsed, pred[-1]) else 0.0
 
 
 @contextmanager
