@@ -21,7 +21,7 @@ import pytest
 from scalerl.cli import preflight
 from scalerl.config import ConfigError, compose
 from scalerl.config.errors import explain
-from scalerl.config.preflight import PathError
+from scalerl.config.preflight import RANK_VARIABLES, PathError, file_system
 from scalerl.sweep.plan import make_plan
 from scalerl.sweep.spec import SweepError, load_spec
 from scalerl.task import DataFileError, JsonlTask
@@ -345,6 +345,19 @@ def test_unwritable_out_dir(tmp_path, store):
     assert f"out_dir='{target}'" in msg and "not writable" in msg
 
 
+@pytest.mark.parametrize("target", ["/proc/scalerl-run", "/proc", "/sys/scalerl-run"])
+def test_out_dir_on_a_kernel_file_system(target, store):
+    """access() lets root write under /proc and /sys, where no folder can be made: the run failed
+    with a FileNotFoundError (proc) or PermissionError (sysfs) from deep inside."""
+    fs = file_system(Path(target) if Path(target).exists() else Path(target).parent)
+    if fs is None or fs[1] not in ("proc", "sysfs") or not os.access(fs[0], os.W_OK):
+        pytest.skip(f"{target} is not on a kernel file system this user may write, here")
+    msg = env_error([f"out_dir={target}", *store])
+    assert msg.startswith(f"out_dir='{target}': cannot be "), msg
+    assert msg.endswith("must be a writable folder"), msg
+    assert f"{fs[0]} is the kernel's {fs[1]} file system" in msg, msg
+
+
 @pytest.mark.parametrize(
     "uri,expect",
     [
@@ -438,6 +451,74 @@ def test_a_cuda_trainer_without_cuda_is_refused_before_the_out_dir_is_made(tmp_p
             "invalid config value async_mode.transport='nccl': must be auto, gloo or shm"
         ), msg
     assert list(tmp_path.iterdir()) == []
+
+
+NO_LAUNCHER = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": None, "MASTER_PORT": None}
+LAUNCH_HINT = (
+    "launch several ranks with torchrun (torchrun --nproc_per_node 2 train.py trainer=deepspeed ...)"
+)
+
+
+@pytest.mark.parametrize(
+    "env,trainer,expect",
+    [
+        # DeepSpeed fell back to MPI discovery: ModuleNotFoundError: No module named 'mpi4py'
+        (NO_LAUNCHER, "deepspeed", f"WORLD_SIZE=2 but MASTER_ADDR, MASTER_PORT are not set: {LAUNCH_HINT}"),
+        (NO_LAUNCHER, "torch", f"WORLD_SIZE=2 but MASTER_ADDR, MASTER_PORT are not set: {LAUNCH_HINT}"),
+        ({**NO_LAUNCHER, "WORLD_SIZE": None}, "deepspeed", "RANK=0 but WORLD_SIZE, MASTER_ADDR, MASTER_PORT"),
+        ({**NO_LAUNCHER, "MASTER_ADDR": "127.0.0.1"}, "deepspeed", "WORLD_SIZE=2 but MASTER_PORT is not set"),
+        # a traceback from int()
+        ({"WORLD_SIZE": "two"}, "deepspeed", "WORLD_SIZE='two' (environment): must be a whole number >= 1"),
+        (
+            {"WORLD_SIZE": "2", "RANK": "-1"},
+            "deepspeed",
+            "RANK='-1' (environment): must be a whole number >= 0",
+        ),
+        (
+            {"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+            "deepspeed",
+            "RANK=2 (environment): must be < WORLD_SIZE=2",
+        ),
+        # a RunError inside the run, after its out_dir was made
+        (
+            {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+            "torch",
+            "invalid config value trainer='torch': must be deepspeed with WORLD_SIZE=2",
+        ),
+    ],
+)
+def test_a_rank_started_without_a_launcher_is_one_line(tmp_path, store, monkeypatch, env, trainer, expect):
+    for var in RANK_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(var, value)
+    msg = env_error([f"out_dir={tmp_path / 'run'}", *store, f"trainer={trainer}"])
+    assert msg.startswith(expect), msg
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_ranks_a_launcher_starts_pass(tmp_path, store, monkeypatch):
+    launched = {
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }
+    for var, value in launched.items():
+        monkeypatch.setenv(var, value)
+    checked([f"out_dir={tmp_path / 'run'}", *store, "trainer=deepspeed"])
+    # 2 tasks, the last one an engine (placement.generator_tasks): one trainer rank, trainer=torch's
+    checked(
+        [
+            f"out_dir={tmp_path / 'run'}",
+            *store,
+            "async_mode=pipeline_rl",
+            "placement=split",
+            "placement.generator_tasks=1",
+        ]
+    )
 
 
 def test_tracking_store_under_a_file(tmp_path):
@@ -788,9 +869,10 @@ def test_analysis_options_out_of_range(few_points_store, capsys, args, expect):
 # ------------------------------------------------------------------------------------ real processes
 
 
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    env.pop("MLFLOW_TRACKING_URI", None)
+def _run(args: list[str], cwd: Path, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """``args`` run in ``cwd``, with ``env`` over this process's environment (None: unset)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MLFLOW_TRACKING_URI": None, **(env or {})}
+    env = {k: v for k, v in env.items() if v is not None}
     return subprocess.run(args, capture_output=True, text=True, cwd=cwd, timeout=180, env=env)
 
 
@@ -841,6 +923,27 @@ def test_train_py_checks_what_the_config_points_at_first(tmp_path):
     for overrides, expect in cases:
         _assert_refused(_run([sys.executable, str(ROOT / "train.py"), *overrides], tmp_path), expect)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.slow
+def test_train_py_refuses_an_out_dir_under_proc(tmp_path):
+    """A FileNotFoundError traceback from deep inside the run (its lock's folder)."""
+    if (fs := file_system(Path("/proc"))) is None or fs[1] != "proc" or not os.access("/proc", os.W_OK):
+        pytest.skip("no writable-looking /proc here")
+    r = _run([sys.executable, str(ROOT / "train.py"), "out_dir=/proc/scalerl-run"], tmp_path)
+    _assert_refused(r, "out_dir='/proc/scalerl-run': cannot be created (/proc is the kernel's proc file")
+    assert list(tmp_path.iterdir()) == [] and not Path("/proc/scalerl-run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["deepspeed", "torch"])
+def test_train_py_refuses_a_rank_without_a_launcher(tmp_path, trainer):
+    """WORLD_SIZE=2 without MASTER_ADDR/MASTER_PORT: DeepSpeed's MPI discovery ended in a traceback
+    (No module named 'mpi4py'), trainer=torch in a RunError; both after the out_dir was made."""
+    args = [sys.executable, str(ROOT / "train.py"), f"trainer={trainer}", f"out_dir={tmp_path / 'run'}"]
+    r = _run(args, tmp_path, env=NO_LAUNCHER)
+    _assert_refused(r, f"WORLD_SIZE=2 but MASTER_ADDR, MASTER_PORT are not set: {LAUNCH_HINT}")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """Checks on what a validated config points at, run before a run builds or writes anything.
 
 :func:`~scalerl.config.validate` decides what the config alone decides; :func:`preflight` looks at the
-environment: the output folder can be created and written, the tracking URI is well formed and
-its server answers, the model folder holds a loadable model, the data file parses and has the
-validation prompts the evaluation asks for. Each problem is one line (:class:`ConfigError`, or
+environment: a rank has the variables its launcher sets, the output folder can be created and
+written (on storage, not /proc or /sys), the tracking URI is well formed and its server answers,
+the model folder holds a loadable model, the data file parses and has the validation prompts the
+evaluation asks for. Each problem is one line (:class:`ConfigError`, or
 :class:`~scalerl.task.DataFileError` for a data file) naming the key, the value and what is wrong.
 It writes nothing.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -53,7 +56,8 @@ def _shown(uri: str) -> str:
 
 def check_out_dir(value: str, key: str = "out_dir") -> None:
     """``value`` is a folder, or a path whose first existing ancestor is a folder, that this user
-    can write."""
+    can write, on storage (not a kernel file system such as /proc or /sys, where ``access()`` lets
+    root write but no folder can be made)."""
     if not str(value).strip():
         raise PathError(key, value, "empty: give a folder path")
     p = Path(str(value)).expanduser()
@@ -65,6 +69,59 @@ def check_out_dir(value: str, key: str = "out_dir") -> None:
     if not os.access(anc, os.W_OK | os.X_OK):
         what = "the folder" if anc == p else f"its parent {anc}"
         raise PathError(key, str(value), f"{what} is not writable by this user")
+    fs = file_system(anc)
+    if fs is not None and fs[1] in KERNEL_FILE_SYSTEMS:  # access() lets root "write" there
+        mount, kind = fs
+        what = "cannot be written" if anc == p else "cannot be created"
+        problem = (
+            f"{what} ({mount} is the kernel's {kind} file system, not storage): must be a writable folder"
+        )
+        raise PathError(key, str(value), problem)
+
+
+# file systems the kernel shows its own state in: no folder can be made there (proc: ENOENT, sysfs:
+# EPERM), or making one makes a kernel object (a cgroup), though access() says root may write
+KERNEL_FILE_SYSTEMS = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "cgroup",
+        "cgroup2",
+        "debugfs",
+        "tracefs",
+        "securityfs",
+        "pstore",
+        "bpf",
+        "configfs",
+        "efivarfs",
+        "fusectl",
+        "binfmt_misc",
+        "mqueue",
+        "selinuxfs",
+        "nsfs",
+    }
+)
+
+
+def file_system(path: Path) -> tuple[str, str] | None:
+    """(mount point, type) of the file system that holds the existing ``path``, from Linux's
+    /proc/self/mountinfo; None where that cannot be read (another system)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    found = None
+    for line in lines:  # "id parent dev root MOUNT options [optional...] - TYPE source superoptions"
+        fields = line.split(" ")
+        if len(fields) < 7 or "-" not in fields[6:]:
+            continue
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040: a space
+        kind = (fields[fields.index("-", 6) + 1 :] or [""])[0]
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and (found is None or len(mount) >= len(found[0])):  # the last of stacked mounts
+            found = (mount, kind)
+    return found
 
 
 def check_tracking_uri(uri: str, key: str = "tracking.uri") -> None:
@@ -177,6 +234,68 @@ def _check_database_driver(uri: str, key: str, shown: str) -> None:
         raise PathError(key, shown, f"the database driver is not installed ({first_line(e)})") from None
     except Exception as e:  # sqlalchemy's NoSuchModuleError (an unknown +driver), ArgumentError
         raise PathError(key, shown, f"no such database driver ({first_line(e)})") from None
+
+
+# what a launcher (torchrun, a sweep's job of several tasks) sets in each rank's environment
+RANK_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class LaunchError(ConfigError):
+    """How the process was started (the rank variables of its environment) cannot start a run; one
+    line."""
+
+    def __init__(self, key: str, value: object, message: str):
+        self.key, self.value, self.allowed = key, value, message
+        ValueError.__init__(self, message)
+
+
+def _rank_number(env: Mapping[str, str], var: str, least: int) -> int | None:
+    raw = env.get(var)
+    if raw is None:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = least - 1
+    if n < least:
+        raise LaunchError(var, raw, f"{var}={raw!r} (environment): must be a whole number >= {least}")
+    return n
+
+
+def check_ranks(cfg: DictConfig, env: Mapping[str, str] | None = None) -> None:
+    """A process started as one of several ranks (``WORLD_SIZE`` > 1, or ``RANK`` with
+    trainer=deepspeed) has every variable a launcher sets: without ``MASTER_ADDR`` / ``MASTER_PORT``
+    DeepSpeed fell back to MPI discovery (``No module named 'mpi4py'``) after the out_dir was made.
+    Several trainer ranks need trainer=deepspeed (trainer=torch trains in one process)."""
+    env = os.environ if env is None else env
+    world = _rank_number(env, "WORLD_SIZE", 1) or 1
+    rank = _rank_number(env, "RANK", 0)
+    _rank_number(env, "LOCAL_RANK", 0)
+    deepspeed = cfg.trainer.name == "deepspeed"
+    if world > 1 or (deepspeed and rank is not None):
+        missing = [v for v in RANK_VARIABLES if not env.get(v)]
+        if missing:
+            key, value = ("WORLD_SIZE", world) if world > 1 else ("RANK", rank)
+            n = max(world, 2)
+            raise LaunchError(
+                key,
+                value,
+                f"{key}={value} but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: "
+                f"launch several ranks with torchrun (torchrun --nproc_per_node {n} train.py "
+                f"trainer=deepspeed ...) or as the tasks of a sweep's job (python sweep.py ... "
+                f"launcher.tasks_per_node={n}), which set them"
+                + ("; one process needs none of them" if world == 1 else ""),
+            )
+    if rank is not None and rank >= world:
+        raise LaunchError("RANK", rank, f"RANK={rank} (environment): must be < WORLD_SIZE={world}")
+    trainers = world - int(cfg.placement.get("generator_tasks", 0) or 0)
+    if trainers > 1 and not deepspeed:
+        raise ConfigError(
+            "trainer",
+            cfg.trainer.name,
+            f"deepspeed with WORLD_SIZE={world}: {trainers} trainer processes of one run need it "
+            f"(trainer={cfg.trainer.name} trains in one process)",
+        )
 
 
 def check_trainer_device(cfg: DictConfig) -> None:
@@ -296,6 +415,7 @@ def preflight(cfg: DictConfig) -> None:
     :func:`scalerl.task.checks.check_task`; ``python train.py`` runs both, :func:`scalerl.cli.preflight`.)"""
     from scalerl.tracking.tracker import tracking_uri
 
+    check_ranks(cfg)
     check_out_dir(cfg.out_dir)
     check_tracking_uri(tracking_uri(cfg))
     check_trainer_device(cfg)
@@ -318,6 +438,7 @@ __all__ = [
     "PathError",
     "check_model_folder",
     "check_out_dir",
+    "check_ranks",
     "check_tracking_uri",
     "preflight",
     "smollm2_gguf",
