@@ -50,7 +50,7 @@ def main() -> None:
     print("| boundary | program | median s | p90 s | reward |")
     print("|---|---|---|---|---|")
     for b in where:
-        task = CodeTask(num_val=8) if b is None else CodeTask(num_val=8, boundary=b)
+        task = CodeTask(num_val=8) if b is None else CodeTask(num_val=8, sandbox=b)
         p = task.val_prompts()[0]
         ys = [int(part.split("=")[1]) for part in p.text.rstrip(";").split(";")]
         right = f"def f(x): return x*{ys[1] - ys[0]}+{ys[0]}"
@@ -61,7 +61,7 @@ def main() -> None:
             he = (
                 CodeTask(source="humaneval", num_val=8)
                 if b is None
-                else CodeTask(source="humaneval", num_val=8, boundary=b)
+                else CodeTask(source="humaneval", num_val=8, sandbox=b)
             )
             from scalerl.task.code import _humaneval_problems
 

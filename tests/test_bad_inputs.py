@@ -1093,3 +1093,18 @@ def test_gsm_prompts_are_too_long_for_the_tiny_model(tmp_path, store):
         ["task=gsm", "task.num_train=10", "eval.num_prompts=8", f"out_dir={tmp_path / 'r'}", *store]
     )
     assert "length_control.max_new_tokens=64: must be <= model.max_position_embeddings" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["task=code", "task=multi"])
+def test_train_py_refuses_code_where_no_strong_sandbox_works(tmp_path, task):
+    """Neither bubblewrap nor util-linux's unshare on the PATH (as on a pip-only install where the
+    system has neither): programs would run behind a weak boundary without the run asking for it.
+    task=code and task=multi are refused before anything is written, in one line that names what
+    to install and the weak settings a run may name instead."""
+    args = [sys.executable, str(ROOT / "train.py"), task, f"out_dir={tmp_path / 'run'}"]
+    r = _run(args, tmp_path, env={"PATH": str(tmp_path / "nothing-here")})
+    key = "task.sandbox" if task == "task=code" else "task.domains.code.sandbox"
+    _assert_refused(r, f"invalid config value {key}='strong': must be a strong boundary that works here")
+    assert "apt-get install bubblewrap" in r.stderr and "task.sandbox=none" in r.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -23,7 +23,7 @@ from scalerl.loop.data import MixedSampler, make_sampler
 from scalerl.task import CodeTask, MultiTask, Prompt, make_task
 from scalerl.task.base import score_counted
 from scalerl.task.code import _humaneval_problems, extract_program
-from scalerl.task.sandbox import BOUNDARIES, KINDS, Limits, boundary, run_program
+from scalerl.task.sandbox import BOUNDARIES, KINDS, Limits, available, boundary, run_program
 from scalerl.task.score import score_groups
 
 FAST = Limits(timeout_s=1.5, cpu_s=2, memory_mb=256, max_output_bytes=16_384)
@@ -138,7 +138,7 @@ def _holding(name: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("where", [b for b in BOUNDARIES if b == "none" or b == boundary()])
+@pytest.mark.parametrize("where", available())
 def test_a_timed_out_program_is_killed(where):
     name = f"marker-{os.getpid()}-{time.monotonic_ns()}"
     code = f"f = open({name!r}, 'w')\nwhile True:\n    pass\n"
@@ -169,6 +169,13 @@ def test_the_program_sees_a_throwaway_folder_and_no_environment(monkeypatch):
     assert seen["env"]["HOME"] == seen["cwd"] == seen["env"]["TMPDIR"]
     assert "hunter2" not in json.dumps(seen["env"])
     assert not os.path.exists(seen["cwd"])  # removed afterwards
+
+
+def test_the_config_s_sandbox_settings_are_the_sandbox_s():
+    from scalerl.config.groups.task import SANDBOX_SETTINGS
+    from scalerl.task.sandbox import SETTINGS
+
+    assert SANDBOX_SETTINGS == SETTINGS
 
 
 def test_the_boundary_is_the_strongest_that_works_here():

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -88,3 +89,47 @@ def test_the_boundary_is_said_once_in_a_run_s_log():
     assert len(lines) == 1 and describe(boundary()) in lines[0], r.stderr[-2000:]
     assert boundary() == available()[0] and available()[-1] == "none"
     assert set(available()) <= set(BOUNDARIES)
+
+
+P61 = 2**61 - 1  # ints k * P61 all hash to 0
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        ["f", "0x1p99999"],  # float.fromhex raised OverflowError out of the grader
+        ["c", "0x1p0", "-0x1p99999"],
+        ["S", [["i", format(k * P61, "x")] for k in range(1000)]],
+        ["F", [["i", format(k * P61, "x")] for k in range(1000)]],
+        ["d", [[["i", format(k * P61, "x")], ["N"]] for k in range(1000)]],
+        ["l", [["i", format(k * P61, "x")] for k in range(1000)]],  # a grader's own set() of it
+        ["t", [["i", format(-k * P61, "x")] for k in range(1, 1000)]],
+    ],
+    ids=["float", "complex", "set", "frozenset", "dict", "list", "tuple"],
+)
+def test_a_hostile_value_is_refused_not_raised(hostile):
+    with pytest.raises(ValueError):
+        plain.decode(hostile)
+
+
+def test_a_hash_flood_is_refused_in_linear_time():
+    """50,000 ints of one hash: a set of them takes about 50,000**2 / 2 comparisons to build (minutes
+    in a verifier thread no timer can stop); refused after a sort instead."""
+    flood = ["S", [["i", format(k * P61, "x")] for k in range(50_000)]]
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="hash-flooded"):
+        plain.decode(flood)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_many_equal_values_and_many_values_still_decode():
+    """Repeats share a hash too: only distinct values of one hash count."""
+    for value in (
+        [0] * 10_000,
+        [(1, 2)] * 5000,
+        set(range(100_000)),
+        {k: k for k in range(10_000)},
+        [k * P61 for k in range(plain.MAX_SAME_HASH)],
+        [1, 1.0, True] * 100,
+    ):
+        assert plain.same(plain.decode(plain.encode(value)), value)

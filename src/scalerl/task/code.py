@@ -40,7 +40,8 @@ import logging
 import random
 import re
 
-from scalerl.task import grader, sandbox
+from scalerl.task import grader
+from scalerl.task import sandbox as _sandbox
 from scalerl.task.base import THINK_END, ProgramFailed, Prompt
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def _value(body: str, a: int, b: int, x: int) -> int:
 
 class CodeTask:
     name = "code"
-    verifier_kinds = sandbox.KINDS
+    verifier_kinds = _sandbox.KINDS
 
     def __init__(
         self,
@@ -98,16 +99,25 @@ class CodeTask:
         timeout_s: float = 4.0,
         memory_mb: int = 512,
         max_output_bytes: int = 65536,
-        boundary: str | None = None,
+        sandbox: str = "strong",
     ):
-        if boundary is not None and boundary not in sandbox.BOUNDARIES:
-            raise ValueError(f"boundary={boundary!r}: must be one of {', '.join(sandbox.BOUNDARIES)}")
-        self.boundary = boundary  # None: the strongest that works here (sandbox.boundary())
+        # the OS boundary programs run behind: the strongest that works here, or a weak one only where
+        # the run names it; refused here (at config time, check_task) where the setting cannot hold
+        try:
+            self.boundary = _sandbox.resolve(sandbox)
+        except ValueError as e:  # Unavailable, or not a setting
+            from scalerl.config.validate import ConfigError
+
+            allowed = (
+                e.allowed if isinstance(e, _sandbox.Unavailable) else "one of " + ", ".join(_sandbox.SETTINGS)
+            )
+            raise ConfigError("task.sandbox", sandbox, allowed) from None
+        self.sandbox = sandbox
         if source not in SOURCES:
             raise ValueError(f"task.source={source!r}: must be one of {', '.join(SOURCES)}")
         self.source, self.seed = source, seed
         self.slip_prob = warmstart_slip_prob
-        self.limits = sandbox.Limits(
+        self.limits = _sandbox.Limits(
             timeout_s=timeout_s,
             cpu_s=max(1, int(timeout_s + 0.999)),
             memory_mb=memory_mb,
@@ -121,7 +131,7 @@ class CodeTask:
                 f"task.num_val={num_val}: must be in 1..{len(problems) - 1} (source={source} has "
                 f"{len(problems)} problems, some must train)"
             )
-        _say_boundary()
+        _say_boundary(self.boundary)
         self._problems = problems
         # HumanEval: each problem's tests, recorded with its reference solution (about 0.4 s for all)
         self._checks = (
@@ -194,11 +204,11 @@ class CodeTask:
             return 0.0
         if "task_id" in spec:
             check = self._checks[spec["task_id"]]
-            outcome = sandbox.run_program(code, check.calls, self.limits, boundary_name=self.boundary)
+            outcome = _sandbox.run_program(code, check.calls, self.limits, boundary_name=self.boundary)
             judge = check.judge
         else:
             calls = [(spec["entry_point"], (x,)) for x in spec["inputs"]]
-            outcome = sandbox.run_program(code, calls, self.limits, boundary_name=self.boundary)
+            outcome = _sandbox.run_program(code, calls, self.limits, boundary_name=self.boundary)
 
             def judge(results):
                 return grader.judge_values(results, spec["expected"])
@@ -235,9 +245,10 @@ class CodeTask:
 
 
 @functools.cache
-def _say_boundary() -> None:
-    """Once per process: which OS boundary the sandbox has here."""
-    log.info("code sandbox: boundary %s", sandbox.describe(sandbox.boundary()))
+def _say_boundary(name: str) -> None:
+    """Once per process and boundary: which OS boundary programs run behind (a weak one, which only
+    a run's own task.sandbox setting chooses, as a warning)."""
+    (log.warning if name in _sandbox.WEAK else log.info)("code sandbox: boundary %s", _sandbox.describe(name))
 
 
 def _humaneval_problems() -> list[dict]:

@@ -22,9 +22,16 @@ class MultiTask:
     name = "multi"
 
     def __init__(self, *, domains: Mapping[str, Mapping], ratio: Mapping[str, float]):
+        from scalerl.config.validate import ConfigError
         from scalerl.task import make_task
 
-        self.tasks = {str(d): make_task(dict(fields)) for d, fields in domains.items()}
+        self.tasks = {}
+        for d, fields in domains.items():
+            try:
+                self.tasks[str(d)] = make_task(dict(fields))
+            except ConfigError as e:  # a domain's own setting (task.sandbox): named where it is set
+                key = e.key.removeprefix("task.")
+                raise ConfigError(f"task.domains.{d}.{key}", e.value, e.allowed) from None
         self.domains = list(self.tasks)
         self.mix = {d: float(ratio[d]) for d in self.domains}
         kinds: list[str] = []

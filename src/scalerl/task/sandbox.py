@@ -12,16 +12,24 @@ exit code or printed text of the program can change it; a forged report has to h
 values, which is solving the problem. Every failure scores 0 and has a *kind* (:data:`KINDS`),
 which the loop counts as ``data/verifier_<kind>``.
 
-**The boundary** (:func:`boundary`, chosen once per process and logged once by the task): where
-bubblewrap works (``bwrap``, Debian package ``bubblewrap``, installed by ``.ci/install_system.sh``),
-the child runs in new user, mount, network, PID, IPC and UTS namespaces with a read-only view of
-``/usr`` and the interpreter's own folder (its ``site-packages`` hidden), an empty ``/tmp`` with only
-its own folder writable, its own ``/proc`` and no network at all; it dies with its parent. Else
-``unshare --net --pid`` (a new, empty network namespace and a PID namespace of its own, so that it
-cannot signal the training process) where the system allows it; else none (``none``: the limits
-below and the audit hook only). The audit hook (:pep:`578`) is a second layer in every
-case; it runs in the program's interpreter, so on its own it stops accidents and crude attacks, not
-a determined adversary with native code (which ``ctypes`` would give; it cannot be imported).
+**The boundary** (:func:`resolve`, from ``task.sandbox``, logged once by the task): the program runs
+behind one of :data:`STRONG` unless the run names a weak one. ``bwrap`` (bubblewrap, Debian package
+``bubblewrap``, installed by ``.ci/install_system.sh``) and ``userns`` (built from what the kernel
+offers where bubblewrap is absent: util-linux's ``unshare``, ``mount``, ``pivot_root`` and ``setpriv``,
+the same view) both give new user, mount, network, PID, IPC and UTS namespaces; a new root holding
+only ``/usr``, the interpreter's own folder and a ``/dev`` of ``null``, ``zero`` and ``urandom``, all
+read-only, with every folder of installed packages (:func:`_hidden_roots`: the venv's, the base
+interpreter's, the user's and the system's ``site-packages``/``dist-packages``) an empty read-only
+folder; a ``/proc`` of its own PID namespace (the training process is not there to read, write or
+signal); no capabilities at all (nothing can be remounted, unhidden, traced or made); its own
+folder the one writable place; no network; it dies with its parent. Where neither works,
+``task.sandbox=strong`` (the default) is refused at config time, one line saying what to install.
+The weak ones, only by name: ``unshare`` (``unshare --net --pid``: an empty network namespace and a
+PID namespace of its own) and ``none`` (the limits below and the audit hook only); there a program
+that disarms the audit hook can read what the user can, and the training process's memory. The
+audit hook (:pep:`578`) is a second layer in every case; it runs in the program's interpreter, so
+on its own it stops accidents and crude attacks, not a determined adversary (a ``gc`` walk finds
+and disarms it; native code would bypass it).
 
 What each limit rests on:
 
@@ -33,23 +41,25 @@ What each limit rests on:
   Kind ``output``.
 * **processes** (fork bombs): the audit hook ends the program at its first attempt to fork, exec,
   spawn or signal a process; ``RLIMIT_NPROC`` = 0 also stops new processes and threads for users
-  other than root; under bwrap every process it made dies with its PID namespace. Kind ``process``.
-* **network**: bwrap's or unshare's empty network namespace (holds for native code too), and the
+  other than root; under bwrap and userns every process it made dies with its PID namespace. Kind ``process``.
+* **network**: every boundary's but none's empty network namespace (holds for native code too), and the
   audit hook at the first socket or name lookup. Kind ``network``.
 * **files**: the working directory, ``HOME`` and ``TMPDIR`` are a new temporary directory, removed
-  afterwards; under bwrap nothing else of the machine's files is there to see but the system and
+  afterwards; under bwrap and userns nothing else of the machine's files is there to see but the system and
   the interpreter, read-only. The audit hook ends the program when it writes, removes, renames,
   links or changes a file outside that directory, or renames or hard-links one from outside into it
   (kind ``file_write``), opens a device other than ``/dev/null``, ``/dev/zero`` and ``/dev/urandom``
   (one it made in its folder: kind ``forbidden``), or opens or lists anything
-  outside it and the standard library (kind ``file_read``; ``site-packages`` is outside: it holds
-  the HumanEval answers). It checks the path as a plain ``str`` (a subclass's own methods could fool
+  outside it and the standard library (kind ``file_read``; every folder of installed packages is
+  outside, wherever the package is installed: they hold the HumanEval answers). It checks the path as a plain ``str`` (a subclass's own methods could fool
   it), with its own copies of ``os.path``, ``os`` and the builtins (which the program may patch),
   and it refuses to open a directory (kind ``forbidden``): a directory's descriptor, passed as
   ``dir_fd``, would resolve a path somewhere else than the hook sees it.
 * code that does not compile is kind ``syntax``; a program that raises at its top level is kind
   ``crash``; one that ends its process before it reports every result (``os._exit``, a signal to
-  itself) or reports a malformed one is kind ``no_report``. ``ctypes`` cannot be imported (kind
+  itself) is kind ``no_report``; one whose report is malformed or hostile (forged on the report's
+  descriptor, which the program can reach: a float out of range, a collection flooded with one hash)
+  is kind ``bad_report``, decoded in bounded work (:func:`_decode_report`). ``ctypes`` cannot be imported (kind
   ``forbidden``), nor can the modules that reach files or processes without an audit event
   (``tkinter``: Tcl's ``exec`` and ``open``; ``sqlite3``: ``ATTACH``; ``readline``; shared memory)
   or make an interpreter without the hook (``_xxsubinterpreters``; making one is refused however it
@@ -97,9 +107,16 @@ KINDS = (
     "syntax",
     "crash",
     "no_report",
+    "bad_report",
     "result_type",
 )
-BOUNDARIES = ("bwrap", "unshare", "none")  # strongest first
+BOUNDARIES = ("bwrap", "userns", "unshare", "none")  # strongest first
+STRONG = ("bwrap", "userns")  # a mount namespace with a read-only system, its own /proc, no capabilities
+WEAK = (
+    "unshare",
+    "none",
+)  # only where a run names them (task.sandbox): the program can reach the user's files
+SETTINGS = ("strong", *BOUNDARIES)  # task.sandbox
 
 # exit codes of the harness (what the parent reads them as)
 _CRASH = 4
@@ -327,24 +344,57 @@ class BadCalls(ValueError):
     """Calls that are not (function name, tuple of plain-data arguments)."""
 
 
+class Unavailable(ValueError):
+    """The boundary a ``task.sandbox`` setting asks for does not work here: one line, whose
+    :attr:`allowed` says what to install or set."""
+
+    def __init__(self, setting: str, allowed: str):
+        self.setting, self.allowed = setting, allowed
+        super().__init__(f"task.sandbox={setting}: must be {allowed}")
+
+
 @functools.lru_cache(maxsize=1)
 def boundary() -> str:
     """The strongest OS boundary that works here (:data:`BOUNDARIES`), tried once per process."""
-    for name in BOUNDARIES[:-1]:
-        if _works(name):
-            return name
-    return "none"
+    return available()[0]
 
 
 @functools.lru_cache(maxsize=1)
 def available() -> tuple[str, ...]:
     """Every boundary that works here, strongest first (``none`` always does)."""
-    return tuple(name for name in BOUNDARIES if name == "none" or _works(name))
+    return tuple(name for name in BOUNDARIES if name == "none" or _works(name) is None)
+
+
+def resolve(setting: str = "strong") -> str:
+    """The boundary a ``task.sandbox`` setting (:data:`SETTINGS`) runs programs behind: ``strong`` is
+    the strongest of :data:`STRONG` that works here; a boundary's own name is that boundary (the weak
+    ones, :data:`WEAK`, only so: by name). :class:`Unavailable` where it does not work here."""
+    if setting not in SETTINGS:
+        raise ValueError(f"task.sandbox={setting!r}: must be one of {', '.join(SETTINGS)}")
+    if setting == "strong":
+        for name in STRONG:
+            if name in available():
+                return name
+        why = "; ".join(f"{name}: {_works(name)}" for name in STRONG)
+        raise Unavailable(
+            setting,
+            f"a strong boundary that works here, and none does ({why}): install bubblewrap (apt-get "
+            "install bubblewrap) or allow unprivileged user namespaces (sysctl "
+            "kernel.unprivileged_userns_clone=1 kernel.apparmor_restrict_unprivileged_userns=0), or name "
+            "a weak one, task.sandbox=unshare or task.sandbox=none (its programs can then read the user's "
+            "files and reach the training process)",
+        )
+    if setting not in available():
+        raise Unavailable(
+            setting,
+            f"a boundary that works here ({setting} {_works(setting)}; working: {', '.join(available())})",
+        )
+    return setting
 
 
 def network_isolation() -> str:
-    """The network part of :func:`boundary`: ``"namespace+audit-hook"`` (bwrap or unshare: an empty
-    network namespace, which holds for native code too) or ``"audit-hook"`` (in-process only)."""
+    """The network part of :func:`boundary`: ``"namespace+audit-hook"`` (every boundary but none: an
+    empty network namespace, which holds for native code too) or ``"audit-hook"`` (in-process only)."""
     return "audit-hook" if boundary() == "none" else "namespace+audit-hook"
 
 
@@ -352,25 +402,60 @@ def describe(name: str) -> str:
     """One line saying what the boundary ``name`` is, for the run's log."""
     return {
         "bwrap": "bubblewrap: new user/mount/network/PID/IPC/UTS namespaces, read-only system, "
-        "only its own folder writable",
-        "unshare": "unshare --net --pid: an empty network namespace and its own PID namespace only "
-        "(bubblewrap unavailable here)",
-        "none": "none: rlimits only (neither bubblewrap nor unshare works here)",
+        "every site-packages hidden, no capabilities, only its own folder writable",
+        "userns": "user namespaces (unshare, mount, setpriv): new user/mount/network/PID/IPC/UTS "
+        "namespaces, read-only system, every site-packages hidden, no capabilities, only its own "
+        "folder writable",
+        "unshare": "WEAK, chosen by task.sandbox=unshare: unshare --net --pid, an empty network "
+        "namespace and its own PID namespace only; the program can read the user's files and the "
+        "training process's memory",
+        "none": "WEAK, chosen by task.sandbox=none: rlimits only; the program can read the user's "
+        "files and the training process's memory",
     }[name] + "; audit hook as a second layer; grading out of process"
 
 
-def _works(name: str) -> bool:
+@functools.cache
+def _works(name: str) -> str | None:
+    """None where the boundary ``name`` runs a program here, else why not (one short phrase)."""
     tmp = tempfile.mkdtemp(prefix="scalerl-sandbox-probe-")
     try:
         cmd = _command(name, tmp)
         if cmd is None:
-            return False
+            return "not on this system" if sys.platform.startswith("linux") else "Linux only"
         r = subprocess.run([*cmd, "-c", "print('ok')"], capture_output=True, timeout=20, cwd=tmp)
-        return r.returncode == 0 and r.stdout.strip() == b"ok"
-    except (OSError, subprocess.SubprocessError):
-        return False
+        if r.returncode == 0 and r.stdout.strip() == b"ok":
+            return None
+        said = (r.stderr or r.stdout).decode("utf-8", "replace").strip().splitlines()
+        return f"fails here (exit {r.returncode}: {said[-1][:160] if said else 'no message'})"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"fails here ({type(e).__name__}: {e})"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# the system's folders a program may see (read-only) behind bwrap and userns
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def _system_binds() -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """What a strong boundary shows of the machine: ([(link, target)], [folders bound read-only],
+    [installed-package folders among them, hidden by an empty read-only tmpfs]); the interpreter
+    run is the real one behind a venv's link (:func:`_python`)."""
+    links, bound = [], []
+    for d in _SYSTEM:
+        if os.path.islink(d):
+            links.append((d, os.readlink(d)))
+        elif os.path.isdir(d):
+            bound.append(d)
+    for d in sorted({os.path.realpath(sys.base_prefix), os.path.dirname(_python())}):
+        if not any(_under(d, b) for b in bound):
+            bound.append(d)
+    hidden = [d for d in _hidden_roots() if os.path.isdir(d) and any(_under(d, b) for b in bound)]
+    return links, bound, hidden
+
+
+def _python() -> str:
+    return os.path.realpath(sys.executable)  # a venv's python is a link to its base interpreter
 
 
 def _command(name: str, tmp: str) -> list[str] | None:
@@ -388,29 +473,82 @@ def _command(name: str, tmp: str) -> list[str] | None:
         prefix = [exe, "--net", "--pid", "--kill-child"]
         prefix += [] if os.geteuid() == 0 else ["--map-root-user"]
         return [*prefix, sys.executable, "-I", "-S"]
+    if name == "userns":
+        return _userns_command(tmp)
     exe = shutil.which("bwrap")
     if exe is None:
         return None
-    python = os.path.realpath(sys.executable)  # a venv's python is a link to its base interpreter
+    links, bound, hidden = _system_binds()
     cmd = [exe, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]
-    bound: list[str] = []
-    for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(d):
-            cmd += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            cmd += ["--ro-bind", d, d]
-            bound.append(d)
-    for d in {os.path.realpath(sys.base_prefix), os.path.dirname(python)}:
-        if not any(_under(d, b) for b in bound):
-            cmd += ["--ro-bind", d, d]
-            bound.append(d)
-    for d in _hidden_roots():  # site-packages: an empty folder in its place
-        if os.path.isdir(d) and any(_under(d, b) for b in bound):
-            cmd += ["--tmpfs", d]
+    for link, target in links:
+        cmd += ["--symlink", target, link]
+    for d in bound:
+        cmd += ["--ro-bind", d, d]
+    for d in hidden:  # installed packages: an empty, read-only folder in their place
+        cmd += ["--tmpfs", d, "--remount-ro", d]
     real_tmp = os.path.realpath(tmp)
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", real_tmp, real_tmp]
-    cmd += ["--chdir", real_tmp, python, "-I", "-S"]
+    cmd += ["--proc", "/proc", "--tmpfs", "/dev"]
+    for n in ("null", "zero", "urandom"):
+        cmd += ["--dev-bind", f"/dev/{n}", f"/dev/{n}"]
+    cmd += ["--remount-ro", "/dev", "--tmpfs", "/tmp", "--bind", real_tmp, real_tmp, "--remount-ro", "/tmp"]
+    cmd += ["--remount-ro", "/", "--chdir", real_tmp, _python(), "-I", "-S"]
     return cmd
+
+
+# Run as PID 1 of the new namespaces by `unshare`, as root of a user namespace of its own (mapped to
+# the user who runs training, with every capability in these namespaces only): builds a new root on a
+# tmpfs (the system folders bound read-only, installed packages hidden, a /proc of the new PID
+# namespace, /dev with null, zero and urandom only, the program's folder the one writable place),
+# makes it the root (pivot_root; the machine's root is unmounted, not only hidden), makes it
+# read-only, then starts the program with no capabilities at all (bounding set, inheritable and
+# ambient cleared, no_new_privs) as its child: the program cannot mount, unmount, ptrace or change
+# anything of this, and sees no process but its own. Its exit status is the program's (128 + the
+# signal that ended it, as bwrap's).
+_USERNS_SETUP = r"""
+set -eu
+R="$JOB/.root"
+mkdir "$R"
+mount -t tmpfs -o mode=0755 scalerl-root "$R"
+for link in $LINKS; do ln -s "${link#*=}" "$R${link%%=*}"; done
+for d in $BOUND; do mkdir -p "$R$d"; mount --bind -o ro "$d" "$R$d"; done
+for d in $HIDDEN; do mount -t tmpfs -o ro,mode=0555 scalerl-hidden "$R$d"; done
+mkdir "$R/proc" "$R/dev" "$R/.old"
+mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
+mount -t tmpfs -o mode=0755 scalerl-dev "$R/dev"
+for n in null zero urandom; do touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"; done
+mount -o remount,ro "$R/dev"
+mkdir -p "$R$JOB"
+mount --bind "$JOB" "$R$JOB"
+cd "$R"
+pivot_root . .old
+umount -l /.old
+rmdir /.old "$JOB/.root"
+mount -o remount,ro /
+cd "$JOB"
+unset JOB LINKS BOUND HIDDEN R
+set +e
+setpriv --no-new-privs --bounding-set=-all --inh-caps=-all --ambient-caps=-all -- "$@"
+exit $?
+"""
+
+
+def _userns_command(tmp: str) -> list[str] | None:
+    tools = {t: shutil.which(t) for t in ("unshare", "setpriv", "mount", "umount", "pivot_root", "sh")}
+    if None in tools.values():
+        return None
+    links, bound, hidden = _system_binds()
+    if any(" " in p or "=" in p for p in [*bound, *hidden, *(x for pair in links for x in pair)]):
+        return None  # the setup splits these lists on spaces
+    env = [
+        f"JOB={os.path.realpath(tmp)}",
+        "LINKS=" + " ".join(f"{link}={target}" for link, target in links),
+        "BOUND=" + " ".join(bound),
+        "HIDDEN=" + " ".join(hidden),
+        "PATH=/usr/bin:/bin:/usr/sbin:/sbin",
+    ]
+    unshare = [tools["unshare"], "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts"]
+    unshare += ["--fork", "--kill-child", "--propagation", "private"]
+    return [*unshare, "env", *env, tools["sh"], "-c", _USERNS_SETUP, "sh", _python(), "-I", "-S"]
 
 
 def _under(path: str, root: str) -> bool:
@@ -426,9 +564,22 @@ def _read_roots() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=1)
 def _hidden_roots() -> tuple[str, ...]:
-    """Installed packages (inside the standard library's folder): not for the program to read."""
-    paths = sysconfig.get_paths()
-    return tuple(sorted({os.path.realpath(paths[k]) for k in ("purelib", "platlib") if k in paths}))
+    """Every folder of installed packages (site-packages, dist-packages) of this interpreter, of the
+    base interpreter behind a venv, of the user and of the system's Pythons: not for the program to
+    read (they hold the HumanEval answers, and native modules such as ``_cffi_backend`` that reach
+    files with no audit event). The same wherever the package is installed."""
+    import glob
+    import site
+
+    found = set()
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
+    for paths in (sysconfig.get_paths(), sysconfig.get_paths(vars=base)):
+        found.update(paths[k] for k in ("purelib", "platlib") if k in paths)
+    found.update(getattr(site, "getsitepackages", list)())
+    found.add(site.getusersitepackages())
+    for prefix in {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, "/usr", "/usr/local"}:
+        found.update(glob.glob(os.path.join(prefix, "lib*", "python3*", "*-packages")))
+    return tuple(sorted({os.path.realpath(p) for p in found if p}))
 
 
 @functools.lru_cache(maxsize=1)
@@ -452,10 +603,11 @@ def encode_calls(calls) -> list:
 def run_program(code: str, calls, limits: Limits = Limits(), *, boundary_name: str | None = None) -> Outcome:
     """Run ``code``, then call ``name(*args)`` for each of ``calls`` (pairs of a function name and a
     tuple of plain-data arguments, or the list :func:`encode_calls` made of them), in a fresh
-    sandboxed process behind ``boundary_name`` (default: :func:`boundary`). Returns the results as
-    plain data, or the kind of failure. Never raises for anything the program does."""
+    sandboxed process behind ``boundary_name`` (default: the strongest of :data:`STRONG`,
+    :class:`Unavailable` where none works). Returns the results as plain data, or the kind of
+    failure. Never raises for anything the program does."""
     encoded = calls if calls and isinstance(calls[0], list) else encode_calls(calls)
-    name = boundary() if boundary_name is None else boundary_name
+    name = resolve("strong") if boundary_name is None else boundary_name
     if name not in BOUNDARIES:
         raise ValueError(f"boundary_name={name!r}: must be one of {', '.join(BOUNDARIES)}")
     read_fd, write_fd = os.pipe()
@@ -518,7 +670,7 @@ def run_program(code: str, calls, limits: Limits = Limits(), *, boundary_name: s
         return Outcome("timeout", None, text)
     if over:
         return Outcome("output", None, text)
-    if rc > 128 and name == "bwrap":  # bwrap exits 128 + the signal that ended its child
+    if rc > 128 and name in STRONG:  # bwrap and userns's setup exit 128 + the signal that ended the program
         rc = -(rc - 128)
     if rc in _EXIT_KINDS:
         return Outcome(_EXIT_KINDS[rc], None, text)
@@ -528,14 +680,20 @@ def run_program(code: str, calls, limits: Limits = Limits(), *, boundary_name: s
         return Outcome("output", None, text)
     if rc != 0:
         return Outcome("crash", None, text)
+    if not data[1]:
+        return Outcome("no_report", None, text)
     results = _decode_report(data[1], len(encoded))
     if results is None:
-        return Outcome("no_report", None, text)
+        return Outcome("bad_report", None, text)
     return Outcome(None, results, text)
 
 
 def _decode_report(blob: bytes, n: int) -> list | None:
-    """The child's report: exactly ``n`` results, each well formed; None for anything else."""
+    """The child's report: exactly ``n`` results, each well formed; None for anything else. Bounded
+    by construction, whatever the program wrote there (it can forge this pipe): at most
+    ``max_report_bytes`` long (:func:`_read_capped`), JSON and plain data nested at most about a
+    hundred deep, no float out of range, no collection flooded with one hash (:func:`plain.decode`),
+    so neither an exception nor quadratic work reaches the verifier's thread."""
     try:
         raw = json.loads(blob.decode("utf-8"))
         if type(raw) is not list or len(raw) != n:
@@ -551,7 +709,7 @@ def _decode_report(blob: bytes, n: int) -> list | None:
             else:
                 return None
         return out
-    except (ValueError, RecursionError, MemoryError, UnicodeDecodeError):
+    except (ValueError, RecursionError, MemoryError, UnicodeDecodeError, TypeError, OverflowError):
         return None
 
 

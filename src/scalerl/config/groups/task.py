@@ -88,6 +88,8 @@ class Jsonl(Option):
         )
 
 
+# task.sandbox: scalerl.task.sandbox.SETTINGS (written here too: config does not import the task package)
+SANDBOX_SETTINGS = ("strong", "bwrap", "userns", "unshare", "none")
 # how many distinct problems each task=code source has (checked here without loading them)
 CODE_PROBLEMS = {"templates": 1790, "humaneval": 164}
 
@@ -110,6 +112,9 @@ class Code(Option):
     timeout_s: float = 4.0  # wall-clock limit of one program and its calls (CPU limit: the same, rounded up)
     memory_mb: int = 512  # address-space limit of the program's process
     max_output_bytes: int = 65536  # output read back, and the largest file it may write
+    # the OS boundary programs run behind: strong (bubblewrap, else user namespaces; refused where
+    # neither works), one of them by name, or a weak one only by name (unshare, none)
+    sandbox: str = "strong"
     verifier_timeout_s: float = 8.0
 
     def check(self):
@@ -120,6 +125,7 @@ class Code(Option):
             positive("timeout_s", self.timeout_s),
             at_least("memory_mb", self.memory_mb, 64),
             at_least("max_output_bytes", self.max_output_bytes, 1024),
+            one_of("sandbox", self.sandbox, SANDBOX_SETTINGS),
             positive("verifier_timeout_s", self.verifier_timeout_s),
         )
         if not out and self.num_val >= CODE_PROBLEMS[self.source]:
