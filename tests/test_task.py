@@ -11,6 +11,7 @@ import pytest
 
 from scalerl.config.options import options
 from scalerl.task import TASKS, AdditionTask, build_task, final_answer, make_task
+from scalerl.task.base import check_answer
 
 STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d\d),")
 
@@ -107,3 +108,16 @@ def test_a_task_option_missing_its_time_limit_or_class_is_named_before_a_run_bui
     # an option with no Task class: the message says where the class goes
     with pytest.raises(ValueError, match=r"unknown task 'reverse': no Task class .* scalerl.task.TASKS"):
         make_task({"name": "reverse", "verifier_timeout_s": 2.0})
+
+
+def test_math_verify_leaves_the_verifier_s_time_limit_armed():
+    """math-verify arms its own SIGALRM and calls signal.alarm(0) on return, which cancelled the
+    loop's verifier_timeout_s timer: every later step of that verification ran without a limit."""
+    import signal
+
+    from scalerl.task.base import _time_limit
+
+    with _time_limit(30.0):
+        assert check_answer("42", r"so \boxed{x = 42}") == 1.0
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert 0 < left <= 30.0

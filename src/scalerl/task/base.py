@@ -124,10 +124,26 @@ def relation_chain(latex: str) -> tuple[list[str], list[str]]:
     return [*sides, latex[start:]], links
 
 
+def mv_parse(text: str, **kw) -> list:
+    """math-verify's ``parse`` without its own SIGALRM timer: its ``signal.alarm(0)`` on return
+    cancelled the loop's ``verifier_timeout_s`` timer (:func:`_time_limit`), so every later step of
+    the same verification ran without a limit. The loop's limit is the one limit."""
+    from math_verify import parse
+
+    return parse(text, parsing_timeout=None, **kw)
+
+
+def mv_verify(gold, target) -> bool:
+    """math-verify's ``verify`` without its own SIGALRM timer (see :func:`mv_parse`)."""
+    from math_verify import verify
+
+    return verify(gold, target, timeout_seconds=None)
+
+
 def _chain_holds(gold_parsed, answer: str) -> bool:
     """Whether the answer's relation chain (if any) states the gold value and nothing else: every
     link an equality, the last side the gold, and every other side a name or equal to it."""
-    from math_verify import LatexExtractionConfig, parse, verify
+    from math_verify import LatexExtractionConfig
 
     sides, links = relation_chain(answer)
     if not links:
@@ -137,13 +153,13 @@ def _chain_holds(gold_parsed, answer: str) -> bool:
 
     def side(latex: str) -> list:
         # LaTeX only: with the default number fallback ``43 \\lor 42`` would be read as 42
-        return parse(f"${latex}$", extraction_config=[LatexExtractionConfig()])
+        return mv_parse(f"${latex}$", extraction_config=[LatexExtractionConfig()])
 
     last = side(sides[-1].strip().rstrip(",.;"))  # ``x = 42,``
-    if not (last and verify(gold_parsed, last)):
+    if not (last and mv_verify(gold_parsed, last)):
         return False
     # an empty side (``= 42``) claims nothing, as a name does
-    return all(not s.strip() or _NAME.fullmatch(s) or verify(last, side(s)) for s in sides[:-1])
+    return all(not s.strip() or _NAME.fullmatch(s) or mv_verify(last, side(s)) for s in sides[:-1])
 
 
 def check_answer(gold: str, completion: str) -> float:
@@ -160,12 +176,10 @@ def check_answer(gold: str, completion: str) -> float:
     ``40 + 2 = 42`` score 1; ``43 = 42``, ``x = 43 = 42``, ``41 \\approx 42``, ``x < 43`` and
     ``x^2 + 1 = 42`` score 0. A gold answer that is itself a relation is compared as math-verify
     compares it."""
-    from math_verify import parse, verify
-
     gold_tex = gold_latex(gold)
-    gold_parsed = parse(f"${gold_tex}$")
-    pred = parse(final_answer(completion))
-    if not (gold_parsed and pred and verify(gold_parsed, pred)):
+    gold_parsed = mv_parse(f"${gold_tex}$")
+    pred = mv_parse(final_answer(completion))
+    if not (gold_parsed and pred and mv_verify(gold_parsed, pred)):
         return 0.0
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
     if relation_chain(gold_tex)[1] or not isinstance(pred[-1], str):
