@@ -34,6 +34,21 @@ def test_a_changed_recipe_is_named_in_one_line_and_a_longer_run_is_not(tmp_path)
     assert "\n" not in str(e.value) and "trainer.total_steps" in str(e.value)
 
 
+def test_a_run_from_before_a_key_was_added_resumes_at_its_old_behaviour(tmp_path):
+    """A recipe written before the correction group (and task.sandbox) existed lacks their keys: it
+    resumes with the values that do what it did, and with no other."""
+    from scalerl.config.schema import ADDED_KEYS
+
+    base = [f"out_dir={tmp_path}", "task=multi"]
+    old = {k: v for k, v in recipe(compose(base)).items() if k not in ADDED_KEYS}
+    assert len(old) < len(recipe(compose(base)))
+    recipe_path(tmp_path).parent.mkdir(parents=True)
+    write_json(recipe_path(tmp_path), old)
+    check_same_recipe(compose(base))
+    with pytest.raises(ConfigError, match=r"correction\.name='tis'"):
+        check_same_recipe(compose([*base, "correction=tis"]))
+
+
 def test_weights_that_stop_being_finite_never_reach_a_checkpoint(tiny_overrides):
     """Weights that are no longer finite are never checkpointed: the last good checkpoint stays the
     last one, and the run stops in one line."""

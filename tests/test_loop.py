@@ -38,6 +38,10 @@ INTERFACE_METRICS = [
     "train/is_ratio_max",
     "train/clip_fraction",
     "train/gen_train_logprob_diff",
+    "mismatch/k3_token",
+    "mismatch/chi2_seq",
+    "mismatch/ess_token",
+    "correction/truncated_tokens",
     "train/policy_lag_mean",
     "train/policy_lag_max",
     "perf/tokens_per_s",
@@ -164,6 +168,11 @@ def test_every_option_trains(option, tiny_overrides):
         assert lag == [0.0] * 4
     if option == "filter=none":
         assert run.data.metrics["data/zero_variance_dropped"] == 0
+    if option.startswith("correction="):  # the gap and what the correction did, every step
+        for k in ("k3_token", "k3_seq", "chi2_token", "chi2_seq", "ess_token", "ess_seq"):
+            assert len(history(uri, summary["run_id"], f"mismatch/{k}")) == 4, k
+        for k in ("truncated_tokens", "truncated_sequences", "masked_tokens", "masked_sequences"):
+            assert 0 <= run.data.metrics[f"correction/{k}"] <= 1, k
     if option == "length_control=length_penalty":
         rewards = [v for _, v in history(uri, summary["run_id"], "train/reward")]
         correct = [v for _, v in history(uri, summary["run_id"], "train/correct")]

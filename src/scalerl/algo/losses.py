@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from scalerl.algo.aggregation import aggregate
+from scalerl.algo.correction import NONE, Correction, behaviour_weights
 from scalerl.algo.registry import (
     LOSSES,
     check_loss_params,
@@ -215,6 +216,7 @@ def policy_loss(
     mask: torch.Tensor,
     group_ids: torch.Tensor,
     aggregation: str,
+    correction: Correction = NONE,
     **params: object,
 ) -> torch.Tensor:
     """Scalar policy loss to minimise: registered per-token loss ``name`` + :func:`aggregate`.
@@ -230,6 +232,11 @@ def policy_loss(
         mask: ``[N, T]`` bool/float, non-zero on generated tokens that count.
         group_ids: ``[N]`` prompt id per sequence.
         aggregation: ``"token"``, ``"sample"`` or ``"prompt"``.
+        correction: the off-policy correction (:mod:`scalerl.algo.correction`); with ``none`` the
+            ratio is ``pi_train / pi_gen``, as without it. Otherwise the loss's ratio is taken
+            against the proximal policy ``pi_prox`` = ``logp`` detached (the trainer's weights before
+            this step: one optimiser step per batch) and each token's loss is multiplied by the
+            behaviour weight ``pi_prox / pi_gen``, whole, truncated or masked.
         **params: the loss's parameters (e.g. ``eps_max=5.0``); checked with the registry's checks.
             A whole ``LossConfig`` may be splatted in: ``name`` and ``None``-valued keys the loss
             does not declare are ignored; any other undeclared key is a ValueError.
@@ -237,7 +244,14 @@ def policy_loss(
     spec = get_loss(name)
     kwargs = _loss_params(name, params)
     _check_shapes(logp, gen_logp, advantages, mask)
-    token_loss = spec.fn(logp, gen_logp.detach(), advantages.detach(), mask, group_ids, **kwargs)
+    if not correction.decoupled:
+        token_loss = spec.fn(logp, gen_logp.detach(), advantages.detach(), mask, group_ids, **kwargs)
+        return aggregate(token_loss, mask, group_ids, aggregation)
+    prox = logp.detach()
+    token_loss = spec.fn(logp, prox, advantages.detach(), mask, group_ids, **kwargs)
+    weights, _, _ = behaviour_weights(prox, gen_logp, mask, correction)
+    # padding keeps its own value (it may be infinite there; aggregation leaves it out)
+    token_loss = torch.where(_bool_mask(mask), token_loss * weights, token_loss)
     return aggregate(token_loss, mask, group_ids, aggregation)
 
 
@@ -249,6 +263,7 @@ def loss_stats(
     gen_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    correction: Correction = NONE,
     **params: object,
 ) -> dict[str, float]:
     """Off-policy diagnostics over the masked tokens (computed without grad).
@@ -259,6 +274,8 @@ def loss_stats(
     gradient; gspo: the sequence ratio is outside ``[1-eps_low, 1+eps_high]`` on the side that zeroes
     the gradient, counted on each of the sequence's tokens). With no masked token the values are
     ``1.0, 1.0, 0.0``; a registered loss without a ``clip_indicator`` reports ``clip_fraction`` NaN.
+    Under a decoupled ``correction`` the clip is the loss's against the proximal policy (``logp``
+    itself: it does not fire), while the ratio stays trainer / generator.
     """
     spec = get_loss(name)
     kwargs = _loss_params(name, params)
@@ -271,7 +288,8 @@ def loss_stats(
     if spec.clip_indicator is None:
         clip_fraction = math.nan
     else:
-        clipped = spec.clip_indicator(logp, gen_logp, advantages, mask, **kwargs)
+        ref = logp if correction.decoupled else gen_logp
+        clipped = spec.clip_indicator(logp, ref, advantages, mask, **kwargs)
         clip_fraction = float(clipped[m].sum().item()) / n
     return {
         "is_ratio_mean": float(ratio.mean().item()),

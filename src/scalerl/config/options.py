@@ -29,6 +29,7 @@ from collections.abc import Iterable
 # The recipe's groups: the paper's design axes, which runs of one experiment compare.
 RECIPE_GROUPS: tuple[str, ...] = (
     "loss",
+    "correction",
     "async_mode",
     "precision",
     "aggregation",

@@ -104,6 +104,7 @@ class ScalingConfig(Option):
 class Config:
     # one per config group: typed by the chosen option's dataclass (its YAML names it)
     loss: Any = MISSING
+    correction: Any = MISSING
     async_mode: Any = MISSING
     precision: Any = MISSING
     aggregation: Any = MISSING
@@ -141,6 +142,16 @@ RESUMABLE_CHANGES = (
     "placement.",
     "scaling.",
 )
+
+# recipe keys added since runs were first written, each with the value that reproduces what a run
+# written before it did: a run resumed from such an out_dir has no such key in its recipe and may go
+# on with exactly that value (scalerl.loop.checkpointing.check_same_recipe)
+ADDED_KEYS = {
+    "correction.name": "none",  # the correction group (issue 57): none is the loss as before
+    "correction.level": "token",
+    "task.sandbox": "strong",  # issue 55: the strongest boundary, as runs before chose (now never a weak one)
+    "task.domains.code.sandbox": "strong",
+}
 
 # the run-wide sections, checked like options
 SECTIONS = {"eval": EvalConfig, "tracking": TrackingConfig, "scaling": ScalingConfig}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from omegaconf import OmegaConf
 
 from scalerl.config import ConfigError
-from scalerl.config.schema import RESUMABLE_CHANGES
+from scalerl.config.schema import ADDED_KEYS, RESUMABLE_CHANGES
 from scalerl.loop.errors import RunError
 from scalerl.loop.state import Clock
 from scalerl.messages import first_line
@@ -50,6 +50,8 @@ def check_same_recipe(cfg) -> None:
         return
     before, now = json.loads(path.read_text()), recipe(cfg)
     for key in sorted(set(before) | set(now)):
+        if key not in before and now.get(key) == ADDED_KEYS.get(key):
+            continue  # a key added since that run began, at the value that does what it did
         if before.get(key) != now.get(key):
             raise ConfigError(
                 key,

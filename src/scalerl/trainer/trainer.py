@@ -55,6 +55,20 @@ def loss_params(loss_cfg) -> dict:
     return {k: loss_cfg[k] for k in spec.params}
 
 
+def correction_of(cfg) -> algo.Correction:
+    """The run's off-policy correction (``none`` where the config has no correction group: a
+    config written before it existed)."""
+    c = cfg.get("correction") if hasattr(cfg, "get") else None
+    if c is None:
+        return algo.Correction()
+    return algo.Correction(
+        name=c.name,
+        level=c.get("level", "token"),
+        threshold=float(c.get("threshold", math.inf)),
+        lower=float(c.get("lower", 0.0)),
+    )
+
+
 @dataclass
 class _Pass:
     """One forward pass of a micro-batch: some of its rows, cut to their own length."""
@@ -77,6 +91,7 @@ class Trainer:
         self.tcfg = cfg.trainer
         self.loss_name = cfg.loss.name
         self.loss_kwargs = loss_params(cfg.loss)
+        self.correction = correction_of(cfg)
         self.aggregation = cfg.aggregation.name
         self.temperature = temperature
         self.nonfinite_total = 0
@@ -350,7 +365,7 @@ class Trainer:
         if self.world > 1:
             finite = bool(eng.all_reduce([1.0 if finite else 0.0], "min")[0])
         parts = eng.gather_objects((acc, stats_acc))
-        acc = merge_stats([p[0] for p in parts], summed=acc.keys())
+        acc = merge_stats([p[0] for p in parts], summed={k for p in parts for k in p[0]})
         stats_acc = merge_stats(
             [p[1] for p in parts], summed={k for p in parts for k in p[1] if not k.endswith("_max")}
         )
@@ -372,6 +387,7 @@ class Trainer:
             mask,
             mb.group_ids,
             self.aggregation,
+            correction=self.correction,
             **self.loss_kwargs,
         )
         return loss * algo.aggregation_weight(self.aggregation, mask, mb.group_ids, totals)
@@ -383,8 +399,16 @@ class Trainer:
         acc["loss"] += float(scaled.detach())
         with torch.no_grad():
             st = algo.loss_stats(
-                self.loss_name, logp.detach(), gen_logp, mb.advantages, mask, **self.loss_kwargs
+                self.loss_name,
+                logp.detach(),
+                gen_logp,
+                mb.advantages,
+                mask,
+                correction=self.correction,
+                **self.loss_kwargs,
             )
+            for k, v in algo.mismatch_sums(logp.detach(), gen_logp, mask, self.correction).items():
+                acc[f"mismatch_{k}"] = acc.get(f"mismatch_{k}", 0.0) + v
             ntok = float(mask.sum())
             for k, v in st.items():
                 if k.endswith("_max"):
@@ -419,6 +443,11 @@ class Trainer:
         }
         for k, v in stats_acc.items():
             out[f"train/{k}"] = v if k.endswith("_max") else v / n
+        sums = {k.removeprefix("mismatch_"): v for k, v in acc.items() if k.startswith("mismatch_")}
+        if sums:
+            for k, v in algo.finish_mismatch(sums).items():
+                group = "correction" if k.startswith(("truncated", "masked")) else "mismatch"
+                out[f"{group}/{k}"] = v
         return out
 
     # ------------------------------------------------------------------ state
