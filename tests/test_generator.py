@@ -307,6 +307,124 @@ def test_inflight_weight_update_keeps_stale_cache():
         assert (got[3:] - ref_new[3:]).abs().max() > 1e-3
 
 
+def _update_at(model, new, at: int, version: int, calls: list):
+    """A ``weight_update`` that copies ``new``'s weights into ``model`` in place before the
+    ``at``-th decode step (as the trainer's weights arrive) and returns ``version`` then."""
+
+    def weight_update():
+        calls.append(1)
+        if len(calls) == at:
+            src = dict(new.named_parameters())
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.copy_(src[name.replace("parametrizations.weight.original", "weight")])
+            return version
+        return None
+
+    return weight_update
+
+
+@pytest.mark.parametrize(
+    "prompts,static,mode",
+    [
+        (SAME_LEN, False, "none"),
+        (VAR_LEN, False, "none"),
+        (VAR_LEN, True, "none"),
+        (VAR_LEN, False, "interruption"),
+    ],
+    ids=["same-len", "var-len", "var-len-static", "interruption"],
+)
+def test_stale_kv_recompute_gives_a_fresh_forwards_logprobs_after_an_inflight_update(prompts, static, mode):
+    """generator.stale_kv=recompute: after an in-flight update the running rows are prefilled again
+    under the new weights, so the tokens sampled from then on carry exactly the log-probs of a fresh
+    forward pass of the new weights (gen/stale_kv_logprob_gap ~0); the tokens before keep the old
+    weights' log-probs and version. With keep, the same update leaves a gap."""
+    eos_bias = 1.0 if mode == "interruption" else -30.0  # rows finish at different steps (compaction)
+    lc = (
+        LC("interruption", 14, 2, 9, answer_budget=3, phrase=PHRASE)
+        if mode == "interruption"
+        else LC("none", max_new_tokens=10)
+    )
+    old = make_model(seed=0, bias={EOS: eos_bias})
+    new = make_model(seed=1, bias={EOS: eos_bias})
+    prec = Precision()
+    gaps = {}
+    for stale_kv in ("keep", "recompute"):
+        model = copy.deepcopy(old)
+        calls = []
+        gen = HFGenerator(
+            model, TOK, prec, lc, seed=0, static_cache=static, stale_kv=stale_kv, stale_kv_samples=100
+        )
+        gen.compact_min_rows = 2  # finished rows leave the cache early: recompute must follow them
+        samples = flat(gen.generate(prompts, 3, version=3, weight_update=_update_at(model, new, 4, 4, calls)))
+        assert gen.version == 4
+        assert (gen.stale_kv_recomputed_tokens > 0) == (stale_kv == "recompute")
+        gaps[stale_kv] = [s.stale_kv_gap for s in samples if s.stale_kv_gap is not None]
+        assert gaps[stale_kv], [s.versions for s in samples]
+        if stale_kv == "keep":
+            continue
+        for s in samples:
+            sampled = [i for i, m in enumerate(s.loss_mask) if m]
+            assert all(s.versions[i] == (3 if i < 3 else 4) for i in sampled)
+            got = torch.tensor(s.logprobs)
+            ref_old = full_logprobs(old, prec, s.prompt_ids, s.completion_ids)
+            ref_new = full_logprobs(new, prec, s.prompt_ids, s.completion_ids)
+            before = [i for i in sampled if i < 3]
+            after = [i for i in sampled if i >= 3]
+            assert torch.allclose(got[before], ref_old[before], atol=1e-4)
+            assert torch.allclose(got[after], ref_new[after], atol=1e-4), (
+                (got[after] - ref_new[after]).abs().max()
+            )
+    assert max(gaps["recompute"]) < 1e-4
+    assert min(gaps["keep"]) > 1e-3  # the new weights read the old weights' keys and values
+
+
+def test_stale_kv_recompute_samples_what_a_fresh_start_from_the_same_state_samples():
+    """Greedy decoding: recompute after an update before step k continues exactly as a generation
+    whose prompt is prompt + the k tokens so far, run under the new weights from the start."""
+    old = make_model(seed=0, bias={EOS: -30.0})
+    new = make_model(seed=1, bias={EOS: -30.0})
+    model = copy.deepcopy(old)
+    gen = HFGenerator(
+        model, TOK, Precision(), LC("none", max_new_tokens=8), temperature=0.0, stale_kv="recompute"
+    )
+    (s,) = flat(gen.generate(SAME_LEN[:1], 1, version=0, weight_update=_update_at(model, new, 4, 1, [])))
+    fresh = HFGenerator(new, TOK, Precision(), LC("none", max_new_tokens=5), temperature=0.0)
+    prompt = SAME_LEN[0].text + TOK.decode(s.completion_ids[:3])
+    (f,) = flat(fresh.generate([Prompt(0, prompt)], 1, version=1))
+    assert f.prompt_ids == s.prompt_ids + s.completion_ids[:3]
+    assert f.completion_ids == s.completion_ids[3:]
+    assert max(abs(a - b) for a, b in zip(f.logprobs, s.logprobs[3:])) < 1e-4
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_stale_kv_keep_and_recompute_are_identical_without_an_update(static):
+    """Without an update the switch changes nothing: keep (the default) and recompute sample the
+    same tokens with the same log-probs, bit for bit, from the same seed."""
+    model = make_model(bias={EOS: 2.0})
+    lc = LC("interruption", 24, 3, 8, answer_budget=4, phrase=PHRASE)
+    runs = []
+    for kw in ({}, {"stale_kv": "keep"}, {"stale_kv": "recompute"}):
+        gen = HFGenerator(model, TOK, Precision(), lc, seed=0, static_cache=static, **kw)
+        out = flat(gen.generate(VAR_LEN, 3, version=0, weight_update=lambda: None))
+        runs.append([(s.completion_ids, s.logprobs, s.versions) for s in out])
+        assert gen.stale_kv_recomputed_tokens == 0
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_stale_kv_from_the_config_and_its_check():
+    from scalerl.config import compose
+
+    assert compose([]).generator.stale_kv == "keep"
+    cfg = _cfg("hf")
+    cfg.generator.stale_kv = "recompute"
+    assert make_generator(cfg, make_model(), TOK, Precision()).stale_kv == "recompute"
+    with pytest.raises(Exception, match="stale_kv"):
+        compose(["generator.stale_kv=drop"])
+    with pytest.raises(ValueError, match="stale_kv must be one of keep, recompute"):
+        HFGenerator(make_model(), TOK, Precision(), LC(), stale_kv="drop")
+
+
 # ---------------------------------------------------------------------------- seeding
 def test_seeded_determinism():
     model = make_model(bias={EOS: 2.0})

@@ -40,6 +40,7 @@ def make_generator(
     extra = {"stale_kv_samples": int(getattr(cfg.generator, "stale_kv_samples", 4))}
     if name == "hf":
         extra["static_cache"] = bool(cfg.generator.get("static_cache", False))
+        extra["stale_kv"] = str(cfg.generator.get("stale_kv", "keep"))
     if name == "vllm":
         g = cfg.generator
         extra.update(

@@ -13,8 +13,12 @@ a step costs one forward pass plus a fixed number of batched tensor ops whatever
 * Each prompt is prefilled once and its KV cache repeated for its ``n`` samples.
 * In-flight weight updates (PipelineRL): ``weight_update()`` is called before the forward pass that
   produces each new token; when it returns a version the caller has replaced the weights in place,
-  and the following tokens are recorded with that version. The KV cache is kept (stale), as in
-  PipelineRL.
+  and the following tokens are recorded with that version. ``stale_kv="keep"`` (the default) keeps
+  the KV cache (stale), as in PipelineRL; ``"recompute"`` rebuilds it under the new weights: the
+  rows still running are prefilled again over prompt + every token so far (one row per sample, into
+  a fresh cache), and decoding continues from there, so the next tokens' log-probs are those of a
+  fresh forward pass. Tokens already generated keep their versions and log-probs;
+  :attr:`HFGenerator.stale_kv_recomputed_tokens` counts the positions prefilled again.
 * Length control (ScaleRL interruptions): see :class:`HFGenerator`.
 * Finished rows leave the KV cache once they are half of it (a batch often waits on a few long
   samples); sampling still runs over all rows, so the random stream and the samples are unchanged.
@@ -28,6 +32,7 @@ from typing import Any
 
 import torch
 
+from scalerl.config.groups.generator import STALE_KV
 from scalerl.config.options import options
 from scalerl.generator import static_decode
 from scalerl.generator.base import Generator
@@ -77,9 +82,14 @@ class HFGenerator(Generator):
         seed: int = 0,
         stale_kv_samples: int = 4,
         static_cache: bool = False,
+        stale_kv: str = "keep",
     ):
         self.device = torch.device(device)
         self.stale_kv_samples = int(stale_kv_samples)
+        if stale_kv not in STALE_KV:
+            raise ValueError(f"generator.stale_kv must be one of {', '.join(STALE_KV)}, got {stale_kv!r}")
+        self.stale_kv = str(stale_kv)
+        self.stale_kv_recomputed_tokens = 0  # positions prefilled again (stale_kv=recompute), all calls
         self.model = precision.prepare(model)
         self.tokenizer = tokenizer
         self.precision = precision
@@ -214,8 +224,13 @@ class HFGenerator(Generator):
         # sampling (and its random stream) is the same as without the compaction.
         rows = None
         for step in range(max_steps):
-            version = self._take_new_weights(weight_update, version, cached)
-            logp = self._next_logprobs(step, feed, cache, tok, rows, n, B)
+            new_version = self._take_new_weights(weight_update, cached)
+            if new_version is not None and step > 0 and self.stale_kv == "recompute":
+                version = new_version
+                cache, rows, logp = self._recompute_cache(step, feed, cache, record, rs, n, B, max_steps)
+            else:
+                version = version if new_version is None else new_version
+                logp = self._next_logprobs(step, feed, cache, tok, rows, n, B)
             tok = self._sample(logp)
             lp = logp.gather(1, tok[:, None]).squeeze(1).float()
             tok, sampled, active = self._advance(rs, tok)
@@ -242,15 +257,50 @@ class HFGenerator(Generator):
             answer_budget = max_steps + 1
         return _RowState.start(B, budget, answer_budget, dev)
 
-    def _take_new_weights(self, weight_update, version: int, cached) -> int:
-        """In-flight weights (PipelineRL): the version the next tokens carry."""
+    def _take_new_weights(self, weight_update, cached) -> int | None:
+        """In-flight weights (PipelineRL): the version the next tokens carry when new weights came
+        in, else None."""
         if weight_update is not None:
             new_version = weight_update()
             if new_version is not None:
-                version = self.version = int(new_version)
+                self.version = int(new_version)
                 if cached is not None:
                     cached.refresh()  # the weights were replaced in place
-        return version
+                return self.version
+        return None
+
+    def _recompute_cache(
+        self, step: int, feed: _Prefill, cache, record: _Record, rs: _RowState, n, B, max_steps
+    ):
+        """``stale_kv=recompute`` after new weights came in before ``step``: the KV cache rebuilt under
+        them. The rows still running are prefilled again over their prompt and the ``step`` tokens
+        recorded so far (one row per sample, into a fresh cache; a static cache is prefilled anew in
+        place, every row). Returns (the cache, the rows in it, the [B, vocab] log-probs of the next
+        token), as :meth:`_next_logprobs` would after feeding the last token."""
+        prompts = feed.ids if n == 1 else feed.ids.repeat_interleave(n, 0)
+        ids = torch.cat([prompts, torch.stack(record.toks, 1)], 1)  # [B, L + step]
+        S = feed.L + step
+        mask = None if feed.same_length else feed.mask_full[:, :S]
+        if isinstance(cache, static_decode.StaticDecoder):
+            pos = None if mask is None else (mask.cumsum(-1) - 1).clamp_min(0)
+            self.stale_kv_recomputed_tokens += int(B * S if mask is None else mask.sum())
+            return cache, None, cache.prefill(ids, mask, pos)
+        keep = (~rs.done).nonzero().squeeze(1)  # finished rows are not prefilled again
+        rows = None if keep.numel() == B else keep
+        if rows is not None:
+            ids = ids[rows]
+            mask = None if mask is None else mask[rows]
+        pos = None if mask is None else (mask.cumsum(-1) - 1).clamp_min(0)
+        self.stale_kv_recomputed_tokens += int(ids.shape[0] * S if mask is None else mask.sum())
+        cache = _make_cache(feed.L + max_steps)
+        logp = self._logprobs(ids, cache, mask, pos)
+        if not feed.same_length:
+            feed.next_pos = feed.next_pos + 1  # the last token took its position, as in a decode step
+        if rows is not None:
+            full = logp.new_zeros((B, logp.shape[-1]))
+            full[rows] = logp
+            logp = full
+        return cache, rows, logp
 
     def _next_logprobs(self, step: int, feed: _Prefill, cache, tok, rows, n: int, B: int) -> torch.Tensor:
         """[B, vocab] log-probs of the next token: the prefill (each prompt once, its cache then repeated

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalerl.config.checks import at_least, in_unit, positive, problems
+from scalerl.config.checks import at_least, in_unit, one_of, positive, problems
 from scalerl.config.options import Option, register_option
+
+STALE_KV = ("keep", "recompute")  # generator.stale_kv
 
 
 @dataclass
@@ -16,12 +18,18 @@ class GeneratorOption(Option):
     # sequences per generation call whose tokens after an in-flight update are re-scored from scratch
     # (gen/stale_kv_logprob_gap: what the stale KV cache costs); 0: off
     stale_kv_samples: int = 4
+    # the KV cache of sequences running when new weights arrive in flight (pipeline_rl): keep
+    # (stale: later tokens read keys/values the old weights computed, as in PipelineRL) or recompute
+    # (re-prefill prompt + tokens so far under the new weights, then continue; costs a prefill of
+    # every running sequence per update). Tokens already generated keep their versions and log-probs
+    stale_kv: str = "keep"
 
     def check(self):
         return problems(
             positive("temperature", self.temperature),
             at_least("chunk_prompts", self.chunk_prompts, 1),
             at_least("stale_kv_samples", self.stale_kv_samples, 0),
+            one_of("stale_kv", self.stale_kv, STALE_KV),
         )
 
 
