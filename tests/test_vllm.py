@@ -137,6 +137,116 @@ def test_the_engine_measures_the_stale_kv_gap_at_the_sampling_temperature():
         assert s.stale_kv_gap > 1e-3  # the new weights read the old ones' keys and values
 
 
+def _perturbed(seed: int) -> torch.nn.Module:
+    """policy(0) moved by about a training step (a fixed draw)."""
+    new = policy(0)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return new
+
+
+def _update_at(gen, new, at: int, version: int = 1):
+    calls = []
+
+    def weight_update():
+        calls.append(1)
+        if len(calls) == at:  # before the at-th engine step
+            gen.load_weights(PolicyWeights(new), version)
+            return version
+        return None
+
+    return weight_update
+
+
+@pytest.mark.parametrize("stale_kv", ["keep", "recompute"])
+@pytest.mark.parametrize("measured_by", ["hf-copy", "engine"])
+def test_stale_kv_recompute_gives_a_fresh_prefills_logprobs_after_an_inflight_update(stale_kv, measured_by):
+    """generator.stale_kv=recompute: at an in-flight update every running request is aborted and
+    added again over prompt + tokens so far, so the tokens sampled from then on carry the new
+    weights' log-probs of a fresh forward pass (gen/stale_kv_logprob_gap ~0, whether the HF copy or
+    the engine itself re-scores); keep leaves the gap of the stale KV cache."""
+    gen = generator(["length_control=none", "length_control.max_new_tokens=24"], "none")
+    old, new = policy(0), _perturbed(7)
+    gen.load_weights(PolicyWeights(old), 0)
+    gen.stale_kv, before_tokens = stale_kv, gen.stale_kv_recomputed_tokens
+    gen.model = new if measured_by == "hf-copy" else None
+    try:
+        groups = gen.generate(PROMPTS, 4, version=0, weight_update=_update_at(gen, new, 6))
+    finally:
+        gen.stale_kv, gen.model = "keep", old
+    samples = [s for g in groups for s in g]
+    spanning = [s for s in samples if set(s.versions) == {0, 1}]
+    assert spanning, [s.versions for s in samples]
+    assert (gen.stale_kv_recomputed_tokens > before_tokens) == (stale_kv == "recompute")
+    for s in samples:
+        assert s.num_sampled == 24 or s.completion_ids[-1] == TOK.eos_token_id  # the budget is kept
+    for s in spanning:
+        first_new = s.versions.index(1)
+        assert s.versions == [0] * first_new + [1] * (s.num_tokens - first_new)
+        got = torch.tensor(s.logprobs)
+        assert torch.allclose(got[:first_new], fresh_logprobs(old, s)[:first_new], atol=1e-4)
+        if stale_kv == "recompute":
+            after = fresh_logprobs(new, s)[first_new:]
+            assert torch.allclose(got[first_new:], after, atol=1e-4), (got[first_new:] - after).abs().max()
+    gaps = [s.stale_kv_gap for s in samples if s.stale_kv_gap is not None]
+    assert 0 < len(gaps) <= 4
+    if stale_kv == "recompute":
+        assert max(gaps) < 1e-4, gaps
+    else:
+        assert min(gaps) > 1e-3, gaps  # the new weights read the old ones' keys and values
+
+
+def test_stale_kv_recompute_keeps_the_interruption_budgets():
+    """An update while rows think: the re-added requests keep their remaining thinking budget and
+    stop tokens, so the phrase is still forced at the drawn budget and the answer budget holds."""
+    lc = [
+        "length_control=interruption",
+        "length_control.think_budget_min=4",
+        "length_control.think_budget_max=8",
+        "length_control.answer_budget=3",
+        "length_control.max_new_tokens=14",
+    ]
+    gen = generator(lc, "interruption")
+    old, new = policy(2), _perturbed(8)
+    gen.load_weights(PolicyWeights(old), 0)
+    gen.stale_kv, gen.model = "recompute", new
+    try:
+        groups = gen.generate(PROMPTS, 4, version=0, weight_update=_update_at(gen, new, 3))
+    finally:
+        gen.stale_kv, gen.model = "keep", old
+    phrase = TOK(" time is up.</think>", add_special_tokens=False)["input_ids"]
+    samples = [s for g in groups for s in g]
+    assert any(s.interrupted for s in samples)
+    for s in samples:
+        assert s.num_sampled <= 14 and s.think_tokens <= 8
+        if s.interrupted:
+            at = s.loss_mask.index(0)
+            assert 4 <= at <= 8 and s.completion_ids[at : at + len(phrase)] == phrase
+            assert s.num_tokens - at - len(phrase) <= 3
+        sampled = [i for i, m in enumerate(s.loss_mask) if m and s.versions[i] == 1]
+        if sampled and 0 in s.versions:
+            fresh = fresh_logprobs(new, s)[sampled]
+            assert torch.allclose(torch.tensor([s.logprobs[i] for i in sampled]), fresh, atol=1e-4)
+
+
+def test_stale_kv_keep_and_recompute_are_identical_without_an_update():
+    """Without an update the switch changes nothing: same seed, same tokens and log-probs."""
+    gen = generator(["length_control=none", "length_control.max_new_tokens=24"], "none")
+    gen.load_weights(PolicyWeights(policy(0)), 0)
+    runs = []
+    try:
+        for stale_kv in ("keep", "recompute"):
+            gen.stale_kv = stale_kv
+            gen.manual_seed(11)
+            out = gen.generate(PROMPTS, 3, version=0, weight_update=lambda: None)
+            runs.append([(s.completion_ids, s.logprobs, s.versions) for g in out for s in g])
+    finally:
+        gen.stale_kv = "keep"
+    assert runs[0] == runs[1]
+
+
 def test_interruptions_respect_the_thinking_and_the_answer_budget():
     lc = [
         "length_control=interruption",

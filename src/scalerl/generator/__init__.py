@@ -37,10 +37,12 @@ def make_generator(
     cls = GENERATORS.get(name)
     if cls is None:
         raise ValueError(f"generator.name={name!r}: must be one of {', '.join(GENERATORS)}")
-    extra = {"stale_kv_samples": int(getattr(cfg.generator, "stale_kv_samples", 4))}
+    extra = {
+        "stale_kv_samples": int(getattr(cfg.generator, "stale_kv_samples", 4)),
+        "stale_kv": str(getattr(cfg.generator, "stale_kv", "keep")),
+    }
     if name == "hf":
         extra["static_cache"] = bool(cfg.generator.get("static_cache", False))
-        extra["stale_kv"] = str(cfg.generator.get("stale_kv", "keep"))
     if name == "vllm":
         g = cfg.generator
         extra.update(

@@ -9,8 +9,13 @@ Same :class:`~scalerl.generator.base.Generator` contract as the HF generator:
   the version. Prefix caching is off: a cached prefix would carry KV computed by older weights.
 * **In-flight updates.** The engine is driven one ``step()`` at a time (``LLMEngine.add_request``
   then ``step``); ``weight_update()`` is polled before every step, so each generated token carries
-  the version of the weights that produced it (per token, finer than PipelineRL's per rollout). The
-  KV cache of sequences in flight is kept (stale), as in PipelineRL.
+  the version of the weights that produced it (per token, finer than PipelineRL's per rollout).
+  ``stale_kv="keep"`` (the default) keeps the KV cache of sequences in flight (stale), as in
+  PipelineRL; ``"recompute"`` aborts every running request that has KV from older weights and adds
+  it again as a new request over prompt + tokens so far (re-prefilled under the new weights, as the
+  interruption path does), with its remaining token budget, stop tokens and sampling settings (a
+  fresh seed drawn from :attr:`rng`). Tokens already generated keep their versions and log-probs;
+  :attr:`VLLMGenerator.stale_kv_recomputed_tokens` counts the positions prefilled again.
 * **Length control** runs in the same loop: a sequence thinks until ``</think>``, eos or its drawn
   budget; at the budget the phrase is forced in (log-prob 0, version -1, mask 0) and the sequence
   continues as a new request over prompt + thinking + phrase (re-prefilled: no stale prefix), with
@@ -145,6 +150,12 @@ class _Row:
     think_tokens: int = 0
     sampled: int = 0
     truncated: bool = False
+    # the request generating the row now (None: none), the tokens it may still generate, its stop
+    # tokens, and the tokens it generated (0: no KV of its own yet)
+    request: str | None = None
+    left: int = 0
+    stop: list[int] = field(default_factory=list)
+    generated: int = 0
 
 
 class VLLMGenerator(Generator):
@@ -166,7 +177,14 @@ class VLLMGenerator(Generator):
         sleep_while_training: bool = True,
         bucket_mb: float = 256.0,
         tensor_parallel_size: int = 1,
+        stale_kv: str = "keep",
     ):
+        from scalerl.config.groups.generator import STALE_KV
+
+        if stale_kv not in STALE_KV:
+            raise ValueError(f"generator.stale_kv must be one of {', '.join(STALE_KV)}, got {stale_kv!r}")
+        self.stale_kv = str(stale_kv)
+        self.stale_kv_recomputed_tokens = 0  # positions prefilled again (stale_kv=recompute), all calls
         vllm = import_vllm()
         self.vllm = vllm
         from vllm.sampling_params import RequestOutputKind
@@ -315,11 +333,25 @@ class VLLMGenerator(Generator):
 
     def _add(self, rid: int, row: _Row, max_tokens: int, stop: list[int]) -> None:
         self._request += 1
+        row.request, row.left, row.stop, row.generated = f"{self._request}:{rid}", int(max_tokens), stop, 0
         self.engine.add_request(
-            f"{self._request}:{rid}",
+            row.request,
             {"prompt_token_ids": row.prompt_ids + row.ids},
             self._params(max_tokens, stop),
         )
+
+    def _recompute_running(self, rows: list[_Row]) -> int:
+        """``stale_kv=recompute``, after new weights came in: every running request with KV of its
+        own (it generated a token) is aborted and added again over prompt + tokens so far, with its
+        remaining budget and stop tokens. Returns how many were."""
+        stale = [(rid, row) for rid, row in enumerate(rows) if row.request is not None and row.generated > 0]
+        if not stale:
+            return 0
+        self.engine.abort_request([row.request for _, row in stale])
+        for rid, row in stale:
+            self.stale_kv_recomputed_tokens += len(row.prompt_ids) + len(row.ids)
+            self._add(rid, row, row.left, row.stop)
+        return len(stale)
 
     def _next_phase(self, rid: int, row: _Row, eos: list[int]) -> None:
         """After a request ended: finish the row, or continue it as its next request."""
@@ -393,9 +425,13 @@ class VLLMGenerator(Generator):
                 new = weight_update()
                 if new is not None:
                     self.version = int(new)
+                    if self.stale_kv == "recompute":
+                        self._recompute_running(rows)
             for out in self.engine.step():
                 rid = int(out.request_id.split(":", 1)[1])
                 row = rows[rid]
+                if out.request_id != row.request:  # one aborted for stale_kv=recompute
+                    continue
                 c = out.outputs[0]
                 new_ids = [int(t) for t in c.token_ids]
                 lps = [float(d[t].logprob) for t, d in zip(new_ids, c.logprobs or [])]
@@ -407,7 +443,10 @@ class VLLMGenerator(Generator):
                 row.logprobs += lps
                 row.versions += [self.version] * len(new_ids)
                 row.mask += [1] * len(new_ids)
+                row.left -= len(new_ids)
+                row.generated += len(new_ids)
                 if out.finished:
+                    row.request = None
                     self._next_phase(rid, row, eos)
             if on_step is not None:
                 on_step()
