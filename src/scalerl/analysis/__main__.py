@@ -33,6 +33,7 @@ from scalerl.analysis.experiment import (
 from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
 from scalerl.analysis.reporting import report, safe_name
 from scalerl.messages import OneLineParser
+from scalerl.scaling.pass_at_k import DEFAULT_METRIC, METRIC_ALLOWED, metric_k
 from scalerl.scaling.protocol import FitProtocol, FitProtocolError, bootstrap_problem
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS, N_PARAMS
 
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="bootstrap resamples for CIs (0 = none; else at least 2/(1-level), 20 at the default level)",
     )
     common.add_argument("--level", type=float, default=0.9, help="confidence level of the intervals")
+    common.add_argument(
+        "--metric",
+        default=DEFAULT_METRIC,
+        help=f"the metric fitted, val/<METRIC> of each evaluation: {DEFAULT_METRIC} (default) or pass_at_<k>, "
+        "a val/pass_at_<k> the runs logged (eval.pass_at_k), as scaling.metric",
+    )
     common.add_argument(
         "--extrapolate", type=float, default=2.0, help="plots extend fits to this x the budget"
     )
@@ -144,6 +151,8 @@ def _bad_argument(args) -> str | None:
         return f"{bad[0]}={bad[1]}: must be {bad[2]}"
     if args.extrapolate < 1:
         return f"--extrapolate={args.extrapolate}: must be >= 1"
+    if metric_k(args.metric) is None:
+        return f"--metric={args.metric!r}: must be {METRIC_ALLOWED}"
     if args.runs is not None:
         ids = [s.strip() for s in args.runs.split(",") if s.strip()]
         if not ids:
@@ -229,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             level=args.level,
             extrapolate=args.extrapolate,
             seed=args.seed,
+            metric=args.metric,
         )
     except FitProtocolError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -241,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         check_uri(uri)
         client = make_client(uri)
         runs = load_runs(
-            client, args.experiment, run_ids, include_running=args.include_running, left_out=left_out
+            client,
+            args.experiment,
+            run_ids,
+            include_running=args.include_running,
+            left_out=left_out,
+            reward_key=protocol.reward_key,
         )
     except AnalysisError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -250,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         status = "finished or running" if args.include_running else "finished"
         others = f" (left out: {left_out_summary(left_out)})" if left_out else ""
         print(
-            f"error: no {status} runs with val/pass_rate in experiment {args.experiment!r} at {uri}{others}",
+            f"error: no {status} runs with {protocol.reward_key} in experiment {args.experiment!r} at {uri}{others}",
             file=sys.stderr,
         )
         return 2
@@ -308,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {r.run_name}: {note}")
     if rep.result.pooled_rows:
         print("\n## Seeds pooled per recipe\n")
-        print(rows_to_markdown(rep.result.pooled_rows, level=args.level))
+        print(rows_to_markdown(rep.result.pooled_rows, level=args.level, metric=protocol.reward_key))
     print(
         f"\nwrote {out}/ (fits.csv, fits.md, fits.json, runs/*/scaling_curve.png"
         + (

@@ -4,7 +4,8 @@ Row keys (one dict per run, sorted by A, unfittable runs last):
 ``run_id, run_name, status, variant, <each recipe param that differs between runs>, compute_axis,
 ok, reason, A, A_lo, A_hi, B, B_lo, B_hi, C_mid, C_mid_lo, C_mid_hi, R0, n_points, n_excluded,
 n_evals, budget, pass_rate_start, pass_rate_final, baseline, delta_A, delta_B,
-A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last, verdict``.
+A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last, verdict``
+(``pass_rate_start`` and ``_final``: the fitted metric's, ``FitProtocol.metric``).
 
 The baseline is a variant (all its runs, i.e. its seeds): ``delta_A = A - mean A`` and
 ``delta_B = B - mean B`` over its fitted runs (:func:`choose_baseline`). These per-run deltas are
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl.analysis.mlflow_io import AnalysisError, RunData, declared_baseline, load_runs
+from scalerl.analysis.mlflow_io import REWARD_KEY, AnalysisError, RunData, declared_baseline, load_runs
 from scalerl.analysis.verdicts import (
     A_BOUND_TOL,
     A_UNSETTLED,
@@ -306,6 +307,12 @@ def analyse_runs(
     verdicts list the baseline first, then ``variant_order``."""
     protocol = protocol or FitProtocol()
     runs = list(runs)
+    other = next((r for r in runs if r.reward_key != protocol.reward_key), None)
+    if other is not None:  # a curve of another metric than the one the protocol says it fits
+        raise AnalysisError(
+            f"run {other.run_name}: its curve is {other.reward_key}, the fit protocol's metric is "
+            f"{protocol.reward_key} (load the runs with reward_key=protocol.reward_key)"
+        )
     differing = differing_params(runs)
     names = {r.run_id: _variant_name(r, differing) for r in runs}
     fits: dict[str, SigmoidFit] = {}
@@ -318,7 +325,7 @@ def analyse_runs(
         cut = protocol.cut_of(r)
         fit = protocol.fit(c, r.reward, min_compute=cut)
         if r.compute.size == 0:
-            fit.reason = "no val/pass_rate evaluations paired with compute"
+            fit.reason = f"no {r.reward_key} evaluations paired with compute"
         if not fit.ok and r.notes:  # say which evaluations were skipped, and why
             fit.reason = f"{fit.reason} ({'; '.join(r.notes)})"
         fits[r.run_id] = fit
@@ -434,12 +441,13 @@ def fit_experiment(
     name or variant name; its variant is the reference of ``delta_A``/``delta_B`` (default: the
     baseline the runs' sweep declared, else :func:`choose_baseline`'s rules); each row carries its
     variant's ``verdict`` (:mod:`scalerl.analysis.verdicts`)."""
+    key = (protocol or FitProtocol()).reward_key  # the fitted metric
     if isinstance(experiment_or_runs, str):
-        runs = load_runs(client, experiment_or_runs, include_running=include_running)
+        runs = load_runs(client, experiment_or_runs, include_running=include_running, reward_key=key)
     elif experiment_or_runs and isinstance(next(iter(experiment_or_runs)), RunData):
         runs = list(experiment_or_runs)
     else:
-        runs = load_runs(client, run_ids=list(experiment_or_runs))
+        runs = load_runs(client, run_ids=list(experiment_or_runs), reward_key=key)
     baseline, given_by = baseline_argument(client, runs, baseline)
     return analyse_runs(
         runs,
@@ -553,6 +561,9 @@ FIT_KEYS = (
 """Row keys that are not recipe params (everything else in a row is a table column of its own)."""
 EXTRA_KEYS = ("job", "seed", "overrides", "steps", "log", "error")
 """Row keys a sweep adds (see :mod:`scalerl.sweep.report`); ``seed`` is shown when it differs."""
+START_FINAL = " start → final"
+"""The end of the table column of the fitted metric's first and last evaluation (the rows'
+``pass_rate_start`` and ``pass_rate_final``, whichever metric was fitted)."""
 
 
 def _finite(v) -> bool:
@@ -570,11 +581,11 @@ def _fmt(key: str, v) -> str:
     return str(v).replace("|", "/").replace("\n", " ")
 
 
-def default_columns(rows: Sequence[dict], *, level: float = 0.9) -> list[str]:
+def default_columns(rows: Sequence[dict], *, level: float = 0.9, metric: str = REWARD_KEY) -> list[str]:
     """run name, variant (when runs name one), the recipe params that differ, status, A [CI], B,
     C_mid, R0, points, the deltas to the baseline (point estimates), B at the mean A, the
-    prediction check, the pass rate at the start and the end, the variant's verdict and a note;
-    columns with nothing to show are left out."""
+    prediction check, the fitted ``metric`` (the pass rate, or a pass@k) at the start and the end,
+    the variant's verdict and a note; columns with nothing to show are left out."""
     if not rows:
         return []
     skip = set(FIT_KEYS) | set(EXTRA_KEYS)
@@ -601,7 +612,7 @@ def default_columns(rows: Sequence[dict], *, level: float = 0.9) -> list[str]:
     if any("pred_mae" in r for r in rows):
         cols += ["pred_mae", "pred_err_last"]
     if any(_finite(r.get("pass_rate_start")) for r in rows):
-        cols += ["pass rate start → final"]
+        cols += [("pass rate" if metric == REWARD_KEY else metric) + START_FINAL]
     if any(r.get("verdict") for r in rows):
         cols += ["verdict"]
     cols += ["note"]
@@ -673,7 +684,7 @@ def _cell(row: dict, col: str) -> str:
         if "n_points" not in row:
             return ""
         return f"{row.get('n_points', 0)}/{row.get('n_evals', row.get('n_points', 0))}"
-    if col == "pass rate start → final":
+    if col.endswith(START_FINAL):
         a, b = row.get("pass_rate_start"), row.get("pass_rate_final")
         return f"{a:.3f} → {b:.3f}" if _finite(a) and _finite(b) else ""
     if col == "note":
@@ -686,12 +697,14 @@ def rows_to_markdown(
     columns: Sequence[str] | None = None,
     *,
     level: float = 0.9,
+    metric: str = REWARD_KEY,
 ) -> str:
-    """A Markdown table of the rows (default columns: :func:`default_columns`)."""
+    """A Markdown table of the rows (default columns: :func:`default_columns`; ``metric``: what the
+    rows' ``pass_rate_start`` and ``pass_rate_final`` hold, the fitted metric)."""
     rows = list(rows)
     if not rows:
         return "(no runs)\n"
-    cols = list(columns) if columns else default_columns(rows, level=level)
+    cols = list(columns) if columns else default_columns(rows, level=level, metric=metric)
     head = [_header(c, rows) for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:

@@ -3,7 +3,9 @@
 Data contract of a training run: metric ``val/pass_rate`` at each evaluation with ``step`` = the
 optimiser step (step 0 = before any update); at the same steps the cumulative ``compute/flops`` and
 ``compute/device_hours``.  The run param ``scaling.compute_axis`` ("flops" | "device_hours",
-default "flops") says which is the x-axis.  Points are paired by step.
+default "flops") says which is the x-axis.  Points are paired by step.  Another fitted metric
+(``reward_key``: ``val/pass_at_<k>``, logged at the same steps with ``eval.pass_at_k``) is read the
+same way.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ class RunData:
     activity: dict[str, float] = field(default_factory=dict)
     """What the run's components did (see :data:`ACTIVITY`); a key is missing when the run did not
     log its metric."""
+    reward_key: str = REWARD_KEY
+    """The metric ``reward`` holds: ``val/pass_rate``, or the ``val/pass_at_<k>`` fitted instead."""
 
     @property
     def last_step(self) -> int:
@@ -247,6 +251,7 @@ def load_run(client, run, *, reward_key: str = REWARD_KEY) -> RunData:
         reward=np.asarray(rs, dtype=float),
         notes=notes,
         activity=load_activity(client, info.run_id, dict(data.metrics)),
+        reward_key=reward_key,
     )
 
 

@@ -440,7 +440,7 @@ def report(
         rank = {n: i for i, n in enumerate(order)}
         rows.sort(key=lambda r: rank.get(r.get("run_name", ""), len(rank)))
 
-    table = rows_to_markdown(rows, level=opts.level)
+    table = rows_to_markdown(rows, level=opts.level, metric=opts.reward_key)
     legend = _legend(res, opts)
     listed = list(res.verdicts)
     if listed:

@@ -53,6 +53,7 @@ import numpy as np
 from scipy import stats
 
 from scalerl.analysis.mlflow_io import RunData
+from scalerl.scaling.pass_at_k import metric_k
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import B_BOUNDS, N_PARAMS, SigmoidFit, _predict, fit_fixed_A
 
@@ -487,8 +488,12 @@ def _last_point(r: RunData) -> int | None:
 
 
 def eval_trials(r: RunData) -> float:
-    """Samples of one evaluation (``eval.num_prompts x eval.samples_per_prompt``; NaN when not logged)."""
-    n = _num(r.params.get("eval.num_prompts")) * _num(r.params.get("eval.samples_per_prompt"))
+    """Samples of one evaluation (``eval.num_prompts x eval.samples_per_prompt``; NaN when not logged).
+    For a pass@k curve (``val/pass_at_<k>``, k > 1) the prompts alone: the K samples of a prompt
+    make one estimate in [0, 1], whose variance is at most that of one trial."""
+    n = _num(r.params.get("eval.num_prompts"))
+    if metric_k(r.reward_key.removeprefix("val/")) == 1:
+        n *= _num(r.params.get("eval.samples_per_prompt"))
     return n if math.isfinite(n) and n > 0 else math.nan
 
 

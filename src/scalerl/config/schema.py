@@ -31,6 +31,10 @@ class EvalConfig(Option):
     every: int = 15  # evaluate every N optimiser steps (and at step 0)
     num_prompts: int = 128
     samples_per_prompt: int = 6  # K: pass rate = mean over K samples at the training temperature
+    # k values (each in 1..samples_per_prompt) whose pass@k is logged as val/pass_at_<k> at every
+    # evaluation (task=multi: also val/pass_at_<k>/<domain>): the unbiased estimator from the K
+    # samples (Chen et al. 2021); pass@1 is val/pass_rate. [] logs none; scaling.metric may fit one
+    pass_at_k: list[int] = field(default_factory=list)
     log_samples: int = 8  # generations logged as an artifact per evaluation
     # prompts per decode batch: 0 = as many rows as a training batch (batch_size / K prompts); on a
     # GPU a decode step costs about the same for 256 rows as for 32, so all of them at once is faster
@@ -42,7 +46,19 @@ class EvalConfig(Option):
             at_least("batch_prompts", self.batch_prompts, 0),
             at_least("num_prompts", self.num_prompts, 1),
             at_least("samples_per_prompt", self.samples_per_prompt, 1),
+            self._pass_at_k_problem(),
             at_least("log_samples", self.log_samples, 0, ""),
+        )
+
+    def _pass_at_k_problem(self):
+        k_max = self.samples_per_prompt
+        if all(isinstance(k, int) and 1 <= k <= k_max for k in self.pass_at_k):
+            return None
+        return (
+            "pass_at_k",
+            list(self.pass_at_k),
+            f"integers k with 1 <= k <= eval.samples_per_prompt ({k_max}): pass@k is estimated from "
+            "the samples drawn per prompt",
         )
 
 
@@ -85,6 +101,9 @@ class ScalingConfig(Option):
     grid_C_mid: Optional[list[float]] = None  # [low, high, n]
     bootstrap: int = 200
     extrapolate: float = 2.0  # the plot extends the fit to this multiple of the budget
+    # the metric every fit is made of (live, final, summary, sweep report): pass_rate (val/pass_rate,
+    # pass@1) or pass_at_<k> (val/pass_at_<k>, k one of eval.pass_at_k); R0 is its step-0 value
+    metric: str = "pass_rate"
 
     def check(self):
         # the fit settings' ranges are the fit protocol's (scalerl.scaling.protocol), in this order
@@ -97,6 +116,7 @@ class ScalingConfig(Option):
             # a run's and a sweep's intervals are at the protocol's level
             fit.get("bootstrap") or bootstrap_problem("bootstrap", self.bootstrap, FitProtocol.level),
             fit.get("extrapolate"),
+            fit.get("metric"),
         )
 
 

@@ -183,6 +183,7 @@ def _relations(cfg: DictConfig) -> None:
             eval_.num_prompts,
             f">= {n}, the domains of task=multi (each is validated on its own)",
         )
+    _fitted_metric(cfg)
     _placement_relations(cfg)
     _launcher_relations(cfg)
     if model.name == "tiny" and task.name == "addition":
@@ -195,6 +196,22 @@ def _relations(cfg: DictConfig) -> None:
             f"({model.max_position_embeddings} - {addition_prompt_chars(task)} = "
             f"{model.max_position_embeddings - addition_prompt_chars(task)})",
         )
+
+
+def _fitted_metric(cfg: DictConfig) -> None:
+    """``scaling.metric=pass_at_<k>`` fits what the evaluation logs: k is one of ``eval.pass_at_k``."""
+    from scalerl.scaling.pass_at_k import DEFAULT_METRIC, metric_k
+
+    metric, logged = cfg.scaling.metric, sorted(set(cfg.eval.pass_at_k))
+    if metric == DEFAULT_METRIC or metric_k(metric) in logged:
+        return
+    listed = ", ".join(f"pass_at_{k}" for k in logged)
+    raise ConfigError(
+        "scaling.metric",
+        metric,
+        f"pass_rate{', ' + listed if listed else ''} (a pass@k the evaluation logs: add its k to "
+        f"eval.pass_at_k, now {list(cfg.eval.pass_at_k)})",
+    )
 
 
 def _launcher_relations(cfg: DictConfig) -> None:

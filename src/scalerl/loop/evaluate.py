@@ -1,4 +1,5 @@
-"""Held-out evaluation: pass rate over K samples per validation prompt at the training temperature."""
+"""Held-out evaluation: pass rate over K samples per validation prompt at the training temperature,
+and pass@k from the same samples for each k of ``eval.pass_at_k``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from scalerl.loop.batch import mean
 from scalerl.loop.state import RunState
+from scalerl.scaling.pass_at_k import metric_name, pass_at_k
 from scalerl.task.score import score_groups
 
 
@@ -42,6 +44,11 @@ def evaluate(
     state.count_verifier(score_groups(task, val, groups, cfg))
     per_prompt = {p.uid: sum(s.correct for s in g) / K for p, g in zip(val, groups)}
     out = {"val/pass_rate": sum(per_prompt.values()) / len(per_prompt)}
+    # pass@k: a sample counts as solved as the verifier's "pass" does (score > 0; scores are 1/0)
+    solved = {p.uid: sum(s.correct > 0 for s in g) for p, g in zip(val, groups)}
+    at_k = {k: {u: pass_at_k(K, c, k) for u, c in solved.items()} for k in sorted(set(cfg.eval.pass_at_k))}
+    for k, est in at_k.items():  # summed as val/pass_rate is: pass@1 is it bit for bit
+        out[f"val/{metric_name(k)}"] = sum(est.values()) / len(est)
     by_domain: dict[str, list] = defaultdict(list)
     for p in val:
         by_domain[p.domain].append(p)
@@ -50,6 +57,8 @@ def evaluate(
         name = f"val/pass_rate/{domain}" if domain else "val/pass_rate"
         if domain:
             out[name] = mean(per_prompt[p.uid] for p in prompts)
+            for k, est in at_k.items():  # val/pass_at_<k>/<domain>
+                out[f"val/{metric_name(k)}/{domain}"] = mean(est[p.uid] for p in prompts)
         by_diff: dict[int, list[float]] = defaultdict(list)
         for p in prompts:
             by_diff[p.difficulty].append(per_prompt[p.uid])

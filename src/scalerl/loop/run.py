@@ -48,6 +48,7 @@ from scalerl.loop.summary import (
 )
 from scalerl.messages import first_line
 from scalerl.scaling import live
+from scalerl.scaling.pass_at_k import metric_name
 from scalerl.tracking import Tracker, tracking_uri
 from scalerl.tracking.secrets import redact
 from scalerl.trainer import NonFiniteError
@@ -192,8 +193,8 @@ def hand_over_weights(run: Components) -> None:
 
 
 def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, float]:
-    """Evaluate, record the point (compute, pass rate) and refit every ``scaling.refit_every``
-    evaluations."""
+    """Evaluate, record the point (compute, pass rate, each logged pass@k) and refit every
+    ``scaling.refit_every`` evaluations."""
     cfg, st = run.cfg, run.state
     clock.tick()
     metrics = evaluate(
@@ -204,9 +205,15 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
         return {}
     point = {"step": st.step, "pass_rate": metrics["val/pass_rate"], "flops": st.flops}
     point["device_hours"] = device_hours(run)
-    for d in run.domains:  # task=multi: each domain's pass rate, fitted on its own
-        if f"val/pass_rate/{d}" in metrics:  # (eval.num_prompts may leave a domain out)
-            point[f"pass_rate/{d}"] = metrics[f"val/pass_rate/{d}"]
+    # the pass rate and every logged pass@k (val/pass_at_<k>): scaling.metric fits one of them (and
+    # may name another on a resume, whose points are then all here)
+    fittable = ["pass_rate", *(metric_name(k) for k in sorted(set(cfg.eval.pass_at_k)))]
+    for m in fittable:
+        if f"val/{m}" in metrics:
+            point[m] = metrics[f"val/{m}"]
+        for d in run.domains:  # task=multi: each domain's, fitted on its own
+            if f"val/{m}/{d}" in metrics:  # (eval.num_prompts may leave a domain out)
+                point[f"{m}/{d}"] = metrics[f"val/{m}/{d}"]
     st.evals.append(point)
     metrics.update(health.hacking_metrics(st.train_correct, st.evals))
     n_evals = len(st.evals)
@@ -214,8 +221,10 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
         metrics.update(live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains)[0])
     run.last_pass_rate = metrics["val/pass_rate"]
     fit_a = metrics.get("fit/A", float("nan"))
+    key = run.fit_protocol.reward_key
     progress.write(
         f"step {st.step}/{cfg.trainer.total_steps}: val/pass_rate={metrics['val/pass_rate']:.3f}"
+        + (f" {key}={metrics[key]:.3f}" if key != "val/pass_rate" and key in metrics else "")
         + (f" fit/A={fit_a:.3f}" if fit_a == fit_a else "")
     )
     return metrics

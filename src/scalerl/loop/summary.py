@@ -43,7 +43,7 @@ def unflushed_message(n: int, uri: str, ckpt, artifacts: int = 0, outbox=None) -
 
 def write_summary(run: Components) -> dict:
     """The run's summary (``summary.json`` in its out_dir, written by rank 0)."""
-    st = run.state
+    st, metric = run.state, run.fit_protocol.metric
     summary = {
         "run_id": run.tracker.run_id,
         "out_dir": str(run.out_dir),
@@ -58,7 +58,11 @@ def write_summary(run: Components) -> dict:
         "tracking_uri": redact(run.tracker.uri),
         "fit": run.final_fit or {},
         "fit_level": FIT_LEVEL,
+        "fit_metric": run.fit_protocol.reward_key,  # what fit/* is fitted to (scaling.metric)
     }
+    if metric != "pass_rate":  # <metric>_start, _final: the fitted pass@k's (a sweep's report reads them)
+        summary[f"{metric}_start"] = st.evals[0].get(metric) if st.evals else None
+        summary[f"{metric}_final"] = st.evals[-1].get(metric) if st.evals else None
     if run.is_main:
         write_json(run.out_dir / "summary.json", summary)
     return summary
@@ -73,6 +77,11 @@ def summary_lines(summary: dict) -> list[str]:
         lines.append(
             f"held-out pass rate: {summary['pass_rate_start']:.3f} -> {summary['pass_rate_final']:.3f}"
         )
+    key = summary.get("fit_metric", "val/pass_rate")
+    metric = key.removeprefix("val/")
+    start, final = summary.get(f"{metric}_start"), summary.get(f"{metric}_final")
+    if key != "val/pass_rate" and start is not None and final is not None:
+        lines.append(f"held-out {key}: {start:.3f} -> {final:.3f}")
     fit = summary.get("fit") or {}
     if fit.get("fit/ok") == 1.0:
 
@@ -81,7 +90,8 @@ def summary_lines(summary: dict) -> list[str]:
             return f"{name} = {v:.3g}" + ("" if math.isnan(lo) else f" [{lo:.3g}, {hi:.3g}]")
 
         level = summary.get("fit_level", FIT_LEVEL)
-        lines.append(f"scaling fit: {est('A')}, {est('B')} " + fit_caveat(fit, level))
+        of = "" if key == "val/pass_rate" else f" of {key}"
+        lines.append(f"scaling fit{of}: {est('A')}, {est('B')} " + fit_caveat(fit, level))
     lines.append(f"outputs: {summary['out_dir']}")
     uri = summary.get("tracking_uri", "")
     if uri.startswith("sqlite:///") and not uri[len("sqlite:///") :].startswith("/"):

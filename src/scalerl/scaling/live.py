@@ -89,14 +89,16 @@ def final_report(
 def evaluation_fits(
     evals: list[dict], protocol: FitProtocol, *, domains=(), out_dir: Path | None = None
 ) -> tuple[dict[str, float], list[Path]]:
-    """The live fit over a run's evaluations so far: of the pass rate (``fit/*``) and, for
-    ``task=multi``, of each domain's (``fit/<domain>/*``, as the paper's Fig. 11 fits math and code
-    apart). ``evals``: the run's points (``step``, the ``protocol.compute_axis`` and ``pass_rate[/d]``);
+    """The live fit over a run's evaluations so far: of the fitted metric (``protocol.metric``: the
+    pass rate, or a pass@k) as ``fit/*`` and, for ``task=multi``, of each domain's
+    (``fit/<domain>/*``, as the paper's Fig. 11 fits math and code apart). ``evals``: the run's
+    points (``step``, the ``protocol.compute_axis`` and ``<metric>[/d]``);
     ``protocol``: the run's :class:`FitProtocol` (``FitProtocol.from_config(cfg.scaling)``). With ``out_dir`` (the final fit) each curve's figure is
     written there too (``scaling_curve[_<domain>].png``). Returns the metrics and the figures written;
     never raises (a fit must never stop a run)."""
-    series = [("pass_rate", "fit/", "scaling_curve.png")]
-    series += [(f"pass_rate/{d}", f"fit/{d}/", f"scaling_curve_{d}.png") for d in domains]
+    m = protocol.metric
+    series = [(m, "fit/", "scaling_curve.png")]
+    series += [(f"{m}/{d}", f"fit/{d}/", f"scaling_curve_{d}.png") for d in domains]
     metrics: dict[str, float] = {}
     figures: list[Path] = []
     for key, prefix, png_name in series:

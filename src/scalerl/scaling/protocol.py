@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scalerl.scaling.pass_at_k import DEFAULT_METRIC, METRIC_ALLOWED, metric_k
 from scalerl.scaling.sigmoid import (
     DEFAULT_METHOD,
     METHODS,
@@ -32,6 +33,7 @@ CONFIG_KEYS = (
     "grid_C_mid",
     "bootstrap",
     "extrapolate",
+    "metric",
 )
 """The keys of the ``scaling`` config that are fit settings (``refit_every`` is the loop's cadence)."""
 GRID_A_ALLOWED = "[low, high, step] with 0 <= low <= high <= 1, step > 0"
@@ -111,6 +113,7 @@ def fit_problems(values) -> dict[str, tuple[str, object, str]]:
         bad("grid_C_mid", ok, GRID_C_MID_ALLOWED, list(values.grid_C_mid))
     bad("bootstrap", _num(values.bootstrap) and values.bootstrap >= 0, ">= 0")
     bad("extrapolate", _num(values.extrapolate) and values.extrapolate >= 1, ">= 1")
+    bad("metric", metric_k(values.metric) is not None, METRIC_ALLOWED)
     return out
 
 
@@ -124,7 +127,10 @@ class FitProtocol:
     - ``method``: ``direct`` or ``grid``, ``grid_A`` = (low, high, step), ``grid_C_mid`` =
       (low, high, n) the grid method's ranges (None: from the data);
     - ``bootstrap``: resamples for the intervals, at ``level``, drawn with ``seed``;
-    - ``extrapolate``: plots extend the curve to this multiple of the budget.
+    - ``extrapolate``: plots extend the curve to this multiple of the budget;
+    - ``metric``: the fitted metric, ``val/<metric>`` of every evaluation (:attr:`reward_key`):
+      ``pass_rate`` (pass@1) or ``pass_at_<k>`` (:mod:`scalerl.scaling.pass_at_k`); R0, the
+      curve's start, is that metric's at step 0.
     """
 
     compute_axis: str = "flops"
@@ -135,6 +141,7 @@ class FitProtocol:
     grid_C_mid: tuple[float, float, float] | None = None
     bootstrap: int = 200
     extrapolate: float = 2.0
+    metric: str = DEFAULT_METRIC
     level: float = 0.9
     seed: int = 0
 
@@ -175,6 +182,11 @@ class FitProtocol:
         for key in ("grid_A", "grid_C_mid"):
             out[key] = None if out[key] is None else list(out[key])
         return out
+
+    @property
+    def reward_key(self) -> str:
+        """The MLflow metric every fit is made of: ``val/pass_rate`` or ``val/pass_at_<k>``."""
+        return f"val/{self.metric}"
 
     @property
     def grid(self) -> dict:
@@ -230,7 +242,7 @@ class FitProtocol:
                 f" (A grid {self.grid_A or 'from the data'}, C_mid grid {self.grid_C_mid or 'from the data'})"
             )
         return (
-            f"Fit: `R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)` of `val/pass_rate` against compute "
+            f"Fit: `R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)` of `{self.reward_key}` against compute "
             f"({axis}), method {self.method}{grid}; early points "
             + (" or ".join(cut) if cut else "none")
             + " left out of every fit (the same cut for every run); "

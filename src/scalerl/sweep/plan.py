@@ -351,6 +351,11 @@ def make_plan(
         overrides = merge_overrides(base_v, vovs, cli_v)
         where = f"{path}: variant {vname!r}"
         composed = _compose_variant(overrides, where)  # once for all its seeds
+        if composed.scaling.metric != sweep_cfg.scaling.metric:  # the report fits one metric
+            raise SweepError(
+                f"{where}: scaling.metric={composed.scaling.metric}: the sweep fits "
+                f"scaling.metric={sweep_cfg.scaling.metric} for every run; set it in base or on the command line"
+            )
         steps, every, cut = (
             int(composed.trainer.total_steps),
             int(composed.eval.every),

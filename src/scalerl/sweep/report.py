@@ -93,6 +93,8 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
     client = client_for(uri)
     children = _children(client, exp_id, parent)
     scaling = state.get("scaling") or {}
+    protocol = FitProtocol.from_config(scaling)  # its metric: the curves loaded and fitted
+    metric = protocol.metric
 
     # ---- which runs exist, their status; the finished ones are fitted, the others listed
     runs, extra, pending = [], {}, []
@@ -119,7 +121,7 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
             "error": entry.get("error", "") if st != "finished" else "",
         }
         if st == "finished" and mrun is not None:
-            data = load_run(client, mrun)
+            data = load_run(client, mrun, reward_key=protocol.reward_key)
             data.run_name = run["name"]
             data.tags.setdefault("variant", run["variant"])
             runs.append(data)
@@ -127,8 +129,9 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         else:
             info.update(
                 run_id=mrun.info.run_id if mrun is not None else "",
-                pass_rate_start=_num(summ.get("pass_rate_start")) if summ else math.nan,
-                pass_rate_final=_num(summ.get("pass_rate_final")) if summ else math.nan,
+                # the fitted metric's (the summary's <metric>_start, _final)
+                pass_rate_start=_num(summ.get(f"{metric}_start")) if summ else math.nan,
+                pass_rate_final=_num(summ.get(f"{metric}_final")) if summ else math.nan,
             )
             pending.append(info)
 
@@ -151,7 +154,7 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         sweep_dir / "report",
         baseline=state.get("baseline"),
         baseline_given_by=f"the sweep file {state.get('file') or state['name']!r}",
-        protocol=FitProtocol.from_config(scaling),
+        protocol=protocol,
         client=client if write_back else None,
         name=f"Sweep {state['name']}",
         title=title,
