@@ -478,7 +478,7 @@ def test_cli_refuses_stores_and_outputs_it_cannot_use(store, refused, tmp_path):
     refused(
         main,
         [*base[:-1], "/proc/scalerl-analysis", *uri],
-        "--out='/proc/scalerl-analysis': cannot write there",
+        "--out='/proc/scalerl-analysis': cannot be created (/proc is the kernel's proc file system",
     )
     refused(main, [*base, *uri, "--bootstrap", "1"], "--bootstrap=1: must be 0 (no intervals) or at least 20")
     assert not (tmp_path / "out").exists()
