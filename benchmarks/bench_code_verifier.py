@@ -5,7 +5,7 @@ solutions of the first ``--humaneval`` problems), under each sandbox boundary th
     python benchmarks/bench_code_verifier.py [--runs 40] [--humaneval 20]
 
 Runs against whatever ``scalerl`` is importable, so the same script measures an older checkout
-(``PYTHONPATH=/path/to/old/src``): a ``CodeTask`` without the ``boundary`` argument is measured with
+(``PYTHONPATH=/path/to/old/src``): a ``CodeTask`` without the ``sandbox`` argument is measured with
 its own default only. Prints a Markdown table (median and 90th percentile seconds per program).
 """
 
