@@ -183,6 +183,21 @@ def test_none_is_todays_loss_bit_for_bit(loss):
     )
 
 
+def test_under_cispo_decoupled_is_the_recipe_while_the_ratio_stays_below_eps_max():
+    """CISPO already weights each token by sg(min(rho, eps_max)): against the proximal policy with the
+    whole behaviour weight it is the same loss and gradient wherever rho <= eps_max, and differs where
+    a token's ratio is above it (the sweep files leave decoupled out for that reason)."""
+    args = (_t(GEN), _t(ADV), _t(MASK), torch.tensor(GROUPS), "prompt")
+    grads = {}
+    for eps_max in (5.0, 1.3):  # every ratio here is below 5; some are above 1.3
+        for c in (Correction(), Correction("decoupled")):
+            logp = _t(TRAIN).requires_grad_()
+            algo.policy_loss("cispo", logp, *args, correction=c, eps_max=eps_max).backward()
+            grads[eps_max, c.name] = logp.grad
+    assert torch.allclose(grads[5.0, "none"], grads[5.0, "decoupled"], atol=1e-12)
+    assert not torch.allclose(grads[1.3, "none"], grads[1.3, "decoupled"], atol=1e-6)
+
+
 @pytest.mark.parametrize("loss", ["grpo", "gspo"])
 def test_decoupled_clip_does_not_fire_and_the_weight_corrects(loss):
     """Against the proximal policy the loss's ratio is 1: no token is clipped (``clip_fraction`` 0),
