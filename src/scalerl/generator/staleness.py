@@ -4,7 +4,9 @@ Tokens generated after an update come from the new weights reading keys and valu
 computed. :func:`measure_stale_kv` recomputes, for a few sequences that span an update, the
 log-probs of those tokens under the new weights from scratch (a fresh prefill) and records how far
 the generator's behaviour log-probs were from them: ``Sample.stale_kv_gap``, logged as
-``gen/stale_kv_logprob_gap``. With the same engine and no update the gap is 0 up to rounding.
+``gen/stale_kv_logprob_gap``. With the same engine and no update the gap is 0 up to rounding; so
+it is with ``generator.stale_kv=recompute``, which rebuilds the cache of the running sequences under
+the new weights at every update (the ablation of keeping it).
 
 An engine whose weights live in its workers re-scores through its own prompt log-probs, which are
 untempered and only the K most likely tokens' at each position: :func:`tempered_logprob` turns them
