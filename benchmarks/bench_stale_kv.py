@@ -1,0 +1,242 @@
+"""What ``generator.stale_kv=recompute`` costs against ``keep``: generation with an in-flight weight
+update every N decode steps, the two settings alternated on the same generator, same prompts.
+
+    python benchmarks/bench_stale_kv.py --out /tmp/stale_kv.json                 # tiny, HF and vLLM
+    python benchmarks/bench_stale_kv.py --size 135m --generators hf --every 16 64
+
+At every update ``recompute`` prefills each running sequence again (prompt + tokens so far), where
+``keep`` goes on over its cache. The update itself loads no weights here (``weight_update`` returns a
+new version and the weights stay as they are): loading them costs the same in both settings, so the
+difference is the cache's alone. Random weights (``bench_vllm.build``: the embedded default's model
+or SmolLM2-135M's architecture), no eos: every sequence samples exactly ``--new-tokens`` tokens in
+both settings. Per generator, N and setting: the median over ``--rounds`` of seconds a call and
+generated tokens/s, the process's CPU seconds a call (less disturbed by other jobs on the machine
+than wall time), the median decode step against the steps an update came before (within one call,
+so that the machine's load mostly cancels: the excess of those steps is the recompute's cost), the
+updates a call, the extra prefill positions a call (the generators'
+``stale_kv_recomputed_tokens``) against the tokens generated and against the prompts' own prefill.
+Rounds alternate the order (keep first, then recompute first). Prints the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_vllm import build, prompts  # noqa: E402
+
+
+def _machine() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        name = next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
+        )
+    except Exception:  # no lscpu
+        import platform
+
+        name = platform.processor() or platform.machine()
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _updates_every(n: int, updated: list[int] | None = None):
+    """A ``weight_update`` that announces a new version before every ``n``-th decode step (appending
+    the step's index to ``updated``)."""
+    calls = [0]
+
+    def weight_update():
+        calls[0] += 1
+        if calls[0] > 1 and (calls[0] - 1) % n == 0:
+            if updated is not None:
+                updated.append(calls[0] - 1)
+            return (calls[0] - 1) // n
+        return None
+
+    return weight_update
+
+
+def _call(gen, ps, n: int, every: int) -> dict:
+    before = gen.stale_kv_recomputed_tokens
+    updated: list[int] = []
+    ends: list[float] = []  # when each decode step ended
+    t, cpu = time.perf_counter(), time.process_time()
+    groups = gen.generate(
+        ps,
+        n,
+        version=0,
+        weight_update=_updates_every(every, updated),
+        on_step=lambda: ends.append(time.perf_counter()),
+    )
+    dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
+    samples = [s for g in groups for s in g]
+    # each step's seconds (the first, the prompts' prefill, left out): those an update came before
+    # against the others of the same call, so that a change of the machine's load cancels out
+    steps = [b - a for a, b in zip(ends, ends[1:])]
+    at_update = [steps[i - 1] for i in updated if 0 < i <= len(steps)]
+    others = [x for i, x in enumerate(steps, 1) if i not in set(updated)]
+    step_s = statistics.median(others)
+    return {
+        "s": dt,
+        "cpu_s": dcpu,
+        "step_s": step_s,
+        "update_step_s": statistics.median(at_update) if at_update else 0.0,
+        # what the steps an update came before cost beyond an ordinary step, all updates of the call
+        "update_excess_s": sum(at_update) - len(at_update) * step_s,
+        "tokens": sum(s.num_tokens for s in samples),
+        "updates": max(max(s.versions) for s in samples),
+        "extra_prefill": gen.stale_kv_recomputed_tokens - before,
+    }
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [
+        "| generator | N | stale_kv | wall s / call | tokens/s | recompute / keep | CPU s / call "
+        "| recompute / keep (CPU) | decode step ms | step after an update ms | updates' excess / call "
+        "| updates / call | extra prefill tokens / call | / generated | / prompt prefill |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['generator']} | {r['every']} | {r['stale_kv']} | {r['s']:.3f} | {r['tokens_per_s']:.0f} "
+            f"| {r['ratio']:.2f} | {r['cpu_s']:.3f} | {r['cpu_ratio']:.2f} | {r['step_s'] * 1e3:.1f} "
+            f"| {r['update_step_s'] * 1e3:.1f} | {r['update_excess']:.1%} | {r['updates']} "
+            f"| {r['extra_prefill']} | {r['per_generated']:.2f} | {r['per_prompt_prefill']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--generators", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
+    ap.add_argument("--size", default="tiny", choices=["tiny", "135m"])
+    ap.add_argument("--every", type=int, nargs="+", default=[8, 32], help="decode steps between updates")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n", type=int, default=4, help="samples per prompt")
+    ap.add_argument("--prompt-len", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--out", type=Path, help="JSON of every call")
+    a = ap.parse_args()
+
+    from scalerl.config import compose
+    from scalerl.model.precision import Precision
+
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(__file__),
+        ).stdout.strip(),
+        "machine": _machine(),
+        "uptime_start": _uptime(),
+        "torch_threads": torch.get_num_threads(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+        "calls": [],
+    }
+    print(f"# {result['date']}, commit {result['commit']}, {result['machine']}", flush=True)
+    print(f"# start: {result['uptime_start']}", flush=True)
+    lc = compose(["length_control=none", f"length_control.max_new_tokens={a.new_tokens}"]).length_control
+    model, tok = build(a.size)
+    # no eos anywhere: vLLM would stop at the model config's (its generation config), the HF sampler not
+    model.config.eos_token_id = None
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
+    ps = prompts(model, a.prompts, a.prompt_len)
+    prompt_prefill = a.prompts * a.n * a.prompt_len
+    rows = []
+    for name in a.generators:
+        if name == "hf":
+            from scalerl.generator.hf import HFGenerator
+
+            gen = HFGenerator(model, tok, Precision(), lc, temperature=1.0, seed=0, stale_kv_samples=0)
+        else:
+            from scalerl.generator.vllm_gen import VLLMGenerator
+
+            gen = VLLMGenerator(
+                model, tok, Precision(), lc, temperature=1.0, seed=0, kv_cache_gib=2.0, stale_kv_samples=0
+            )
+            gen.drop_model()
+        gen.generate(ps, a.n, version=0)  # warm-up
+        for every in a.every:
+            calls: dict[str, list[dict]] = {"keep": [], "recompute": []}
+            for r in range(a.rounds):
+                for mode in ("keep", "recompute") if r % 2 == 0 else ("recompute", "keep"):
+                    gen.stale_kv = mode
+                    c = _call(gen, ps, a.n, every)
+                    calls[mode].append(c)
+                    result["calls"].append(
+                        {"generator": name, "every": every, "stale_kv": mode, "round": r, **c}
+                    )
+                    print(
+                        f"{name} N={every} {mode}: {c['s']:.3f} s ({c['cpu_s']:.3f} s CPU), "
+                        f"{c['tokens'] / c['s']:.0f} tok/s, "
+                        f"{c['updates']} updates, {c['extra_prefill']} extra prefill tokens",
+                        flush=True,
+                    )
+            keep_s = statistics.median(c["s"] for c in calls["keep"])
+            keep_cpu = statistics.median(c["cpu_s"] for c in calls["keep"])
+            for mode in ("keep", "recompute"):
+                cs = calls[mode]
+                s = statistics.median(c["s"] for c in cs)
+                cpu = statistics.median(c["cpu_s"] for c in cs)
+                excess = statistics.median(c["update_excess_s"] / c["s"] for c in cs)
+                extra = int(statistics.median(c["extra_prefill"] for c in cs))
+                tokens = cs[0]["tokens"]
+                rows.append(
+                    {
+                        "generator": name,
+                        "every": every,
+                        "stale_kv": mode,
+                        "s": s,
+                        "tokens_per_s": tokens / s,
+                        "ratio": s / keep_s,
+                        "cpu_s": cpu,
+                        "cpu_ratio": cpu / keep_cpu,
+                        "step_s": statistics.median(c["step_s"] for c in cs),
+                        "update_step_s": statistics.median(c["update_step_s"] for c in cs),
+                        "update_excess": excess,
+                        "updates": cs[0]["updates"],
+                        "extra_prefill": extra,
+                        "per_generated": extra / tokens,
+                        "per_prompt_prefill": extra / prompt_prefill,
+                    }
+                )
+        gen.stale_kv = "keep"
+    result["uptime_end"] = _uptime()
+    result["summary"] = rows
+    print(f"# end: {result['uptime_end']}", flush=True)
+    print(
+        f"\n{a.size} model, {a.prompts} prompts x {a.n} samples, prompts of {a.prompt_len} tokens, "
+        f"{a.new_tokens} new tokens a sequence ({prompt_prefill} prompt tokens prefilled a call); "
+        "medians over the rounds; recompute / keep: the ratio of seconds a call (wall, and the process's "
+        "CPU seconds); decode step: the median step of a call without an update before it; step after "
+        "an update: the median of those; updates' excess: what the steps after updates took beyond "
+        "ordinary steps, as a share of the call (within a call: the least disturbed by other jobs)\n"
+    )
+    print(_table(rows))
+    if a.out:
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
