@@ -351,7 +351,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     from test_trainer_contract import bucketed_batch, with_own_logprobs
     from scalerl.config import compose
     from scalerl.trainer import make_trainer
-    from scalerl.trainer.deepspeed_engine import init_distributed
+    from scalerl.trainer.deepspeed_engine import end_distributed, init_distributed
 
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
@@ -424,9 +424,10 @@ TWO_RANK_SCRIPT = textwrap.dedent(
             out["3-buckets-on-one-rank"] = res
     with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
         json.dump(out, f)
-    # both ranks done before their process group goes (not left to the interpreter's exit)
-    dist.barrier()
-    dist.destroy_process_group()
+    # as a run ends: its process groups destroyed and gloo's worker threads settled before the
+    # interpreter finalizes (a worker still dropping the last collective's tensors then would abort
+    # the process: "terminate called without an active exception", see end_distributed)
+    assert end_distributed() and not dist.is_initialized()
     """
 )
 
@@ -469,6 +470,8 @@ def _finish(proc: subprocess.Popen, timeout: float) -> str:
         _sigkill_tree(proc)
         pytest.fail("torchrun timed out")
     assert proc.returncode == 0, out[-4000:]
+    # no rank aborted as it exited (each rank's stderr is in out; see end_distributed)
+    assert "terminate called" not in out, out[-4000:]
     return out
 
 
@@ -622,6 +625,65 @@ def test_one_process_listens_on_loopback_only(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     addrs = json.loads(r.stdout.strip().splitlines()[-1])
     assert addrs and all(a == "127.0.0.1" for a, _ in addrs), addrs
+
+
+def test_a_run_ends_the_process_group_its_trainer_started(tmp_path):
+    """train() that builds its own trainer ends the torch.distributed the trainer started, when the
+    run ends normally and when it fails: the groups destroyed, the rank variables a single process
+    was given taken back, gloo's worker threads settled (a worker still dropping a collective's
+    tensors as the interpreter finalizes aborts the process). A run given its components leaves the
+    caller's process group alone. (The parts are stand-ins: only the ownership is tested here.)"""
+    code = textwrap.dedent(
+        """
+        import json, os, sys, torch
+        import torch.distributed as dist
+        from scalerl.config import compose
+        from scalerl.loop import run as loop_run
+        from scalerl.loop.errors import RunError
+        from scalerl.trainer.deepspeed_engine import init_distributed
+
+        def build(cfg, tracker=None):  # what a DeepSpeed trainer starts, and one collective
+            init_distributed(torch.device("cpu"))
+            dist.all_reduce(torch.ones(64))
+            return "parts"
+
+        def recipe(run, stop):
+            if os.environ.get("RUN_FAILS"):
+                raise RunError("the run failed")
+            return {"steps": 1}
+
+        loop_run.build, loop_run._recipe = build, recipe
+        cfg = compose([f"out_dir={sys.argv[1]}"])
+        seen = {}
+        seen["normal"] = [loop_run.train(cfg), dist.is_initialized(), "RANK" in os.environ]
+        os.environ["RUN_FAILS"] = "1"
+        try:
+            loop_run.train(cfg)
+        except RunError as e:
+            seen["error"] = [str(e), dist.is_initialized(), "RANK" in os.environ]
+        del os.environ["RUN_FAILS"]
+        init_distributed(torch.device("cpu"))  # the caller's
+        seen["given"] = [str(loop_run.train(cfg, components="parts")), dist.is_initialized()]
+        print(json.dumps(seen))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (*_RANK_VARS, "DS_ACCELERATOR")}
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "ext")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0 and "terminate called" not in r.stderr, r.stderr[-3000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "normal": [{"steps": 1}, False, False],
+        "error": ["the run failed", False, False],
+        "given": ["{'steps': 1}", True],
+    }
 
 
 def test_a_crafted_engine_checkpoint_is_refused_on_resume(tiny_overrides, tmp_path):

@@ -78,7 +78,8 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     (:class:`Stopped`), a second one at once (:class:`~scalerl.loop.signals.Interrupted`); the MLflow
     run is then KILLED. A run that ends with metrics the tracking store did not take raises
     :class:`~scalerl.loop.summary.MetricsUnflushed` (they stay in its checkpoint; running it again
-    writes them)."""
+    writes them). A run that builds its own parts ends the torch.distributed its trainer started
+    when it ends, normally or on error (:func:`_own_distributed`)."""
     _quiet_logging()
     OmegaConf.resolve(cfg)
     engine = engine_task(cfg)  # one of a multi-task job's generator tasks (placement.generator_tasks)
@@ -93,8 +94,10 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
             finished.setdefault("tracking_uri", redact(tracking_uri(cfg)))
             print_summary(finished)
             return finished
-        run = components if components is not None else build(cfg, tracker=tracker)
-        return _recipe(run, stop)
+        if components is not None:  # the caller's, and so is any process group their trainer started
+            return _recipe(components, stop)
+        with _own_distributed():
+            return _recipe(build(cfg, tracker=tracker), stop)
 
 
 def _recipe(run: Components, stop: StopSignals) -> dict:
@@ -346,6 +349,24 @@ def _out_dir_lock(cfg, main: bool):
         return
     with hold(*out_dir_lock(Path(cfg.out_dir)), wait=False):
         yield
+
+
+@contextlib.contextmanager
+def _own_distributed():
+    """A run that builds its own trainer ends the torch.distributed its trainer starts (trainer=deepspeed:
+    the default process group and every group made from it), however the run ends: destroyed, and
+    gloo's worker threads settled, before the process may exit
+    (:func:`~scalerl.trainer.deepspeed_engine.end_distributed`)."""
+    import torch.distributed as dist
+
+    started = not (dist.is_available() and dist.is_initialized())
+    try:
+        yield
+    finally:
+        if started:
+            from scalerl.trainer.deepspeed_engine import end_distributed
+
+            end_distributed()
 
 
 def _stop_agreed(run: Components, local: bool) -> bool:

@@ -12,6 +12,9 @@ finite, and for ZeRO-0 this engine checks the averaged gradient itself (the same
 
 Extra DeepSpeed settings can be merged into the generated config from the environment:
 ``SCALERL_DS_CONFIG='{"zero_optimization": {"stage3_param_persistence_threshold": 0}}'``.
+
+:func:`init_distributed` starts this process's torch.distributed; :func:`end_distributed` ends it
+(the run that built its trainer calls it when it ends, normally or on error).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ import atexit
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
 import socket
+import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -34,6 +40,8 @@ from torch import nn
 
 from scalerl.storage import check_no_code, load_safe, save_atomic
 from scalerl.trainer.engine import Engine, build_optimizer
+
+log = logging.getLogger("scalerl")
 
 # the classes DeepSpeed's own checkpoint files hold besides tensors and plain values (data only)
 DEEPSPEED_DATA_CLASSES = frozenset(
@@ -86,6 +94,10 @@ def import_deepspeed(device: torch.device):
     return deepspeed
 
 
+# the rank variables init_distributed set for a single process (end_distributed takes them back)
+_SINGLE_ENV: dict[str, str] = {}
+
+
 def init_distributed(device: torch.device) -> None:
     """Initialise torch.distributed for DeepSpeed. A single process (no launcher) rendezvouses
     through a file, so it opens no listening socket; under a launcher the launcher's rendezvous is
@@ -93,15 +105,15 @@ def init_distributed(device: torch.device) -> None:
     deepspeed = import_deepspeed(device)
     single = "RANK" not in os.environ
     if single:
-        os.environ.update(
-            {
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(_free_port()),
-                "RANK": "0",
-                "WORLD_SIZE": "1",
-                "LOCAL_RANK": "0",
-            }
-        )
+        env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port()),
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+        }
+        os.environ.update(env)
+        _SINGLE_ENV.update(env)
     if device.type == "cpu":
         _skip_shm_comm_op()
     # DeepSpeed's ZeRO calls these torch.distributed functions on every step
@@ -118,6 +130,92 @@ def init_distributed(device: torch.device) -> None:
         dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=0, world_size=1)
     if not dist.is_initialized() or not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(dist_backend=backend)
+
+
+def end_distributed(settle_s: float = 10.0) -> bool:
+    """End this process's torch.distributed: destroy every process group (DeepSpeed's references to
+    them too), take back the rank variables :func:`init_distributed` set for a single process, and
+    let gloo's worker threads settle before the interpreter may finalize. Local (no collective), so
+    it also ends a run that failed on one rank only; nothing to do where torch.distributed is not
+    initialised. Returns whether the workers settled within ``settle_s`` seconds (True where there
+    are none).
+
+    Why the settling: a gloo group runs its collectives on worker threads, which outlive
+    ``destroy_process_group`` while anything still holds the group (DeepSpeed's ZeRO-3 objects do,
+    for the life of the process). Such a thread drops the tensors of the collective it ran just
+    after that collective has returned, and dropping a tensor that has a Python object takes the
+    GIL. A process that ends right after a collective, without letting go of the GIL in between,
+    starts finalizing first; the thread's GIL request then ends it in the middle of a C++
+    destructor: std::terminate, "terminate called without an active exception", SIGABRT (tensors
+    freed by a background thread during ``Py_FinalizeEx``: pytorch/pytorch#190489 and #117762;
+    CPython 3.14 parks such threads instead of ending them, python/cpython gh-87135)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    comm = sys.modules.get("deepspeed.comm")
+    if comm is not None and comm.is_initialized():
+        comm.destroy_process_group()  # torch's groups, then DeepSpeed's own references to them
+    else:
+        dist.destroy_process_group()
+    for k, v in _SINGLE_ENV.items():
+        if os.environ.get(k) == v:
+            del os.environ[k]
+    _SINGLE_ENV.clear()
+    settled = _gloo_workers_settle(settle_s)
+    if not settled:
+        log.warning(
+            "torch.distributed ended, but gloo's worker threads were still busy after %.0f s; the "
+            "process may abort as it exits ('terminate called without an active exception')",
+            settle_s,
+        )
+    return settled
+
+
+# gloo's worker threads, as torch names them
+_GLOO_WORKER_THREAD = "pt_gloo_runloop"
+
+
+def _gloo_workers() -> dict[str, tuple[str, int]]:
+    """``{thread id: (state, voluntary context switches)}`` of this process's gloo worker threads,
+    from ``/proc`` (``{}`` where there is none, or no ``/proc``)."""
+    out: dict[str, tuple[str, int]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != _GLOO_WORKER_THREAD:
+                    continue
+            with open(f"/proc/self/task/{tid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            out[tid] = (fields["State"].split()[0], int(fields["voluntary_ctxt_switches"]))
+        except (OSError, KeyError, ValueError):  # the thread ended meanwhile
+            continue
+    return out
+
+
+def _gloo_workers_settle(timeout: float) -> bool:
+    """Wait, without the GIL, until every gloo worker thread sleeps without waking up for a while.
+
+    A worker with nothing to do waits on its queue with no timeout: it sleeps and never wakes. A
+    worker that still has to drop a collective's tensors runs, or waits for the GIL, which it asks
+    for again every switch interval (5 ms): it wakes up. Sleeping here lets go of the GIL, so such a
+    worker takes it as soon as it gets a core; a window of several intervals with every worker
+    asleep and none woken means none has anything left to do. Returns False after ``timeout``
+    seconds without such a window."""
+    window = max(0.05, 10 * sys.getswitchinterval())
+    deadline = time.monotonic() + timeout
+    before = _gloo_workers()
+    while before:
+        time.sleep(window)
+        now = _gloo_workers()
+        if all(state == "S" and before.get(tid) == (state, n) for tid, (state, n) in now.items()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        before = now
+    return True
 
 
 def _deep_update(base: dict, extra: dict) -> dict:
