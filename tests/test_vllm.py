@@ -109,6 +109,10 @@ def test_the_engine_measures_the_stale_kv_gap_at_the_sampling_temperature():
     t = 0.6
     lc = compose(["length_control=none", "length_control.max_new_tokens=24"]).length_control
     gen = VLLMGenerator(policy(0), TOK, Precision(), lc, temperature=t, seed=5, stale_kv_top_k=len(TOK))
+    # kept for the module: an engine freed here tears down vLLM's process-wide model-parallel groups,
+    # which the module's cached engines (generator()) still use ("pipeline model parallel group is
+    # not initialized" in the next test that reuses one)
+    _GEN["temperature-0.6"] = gen
     new = policy(0)
     with torch.no_grad():
         for p in new.parameters():
