@@ -212,7 +212,7 @@ def test_stale_kv_recompute_keeps_the_interruption_budgets():
         "length_control.answer_budget=3",
         "length_control.max_new_tokens=14",
     ]
-    gen = generator(lc, "interruption")
+    gen = generator(lc, "interruption-4-8")  # its own key: the engine's budgets are fixed when it is made
     old, new = policy(2), _perturbed(8)
     gen.load_weights(PolicyWeights(old), 0)
     gen.stale_kv, gen.model = "recompute", new
