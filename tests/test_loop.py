@@ -41,7 +41,7 @@ INTERFACE_METRICS = [
     "mismatch/k3_token",
     "mismatch/chi2_seq",
     "mismatch/ess_token",
-    "correction/truncated_tokens",
+    "mismatch/truncated_tokens",
     "train/policy_lag_mean",
     "train/policy_lag_max",
     "perf/tokens_per_s",
@@ -172,7 +172,7 @@ def test_every_option_trains(option, tiny_overrides):
         for k in ("k3_token", "k3_seq", "chi2_token", "chi2_seq", "ess_token", "ess_seq"):
             assert len(history(uri, summary["run_id"], f"mismatch/{k}")) == 4, k
         for k in ("truncated_tokens", "truncated_sequences", "masked_tokens", "masked_sequences"):
-            assert 0 <= run.data.metrics[f"correction/{k}"] <= 1, k
+            assert 0 <= run.data.metrics[f"mismatch/{k}"] <= 1, k
     if option == "length_control=length_penalty":
         rewards = [v for _, v in history(uri, summary["run_id"], "train/reward")]
         correct = [v for _, v in history(uri, summary["run_id"], "train/correct")]

@@ -445,9 +445,7 @@ class Trainer:
             out[f"train/{k}"] = v if k.endswith("_max") else v / n
         sums = {k.removeprefix("mismatch_"): v for k, v in acc.items() if k.startswith("mismatch_")}
         if sums:
-            for k, v in algo.finish_mismatch(sums).items():
-                group = "correction" if k.startswith(("truncated", "masked")) else "mismatch"
-                out[f"{group}/{k}"] = v
+            out.update({f"mismatch/{k}": v for k, v in algo.finish_mismatch(sums).items()})
         return out
 
     # ------------------------------------------------------------------ state
