@@ -171,6 +171,8 @@ ADDED_KEYS = {
     "correction.level": "token",
     "task.sandbox": "strong",  # issue 55: the strongest boundary, as runs before chose (now never a weak one)
     "task.domains.code.sandbox": "strong",
+    "generator.stale_kv": "keep",  # issue 57: the stale KV cache kept, as before
+    "eval.pass_at_k": "[]",  # issue 57: no pass@k logged, as before
 }
 
 # the run-wide sections, checked like options
