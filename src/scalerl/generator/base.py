@@ -68,14 +68,7 @@ class Generator(abc.ABC):
         ``on_step``: called after every decode step."""
         if not prompts:
             return []
-        if n < 1:
-            raise ValueError(f"n={n}: the samples per prompt must be >= 1")
-        group_ids = list(range(len(prompts))) if group_ids is None else list(group_ids)
-        if len(group_ids) != len(prompts):
-            raise ValueError(
-                f"group_ids has {len(group_ids)} ids for {len(prompts)} prompts: it must have one per prompt"
-            )
-        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        prompt_ids, group_ids = self._checked(prompts, n, group_ids)
         return self._generate(
             prompts,
             prompt_ids,
@@ -85,6 +78,32 @@ class Generator(abc.ABC):
             weight_update=weight_update,
             on_step=on_step,
         )
+
+    def _checked(self, prompts, n: int, group_ids) -> tuple[list[list[int]], list[int]]:
+        """(the prompts' token ids, one group id per prompt), inputs checked (one line each)."""
+        if n < 1:
+            raise ValueError(f"n={n}: the samples per prompt must be >= 1")
+        group_ids = list(range(len(prompts))) if group_ids is None else list(group_ids)
+        if len(group_ids) != len(prompts):
+            raise ValueError(
+                f"group_ids has {len(group_ids)} ids for {len(prompts)} prompts: it must have one per prompt"
+            )
+        return [encode_prompt(self.tokenizer, p) for p in prompts], group_ids
+
+    # continuous generation (optional): a generator that can take new sequences while others run
+    continuous: bool = False
+
+    def session(
+        self,
+        *,
+        weight_update: Callable[[], int | None] | None = None,
+        on_step: Callable[[], None] | None = None,
+        rows: int | None = None,
+    ) -> GenerationSession:
+        """A :class:`GenerationSession` over this generator (only where :attr:`continuous`):
+        ``weight_update`` and ``on_step`` as in :meth:`generate`; ``rows``: the sequences it is
+        sized for (it takes more when asked, at some cost)."""
+        raise NotImplementedError(f"{type(self).__name__} has no continuous generation")
 
     @abc.abstractmethod
     def _generate(
@@ -140,3 +159,60 @@ class Generator(abc.ABC):
     def manual_seed(self, seed: int) -> None:
         """Restart the sampling stream from ``seed``."""
         self.rng.manual_seed(seed)
+
+
+class GenerationSession(abc.ABC):
+    """Continuous generation: sequences join while others run (a slot freed by a finished sequence
+    is taken by the next), and each piece of work comes back as soon as all its sequences finished.
+
+    ``add(prompts, n, group_ids=..., tag=...)`` queues ``n`` samples of each prompt as one piece of
+    work named ``tag``; they start at the next :meth:`step`. :meth:`step` takes new weights first
+    (``weight_update``, exactly as :meth:`Generator.generate` polls it), then generates one token
+    for every running sequence and returns ``[(tag, groups)]`` for each piece of work whose
+    sequences have all finished (groups in prompt order, the :class:`~scalerl.generator.sample.Sample`
+    contract of :meth:`Generator.generate`). Every token carries the version of the generator's
+    weights at the step that produced it, also when the weights were changed outside :meth:`step`
+    (the session compares :attr:`Generator.version` at every step).
+
+    Not reproducible against :meth:`Generator.generate`'s random stream in general: which random
+    numbers a sequence draws depends on what else runs beside it (see each generator's notes)."""
+
+    # True where another generate() on the same generator would step this session's sequences too
+    # (vLLM: one engine): the caller drains the session first
+    exclusive: bool = False
+
+    def __init__(self, gen: Generator):
+        self.gen = gen
+
+    @property
+    @abc.abstractmethod
+    def running(self) -> int:
+        """Sequences added and not yet finished (queued for their first step included)."""
+
+    def add(
+        self, prompts: Sequence[Any], n: int, *, group_ids: list[int] | None = None, tag: Any = None
+    ) -> None:
+        """Queue ``n`` samples of each prompt as one piece of work ``tag`` (inputs checked as
+        :meth:`Generator.generate` checks them)."""
+        if not prompts:
+            raise ValueError("a piece of work needs at least one prompt")
+        prompt_ids, group_ids = self.gen._checked(prompts, n, group_ids)
+        self._add(list(prompts), prompt_ids, n, group_ids, tag)
+
+    @abc.abstractmethod
+    def _add(self, prompts, prompt_ids: list[list[int]], n: int, group_ids: list[int], tag: Any) -> None:
+        """:meth:`add` on checked inputs."""
+
+    @abc.abstractmethod
+    def step(self) -> list[tuple[Any, list[list[Sample]]]]:
+        """One decode step of every running sequence; the pieces of work it finished."""
+
+    def pause(self) -> None:  # noqa: B027 - most sessions hold nothing between steps
+        """Before the generator is used otherwise between steps (evaluation, new weights)."""
+
+    def drain(self) -> list[tuple[Any, list[list[Sample]]]]:
+        """Step until nothing runs; every piece of work finished meanwhile."""
+        done = []
+        while self.running:
+            done.extend(self.step())
+        return done

@@ -35,7 +35,7 @@ import torch
 from scalerl.config.groups.generator import STALE_KV
 from scalerl.config.options import options
 from scalerl.generator import static_decode
-from scalerl.generator.base import Generator
+from scalerl.generator.base import GenerationSession, Generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.kv_cache import with_cache
@@ -177,6 +177,13 @@ class HFGenerator(Generator):
                 self.model, self.precision, self.temperature, groups, self.version, self.stale_kv_samples
             )
         return groups
+
+    continuous = True
+
+    def session(self, *, weight_update=None, on_step=None, rows: int | None = None) -> _HFSession:
+        """Continuous generation over a :class:`~scalerl.generator.slots.SlotCache` of ``rows``
+        slots (default: 64); see :class:`_HFSession`."""
+        return _HFSession(self, weight_update, on_step, int(rows or 64))
 
     # ------------------------------------------------------------------ internals
     def _logprobs(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
@@ -427,6 +434,232 @@ class HFGenerator(Generator):
                 )
             )
         return groups
+
+
+@dataclass
+class _Work:
+    """A piece of work in a session: its prompts, and each finished row's sample fields."""
+
+    tag: Any
+    prompts: list
+    prompt_ids: list[list[int]]
+    n: int
+    group_ids: list[int]
+    rows: dict[int, dict[str, Any]]
+    left: int
+
+
+class _HFSession(GenerationSession):
+    """Continuous generation with the HF generator: one row per sample in a slot of a
+    :class:`~scalerl.generator.slots.SlotCache`, each at its own position.
+
+    A step: take new weights (as :meth:`HFGenerator._decode` does; the rounded-weight cache of
+    emulated precision refreshed, and with ``stale_kv=recompute`` every running row prefilled again
+    over prompt + tokens so far); one decode token for the running rows; the prompts added since the
+    last step prefilled into free slots (each prompt once, its keys copied into its ``n`` slots);
+    then sampling, phrase forcing, budgets and finishing exactly as the batch path does
+    (:meth:`HFGenerator._advance`, the same per-row state over all slots: a free slot is a finished
+    row). Finished rows free their slots at once.
+
+    Random stream: the exponential noise of a step is drawn for every slot (free ones too) and the
+    thinking budgets at :meth:`add`, so a session of ``rows`` slots given one piece of work of
+    ``rows`` samples draws exactly what :meth:`HFGenerator.generate` draws and samples the same
+    tokens (up to floating-point ties: the slot path masks instead of padding). With more slots, or
+    work joining later, the draws a row sees depend on its slot and step: the same distribution,
+    other samples."""
+
+    def __init__(self, gen: HFGenerator, weight_update, on_step, rows: int):
+        from scalerl.generator.slots import SlotCache
+
+        super().__init__(gen)
+        self.weight_update, self.on_step = weight_update, on_step
+        self.interrupt = gen.mode == "interruption"
+        self.max_steps = gen.max_new_tokens + (len(gen.phrase_ids) if self.interrupt else 0)
+        model = gen.model
+        body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.cache = SlotCache(
+            body, rows, 64 + self.max_steps, gen.device, lambda: gen.precision.autocast(model)
+        )
+        self.answer_budget = gen.answer_budget if self.interrupt else self.max_steps + 1
+        self._alloc_state(rows)
+        self.work: dict[int, _Work] = {}
+        self.slot_of: dict[int, tuple[int, int]] = {}  # slot -> (work key, row)
+        self.pending: list[tuple[int, list[int]]] = []  # (work key, its slots) to prefill next step
+        self._key = 0
+        self.version = gen.version
+        self._cached: _CachedWeights | None = None
+        self.steps = 0
+
+    def _alloc_state(self, rows: int, old: _RowState | None = None) -> None:
+        dev = self.gen.device
+        budget = torch.zeros(rows, dtype=torch.long, device=dev)
+        rs = _RowState.start(rows, budget, self.answer_budget, dev)
+        rs.done[:] = True  # a free slot is a finished row
+        buf = (rows, self.max_steps)
+        tok = torch.zeros(buf, dtype=torch.long, device=dev)
+        lp = torch.zeros(buf, dtype=torch.float32, device=dev)
+        sampled = torch.zeros(buf, dtype=torch.bool, device=dev)
+        ver = torch.full(buf, -1, dtype=torch.long, device=dev)
+        t = torch.zeros(rows, dtype=torch.long, device=dev)
+        last = torch.full((rows,), self.gen.pad_id, dtype=torch.long, device=dev)
+        if old is not None:  # grown: the running rows keep their state
+            k = old.done.shape[0]
+            for name in rs.__dataclass_fields__:
+                if name != "answer_budget":
+                    getattr(rs, name)[:k] = getattr(old, name)
+            for new, cur in zip((tok, lp, sampled, ver, t, last), self._buffers()):
+                new[:k] = cur
+        self.rs = rs
+        self.tok_buf, self.lp_buf, self.sampled_buf, self.ver_buf, self.t, self.last = (
+            tok,
+            lp,
+            sampled,
+            ver,
+            t,
+            last,
+        )
+
+    def _buffers(self):
+        return (self.tok_buf, self.lp_buf, self.sampled_buf, self.ver_buf, self.t, self.last)
+
+    @property
+    def running(self) -> int:
+        return sum(w.left for w in self.work.values())
+
+    def _add(self, prompts, prompt_ids, n, group_ids, tag) -> None:
+        gen = self.gen
+        k = len(prompts) * n
+        if self.interrupt:  # drawn now, as HFGenerator._row_state draws them for a batch
+            budget = torch.randint(
+                gen.think_budget_min, gen.think_budget_max + 1, (k,), generator=gen.rng, device=gen.device
+            )
+        else:
+            budget = torch.full((k,), self.max_steps + 1, dtype=torch.long, device=gen.device)
+        slots = self.cache.alloc(k)
+        if self.cache.rows > self.rs.done.shape[0]:
+            self._alloc_state(self.cache.rows, self.rs)
+        self.cache.grow(capacity=max(len(x) for x in prompt_ids) + self.max_steps + 1)
+        idx = torch.tensor(slots, dtype=torch.long, device=gen.device)
+        rs = self.rs
+        rs.budget[idx] = budget
+        for f in (rs.done, rs.eos_hit, rs.truncated, rs.answering, rs.interrupted):
+            f[idx] = False
+        for f in (rs.n_sampled, rs.n_think, rs.n_answer, self.t):
+            f[idx] = 0
+        rs.force_idx[idx] = -1
+        rs.done[idx] = True  # until its prefill, next step
+        self._key += 1
+        self.work[self._key] = _Work(tag, prompts, prompt_ids, n, group_ids, {}, k)
+        for r, slot in enumerate(slots):
+            self.slot_of[slot] = (self._key, r)
+        self.pending.append((self._key, slots))
+
+    def pause(self) -> None:
+        """Drop the rounded-weight cache (the generator is used otherwise, or its weights change)."""
+        if self._cached is not None:
+            self._cached.__exit__(None, None, None)
+            self._cached = None
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Any, list[list[Sample]]]]:
+        gen = self.gen
+        if not self.running:
+            return []
+        if gen.model.training:
+            gen.model.eval()
+        if self._cached is None:
+            self._cached = _CachedWeights(gen.model, enabled=gen.cache_rounded_weights).__enter__()
+        gen._take_new_weights(self.weight_update, None)
+        if gen.version != self.version:  # in this step's poll, or between steps
+            self.version = gen.version
+            self._cached.refresh()
+            if gen.stale_kv == "recompute":
+                self._recompute()
+        rs, S = self.rs, self.rs.done.shape[0]
+        live = ~rs.done  # rows decoding (not the ones added since the last step)
+        hi = self.cache.hi
+        logp = None
+        if bool(live.any()):
+            hidden = self.cache.decode(self.last[:hi], live[:hi])
+            lp_hi = gen._head_logprobs(hidden)
+            logp = lp_hi.new_zeros((S, lp_hi.shape[-1]))
+            logp[:hi] = lp_hi
+        for key, slots in self.pending:
+            w = self.work[key]
+            hidden = self.cache.prefill(slots, w.prompt_ids, w.n, gen.pad_id)
+            lp_new = gen._head_logprobs(hidden)
+            if logp is None:
+                logp = lp_new.new_zeros((S, lp_new.shape[-1]))
+            idx = torch.tensor(slots, dtype=torch.long, device=gen.device)
+            logp[idx] = lp_new
+            rs.done[idx] = False
+        self.pending = []
+        tok = gen._sample(logp)
+        lp = logp.gather(1, tok[:, None]).squeeze(1).float()
+        tok, sampled, active = gen._advance(rs, tok)
+        rows = torch.arange(S, device=gen.device)
+        at = self.t.clamp_max(self.max_steps - 1)
+        self.tok_buf[rows, at] = torch.where(active, tok, self.tok_buf[rows, at])
+        self.lp_buf[rows, at] = torch.where(active & sampled, lp, self.lp_buf[rows, at])
+        self.sampled_buf[rows, at] = torch.where(active, sampled, self.sampled_buf[rows, at])
+        self.ver_buf[rows, at] = torch.where(
+            active, torch.where(sampled, self.version, -1), self.ver_buf[rows, at]
+        )
+        self.t += active.long()
+        self.last = tok
+        self.steps += 1
+        done = self._finish((active & rs.done).nonzero().squeeze(1).tolist())
+        if self.on_step is not None:
+            self.on_step()
+        return done
+
+    def _finish(self, slots: list[int]) -> list[tuple[Any, list[list[Sample]]]]:
+        """The rows in ``slots`` finished: their fields kept, their slots freed; the work done."""
+        if not slots:
+            return []
+        rs, out = self.rs, []
+        for slot in slots:
+            key, r = self.slot_of.pop(slot)
+            n = int(self.t[slot])
+            self.work[key].rows[r] = {
+                "tokens": self.tok_buf[slot, :n].tolist(),
+                "logprobs": torch.where(self.sampled_buf[slot, :n], self.lp_buf[slot, :n], 0.0).tolist(),
+                "mask": self.sampled_buf[slot, :n].long().tolist(),
+                "versions": self.ver_buf[slot, :n].tolist(),
+                "truncated": bool(rs.truncated[slot]),
+                "interrupted": bool(rs.interrupted[slot]),
+                "think_tokens": int(rs.n_think[slot]),
+                "eos": bool(rs.eos_hit[slot]),
+            }
+            self.work[key].left -= 1
+        self.cache.release(slots)
+        for key in [k for k, w in self.work.items() if w.left == 0]:
+            w = self.work.pop(key)
+            out.append((w.tag, self._samples(w)))
+        return out
+
+    def _samples(self, w: _Work) -> list[list[Sample]]:
+        rows = [w.rows[r] for r in range(len(w.prompts) * w.n)]
+        result = {k: [row[k] for row in rows] for k in rows[0]}
+        result["lengths"] = [len(row["tokens"]) for row in rows]
+        groups = self.gen._to_samples(w.prompts, w.prompt_ids, w.group_ids, w.n, result)
+        if self.weight_update is not None:
+            g = self.gen
+            measure_stale_kv(g.model, g.precision, g.temperature, groups, g.version, g.stale_kv_samples)
+        return groups
+
+    def _recompute(self) -> None:
+        """``stale_kv=recompute``: every running row prefilled again under the new weights over its
+        prompt and the tokens fed so far (the last sampled one is fed by the next decode, as usual)."""
+        live = (~self.rs.done).nonzero().squeeze(1).tolist()
+        seqs = []
+        for slot in live:
+            key, r = self.slot_of[slot]
+            w = self.work[key]
+            seqs.append(list(w.prompt_ids[r // w.n]) + self.tok_buf[slot, : int(self.t[slot]) - 1].tolist())
+            self.gen.stale_kv_recomputed_tokens += len(seqs[-1]) + 1
+        if live:
+            self.cache.prefill(live, seqs, 1, self.gen.pad_id)
 
 
 @dataclass
