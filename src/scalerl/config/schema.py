@@ -161,6 +161,10 @@ RESUMABLE_CHANGES = (
     "launcher.",
     "placement.",
     "scaling.",
+    # how the engines lay out their work (issue 56: continuous, or in waves as before), like
+    # placement.*: the samples' distribution and the staleness bound are the recipe's either way
+    "generator.continuous",
+    "generator.max_running",
 )
 
 # recipe keys added since runs were first written, each with the value that reproduces what a run

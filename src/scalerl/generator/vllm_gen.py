@@ -35,6 +35,7 @@ follow from its state (saved in checkpoints) as the HF generator's do.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from typing import Any
 
 import torch
 
-from scalerl.generator.base import Generator
+from scalerl.generator.base import GenerationSession, Generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.precision import Precision
@@ -83,6 +84,24 @@ def check_cpu_head_dim(config: Any) -> None:
             f"generator=vllm on a CPU: the model's head size {head_dim} (hidden size / heads) has no vLLM CPU "
             f"attention kernel; supported: {', '.join(map(str, supported))}"
         )
+
+
+def cpu_worker_env(tensor_parallel_size: int, threads: int, environ=os.environ) -> dict[str, str]:
+    """The environment vLLM's CPU workers of a ``tensor_parallel_size`` > 1 engine start with, given
+    the ``threads`` the engine may use: each worker takes an equal share of them (at least one), and
+    none is pinned to cores. An empty dict for an engine in this process (tensor_parallel_size 1).
+
+    vLLM's default (``VLLM_CPU_OMP_THREADS_BIND=auto``) pins each worker to a NUMA node of its own and
+    refuses to start with fewer NUMA nodes than workers, which is every single-socket machine. An
+    explicit core list (``"0|1"``) would pin every engine of a run to the same cores, beside a
+    trainer that is not pinned; unpinned workers sized to the engine's share leave the scheduler to
+    spread the engines and the trainer over the cores. A ``VLLM_CPU_OMP_THREADS_BIND`` set by the user
+    (``auto`` on a machine with a NUMA node per worker, or cores laid out by hand) is left to vLLM,
+    with the thread counts it implies."""
+    tp = int(tensor_parallel_size)
+    if tp <= 1 or "VLLM_CPU_OMP_THREADS_BIND" in environ:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, int(threads) // tp))}
 
 
 def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
@@ -254,9 +273,26 @@ class VLLMGenerator(Generator):
         else:
             kwargs["kv_cache_memory_bytes"] = int(float(kv_cache_gib) * 2**30)
         threads = torch.get_num_threads()  # vLLM's CPU worker drops this process to one thread
+        # tensor-parallel workers on a CPU: read by vLLM as it starts them, so set only meanwhile
+        workers = cpu_worker_env(tensor_parallel_size, threads) if device.type != "cuda" else {}
+        saved = {k: os.environ.get(k) for k in workers}
+        os.environ.update(workers)
+        # a pipeline_rl engine is a daemonic process, and Python refuses children to those (lest they
+        # outlive it); vLLM's workers watch their parent through a pipe and exit when it ends, so the
+        # flag is lifted while vLLM starts them
+        me = multiprocessing.current_process()
+        daemon = me.daemon
+        if int(tensor_parallel_size) > 1 and daemon:
+            me.daemon = False
         try:
             self.llm = vllm.LLM(**kwargs)
         finally:
+            me.daemon = daemon
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
             torch.set_num_threads(threads)
             folder.cleanup()
         self.engine = self.llm.llm_engine
@@ -301,6 +337,10 @@ class VLLMGenerator(Generator):
         """Every worker of the engine joins the weight-update group (ranks ``rank`` + its own)."""
         self.llm.collective_rpc("scalerl_join", args=(spec, int(rank)))
 
+    def leave_weight_group(self) -> None:
+        """Every worker leaves the weight-update group (the engine stops)."""
+        self.llm.collective_rpc("scalerl_leave")
+
     def receive_weights(self, version: int) -> None:
         """Take the announced update inside the workers (streamed into ``load_weights``)."""
         self.llm.collective_rpc("scalerl_receive")
@@ -340,11 +380,11 @@ class VLLMGenerator(Generator):
             self._params(max_tokens, stop),
         )
 
-    def _recompute_running(self, rows: list[_Row]) -> int:
+    def _recompute_running(self, rows: dict[int, _Row]) -> int:
         """``stale_kv=recompute``, after new weights came in: every running request with KV of its
         own (it generated a token) is aborted and added again over prompt + tokens so far, with its
         remaining budget and stop tokens. Returns how many were."""
-        stale = [(rid, row) for rid, row in enumerate(rows) if row.request is not None and row.generated > 0]
+        stale = [(rid, row) for rid, row in rows.items() if row.request is not None and row.generated > 0]
         if not stale:
             return 0
         self.engine.abort_request([row.request for _, row in stale])
@@ -399,58 +439,22 @@ class VLLMGenerator(Generator):
             if weight_update is None:  # in the trainer's process: the trainer steps next
                 self.sleep()
 
-    def _sample(self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step):
-        eos = [] if self.eos_id is None else [int(self.eos_id)]
-        interrupt = self.mode == "interruption"
-        if interrupt:
-            lo, hi = int(self.lc.think_budget_min), int(self.lc.think_budget_max)
-            budgets = torch.randint(lo, hi + 1, (len(prompts) * n,), generator=self.rng).tolist()
-        else:
-            budgets = [0] * (len(prompts) * n)
-        rows = [_Row(i, prompt_ids[i], budgets[i * n + j]) for i in range(len(prompts)) for j in range(n)]
-        self.version = int(version)
-        for rid, row in enumerate(rows):
-            if interrupt:
-                think = min(row.budget, self.max_new_tokens)
-                if think <= 0:
-                    self._next_phase(rid, row, eos)  # no thinking budget: straight to the phrase
-                    continue
-                stop = eos + ([self.think_end_id] if self.think_end_id is not None else [])
-                self._add(rid, row, think, stop)
-            else:
-                self._add(rid, row, self.max_new_tokens, eos)
+    continuous = True
 
-        while self.engine.has_unfinished_requests():
-            if weight_update is not None:
-                new = weight_update()
-                if new is not None:
-                    self.version = int(new)
-                    if self.stale_kv == "recompute":
-                        self._recompute_running(rows)
-            for out in self.engine.step():
-                rid = int(out.request_id.split(":", 1)[1])
-                row = rows[rid]
-                if out.request_id != row.request:  # one aborted for stale_kv=recompute
-                    continue
-                c = out.outputs[0]
-                new_ids = [int(t) for t in c.token_ids]
-                lps = [float(d[t].logprob) for t, d in zip(new_ids, c.logprobs or [])]
-                lps += [0.0] * (len(new_ids) - len(lps))
-                row.sampled += len(new_ids)
-                if not row.answering:
-                    row.think_tokens += sum(t != self.think_end_id and t not in eos for t in new_ids)
-                row.ids += new_ids
-                row.logprobs += lps
-                row.versions += [self.version] * len(new_ids)
-                row.mask += [1] * len(new_ids)
-                row.left -= len(new_ids)
-                row.generated += len(new_ids)
-                if out.finished:
-                    row.request = None
-                    self._next_phase(rid, row, eos)
-            if on_step is not None:
-                on_step()
-        groups = self._to_samples(prompts, group_ids, rows, eos)
+    def session(self, *, weight_update=None, on_step=None, rows: int | None = None) -> _VLLMSession:
+        """Continuous generation on the engine: requests added between ``engine.step()`` calls
+        (vLLM's scheduler takes them at its next step, up to ``max_num_seqs`` running); see
+        :class:`_VLLMSession`. ``rows`` is vLLM's to size (``max_num_seqs``)."""
+        self._wake()
+        return _VLLMSession(self, weight_update, on_step, measure=weight_update is not None)
+
+    def _sample(self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step):
+        """Every sequence at once, run until all finished: a session given one piece of work and
+        drained (the same requests, seeds and steps as before sessions existed)."""
+        self.version = int(version)
+        session = _VLLMSession(self, weight_update, on_step, measure=False)
+        session._add(list(prompts), prompt_ids, n, group_ids, None)
+        ((_, groups),) = session.drain()
         if weight_update is not None and self.model is not None:  # self.model holds vLLM's weights
             measure_stale_kv(
                 self.model, self.precision, self.temperature, groups, self.version, self.stale_kv_samples
@@ -465,28 +469,17 @@ class VLLMGenerator(Generator):
         whole sequence. vLLM's prompt log-probs are untempered: at a temperature other than 1 the
         K most likely tokens' (``stale_kv_top_k``) give the tempered one within a bound
         (:func:`~scalerl.generator.staleness.tempered_logprob`); a sample whose mean bound is over
-        ``STALE_KV_TOLERANCE`` is left unmeasured. Returns how many samples were measured."""
-        from scalerl.generator.staleness import spans_update, tempered_logprob
+        ``STALE_KV_TOLERANCE`` is left unmeasured. Returns how many samples were measured.
 
-        exact = self.temperature == 1.0
+        Steps the engine until it has nothing left: only when no other request runs (a session
+        measures with :meth:`_stale_kv_request` beside its running requests instead)."""
         measured = 0
         for s in (s for g in groups for s in g):
             if measured >= self.stale_kv_samples:
                 break
-            start = spans_update(s, self.version)
-            if start < 0:
+            rid = self._stale_kv_request(s)
+            if rid is None:
                 continue
-            ids = list(s.prompt_ids) + list(s.completion_ids)
-            self._request += 1
-            rid = f"stale-kv:{self._request}"
-            params = self.vllm.SamplingParams(
-                temperature=1.0,
-                max_tokens=1,
-                prompt_logprobs=0 if exact else self.stale_kv_top_k,
-                detokenize=False,
-                seed=0,
-            )
-            self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
             out = None
             while self.engine.has_unfinished_requests():
                 for o in self.engine.step():
@@ -494,27 +487,55 @@ class VLLMGenerator(Generator):
                         out = o
             if out is None or out.prompt_logprobs is None:
                 break
-            p = len(s.prompt_ids)
-            idx = [
-                i
-                for i in range(start, len(s.completion_ids))
-                if s.loss_mask[i] and s.versions[i] == self.version
-            ]
-            fresh, bounds = [], []
-            for i in idx:
-                row = {t: lp.logprob for t, lp in out.prompt_logprobs[p + i].items()}
-                value, bound = tempered_logprob(
-                    row[ids[p + i]], row, self.temperature, self.vocab, self.stale_kv_top_k
-                )
-                fresh.append(value)
-                bounds.append(bound)
-            if not idx or sum(bounds) / len(idx) > STALE_KV_TOLERANCE:
-                continue
-            s.stale_kv_gap = float(sum(abs(s.logprobs[i] - f) for i, f in zip(idx, fresh)) / len(idx))
-            measured += 1
+            measured += self._stale_kv_gap(s, out)
         return measured
 
-    def _to_samples(self, prompts, group_ids, rows: list[_Row], eos: list[int]) -> list[list[Sample]]:
+    def _stale_kv_request(self, s: Sample) -> str | None:
+        """Add the fresh prefill that re-scores ``s``'s tokens after an update (None: none of its
+        tokens came after one); its request id."""
+        from scalerl.generator.staleness import spans_update
+
+        if spans_update(s, self.version) < 0:
+            return None
+        ids = list(s.prompt_ids) + list(s.completion_ids)
+        self._request += 1
+        rid = f"stale-kv:{self._request}"
+        params = self.vllm.SamplingParams(
+            temperature=1.0,
+            max_tokens=1,
+            prompt_logprobs=0 if self.temperature == 1.0 else self.stale_kv_top_k,
+            detokenize=False,
+            seed=0,
+        )
+        self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        return rid
+
+    def _stale_kv_gap(self, s: Sample, out) -> bool:
+        """Set ``s.stale_kv_gap`` from the fresh prefill ``out``; whether it was measured."""
+        from scalerl.generator.staleness import spans_update, tempered_logprob
+
+        start = spans_update(s, self.version)
+        if out is None or out.prompt_logprobs is None or start < 0:
+            return False
+        ids = list(s.prompt_ids) + list(s.completion_ids)
+        p = len(s.prompt_ids)
+        idx = [
+            i for i in range(start, len(s.completion_ids)) if s.loss_mask[i] and s.versions[i] == self.version
+        ]
+        fresh, bounds = [], []
+        for i in idx:
+            row = {t: lp.logprob for t, lp in out.prompt_logprobs[p + i].items()}
+            value, bound = tempered_logprob(
+                row[ids[p + i]], row, self.temperature, self.vocab, self.stale_kv_top_k
+            )
+            fresh.append(value)
+            bounds.append(bound)
+        if not idx or sum(bounds) / len(idx) > STALE_KV_TOLERANCE:
+            return False
+        s.stale_kv_gap = float(sum(abs(s.logprobs[i] - f) for i, f in zip(idx, fresh)) / len(idx))
+        return True
+
+    def _to_samples(self, prompts, group_ids, rows, eos: list[int]) -> list[list[Sample]]:
         groups: list[list[Sample]] = [[] for _ in prompts]
         texts = self.tokenizer.batch_decode(
             [r.ids[:-1] if r.ids and r.ids[-1] in eos and not r.truncated else r.ids for r in rows],
@@ -538,3 +559,157 @@ class VLLMGenerator(Generator):
                 )
             )
         return groups
+
+
+class _VLLMSession(GenerationSession):
+    """Continuous generation on a :class:`VLLMGenerator`'s engine.
+
+    :meth:`add` adds a request per sample at once (vLLM's scheduler takes waiting requests between
+    steps, up to its ``max_num_seqs`` running); :meth:`step` polls ``weight_update`` (with
+    ``stale_kv=recompute``, running requests are re-added after new weights, as in a batch), runs
+    one ``engine.step()`` and turns its outputs into tokens, each stamped with the generator's
+    version at that step; length control continues a row as a new request (its next phase) as in
+    a batch. A piece of work is returned once all its rows finished; with ``measure`` its stale-KV
+    gap is measured first by fresh prefills added beside the running requests (stepped with them).
+
+    Budgets and request seeds are drawn from the generator's stream when the work is added and
+    when a phase starts, so one piece of work added to an empty session draws what a batch draws.
+    ``exclusive``: another :meth:`VLLMGenerator.generate` on the same engine would step these
+    requests and drop their outputs; drain the session first."""
+
+    exclusive = True
+
+    def __init__(self, gen: VLLMGenerator, weight_update, on_step, measure: bool):
+        super().__init__(gen)
+        self.weight_update, self.on_step, self.measure = weight_update, on_step, measure
+        self.eos = [] if gen.eos_id is None else [int(gen.eos_id)]
+        self.rows: dict[int, _Row] = {}  # row id -> row, while its work runs
+        self.work: dict[int, dict[str, Any]] = {}  # work key -> prompts, group ids, row ids, rows left
+        self.owner: dict[int, int] = {}  # row id -> work key
+        self.measuring: dict[str, tuple[int, Sample]] = {}  # stale-KV request -> (work key, sample)
+        self._ready: list[tuple[Any, list[list[Sample]]]] = []  # work done as it was added
+        self._rid = 0
+        self._key = 0
+        self.version = gen.version
+
+    @property
+    def running(self) -> int:
+        return sum(w["left"] for w in self.work.values()) + len(self.measuring) + len(self._ready)
+
+    def _add(self, prompts, prompt_ids, n, group_ids, tag) -> None:
+        gen, eos = self.gen, self.eos
+        k = len(prompts) * n
+        if gen.mode == "interruption":
+            lo, hi = int(gen.lc.think_budget_min), int(gen.lc.think_budget_max)
+            budgets = torch.randint(lo, hi + 1, (k,), generator=gen.rng).tolist()
+        else:
+            budgets = [0] * k
+        self._key += 1
+        key = self._key
+        rids = list(range(self._rid, self._rid + k))
+        self._rid += k
+        self.work[key] = {"tag": tag, "prompts": prompts, "group_ids": group_ids, "rids": rids, "left": k}
+        for j, rid in enumerate(rids):
+            row = _Row(j // n, prompt_ids[j // n], budgets[j])
+            self.rows[rid] = row
+            self.owner[rid] = key
+            if gen.mode == "interruption":
+                think = min(row.budget, gen.max_new_tokens)
+                if think <= 0:
+                    gen._next_phase(rid, row, eos)  # no thinking budget: straight to the phrase
+                else:
+                    stop = eos + ([gen.think_end_id] if gen.think_end_id is not None else [])
+                    gen._add(rid, row, think, stop)
+            else:
+                gen._add(rid, row, gen.max_new_tokens, eos)
+            if row.request is None:  # finished before it started (no budget at all)
+                self.work[key]["left"] -= 1
+        if self.work[key]["left"] == 0:
+            self._ready.extend(self._ended(key))
+
+    def step(self) -> list[tuple[Any, list[list[Sample]]]]:
+        gen, eos = self.gen, self.eos
+        done, self._ready = self._ready, []
+        if not self.running:
+            return done
+        if self.weight_update is not None:
+            new = self.weight_update()
+            if new is not None:
+                gen.version = int(new)
+        if gen.version != self.version:  # in this step's poll, or between steps
+            self.version = gen.version
+            if gen.stale_kv == "recompute":
+                gen._recompute_running(self.rows)
+        ended: set[int] = set()
+        measured: list[int] = []
+        for out in gen.engine.step():
+            if out.request_id in self.measuring:
+                if out.finished:
+                    key, sample = self.measuring.pop(out.request_id)
+                    gen._stale_kv_gap(sample, out)
+                    measured.append(key)
+                continue
+            rid = int(out.request_id.split(":", 1)[1])
+            row = self.rows.get(rid)
+            if row is None or out.request_id != row.request:  # one aborted for stale_kv=recompute
+                continue
+            c = out.outputs[0]
+            new_ids = [int(t) for t in c.token_ids]
+            lps = [float(d[t].logprob) for t, d in zip(new_ids, c.logprobs or [])]
+            lps += [0.0] * (len(new_ids) - len(lps))
+            row.sampled += len(new_ids)
+            if not row.answering:
+                row.think_tokens += sum(t != gen.think_end_id and t not in eos for t in new_ids)
+            row.ids += new_ids
+            row.logprobs += lps
+            row.versions += [gen.version] * len(new_ids)
+            row.mask += [1] * len(new_ids)
+            row.left -= len(new_ids)
+            row.generated += len(new_ids)
+            if out.finished:
+                row.request = None
+                gen._next_phase(rid, row, eos)
+                if row.request is None:
+                    key = self.owner[rid]
+                    self.work[key]["left"] -= 1
+                    if self.work[key]["left"] == 0:
+                        ended.add(key)
+        for key in sorted(ended):
+            done.extend(self._ended(key))
+        for key in measured:
+            w = self.work.get(key)
+            if w is not None and not any(k == key for k, _ in self.measuring.values()):
+                done.append(self._report(key))
+        if self.on_step is not None:
+            self.on_step()
+        return done
+
+    def _ended(self, key: int) -> list[tuple[Any, list[list[Sample]]]]:
+        """Every row of work ``key`` finished: its groups (after its stale-KV measurement, if any)."""
+        gen, w = self.gen, self.work[key]
+        w["groups"] = gen._to_samples(
+            w["prompts"], w["group_ids"], [self.rows[r] for r in w["rids"]], self.eos
+        )
+        if self.measure and gen.model is not None:  # an HF copy holds vLLM's weights
+            measure_stale_kv(
+                gen.model, gen.precision, gen.temperature, w["groups"], gen.version, gen.stale_kv_samples
+            )
+        elif self.measure:  # fresh prefills on the engine, beside the running requests
+            added = 0
+            for s in (s for g in w["groups"] for s in g):
+                if added >= gen.stale_kv_samples:
+                    break
+                rid = gen._stale_kv_request(s)
+                if rid is not None:
+                    self.measuring[rid] = (key, s)
+                    added += 1
+            if added:
+                return []
+        return [self._report(key)]
+
+    def _report(self, key: int) -> tuple[Any, list[list[Sample]]]:
+        w = self.work.pop(key)
+        for rid in w["rids"]:
+            self.rows.pop(rid, None)
+            self.owner.pop(rid, None)
+        return w["tag"], w["groups"]

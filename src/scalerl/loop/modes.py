@@ -169,10 +169,27 @@ class PipelineRL(AsyncMode):
         self.capacity = int(math.ceil(self.P * (1 + float(cfg.async_mode.max_buffered_batches))))
         self.chunk = max(1, int(cfg.generator.chunk_prompts))
         self.pool = rollouts.engines  # the engines (scalerl.loop.pipeline.EnginePool)
+        if bool(cfg.generator.get("continuous", False)) and self.pool is not None:
+            self.capacity = max(
+                self.capacity, self.full_capacity(cfg, self.pool.engines, self.P, self.max_lag)
+            )
         self.buffer: list[list[Sample]] = []  # finished groups, FIFO
         self.outstanding: dict[int, tuple[int, int]] = {}  # work id -> (version when assigned, groups)
         self.work_id = 0
         self._busy0: tuple[float, float] | None = None  # (run state's, engines') busy seconds at start
+
+    @staticmethod
+    def full_capacity(cfg, engines: int, P: int, max_lag: int) -> int:
+        """The groups to keep ahead (buffered or outstanding) so that continuous engines stay full:
+        each engine's concurrency in prompts, plus a chunk to start as sequences finish; never more
+        than the staleness bound allows, (1 + max_lag) batches (work given at step s is trained on
+        by step s + max_lag at the latest). ``max_buffered_batches`` asks for less only where it
+        would leave the engines short, so it is raised to this."""
+        from scalerl.loop.pipeline import engine_concurrency
+
+        G = max(1, int(cfg.trainer.generations_per_prompt))
+        per_engine = -(-engine_concurrency(cfg) // G) + max(1, int(cfg.generator.chunk_prompts))
+        return min(engines * per_engine, P * (1 + max_lag))
 
     @classmethod
     def place(cls, cfg, device: torch.device, world: int, threads: int) -> Placement:

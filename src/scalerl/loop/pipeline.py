@@ -33,6 +33,7 @@ import torch
 from scalerl.generator.base import Generator
 from scalerl.loop.errors import RunError
 from scalerl.transport import (
+    DEFAULT_TIMEOUT_S,
     SharedMemoryTransport,
     TransportSpec,
     WeightSender,
@@ -69,6 +70,9 @@ HEARTBEAT_S = 1.0
 # worth saving; a trainer's step takes far longer, so new weights are taken at most this much later
 ANNOUNCE_POLL_S = 0.02
 REMOTE_TIMEOUT_S = 300.0  # an engine on another task silent for this long is taken as gone
+# the other trainer ranks wait for the weight-update group this much longer than rank 0 waits for
+# the engines to join it (so rank 0's clear error comes first, and ends the job)
+JOIN_BARRIER_MARGIN_S = 120.0
 
 
 def process_context():
@@ -119,15 +123,18 @@ class EngineSpec:
     rank: int  # its first rank in the weight-update group
     store: TransportSpec  # where the store is (and the weight-update group's backend and size)
     threads: int
-    gpus: tuple[int, ...] = ()  # physical GPUs it may see (CUDA_VISIBLE_DEVICES); () on a CPU
+    # the GPUs it may see as the job's CUDA_VISIBLE_DEVICES names them (not as a trainer that narrowed
+    # its own sees them: scalerl.loop.layout.physical_gpus); () on a CPU
+    gpus: tuple[int | str, ...] = ()
     owner: int | None = None  # the trainer's pid, for an engine on the trainer's machine
     shm: SharedMemoryTransport | None = field(default=None, compare=False)
 
 
 def _isolate(spec: EngineSpec) -> torch.device:
     """Before CUDA starts: this process sees only its own GPUs and none of the launcher's rank
-    variables; returns the device it generates on."""
-    for k in _LAUNCHER_VARS:
+    variables; returns the device it generates on. ``spec.gpus`` are ids as the job's own
+    ``CUDA_VISIBLE_DEVICES`` names them (the trainer that starts it may see fewer: its own)."""
+    for k in (*_LAUNCHER_VARS, "SCALERL_NODE_GPUS", "SCALERL_JOB_TASKS"):  # the trainer's layout
         os.environ.pop(k, None)
     if spec.gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
@@ -154,6 +161,7 @@ def serve_engine(spec: EngineSpec) -> None:
             return
         _push(store, "results", ("ready", spec.index, None, None))
         engine.serve()
+        _leave(engine.gen)
     except Exception:
         try:
             _push(store, "results", ("error", spec.index, None, traceback.format_exc()))
@@ -161,41 +169,39 @@ def serve_engine(spec: EngineSpec) -> None:
             pass
 
 
+def _leave(gen) -> None:
+    """The engine stops: its side of the weight-update group goes (connections, communicator)."""
+    leave = getattr(gen, "leave_weight_group", None)
+    rx = getattr(gen, "_rx", None)  # the HF generator's receiver
+    if leave is not None:
+        leave()
+    elif rx is not None:
+        rx.close()
+
+
 def serve_task(cfg, index: int, host: str, port: int) -> None:
     """An engine as a task of a multi-task job (``placement.generator_tasks``): reach the trainer's
     store at ``host:port`` and serve as engine ``index``."""
     from omegaconf import OmegaConf
 
+    from scalerl.loop import layout
+
+    # this task's GPUs and cores from the run's layout: its own tensor_parallel_size GPUs of those its
+    # node's trainer ranks leave (as CUDA_VISIBLE_DEVICES names them), the cores the task holds
+    plan, me = layout.current(cfg, raw=True)
+    gpus = tuple(int(g) if g.isdigit() else g for g in layout.physical_gpus(me.visible)) if me.visible else ()
+    threads, first_rank = me.threads, plan.engines[int(index)].group_ranks[0]
     probe = TransportSpec("gloo", host, int(port), 1, timeout_s=600.0)
     store = connect(probe)
     store.wait(["engines/spec"])
     info = json.loads(store.get("engines/spec").decode())
     weights = TransportSpec(info["backend"], host, int(port), int(info["world"]), float(info["timeout_s"]))
-    tp = int(cfg.placement.tensor_parallel_size)
-    # the node's GPUs from this task's local rank on: the node's trainer ranks (its first tasks)
-    # train on cuda:0, cuda:1, ... by their local rank
-    first = int(os.environ.get("LOCAL_RANK", "0"))
-    # not torch.cuda.is_available(): CUDA would then enumerate the devices before _isolate narrows them
-    on_gpu = str(cfg.trainer.device) != "cpu" and os.path.exists("/dev/nvidiactl")
-    gpus = tuple(range(first, first + tp)) if on_gpu else ()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if gpus and visible:  # indices into what the job lets this task see
-        ids = [g for g in visible.split(",") if g.strip()]
-        if first + tp > len(ids):
-            raise RuntimeError(
-                f"generator task at local rank {first} needs GPUs {first}-{first + tp - 1} of its node "
-                f"(placement.tensor_parallel_size={tp}); the job gives it {len(ids)}: ask for more GPUs per node"
-            )
-        gpus = tuple(int(ids[g]) for g in gpus)
-    threads = int(cfg.trainer.threads) or (os.cpu_count() or 1)
     print(
         f"[scalerl] generator task: engine {index}, weights over {weights.backend} from {host}:{port}",
         flush=True,
     )
     serve_engine(
-        EngineSpec(
-            OmegaConf.to_yaml(cfg, resolve=True), int(index), 1 + int(index) * tp, weights, threads, gpus
-        )
+        EngineSpec(OmegaConf.to_yaml(cfg, resolve=True), int(index), first_rank, weights, threads, gpus)
     )
 
 
@@ -213,6 +219,19 @@ def _pop(store, key: str):
         return None
 
 
+def engine_concurrency(cfg) -> int:
+    """The sequences a continuous engine keeps running: ``generator.max_running``, else vLLM's
+    ``max_num_seqs`` (its scheduler runs no more), else one training batch of samples (the HF
+    engine's decode step costs about the same for 32 rows as for 128 on a CPU)."""
+    g = cfg.generator
+    n = int(g.get("max_running", 0) or 0)
+    if n > 0:
+        return n
+    if str(g.name) == "vllm":
+        return int(g.max_num_seqs)
+    return int(cfg.trainer.batch_size)
+
+
 class _Engine:
     """An engine process's parts: the generator (its own model, or a vLLM engine whose workers hold
     the weights), the task that scores the groups; :meth:`serve` is its loop."""
@@ -224,6 +243,11 @@ class _Engine:
         self.tokens = 0
         self._beat = 0.0
         self._polled = 0.0
+        self._parts: dict[int, list] = {}  # continuous: work id -> its prompts, while generated
+        self.steps = 0  # decode steps taken (training work)
+        # tests and benchmarks: a list to receive ("start" | "end", work id, step) of every piece
+        # of training work (the step its sequences were added at, the step its groups were sent)
+        self.trace: list | None = None
 
     @classmethod
     def build(cls, cfg, spec: EngineSpec, store, device: torch.device) -> _Engine | None:
@@ -352,6 +376,8 @@ class _Engine:
 
         prompts = [p for it in items for p in it[2]]
         group_ids = [g for it in items for g in it[3]]
+        if self.trace is not None:
+            self.trace.extend(("start", it[1], self.steps) for it in items)
         t0 = time.perf_counter()
         groups = self.gen.generate(
             prompts,
@@ -359,6 +385,7 @@ class _Engine:
             version=self.gen.version,
             group_ids=group_ids,
             weight_update=self.weight_update,
+            on_step=self._stepped,
         )
         lo = 0
         done = []
@@ -370,9 +397,24 @@ class _Engine:
         self.tokens += sum(len(s.completion_ids) for g in groups for s in g)
         self.store.set(f"engines/status/{self.spec.index}", json.dumps([self.busy, self.tokens]))
         for work_id, part_groups, errors in done:
+            if self.trace is not None:
+                self.trace.append(("end", work_id, self.steps))
             _push(self.store, "results", ("groups", self.spec.index, work_id, (part_groups, errors)))
 
+    def _stepped(self) -> None:
+        self.steps += 1
+
     def serve(self) -> None:
+        """Take work until told to stop: continuously (``generator.continuous``, where the generator
+        can), else in waves."""
+        if bool(self.cfg.generator.get("continuous", False)) and self.gen.continuous:
+            self.serve_continuous()
+        else:
+            self.serve_waves()
+
+    def serve_waves(self) -> None:
+        """Each wave generates the training work queued when it starts (:meth:`next_batch`) and
+        takes more only once every sequence of it finished (the behaviour before issue 56)."""
         stop = False
         while not stop:
             items, stop = self.next_batch()
@@ -385,6 +427,96 @@ class _Engine:
                 self.fingerprint(items[0])
             else:
                 self.train_items(items)
+
+    # ------------------------------------------------------------------ continuous
+    def concurrency(self) -> int:
+        return engine_concurrency(self.cfg)
+
+    def serve_continuous(self) -> None:
+        """Keep up to :meth:`concurrency` sequences running: between decode steps take training
+        work from the queue while there is room (a piece of work is started whole), and send each
+        piece's scored groups back as soon as all its sequences finished. New weights are taken
+        in flight before every step, as in a wave (:meth:`weight_update`).
+
+        Evaluation and fingerprints answer from exactly the version asked for: on an HF engine at
+        once, beside the running sequences (the evaluation has its own KV cache and random stream;
+        the running rows wait, and their next tokens carry whatever version the engine then holds);
+        on a vLLM engine the running work is finished first (drained: another generate() on the
+        engine would step its requests), then the evaluation runs alone."""
+        G = int(self.cfg.trainer.generations_per_prompt)
+        limit = self.concurrency()
+        session = self.gen.session(weight_update=self.weight_update, rows=limit)
+        held = None  # work taken from the queue, waiting for room
+        polled = alive_at = 0.0
+        while True:
+            now = time.monotonic()
+            # the queue is read at most every ANNOUNCE_POLL_S while sequences run (a store round
+            # trip per step is a share of a small model's step); at once when idle
+            if held is not None or not session.running or now - polled >= ANNOUNCE_POLL_S:
+                polled = now
+                stop, held = self._admit(session, held, G, limit)
+                if stop:
+                    return
+            if not session.running:
+                item = self.next_item()  # waits, taking new weights meanwhile
+                if item is None:
+                    return
+                held = item
+                continue
+            if now - alive_at >= 1.0:
+                alive_at = now
+                if not self.trainer_alive():
+                    return
+            t0 = time.perf_counter()
+            finished = session.step()
+            self.busy += time.perf_counter() - t0
+            self.steps += 1
+            for work_id, groups in finished:
+                self._send(work_id, groups)
+
+    def _admit(self, session, held, G: int, limit: int):
+        """Start queued training work while it fits (``running + its samples <= limit``; any work
+        when nothing runs); answer evaluation and fingerprint requests met on the way. Returns
+        (whether to stop, the work taken that did not fit)."""
+        key = f"engines/work/{self.spec.index}"
+        while True:
+            item, held = (held, None) if held is not None else (_pop(self.store, key), None)
+            if item is None:
+                return False, None
+            if item == "stop":
+                return True, None
+            if item[0] in ("eval", "fingerprint"):
+                session.pause()  # the generator is used otherwise now
+                if item[0] == "eval" and session.exclusive:
+                    t0 = time.perf_counter()
+                    finished = session.drain()
+                    self.busy += time.perf_counter() - t0
+                    for work_id, groups in finished:
+                        self._send(work_id, groups)
+                self.weight_update()
+                (self.evaluate if item[0] == "eval" else self.fingerprint)(item)
+                continue
+            _, work_id, prompts, group_ids = item
+            if session.running and session.running + len(prompts) * G > limit:
+                return False, item
+            self._parts[work_id] = prompts
+            session.add(prompts, G, group_ids=group_ids, tag=work_id)
+            if self.trace is not None:
+                self.trace.append(("start", work_id, self.steps))
+
+    def _send(self, work_id: int, groups) -> None:
+        """One piece of work's groups, scored, to the trainer."""
+        from scalerl.task.score import score_groups
+
+        prompts = self._parts.pop(work_id)
+        t0 = time.perf_counter()
+        errors = score_groups(self.task, prompts, groups, self.cfg)
+        self.busy += time.perf_counter() - t0
+        self.tokens += sum(len(s.completion_ids) for g in groups for s in g)
+        self.store.set(f"engines/status/{self.spec.index}", json.dumps([self.busy, self.tokens]))
+        if self.trace is not None:
+            self.trace.append(("end", work_id, self.steps))
+        _push(self.store, "results", ("groups", self.spec.index, work_id, (groups, errors)))
 
 
 def _in_engine_dtype(source, cfg, checkpoint: bool):
@@ -402,11 +534,47 @@ def _in_engine_dtype(source, cfg, checkpoint: bool):
     return cast
 
 
+def weight_shapes(weights, checkpoint: bool, cfg) -> dict[str, torch.Tensor]:
+    """What each update holds, as meta tensors (name -> dtype and full shape), from the policy's
+    parameters without gathering any: under ZeRO-3 a partitioned parameter keeps its full shape in
+    ``ds_shape``; buffers are never partitioned. Checkpoint names (vLLM) map to their parameter, or
+    to the ``original`` of a parametrized weight (the rounding parametrization keeps shape and
+    dtype); floating weights take the engine's dtype as :func:`_in_engine_dtype` casts them."""
+    from scalerl.model.weights import checkpoint_names
+
+    module = weights.module
+    own = {**dict(module.named_buffers()), **dict(module.named_parameters())}
+
+    def meta(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+        return tuple(getattr(t, "ds_shape", None) or t.shape), t.dtype
+
+    if checkpoint:
+        where = {}
+        for name, (owner, attr) in checkpoint_names(module).items():
+            full = f"{owner}.{attr}" if owner else attr
+            original = (
+                f"{owner}.parametrizations.{attr}.original" if owner else f"parametrizations.{attr}.original"
+            )
+            where[name] = own[full] if full in own else own[original]
+    else:
+        where = {name: own[name] for name in module.state_dict()}
+    body = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(cfg.precision.body))
+    out = {}
+    for name, t in where.items():
+        shape, dtype = meta(t)
+        if checkpoint and body is not None and dtype.is_floating_point:
+            dtype = body
+        out[name] = torch.empty(shape, dtype=dtype, device="meta")
+    return out
+
+
 class EnginePool(Generator):
     """The trainer's side of the engines: a :class:`Generator` whose :meth:`generate` (evaluation)
     runs on the engines, plus :meth:`submit` / :meth:`receive` for the streamed training work.
 
-    Started by the first :meth:`load_weights` (the engines start from the trainer's weights)."""
+    Started by the first :meth:`load_weights`, before training: the engines start, the
+    weight-update group forms (every engine joined, or a clear error), then the first weights go
+    out bucket by bucket (the engines start from the trainer's weights)."""
 
     samples_from_trainer_module = False
     splits_work = True  # generate() spreads one call's prompts over the engines itself
@@ -427,38 +595,36 @@ class EnginePool(Generator):
         self._early: list = []  # training results that came while waiting for evaluation
         self.weight_seconds = 0.0  # spent handing weights over (packing, waiting for the last update)
         self.updates = 0
+        # how long rank 0 waits at start for every engine to build its engine and join the
+        # weight-update group (the other ranks wait JOIN_BARRIER_MARGIN_S longer)
+        self.join_timeout_s = DEFAULT_TIMEOUT_S
 
     # ------------------------------------------------------------------ start
     @property
     def engines(self) -> int:
         return int(self.placement.engines) + int(self.placement.remote_engines)
 
-    def _first(self, weights) -> dict[str, torch.Tensor] | None:
-        """Every rank: the update's layout from one whole gather (the same buckets on every rank,
-        so each later update gathers bucket by bucket in step); rank 0 keeps a CPU copy."""
+    def _first(self, weights) -> None:
+        """Every rank: the update's layout from the parameters' metadata (no gather: under ZeRO-3
+        a parameter's full shape is its ``ds_shape``), the same buckets on every rank, so each
+        update gathers bucket by bucket in step."""
         from scalerl.transport import Layout
 
         cfg = self.cfg
         checkpoint = bool(cfg.generator.name == "vllm")  # vLLM loads checkpoint names
         self.source_of = lambda w: _in_engine_dtype(w.source(checkpoint), cfg, checkpoint)
-        with self.source_of(weights)(weights.names(checkpoint)) as first:
-            shapes = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in first.items()}
-            state = (
-                {k: v.detach().to("cpu", copy=True) for k, v in first.items()}
-                if self.placement.main
-                else None
-            )
+        shapes = weight_shapes(weights, checkpoint, cfg)
         self.layout = Layout.of(shapes, float(cfg.placement.bucket_mb))
-        return state
 
-    def _start(self, state: dict[str, torch.Tensor], version: int) -> None:
+    def _start(self) -> None:
         from omegaconf import OmegaConf
 
         p, cfg = self.placement, self.cfg
         world = 1 + self.engines * int(p.tensor_parallel_size)
         spec = TransportSpec(p.backend, p.host, int(p.port), world)
         ctx = process_context()
-        shm = SharedMemoryTransport(state, ctx, version) if p.backend == "shm" else None
+        # shared memory: zeros until the first publish fills it (bucket by bucket)
+        shm = SharedMemoryTransport(self.layout, ctx) if p.backend == "shm" else None
         self.store = connect(spec, master=True)
         spec = TransportSpec(p.backend, p.host, int(self.store.port), world)
         self.spec = spec
@@ -483,14 +649,67 @@ class EnginePool(Generator):
         self.outstanding = dict.fromkeys(range(self.engines), 0)
         self.started = True
 
+    def _join(self) -> None:
+        """Rank 0: until every engine joined the weight-update group (it builds its engine first),
+        or a RunError naming the engines that did not, where they should have joined, and after
+        how long."""
+        from scalerl.transport import JoinTimeout
+
+        if not isinstance(self.sender, WeightSender):
+            return
+        timeout = float(self.join_timeout_s)
+        try:
+            self.sender.wait_joined(timeout)
+        except JoinTimeout as e:
+            tp = int(self.placement.tensor_parallel_size)
+            engines = sorted({(r - 1) // tp for r in e.missing})
+            who = (
+                f"generator engine(s) {', '.join(map(str, engines))}" if engines else "the generator engines"
+            )
+            raise RunError(
+                f"{who} did not join the weight-update group at {self.spec.host}:{self.spec.port} "
+                f"({self.spec.backend}) within {timeout:g} s: the engine's log says "
+                "why (building the engine, or reaching that address from its node)"
+            ) from e
+        except RuntimeError as e:
+            if (why := self.gone()) is not None:
+                raise RunError(why) from e
+            raise
+
+    def _group_at_start(self, weights) -> None:
+        """Every rank, at the first weights (before training): rank 0 starts the engines and waits
+        until the weight-update group formed; the other ranks wait for it in a barrier of a gloo
+        group made for that, whose timeout is longer than the join's. They must not wait inside a
+        ZeRO-3 gather instead: that collective runs under the default group's timeout (NCCL's: 10
+        min), shorter than an engine may take to load a large model, and it would hold rank 0's
+        first bucket gather hostage. The barrier group is formed before rank 0 starts waiting (all
+        ranks are there) and destroyed after."""
+        import datetime
+
+        import torch.distributed as dist
+
+        self._first(weights)
+        many = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        barrier = None
+        if many:
+            wait_s = float(self.join_timeout_s) + JOIN_BARRIER_MARGIN_S
+            barrier = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=wait_s))
+        try:
+            if self.placement.main:
+                self._start()
+                self._join()
+            if barrier is not None:
+                dist.barrier(group=barrier)
+        finally:
+            if barrier is not None:
+                dist.destroy_process_group(barrier)
+
     def load_weights(self, weights, version: int) -> None:
         """Every rank calls it: under ZeRO-3 each bucket's parameters are gathered in turn (a
-        collective, never the whole model after the first update); rank 0 sends each bucket."""
+        collective; never the whole model, the first update included); rank 0 sends each bucket."""
         t0 = time.perf_counter()
         if self.layout is None:
-            state = self._first(weights)
-            if self.placement.main:
-                self._start(state, version)
+            self._group_at_start(weights)
         source = self.source_of(weights)
         if self.placement.main:
             try:
@@ -499,9 +718,6 @@ class EnginePool(Generator):
                 if (why := self.gone()) is not None:
                     raise RunError(why) from e
                 raise
-        elif self.placement.backend == "shm":  # rank 0 gathers everything at once
-            with source([e[0] for e in self.layout.entries]):
-                pass
         else:  # the same gathers as rank 0, bucket by bucket
             for b in range(len(self.layout.buckets)):
                 with source(self.layout.names(b)):
@@ -656,7 +872,9 @@ class EnginePool(Generator):
                     p.kill()
                     p.join(timeout=5)
             if self.sender is not None:
-                self.sender.close()
+                self.sender.close()  # the weight-update group torn down (the engines left it)
+                self.sender = None
+            self.started = False
 
 
 def _signal_name(signum: int) -> str:

@@ -23,6 +23,13 @@ class GeneratorOption(Option):
     # (re-prefill prompt + tokens so far under the new weights, then continue; costs a prefill of
     # every running sequence per update). Tokens already generated keep their versions and log-probs
     stale_kv: str = "keep"
+    # pipeline_rl engines: new sequences join a running engine as others finish (true), or each
+    # engine generates the work queued when it starts a wave and takes more only once every
+    # sequence of it finished (false: the behaviour before issue 56, kept for comparison)
+    continuous: bool = True
+    # sequences an engine keeps running with continuous=true; 0: vLLM's max_num_seqs, and one
+    # training batch of samples (trainer.batch_size) for the HF engine
+    max_running: int = 0
 
     def check(self):
         return problems(
@@ -30,6 +37,7 @@ class GeneratorOption(Option):
             at_least("chunk_prompts", self.chunk_prompts, 1),
             at_least("stale_kv_samples", self.stale_kv_samples, 0),
             one_of("stale_kv", self.stale_kv, STALE_KV),
+            at_least("max_running", self.max_running, 0),
         )
 
 
