@@ -4,7 +4,11 @@ processes; buckets are bounded; shared memory as the one-machine alternative."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing as mp
+import os
+import textwrap
 import time
 
 import pytest
@@ -21,10 +25,13 @@ from scalerl.transport import (
 )
 
 
-def make_model(seed: int, width: int = 24) -> torch.nn.Module:
+def make_model(seed: int, width: int = 24, depth: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
-        torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.Linear(width, 7)
+        torch.nn.Linear(width, width),
+        torch.nn.LayerNorm(width),
+        *(torch.nn.Linear(width, width) for _ in range(depth)),
+        torch.nn.Linear(width, 7),
     )
     model.register_buffer("steps", torch.zeros(3, dtype=torch.long))  # a second dtype, not a parameter
     return model
@@ -187,3 +194,466 @@ def test_shared_memory_transport_loads_the_newest_weights():
     tx.publish(new, 1)
     assert tx.poll(gen, 0) == 1
     assert all(torch.equal(gen.state_dict()[k], v) for k, v in new.items())
+
+
+# ---------------------------------------------------------------------- memory, ordering, start, close
+def _held_bytes(obj) -> int:
+    """Bytes of the tensors an object references through its attributes (dicts and lists too)."""
+    seen: set[int] = set()
+
+    def walk(v) -> int:
+        if isinstance(v, torch.Tensor):
+            if id(v) in seen:
+                return 0
+            seen.add(id(v))
+            return v.numel() * v.element_size()
+        if isinstance(v, dict):
+            return sum(walk(x) for x in v.values())
+        if isinstance(v, (list, tuple)):
+            return sum(walk(x) for x in v)
+        return 0
+
+    return sum(walk(v) for v in vars(obj).values())
+
+
+def _slow_receiver(spec, rank: int, width: int, versions: int, delay: float, out, depth: int = 0) -> None:
+    """Takes every update, sleeping ``delay`` between buckets (an engine between decode steps);
+    reports what its receiver holds between updates and at most while receiving."""
+    try:
+        model = make_model(123, width, depth)
+        before = _listening_ports(os.getpid())
+        rx = WeightReceiver(spec, rank)
+        mine = _listening_ports(os.getpid()) - before  # the group's listener(s)
+        current = -1
+        while current < versions - 1:
+            v = rx.announced()
+            if v is None or v == current:
+                time.sleep(0.001)
+                continue
+            for name, t in rx.receive():
+                load_into(model, [(name, t)])
+                time.sleep(delay)
+            current = v
+            out.put((rank, "held", _held_bytes(rx)))
+        out.put((rank, "state", {k: t.numpy().copy() for k, t in state_of(model).items()}))
+        out.put((rank, "peak", getattr(rx, "peak_bytes", None)))
+        close = getattr(rx, "close", None)
+        if close is not None:
+            close()
+        out.put((rank, "listening", [sorted(mine), sorted(mine & _listening_ports(os.getpid()))]))
+        out.put((rank, "done", None))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out.put((rank, "error", f"{type(e).__name__}: {e}"))
+
+
+def _group_of(world: int, timeout_s: float = 60.0):
+    spec = TransportSpec("gloo", "127.0.0.1", 0, world=world, timeout_s=timeout_s)
+    store = connect(spec, master=True)
+    return store, TransportSpec("gloo", "127.0.0.1", store.port, world=world, timeout_s=timeout_s)
+
+
+def _collect(out, ranks, procs) -> dict:
+    got: dict = {r: {} for r in ranks}
+    done = 0
+    while done < len(ranks):
+        rank, kind, payload = out.get(timeout=120)
+        if kind == "error":
+            pytest.fail(payload)
+        if kind == "done":
+            done += 1
+        elif kind == "held":
+            got[rank].setdefault("held", []).append(payload)
+        else:
+            got[rank][kind] = payload
+    for p in procs:
+        p.join(timeout=30)
+    return got
+
+
+@pytest.mark.slow  # starts a process
+def test_publish_and_receive_hold_a_bounded_number_of_buckets_never_the_model():
+    """Rank 0 keeps at most PUBLISH_INFLIGHT packed buckets (not a copy of every bucket until the
+    next publish); a receiver holds no buffer between updates and one bucket while receiving (not
+    a whole unsharded copy for the whole run)."""
+    from scalerl.transport import PUBLISH_INFLIGHT
+
+    ctx = mp.get_context("spawn")
+    width = 64
+    trainer = make_model(0, width, depth=6)
+    layout = Layout.of(state_of(trainer), bucket_mb=20 / 1024)  # 20 KiB buckets of a ~120 KiB model
+    bucket = max(layout.numel(b) * _itemsize(layout.dtype(b)) for b in range(len(layout.buckets)))
+    whole = sum(layout.numel(b) * _itemsize(layout.dtype(b)) for b in range(len(layout.buckets)))
+    assert len(layout.buckets) >= 5 and whole > 3 * bucket
+    store, spec = _group_of(2)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_slow_receiver, args=(spec, 1, width, 3, 0.0, out, 6))
+    proc.start()
+    tx = WeightSender(store, spec, layout, alive=proc.is_alive)
+    held_after = []
+    try:
+        for version in range(3):
+            _perturb_model(trainer, version)
+            tx.publish(state_of(trainer), version)
+            held_after.append(sum(b.numel() * b.element_size() for b in tx._pending))
+        got = _collect(out, [1], [proc])
+        assert max(held_after) <= PUBLISH_INFLIGHT * bucket < whole, held_after
+        assert tx.peak_pending_bytes <= PUBLISH_INFLIGHT * bucket
+        assert got[1]["held"] == [0, 0, 0], "the receiver kept buffers between updates"
+        assert got[1]["peak"] <= bucket
+        for k, t in state_of(trainer).items():  # and the last update arrived whole
+            assert torch.equal(torch.from_numpy(got[1]["state"][k]), t), k
+    finally:
+        tx.close()
+        if proc.is_alive():
+            proc.kill()
+
+
+def _itemsize(dtype: str) -> int:
+    return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+
+
+def _perturb_model(model: torch.nn.Module, version: int) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+        model.steps += version
+
+
+@pytest.mark.slow  # starts a process
+@pytest.mark.parametrize("ordered", [True, False])
+def test_ordered_publish_gathers_a_bucket_only_after_the_previous_broadcast_completed(ordered):
+    """Through a real gloo group with a receiver that takes its time: ordered (NCCL's mode) enters
+    each bucket's gather (the trainer's default-group collective under ZeRO-3) with no weight
+    broadcast in flight and returns with none; unordered (gloo's) keeps fewer than PUBLISH_INFLIGHT
+    in flight at each gather."""
+    from scalerl.transport import PUBLISH_INFLIGHT
+
+    ctx = mp.get_context("spawn")
+    width = 64
+    trainer = make_model(0, width)
+    layout = Layout.of(state_of(trainer), bucket_mb=10 / 1024)
+    store, spec = _group_of(2)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_slow_receiver, args=(spec, 1, width, 2, 0.02, out))
+    proc.start()
+    tx = WeightSender(store, spec, layout, alive=proc.is_alive, ordered=ordered)
+    in_flight: list[int] = []
+
+    def source(state):
+        @contextlib.contextmanager
+        def bucket(names):
+            in_flight.append(sum(not w.is_completed() for w in tx._works))
+            yield {k: state[k] for k in names}
+
+        return bucket
+
+    try:
+        for version in range(2):
+            _perturb_model(trainer, version)
+            tx.publish(source(state_of(trainer)), version)
+            if ordered:
+                assert tx._works == [] and tx._pending == [], "publish returned with broadcasts in flight"
+        _collect(out, [1], [proc])
+    finally:
+        tx.close()
+        if proc.is_alive():
+            proc.kill()
+    assert len(in_flight) == 2 * len(layout.buckets)
+    if ordered:
+        assert in_flight == [0] * len(in_flight), in_flight
+    else:
+        assert max(in_flight) <= PUBLISH_INFLIGHT - 1, in_flight
+
+
+def _joins_then_idles(spec, rank: int, join: bool, out) -> None:
+    try:
+        if join:  # waits inside, for the group that cannot form without rank 2
+            out.put((rank, "joining"))
+            WeightReceiver(spec, rank)
+        else:  # an engine still building (or hung): it reached the store, never the group
+            connect(spec).wait(["weights/layout"])
+            out.put((rank, "idle"))
+        time.sleep(60)
+    except Exception as e:  # noqa: BLE001
+        out.put((rank, f"error {type(e).__name__}: {e}"))
+
+
+@pytest.mark.slow  # starts two processes
+def test_a_receiver_that_never_joins_is_named_with_the_address_within_the_join_timeout():
+    """The group forms at start: a receiver that never joins is one error naming its rank, the
+    store's host:port and the timeout, raised once the timeout has passed (not the group's 600 s)."""
+    from scalerl.transport import JoinTimeout
+
+    ctx = mp.get_context("spawn")
+    store, spec = _group_of(3, timeout_s=600)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_joins_then_idles, args=(spec, r, r == 1, out)) for r in (1, 2)]
+    for p in procs:
+        p.start()
+    tx = WeightSender(store, spec, Layout.of(state_of(make_model(0))), alive=lambda: True)
+    try:
+        assert sorted(out.get(timeout=120) for _ in procs) == [(1, "joining"), (2, "idle")]
+        t0 = time.monotonic()
+        with pytest.raises(JoinTimeout) as e:
+            tx.wait_joined(timeout_s=3)
+        waited = time.monotonic() - t0
+    finally:
+        tx.close()
+        for p in procs:
+            p.kill()
+            p.join(timeout=10)
+    assert 3 <= waited < 10, waited
+    assert e.value.missing == [2]
+    message = str(e.value)
+    assert "\n" not in message
+    assert f"rank(s) 2 did not join the weight-update group at 127.0.0.1:{spec.port}" in message
+    assert "within 3 s" in message
+
+
+def test_a_receiver_binds_its_own_address_toward_the_store_host_never_a_remote_one():
+    """gloo's device binds the member's own address: the trainer the store's host (its own), a
+    receiver the local address that routes to the store's host. 192.0.2.1 (TEST-NET-1, never
+    assigned) stands for a trainer on another node: a receiver must not bind it."""
+    import socket
+
+    from scalerl.transport import bind_host
+
+    assert bind_host("127.0.0.1", master=True) == "127.0.0.1"
+    assert bind_host("127.0.0.1", master=False) == "127.0.0.1"
+    remote = "192.0.2.1"
+    assert bind_host(remote, master=True) == remote  # the trainer is that host
+    mine = bind_host(remote, master=False)
+    assert mine != remote
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((mine, 0))  # an address of this machine: a receiver can listen there
+
+
+def _listening_ports(pid: int) -> set[int]:
+    import psutil
+
+    return {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp") if c.status == "LISTEN"}
+
+
+@pytest.mark.slow  # starts two processes, one after the other
+def test_close_tears_the_group_down_and_a_new_group_forms_on_a_new_port():
+    """After close the sender's group is gone (its gloo listener closed), the receiver left it (its
+    listener closed too) and exited cleanly, and a second group in the same process forms on a new store port and delivers
+    bit-exact weights."""
+    ctx = mp.get_context("spawn")
+    me = os.getpid()
+    ports = []
+    for round_ in range(2):
+        before = _listening_ports(me)
+        store, spec = _group_of(2)
+        ports.append(spec.port)
+        out = ctx.Queue()
+        proc = ctx.Process(target=_slow_receiver, args=(spec, 1, 24, 1, 0.0, out))
+        proc.start()
+        trainer = make_model(round_)
+        tx = WeightSender(store, spec, Layout.of(state_of(trainer)), alive=proc.is_alive)
+        tx.publish(state_of(trainer), 0)
+        got = _collect(out, [1], [proc])
+        for k, t in state_of(trainer).items():
+            assert torch.equal(torch.from_numpy(got[1]["state"][k]), t), k
+        assert proc.exitcode == 0
+        joined, left = got[1]["listening"]
+        assert joined and not left, f"the receiver still listens on {left} after it left the group"
+        group_ports = _listening_ports(me) - before - {spec.port}
+        assert group_ports, "the group listens while it is up"
+        tx.close()
+        assert tx.group is None
+        assert not (_listening_ports(me) & group_ports), "the group's listener outlived close"
+        del store
+    assert ports[0] != ports[1]
+
+
+def test_shared_memory_publish_gathers_one_bucket_at_a_time():
+    """The shared-memory backend (one machine, HF engines) starts from zeros of the layout (no
+    copy of the trainer's model at start) and publishes bucket by bucket: each gather (a ZeRO-3
+    collective) asks for one bucket's tensors, never the whole model."""
+    trainer, gen = make_model(0, 64, depth=4), make_model(1, 64, depth=4)
+    state = state_of(trainer)
+    layout = Layout.of(state, bucket_mb=20 / 1024)
+    tx = SharedMemoryTransport(layout, mp.get_context("spawn"))
+    assert tx.poll(gen, -1) is None  # nothing published yet
+    asked: list[list[str]] = []
+
+    def source(names):
+        asked.append(list(names))
+        return contextlib.nullcontext({k: state[k] for k in names})
+
+    tx.publish(source, 0)
+    assert asked == [layout.names(b) for b in range(len(layout.buckets))] and len(asked) > 2
+    assert tx.poll(gen, -1) == 0
+    assert all(torch.equal(gen.state_dict()[k], v) for k, v in state.items())
+
+
+# ---------------------------------------------------------------------- the engine pool's side
+@pytest.mark.parametrize("precision", ["fp32", "fp32_head", "bf16"])
+@pytest.mark.parametrize("generator", ["hf", "vllm"])
+def test_the_pools_layout_comes_from_metadata_equal_to_a_whole_gather(precision, generator):
+    """EnginePool._first learns the update's layout without gathering anything (names, dtypes in
+    the engine's dtype, full shapes), equal to what a whole gather of the same source gives; the
+    source is asked for nothing while it does."""
+    from conftest import TINY
+
+    from scalerl.config import compose
+    from scalerl.loop.pipeline import EnginePool, _in_engine_dtype
+    from scalerl.loop.placement import place_engines
+    from scalerl.model.build import build_policy
+    from scalerl.model.weights import PolicyWeights
+    from scalerl.task import build_task
+
+    cpu = torch.device("cpu")
+    cfg = compose([*TINY, "async_mode=pipeline_rl", f"precision={precision}", "placement.bucket_mb=0.02"])
+    cfg.generator.name = generator  # the naming (checkpoint names for vLLM) without building vLLM
+    model, tokenizer, _ = build_policy(cfg, build_task(cfg), cpu)
+    gathered: list[int] = []
+
+    @contextlib.contextmanager
+    def gather(params):
+        gathered.append(len(list(params)))
+        yield
+
+    weights = PolicyWeights(model, gather=gather)
+    pool = EnginePool(cfg, place_engines(cfg, cpu, 1, 2), tokenizer, trainer_device=cpu)
+    pool._first(weights)
+    assert gathered == [], "learning the layout gathered parameters"
+    checkpoint = generator == "vllm"
+    source = _in_engine_dtype(weights.source(checkpoint), cfg, checkpoint)
+    with source(weights.names(checkpoint)) as whole:
+        assert pool.layout == Layout.of(whole, 0.02)
+    assert len(pool.layout.buckets) > 2
+
+
+@pytest.mark.slow  # an engine process
+def test_an_engine_that_never_joins_fails_the_pool_at_start_naming_it():
+    """The weight group forms as the engines start: an engine that never joins (here one on a task
+    of its own that never started) is a RunError naming it, the store's address and the timeout,
+    once the join timeout has passed, and the engines that did start stop."""
+    import dataclasses
+
+    from conftest import TINY
+
+    from scalerl.config import compose
+    from scalerl.loop.errors import RunError
+    from scalerl.loop.pipeline import EnginePool
+    from scalerl.loop.placement import place_engines
+    from scalerl.model.build import build_policy
+    from scalerl.model.weights import PolicyWeights
+    from scalerl.task import build_task
+
+    cpu = torch.device("cpu")
+    cfg = compose([*TINY, "async_mode=pipeline_rl", "placement=split"])
+    model, tokenizer, _ = build_policy(cfg, build_task(cfg), cpu)
+    placement = dataclasses.replace(place_engines(cfg, cpu, 1, 2), remote_engines=1)
+    pool = EnginePool(cfg, placement, tokenizer, trainer_device=cpu)
+    pool.join_timeout_s = 20  # the local engine builds its model and joins within it
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RunError) as e:
+            pool.load_weights(PolicyWeights(model), 0)
+        waited = time.monotonic() - t0
+    finally:
+        pool.close()
+    message = str(e.value)
+    assert (
+        f"generator engine(s) 1 did not join the weight-update group at 127.0.0.1:{pool.spec.port}" in message
+    )
+    assert "within 20 s" in message and "\n" not in message
+    assert 20 <= waited < 60, waited
+    assert all(not p.is_alive() for p in pool.procs)
+
+
+ZERO3_FIRST_UPDATE = textwrap.dedent(
+    """
+    import contextlib, dataclasses, json, sys
+    import torch
+    import torch.distributed as dist
+    sys.path.insert(0, sys.argv[2])
+    from test_deepspeed import SYNTH, synthetic
+    from scalerl.config import compose
+    from scalerl.loop.pipeline import EnginePool
+    from scalerl.loop.placement import Placement
+    from scalerl.trainer import make_trainer
+    from scalerl.trainer.deepspeed_engine import end_distributed, init_distributed
+    from scalerl.transport import Layout
+
+    torch.set_num_threads(1)
+    cpu = torch.device("cpu")
+    init_distributed(cpu)
+    over = [*SYNTH, "precision=fp32", "trainer=deepspeed", "trainer.zero_stage=3",
+            "async_mode=pipeline_rl", "placement.bucket_mb=0.01"]
+    cfg = compose(over)
+    model, precision, _ = synthetic(cfg)
+    trainer = make_trainer(cfg, model, precision, temperature=1.0, device=cpu)
+    weights = trainer.policy_weights()
+    calls = []  # bytes of the parameters each gather made whole
+    inner = weights.gather
+
+    def gather(params):
+        params = list(params)
+        calls.append(sum(p.ds_numel * p.element_size() for p in params))
+        return inner(params)
+
+    weights = dataclasses.replace(weights, gather=gather)
+    # both ranks as the pool's non-hosting ranks: the same layout, group-at-start barrier and
+    # bucket-by-bucket gathers as rank 0's publish, without engine processes
+    placement = Placement(trainer_threads=1, generator_threads=1, generator_device=cpu, engines=1, main=False)
+    pool = EnginePool(cfg, placement, None, trainer_device=cpu)
+    pool.load_weights(weights, 0)
+    first = list(calls)
+    sizes = [pool.layout.numel(b) * 4 for b in range(len(pool.layout.buckets))]
+    with weights.source(False)(weights.names(False)) as whole:
+        same = pool.layout == Layout.of({k: v for k, v in whole.items()}, 0.01)
+    largest = max(p.ds_numel * p.element_size() for p in trainer.module.parameters())
+    total = sum(p.ds_numel * p.element_size() for p in trainer.module.parameters())
+    with open(f"{sys.argv[1]}/rank{dist.get_rank()}.json", "w") as f:
+        json.dump({"first": first, "buckets": sizes, "same": same, "largest": largest, "total": total}, f)
+    assert end_distributed() and not dist.is_initialized()
+    """
+)
+
+
+@pytest.mark.slow  # two DeepSpeed ranks
+@pytest.mark.deepspeed
+def test_the_first_update_under_zero3_gathers_one_bucket_at_a_time(tmp_path):
+    """Two DeepSpeed ZeRO-3 ranks (gloo): the engine pool's first update learns its layout without
+    gathering (before: one gather of the whole model), then gathers bucket by bucket, each gather
+    at most a bucket (or one parameter larger than a bucket); the layout equals a whole gather's."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from extras import need
+
+    need("deepspeed")
+    repo = Path(__file__).resolve().parents[1]
+    script = tmp_path / "zero3_first.py"
+    script.write_text(ZERO3_FIRST_UPDATE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rank_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR")
+    env = {k: v for k, v in os.environ.items() if k not in rank_vars}
+    (tmp_path / "ext").mkdir()
+    path = os.pathsep.join(p for p in (str(repo / "src"), env.get("PYTHONPATH")) if p)
+    env.update(OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"), PYTHONPATH=path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    proc = subprocess.run(
+        [*cmd, str(script), str(tmp_path), str(Path(__file__).parent)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for r in (0, 1):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got["same"], "the layout from metadata differs from a whole gather's"
+        assert len(got["buckets"]) > 2 and got["total"] > 2 * max(got["buckets"])
+        assert len(got["first"]) == len(got["buckets"]), got["first"]
+        limit = max(0.01 * 2**20, got["largest"])
+        assert max(got["first"]) <= limit < got["total"], (got["first"], got["total"])

@@ -4,7 +4,8 @@ vLLM mixes these methods into each of its workers; the generator calls them on e
 ``LLM.collective_rpc("scalerl_...")``. They run where the model runner is, so a weight update never
 goes through vLLM's request path: in a pipeline_rl engine each worker joins the run's weight-update
 group itself (rank = the engine's first rank + the worker's tensor-parallel rank) and streams every
-broadcast bucket straight into ``load_weights``; no other copy of the model exists in the process.
+broadcast bucket straight into ``load_weights``; no other copy of the model exists in the process
+(a bucket's buffer lives while it is loaded), and it leaves the group when the engine stops.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class WeightSync:
         the number of tensors loaded."""
         count = 0
 
+        # each bucket's buffer is the receiver's own, allocated as it arrives: vLLM's layer-wise
+        # reload may hold a tensor until the rest of its layer arrives in a later bucket, and keeps
+        # just that buffer alive by reference (no buffer is reused within an update)
         def stream():
             nonlocal count
             for item in self._scalerl_rx.receive():
@@ -77,6 +81,13 @@ class WeightSync:
         items = _as_engine_dtype(stream(), self.model_runner.model_config.dtype)
         self.model_runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
         return count
+
+    def scalerl_leave(self) -> None:
+        """Leave the weight-update group (the engine stops): its connections and communicator go."""
+        rx = getattr(self, "_scalerl_rx", None)
+        if rx is not None:
+            rx.close()
+            self._scalerl_rx = None
 
     def scalerl_fingerprint(self) -> dict[str, str]:
         """SHA-256 of each of the engine's parameters (vLLM's names and layout), to compare two
