@@ -18,13 +18,7 @@ from test_sweep import write_sweep
 from scalerl.loop.accounting import devices_held, job_cpus, job_gpus
 from scalerl.loop.modes import Placement
 from scalerl.sweep import load_spec, make_plan
-from scalerl.sweep.job import (
-    MASTER_PORT_BASE,
-    MASTER_PORT_SPAN,
-    export_task_env,
-    finished_elsewhere,
-    task_env,
-)
+from scalerl.sweep.job import export_task_env, finished_elsewhere, job_ports, task_env
 from scalerl.sweep.launch import Launcher, local_threads, make_executor, max_parallel, num_tasks
 
 # task 5 of a 2-node job of 4 tasks per node (global rank 5: the second node's local rank 1)
@@ -53,7 +47,7 @@ def test_a_slurm_task_becomes_its_rank_of_the_run():
         "LOCAL_RANK": "1",
         "LOCAL_WORLD_SIZE": "4",
         "MASTER_ADDR": "gpu-node07",  # the first node: where rank 0 runs
-        "MASTER_PORT": str(MASTER_PORT_BASE + 4242 % MASTER_PORT_SPAN),
+        "MASTER_PORT": str(job_ports(4242)[0]),
     }
     assert {k: env[k] for k in got} == got  # exported, replacing what was there
     assert env["SLURM_PROCID"] == "5"  # the rest untouched
@@ -71,7 +65,7 @@ def test_every_task_of_a_job_agrees_on_the_rendezvous_and_has_its_own_rank():
         tasks.append(task_env(env))
     assert sorted(int(t["RANK"]) for t in tasks) == list(range(8))
     assert {(t["MASTER_ADDR"], t["MASTER_PORT"], t["WORLD_SIZE"]) for t in tasks} == {
-        ("gpu-node07", str(MASTER_PORT_BASE + 4242 % MASTER_PORT_SPAN), "8")
+        ("gpu-node07", str(job_ports(4242)[0]), "8")
     }
     # another job (another element of the sweep's array) rendezvouses on another port
     assert task_env({**SLURM_2x4, "SLURM_JOB_ID": "4243"})["MASTER_PORT"] != tasks[0]["MASTER_PORT"]
@@ -111,7 +105,7 @@ def test_local_executor_tasks_rendezvous_on_loopback():
         "LOCAL_RANK": "1",
         "LOCAL_WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(MASTER_PORT_BASE + 31337 % MASTER_PORT_SPAN),
+        "MASTER_PORT": str(job_ports(31337)[0]),
     }
 
 

@@ -1,6 +1,7 @@
 """Placing pipeline_rl's generator engines: how many on this machine or on tasks of their own,
-which GPUs each may see, which GPU each trainer rank takes, how weights reach them, and one clear
-line when the request does not fit the job."""
+which GPUs each may see, which threads the trainer keeps and how weights reach the engines. The
+numbers come from the run's layout (:mod:`scalerl.loop.layout`), which also refuses, in one line, a
+request that does not fit the job."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scalerl.loop.errors import RunError
+from scalerl.loop import layout
 
 
 @dataclass
@@ -21,10 +22,11 @@ class Placement:
     trainer_threads: int
     generator_threads: int
     generator_device: torch.device
-    trainer_device: torch.device | None = None  # the trainer's device after placement (None: as asked)
     engines: int = 0  # local engine processes (pipeline_rl)
     remote_engines: int = 0  # engines on tasks of their own (placement.generator_tasks)
-    engine_gpus: tuple[tuple[int, ...], ...] = ()  # physical GPUs of each local engine
+    # each local engine's GPUs as CUDA_VISIBLE_DEVICES names them (from the job's own list, not the
+    # trainer's narrowed one): what the engine process sets before CUDA starts
+    engine_gpus: tuple[tuple[int | str, ...], ...] = ()
     tensor_parallel_size: int = 1
     backend: str = "gloo"  # the weight-update group's: gloo, nccl, or shm
     host: str = "127.0.0.1"  # where the run's store listens (the launcher's MASTER_ADDR)
@@ -33,39 +35,21 @@ class Placement:
     generator_gpus: int = 0  # GPUs the engines hold that no trainer rank uses (devices_held)
 
 
-def _backend(cfg, trainer: torch.device, engines_on_own_gpus: bool) -> str:
-    """``async_mode.transport``; ``auto``: NCCL from a GPU trainer to engines on GPUs of their own,
-    else gloo (two processes on one GPU cannot pair over NCCL)."""
-    name = str(cfg.async_mode.transport)
-    if name != "auto":
-        return name
-    return "nccl" if trainer.type == "cuda" and engines_on_own_gpus else "gloo"
-
-
 def engine_task(cfg) -> int | None:
     """This process's engine number when it is one of a multi-task job's generator tasks (the last
-    ``placement.generator_tasks`` ranks), else None; a trainer's ``WORLD_SIZE`` then becomes the
-    trainer ranks' alone (the tasks before them)."""
-    tasks = int(cfg.placement.get("generator_tasks", 0) or 0)
-    if not tasks:
-        return None
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    if world <= tasks:
-        raise RunError(
-            f"placement.generator_tasks={tasks}: the job has {world} task(s); it needs at least {tasks + 1} "
-            "(the trainer ranks first, then one task per engine)"
-        )
-    if rank >= world - tasks:
-        return rank - (world - tasks)
-    os.environ["WORLD_SIZE"] = str(world - tasks)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    os.environ["LOCAL_WORLD_SIZE"] = str(min(local_world, world - tasks))
-    return None
+    ``placement.generator_tasks`` ranks), else None. A trainer rank's plan is then applied
+    (:func:`scalerl.loop.layout.apply`): its ``WORLD_SIZE`` becomes the trainer ranks' alone and its
+    ``LOCAL_WORLD_SIZE`` the trainer ranks of its node; a trainer on GPUs sees only its node's
+    trainer GPUs (``cuda:LOCAL_RANK`` is its device)."""
+    plan, me = layout.current(cfg, raw=True)
+    layout.apply(me, plan)
+    return me.engine
 
 
 def store_address(cfg) -> tuple[str, int]:
     """Where the trainer's rank 0 hosts the run's store: the launcher's ``MASTER_ADDR`` and
-    ``placement.port`` (0: ``MASTER_PORT`` + 1), else this machine and any free port."""
+    ``placement.port`` (0: ``MASTER_PORT`` + 1, the odd port of the job's pair), else this machine
+    and any free port."""
     env = os.environ
     if "MASTER_ADDR" in env and "MASTER_PORT" in env:
         return env["MASTER_ADDR"], int(cfg.placement.port) or int(env["MASTER_PORT"]) + 1
@@ -73,81 +57,33 @@ def store_address(cfg) -> tuple[str, int]:
 
 
 def place_engines(cfg, device: torch.device, world: int, threads: int) -> Placement:
-    """The placement of a pipeline_rl run's engines, from ``cfg.placement`` and the launcher's
-    environment (``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)."""
-    pl = cfg.placement
-    env = os.environ
-    rank, local = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
-    tp = int(pl.tensor_parallel_size)
-    remote = int(pl.get("generator_tasks", 0) or 0)
-    engines = 0 if remote else int(pl.engines)
-    launched = "MASTER_ADDR" in env and "MASTER_PORT" in env
-    if remote and not launched:
-        raise RunError(
-            f"placement.generator_tasks={remote} runs engines on tasks of a multi-task job: start it with "
-            "launcher=slurm and launcher.tasks_per_node / launcher.nodes (or torchrun), which set "
-            "MASTER_ADDR and MASTER_PORT"
-        )
+    """The placement of a pipeline_rl run's engines, from this rank's layout (``cfg.placement`` and
+    the launcher's environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``, the GPUs and cores the job gives). ``threads``: the process's thread budget."""
+    plan, me = layout.current(cfg, threads=threads)
     host, port = store_address(cfg)
-    common = dict(
-        engines=engines,
-        remote_engines=remote,
-        tensor_parallel_size=tp,
+    local = sum(1 for e in plan.engines if e.host == "rank 0")
+    gpu = device.type == "cuda" and plan.on_gpu
+    engine_gpus = tuple(
+        layout.physical_gpus(e.gpus) if gpu else () for e in plan.engines if e.host == "rank 0"
+    )
+    own = sum(len(g) for g in engine_gpus) if cfg.placement.name == "split" else 0
+    return Placement(
+        me.threads,
+        me.engine_threads or me.threads,
+        torch.device("cuda") if gpu else torch.device("cpu"),
+        engines=local,
+        remote_engines=len(plan.engines) - local,
+        engine_gpus=tuple(tuple(_id(g) for g in gs) for gs in engine_gpus),
+        tensor_parallel_size=int(cfg.placement.tensor_parallel_size),
+        backend=plan.backend,
         host=host,
         port=port,
-        main=rank == 0,
+        main=me.rank == 0,
+        generator_gpus=own if me.rank == 0 else 0,
     )
-    if device.type != "cuda":
-        # the engines on this machine take half of the cores, shared among them
-        gen_total = max(1, threads // 2) if engines else 0
-        per_engine = max(1, gen_total // max(1, engines))
-        return Placement(
-            max(1, threads - gen_total),
-            per_engine,
-            torch.device("cpu"),
-            engine_gpus=((),) * engines,
-            backend=_backend(cfg, device, False),
-            **common,
-        )
-    count = torch.cuda.device_count()
-    mine = device.index if device.index is not None else torch.cuda.current_device()
-    if pl.name != "split":
-        if tp > 1:
-            raise RunError(
-                f"placement.tensor_parallel_size={tp} with placement=colocated: an engine over {tp} GPUs "
-                "needs GPUs of its own (placement=split)"
-            )
-        return Placement(
-            threads,
-            threads,
-            torch.device("cuda"),
-            engine_gpus=((mine,),) * engines,
-            backend=_backend(cfg, device, False),
-            **common,
-        )
-    need = engines * tp
-    gens = [int(g) for g in pl.generator_devices] or list(range(count - need, count))
-    if len(gens) != need or len(set(gens)) != need:
-        raise RunError(
-            f"placement.generator_devices={gens}: must be {need} distinct GPUs "
-            f"(placement.engines={engines} x placement.tensor_parallel_size={tp})"
-        )
-    if any(g < 0 or g >= count for g in gens):
-        raise RunError(f"placement.generator_devices={gens}: this node has GPUs 0-{count - 1}")
-    trainer_gpus = [g for g in range(count) if g not in gens]
-    local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
-    if local_world > len(trainer_gpus):
-        raise RunError(
-            f"placement=split: {local_world} trainer process(es) on this node and {len(trainer_gpus)} GPU(s) "
-            f"left for them after placement.generator_devices={gens} (the node has {count})"
-        )
-    return Placement(
-        threads,
-        threads,
-        torch.device("cuda"),
-        trainer_device=torch.device("cuda", trainer_gpus[local]),
-        engine_gpus=tuple(tuple(gens[e * tp : (e + 1) * tp]) for e in range(engines)),
-        backend=_backend(cfg, device, True),
-        generator_gpus=need if rank == 0 else 0,
-        **common,
-    )
+
+
+def _id(gpu: str) -> int | str:
+    """A CUDA_VISIBLE_DEVICES id: an index as a number, a UUID (``GPU-...``, ``MIG-...``) as it is."""
+    return int(gpu) if gpu.isdigit() else gpu

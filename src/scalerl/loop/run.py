@@ -82,7 +82,9 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     when it ends, normally or on error (:func:`_own_distributed`)."""
     _quiet_logging()
     OmegaConf.resolve(cfg)
-    engine = engine_task(cfg)  # one of a multi-task job's generator tasks (placement.generator_tasks)
+    # this rank's layout, applied before anything starts CUDA (a trainer sees only its node's trainer
+    # GPUs); an engine number for one of a multi-task job's generator tasks (placement.generator_tasks)
+    engine = engine_task(cfg)
     if engine is not None:
         serve_task(cfg, engine, *store_address(cfg))
         return {"role": "generator", "engine": engine}

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from scalerl import algo
 from scalerl.generator import make_generator
+from scalerl.loop import layout
 from scalerl.loop.accounting import devices_held
 from scalerl.loop.components import Components
 from scalerl.loop.data import make_sampler
@@ -38,6 +39,11 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = MODES[cfg.async_mode.name]
+    # this rank's plan (scalerl.loop.layout): its share of the batch, its device (cuda:LOCAL_RANK,
+    # within the trainer GPUs it was narrowed to before CUDA started), its threads from what the
+    # process holds (SLURM's cpus_per_task, its CPU affinity), never the machine's core count
+    plan, me = layout.current(cfg)
+    layout.apply(me, plan)  # train() applied it; a direct build() (tests) here, before CUDA starts
     G = int(cfg.trainer.generations_per_prompt)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -45,11 +51,6 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
     if world > 1 and cfg.trainer.name != "deepspeed":
         raise RunError(
             f"{world} trainer processes need trainer=deepspeed (trainer=torch runs in one process)"
-        )
-    if int(cfg.trainer.batch_size) % (G * world):
-        raise RunError(
-            f"trainer.batch_size={cfg.trainer.batch_size} must be a multiple of trainer.generations_per_prompt x "
-            f"processes = {G} x {world}: each process generates and trains on its share of the batch"
         )
     if device.type == "cuda" and world > 1:
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -61,11 +62,8 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
             )
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
-    threads = cfg.trainer.threads or max(1, (os.cpu_count() or 1) // max(1, world))
+    threads = int(cfg.trainer.threads) or me.allotment
     placement = mode.place(cfg, device, world, threads)
-    if placement.trainer_device is not None and placement.trainer_device != device:
-        device = placement.trainer_device  # placement=split: the GPUs the engines leave
-        torch.cuda.set_device(device)
     task = build_task(cfg)
     # the warm-start (on first use) has the process's whole share of the cores; a generator
     # process that takes some of them later does not run yet
@@ -102,7 +100,7 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
         generator=generator,
         gathered=trainer.gathered,
         state=state,
-        prompts_per_step=int(cfg.trainer.batch_size) // (G * world),
+        prompts_per_step=me.prompts,
         group_size=G,
         total_steps=int(cfg.trainer.total_steps),
         placement=placement,

@@ -18,9 +18,19 @@ from collections.abc import Mapping, MutableMapping
 
 import submitit
 
-# the port of the job's rendezvous: derived from the job id (the same in every task and after a
-# requeue), below Linux's ephemeral ports (32768-60999) so that no outgoing connection holds it
-MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 12000
+from scalerl.loop.layout import MASTER_PORT_BASE, MASTER_PORT_SPAN, job_ports
+
+# the job's rendezvous port and, above it, its store's (scalerl.loop.layout.job_ports): a pair per job
+# id, the same in every task and after a requeue; the next job id of an array takes the next pair
+__all__ = [
+    "MASTER_PORT_BASE",
+    "MASTER_PORT_SPAN",
+    "TrainJob",
+    "export_task_env",
+    "finished_elsewhere",
+    "job_ports",
+    "task_env",
+]
 
 
 def _int(environ: Mapping[str, str], key: str) -> int:
@@ -40,9 +50,11 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
     SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID, LOCAL_WORLD_SIZE = SLURM_NTASKS / SLURM_JOB_NUM_NODES
     (the launcher asks for the same tasks on every node), MASTER_ADDR = the first host of
     SLURM_JOB_NODELIST (where rank 0 runs). The local executor (``SUBMITIT_EXECUTOR=local``): its
-    SUBMITIT_LOCAL_* variables, MASTER_ADDR = 127.0.0.1. MASTER_PORT: ``MASTER_PORT_BASE + job id
-    mod MASTER_PORT_SPAN``, the same in every task and after a requeue (a port the job's
-    environment sets is not used: the sweep's own environment reaches every job of it)."""
+    SUBMITIT_LOCAL_* variables, MASTER_ADDR = 127.0.0.1. MASTER_PORT: the even port of the job id's
+    pair (:func:`~scalerl.loop.layout.job_ports`: ``MASTER_PORT_BASE + 2 x (job id mod
+    MASTER_PORT_SPAN / 2)``; the run's store takes the odd one above it), the same in every task and
+    after a requeue (a port the job's environment sets is not used: the sweep's own environment
+    reaches every job of it)."""
     executor = environ.get("SUBMITIT_EXECUTOR") or ("slurm" if "SLURM_PROCID" in environ else "")
     if executor == "slurm":
         world, rank, local = (_int(environ, k) for k in ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"))
@@ -73,7 +85,7 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
         "LOCAL_RANK": str(local),
         "LOCAL_WORLD_SIZE": str(world // nodes),
         "MASTER_ADDR": addr,
-        "MASTER_PORT": str(MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN),
+        "MASTER_PORT": str(job_ports(job_id)[0]),
     }
 
 
