@@ -195,6 +195,37 @@ def _composed_or_exit(overrides: list[str], *, with_hydra: bool = False, check: 
         sys.exit(2)
 
 
+def _print_layout(args: list[str]) -> None:
+    """After ``--cfg job`` (or ``--cfg all``) has printed the recipe: the run's layout
+    (:mod:`scalerl.loop.layout`) as YAML comments, every rank's node, role, devices, threads and
+    batch share, the engines and the ports; for the launch this process belongs to (torchrun's
+    variables), else the one the ``launcher`` group asks for (``launcher=slurm launcher.nodes=2
+    launcher.tasks_per_node=8 launcher.gpus_per_node=8``; ``launcher.tasks_per_node=6`` for torchrun's
+    ``--nproc_per_node 6`` on this machine's GPUs). A layout that cannot work: its one line, exit 2."""
+    flag = next((i for i, a in enumerate(args) if a in ("--cfg", "-c")), None)
+    if flag is None or flag + 1 >= len(args) or args[flag + 1] not in ("job", "all"):
+        return
+    if any(a in ("--package", "-p") for a in args):
+        return
+    import os
+
+    from scalerl.config.errors import override_key
+    from scalerl.loop import layout
+    from scalerl.messages import UserError
+
+    overrides = [a for a in _without_flag_values(args) if not override_key(a).startswith("hydra")]
+    if any("${hydra:" in a for a in overrides):
+        return  # resolves only inside Hydra's run
+    cfg = _composed_or_exit(overrides)
+    launched = "WORLD_SIZE" in os.environ or "MASTER_PORT" in os.environ
+    try:
+        launch = layout.launch_from_env(cfg, raw=True) if launched else layout.launch_from_launcher(cfg)
+        print("\n".join(layout.plan(cfg, launch).lines()), flush=True)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 HELP_FLAGS = ("--help", "-h")
 
 
@@ -233,6 +264,7 @@ def main() -> None:
             return
         sys.argv[1:] = _check_overrides(sys.argv[1:])
         _main()
+        _print_layout(sys.argv[1:])
     except KeyboardInterrupt:  # Ctrl-C before the run's own handling starts
         _ignore_signals()
         print("[scalerl] interrupted", file=sys.stderr, flush=True)

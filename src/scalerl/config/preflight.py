@@ -298,6 +298,16 @@ def check_ranks(cfg: DictConfig, env: Mapping[str, str] | None = None) -> None:
         )
 
 
+def check_layout(cfg: DictConfig, env: Mapping[str, str] | None = None):
+    """The run's layout for the launch this process belongs to (torchrun's or a job's variables, else
+    one process) is one that can work: every rank's devices, threads, ports and batch share
+    (:func:`scalerl.loop.layout.plan`; a :class:`~scalerl.loop.layout.LayoutError` in one line
+    otherwise). Returns the layout and this process's rank plan."""
+    from scalerl.loop import layout
+
+    return layout.current(cfg, env, raw=True)
+
+
 def check_trainer_device(cfg: DictConfig) -> None:
     """``trainer.device=cuda``, or weights sent to the engines over NCCL, where the trainer has no
     CUDA device (both failed inside the run, after its out_dir was made)."""
@@ -305,9 +315,11 @@ def check_trainer_device(cfg: DictConfig) -> None:
     nccl = cfg.async_mode.name == "pipeline_rl" and cfg.async_mode.transport == "nccl"
     if device != "cuda" and not nccl:
         return
-    import torch
+    from scalerl.loop.layout import node_gpu_ids
 
-    cuda = torch.cuda.is_available()
+    # the GPUs the driver lists, not torch.cuda.is_available(): that starts CUDA, after which this
+    # process could no longer narrow the GPUs it sees (scalerl.loop.layout.narrow_devices)
+    cuda = bool(node_gpu_ids())
     if device == "cuda" and not cuda:
         raise ConfigError("trainer.device", device, "auto or cpu: torch sees no CUDA device on this machine")
     if nccl and (device == "cpu" or not cuda):
@@ -411,7 +423,7 @@ def max_positions(config: dict) -> int | None:
 
 def preflight(cfg: DictConfig) -> None:
     """Raise on the first thing ``cfg`` points at that the run could not use: out_dir, tracking store,
-    model folder. Writes nothing. (The data file is the task's own check,
+    devices, the layout of its ranks, model folder. Writes nothing. (The data file is the task's own check,
     :func:`scalerl.task.checks.check_task`; ``python train.py`` runs both, :func:`scalerl.cli.preflight`.)"""
     from scalerl.tracking.tracker import tracking_uri
 
@@ -419,6 +431,7 @@ def preflight(cfg: DictConfig) -> None:
     check_out_dir(cfg.out_dir)
     check_tracking_uri(tracking_uri(cfg))
     check_trainer_device(cfg)
+    check_layout(cfg)
     if cfg.model.name == "hf":
         config = check_model_folder(str(cfg.model.name_or_path))
         positions = max_positions(config) if config else None
@@ -436,6 +449,7 @@ def preflight(cfg: DictConfig) -> None:
 
 __all__ = [
     "PathError",
+    "check_layout",
     "check_model_folder",
     "check_out_dir",
     "check_ranks",

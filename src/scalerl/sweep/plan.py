@@ -216,6 +216,19 @@ def _compose_variant(overrides: list[str], where: str) -> DictConfig:
         raise SweepError(f"{where}: {explain(e, overrides)}") from None
 
 
+def _check_layout(cfg: DictConfig, launcher: DictConfig, where: str) -> None:
+    """The run laid out on the job ``launcher`` asks for (its nodes x tasks, GPUs and CPUs): every
+    rank's devices, threads, ports and batch share can work (:func:`scalerl.loop.layout.plan`), before
+    anything is submitted."""
+    from scalerl.config.validate import ConfigError
+    from scalerl.loop import layout
+
+    try:
+        layout.plan(cfg, layout.launch_from_launcher(cfg, launcher))
+    except ConfigError as e:
+        raise SweepError(f"{where}: {e}") from None
+
+
 # ---------------------------------------------------------------------------- planning
 def split_cli(args: list[str]) -> tuple[list[str], list[str], str | None]:
     """Command-line overrides -> (training overrides, launcher overrides, tracking uri or None)."""
@@ -379,6 +392,7 @@ def make_plan(
             cfg = _compose_or_raise(overrides, where, settings, seed, composed)
             run.seed = int(cfg.seed)
             run.total_steps = int(cfg.trainer.total_steps)
+            _check_layout(cfg, sweep_cfg.launcher, where)
             if not run_all and vname != spec.baseline:
                 run.skip = cannot_act_here(cfg, sweep_cfg.launcher)
             runs.append(run)
