@@ -180,6 +180,9 @@ class GenerationSession(abc.ABC):
     # True where another generate() on the same generator would step this session's sequences too
     # (vLLM: one engine): the caller drains the session first
     exclusive: bool = False
+    # True where the generator itself runs at most its own number of sequences and queues the rest
+    # (vLLM's scheduler, max_num_seqs): work may be added while any room is left, and waits there
+    queues: bool = False
 
     def __init__(self, gen: Generator):
         self.gen = gen

