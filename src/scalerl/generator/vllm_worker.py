@@ -37,6 +37,28 @@ def _as_engine_dtype(items, dtype: torch.dtype):
         yield name, t
 
 
+def held_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight ``model`` computes with, by vLLM's name and in its layout (a tensor-parallel
+    worker's: its shards).
+
+    vLLM's CPU backend packs each linear layer's weight for its GEMM kernel (oneDNN, or AMX kernels)
+    when it loads it, keeps only the packed form and leaves the ``weight`` parameter empty: a digest
+    of the parameters would not see any linear layer. Such a weight is read back through the layer's
+    own kernel: the identity matrix times it gives it exactly (every output is one weight times 1
+    plus zeros), so the digest is of what the layer multiplies with. That costs a K x K x N product
+    a layer (seconds for a 1B model on a CPU): fingerprints are a check, not a hot path."""
+    out = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            w, kernel = getattr(module, "weight", None), getattr(module, "cpu_linear", None)
+            if kernel is None or not isinstance(w, torch.Tensor) or w.numel():
+                continue
+            k = int(getattr(module, "input_size_per_partition", getattr(module, "input_size", 0)))
+            eye = torch.eye(k, dtype=w.dtype, device=w.device)
+            out[f"{name}.weight"] = kernel(eye, w, None).t()
+    return out
+
+
 class WeightSync:
     """Mixed into vLLM's worker (``self.model_runner`` is the worker's model runner)."""
 
@@ -90,11 +112,11 @@ class WeightSync:
             self._scalerl_rx = None
 
     def scalerl_fingerprint(self) -> dict[str, str]:
-        """SHA-256 of each of the engine's parameters (vLLM's names and layout), to compare two
-        engines' weights bit for bit."""
+        """SHA-256 of each of the engine's weights (vLLM's names and layout, CPU-packed linear
+        layers read back: :func:`held_weights`), to compare two engines' weights bit for bit."""
         from scalerl.generator.base import digests
 
-        return digests(dict(self.model_runner.get_model().named_parameters()))
+        return digests(held_weights(self.model_runner.get_model()))
 
     def scalerl_head_dtype(self) -> str:
         """The dtype the engine computes its LM head logits in."""
