@@ -32,8 +32,8 @@ DOCS = ROOT / "docs" / "cluster.md"
 
 
 # ----------------------------------------------------------------------------- the docs' examples
-def _blocks(kind: str) -> list[str]:
-    return re.findall(rf"```{kind}\n(.*?)```", DOCS.read_text(), flags=re.S)
+def _blocks(kind: str, page: Path = DOCS) -> list[str]:
+    return re.findall(rf"```{kind}\n(.*?)```", page.read_text(), flags=re.S)
 
 
 def _words(block: str) -> list[str]:
@@ -86,16 +86,17 @@ def test_layout_plan_refuses_the_old_docs_example_and_says_which_rank_counts_div
     assert "1, 2, 3, 4, 6, 8, 12, 16, 24, 48" in msg and "trainer.batch_size=672 or 896" in msg, msg
 
 
-def _docs_torchrun() -> tuple[int, list[str]]:
-    words = next(_words(b) for b in _blocks("bash") if b.startswith("torchrun"))
+def _docs_torchrun(page: Path = DOCS) -> tuple[int, list[str]]:
+    words = next(_words(b) for b in _blocks("bash", page) if b.startswith("torchrun"))
     nproc = int(words[words.index("--nproc_per_node") + 1])
     return nproc, [w for w in words[words.index("train.py") + 1 :] if w != "..."]
 
 
-def test_layout_plan_of_the_docs_torchrun_example_narrows_each_trainer_to_the_gpus_left():
+@pytest.mark.parametrize("page", [DOCS, ROOT / "README.md"], ids=["cluster.md", "README"])
+def test_layout_plan_of_the_docs_torchrun_example_narrows_each_trainer_to_the_gpus_left(page):
     """Defect 2: under split placement each trainer process sees only the GPUs the engines leave, so
     cuda:LOCAL_RANK (DeepSpeed's device) is its own GPU; the engines take GPUs 0-1 of the job's list."""
-    nproc, overrides = _docs_torchrun()
+    nproc, overrides = _docs_torchrun(page)
     cfg = compose(overrides)
     lay = plan(cfg, Launch("torchrun", 1, nproc, 8, 4, master_port=29500))
     assert [p.role for p in lay.ranks] == ["trainer"] * 6

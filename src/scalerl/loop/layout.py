@@ -165,7 +165,9 @@ class Layout:
             text = f"rendezvous {MASTER_PORT_BASE} + 2 x (job id mod {MASTER_PORT_SPAN // 2})"
             return text + (f", store {self.store_port}" if self.store_port else ", store that + 1")
         if self.master_port is None:
-            return "no rendezvous (one process), store " + (str(self.store_port) or "any free port")
+            return "no rendezvous (one process), store " + (
+                str(self.store_port) if self.store_port else "any free port"
+            )
         return f"rendezvous {self.master_port}, store {self.store_port}"
 
 
