@@ -52,6 +52,8 @@ def make_generator(
             sleep_while_training=bool(g.get("sleep_while_training", True)),
             bucket_mb=float(cfg.placement.bucket_mb) if "placement" in cfg else 256.0,
             tensor_parallel_size=int(cfg.placement.tensor_parallel_size) if "placement" in cfg else 1,
+            # placement=split: engines on GPUs of their own; otherwise the trainer's GPU is shared
+            shared_gpu=not ("placement" in cfg and str(cfg.placement.name) == "split"),
         )
     return cls(
         model,

@@ -63,7 +63,10 @@ class VLLMGeneratorOption(GeneratorOption):
     name: str = "vllm"
     chunk_prompts: int = 64
     kv_cache_gib: float = 1.0  # on a CPU: memory reserved for the KV cache
-    gpu_memory_utilization: float = 0.5  # on a GPU: share of its memory vLLM may take
+    # on a GPU shared with the trainer (colocated): the share of it vLLM may take (it takes less when
+    # max_num_seqs x the context need less KV cache); an engine on a GPU of its own (placement=split)
+    # takes vLLM's 0.9 (generator.vllm_gen.engine_kwargs)
+    gpu_memory_utilization: float = 0.5
     max_num_seqs: int = 256  # sequences decoded together
     # on a GPU shared with the trainer (its process): vLLM's sleep mode while the trainer steps
     sleep_while_training: bool = True
