@@ -354,3 +354,16 @@ def test_continuous_hf_slots_are_reused_and_grow_when_asked():
     assert session.cache.rows >= session.running > 4
     done = dict(session.drain())
     assert sorted(done) == ["a", "b"] and session.cache.state()["used"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_continuous_vllm_engine_takes_pieces_larger_than_the_room_left():
+    """vLLM runs at most max_num_seqs sequences and queues the rest itself: a piece of work larger
+    than the room left (here 3 prompts x 2 samples beside a limit of 4, as the default 64-prompt
+    chunks are beside max_num_seqs) is added while any room is left, so pieces still overlap; had
+    it to fit whole, each would wait for the engine to empty (waves again)."""
+    cfg = compose([*BASE, "generator.max_running=4"])
+    _, trace = serve(cfg, vllm_gen(cfg), _work(cfg, 6, per=3))
+    sp = spans(trace)
+    assert [(x, y) for x in sp for y in sp if sp[x][0] < sp[y][0] < sp[x][1]], sp

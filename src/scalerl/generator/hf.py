@@ -584,16 +584,20 @@ class _HFSession(GenerationSession):
             lp_hi = gen._head_logprobs(hidden)
             logp = lp_hi.new_zeros((S, lp_hi.shape[-1]))
             logp[:hi] = lp_hi
+        by_n: dict[int, tuple[list[int], list[list[int]]]] = {}  # one prefill per samples-per-prompt
         for key, slots in self.pending:
             w = self.work[key]
-            hidden = self.cache.prefill(slots, w.prompt_ids, w.n, gen.pad_id)
-            lp_new = gen._head_logprobs(hidden)
+            part = by_n.setdefault(w.n, ([], []))
+            part[0].extend(slots)
+            part[1].extend(w.prompt_ids)
+        self.pending = []
+        for n, (slots, ids) in by_n.items():
+            lp_new = gen._head_logprobs(self.cache.prefill(slots, ids, n, gen.pad_id))
             if logp is None:
                 logp = lp_new.new_zeros((S, lp_new.shape[-1]))
             idx = torch.tensor(slots, dtype=torch.long, device=gen.device)
             logp[idx] = lp_new
             rs.done[idx] = False
-        self.pending = []
         tok = gen._sample(logp)
         lp = logp.gather(1, tok[:, None]).squeeze(1).float()
         tok, sampled, active = gen._advance(rs, tok)

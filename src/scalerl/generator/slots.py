@@ -14,8 +14,9 @@ buffers):
 * :meth:`SlotCache.prefill`: write prompts into slots (one forward over the distinct prompts,
   right-padded; each prompt's keys and values copied into its ``n`` slots), their last hidden state;
 * :meth:`SlotCache.decode`: one token for every slot below :attr:`SlotCache.hi`, written at that
-  slot's own position and attending over its own positions only (a key mask per slot); free slots
-  are fed too (their writes land at their position 0 and are overwritten when the slot is taken).
+  slot's own position and attending over its own positions only (a key mask per slot, over the
+  positions up to the longest slot's, not the whole capacity); free slots are fed too (their
+  writes land at their position 0 and are overwritten when the slot is taken).
 
 Buffers are ``[rows, kv heads, capacity, head dim]`` per layer, allocated at the first forward and
 grown (copied) when more slots or positions are asked for. The layers plug into a transformers
@@ -66,11 +67,12 @@ def _slot_cache(ctl: _Control):
             self._fit(key_states, value_states)
             kind = ctl.mode[0]
             if kind == "decode":
-                _, hi, pos = ctl.mode
+                _, hi, pos, span = ctl.mode
                 rows = torch.arange(hi, device=pos.device)
                 self.kbuf[rows, :, pos] = key_states[:, :, 0].to(self.kbuf.dtype)
                 self.vbuf[rows, :, pos] = value_states[:, :, 0].to(self.vbuf.dtype)
-                self.keys, self.values = self.kbuf[:hi], self.vbuf[:hi]
+                # only the positions some slot holds: attention costs the longest row, not capacity
+                self.keys, self.values = self.kbuf[:hi, :, :span], self.vbuf[:hi, :, :span]
                 return self.keys, self.values
             _, dst, n = ctl.mode  # prefill: attention within the prompts, then copied into the slots
             L = key_states.shape[2]
@@ -172,11 +174,11 @@ class SlotCache:
         lengths of the ``live`` slots ([hi] bool: those decoding) advance. Returns ``[hi, hidden]``."""
         hi = tok.shape[0]
         pos = self.length[:hi]
-        need = int(pos.max()) + 1 if hi else 0
-        if need > self.capacity:
-            self.grow(capacity=need)
-        self.ctl.mode = ("decode", hi, pos)
-        keymask = torch.arange(self.capacity, device=self.device)[None, :] <= pos[:, None]
+        span = int(pos.max()) + 1 if hi else 1
+        if span > self.capacity:
+            self.grow(capacity=span)
+        self.ctl.mode = ("decode", hi, pos, span)
+        keymask = torch.arange(span, device=self.device)[None, :] <= pos[:, None]
         hidden = self._forward(tok[:, None], keymask[:, None, None, :], pos[:, None])
         self.length[:hi] += live.long()
         return hidden[:, -1]

@@ -435,9 +435,10 @@ class _Engine:
     def serve_continuous(self) -> None:
         """Keep up to :meth:`concurrency` sequences running: between decode steps take training
         work from the queue while there is room (a piece of work is started whole: see
-        :meth:`_admit`), and send each
-        piece's scored groups back as soon as all its sequences finished. New weights are taken
-        in flight before every step, as in a wave (:meth:`weight_update`).
+        :meth:`_admit`), and send each piece's scored groups back as soon as all its sequences
+        finished. New weights are taken in flight before every step, as in a wave
+        (:meth:`weight_update`). A "stop" ends the loop at once (the trainer is closing: nothing
+        reads the work still running).
 
         Evaluation and fingerprints answer from exactly the version asked for: on an HF engine at
         once, beside the running sequences (the evaluation has its own KV cache and random stream;
@@ -476,9 +477,9 @@ class _Engine:
                 self._send(work_id, groups)
 
     def _admit(self, session, held, G: int, limit: int):
-        """Start queued training work while it fits (``running + its samples <= limit``; any work
-        when nothing runs); answer evaluation and fingerprint requests met on the way. Returns
-        (whether to stop, the work taken that did not fit)."""
+        """Start queued training work while there is room (any work when nothing runs); answer
+        evaluation and fingerprint requests met on the way. Returns (whether to stop, the work
+        taken that did not fit)."""
         key = f"engines/work/{self.spec.index}"
         while True:
             item, held = (held, None) if held is not None else (_pop(self.store, key), None)
