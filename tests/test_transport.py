@@ -657,3 +657,37 @@ def test_the_first_update_under_zero3_gathers_one_bucket_at_a_time(tmp_path):
         assert len(got["first"]) == len(got["buckets"]), got["first"]
         limit = max(0.01 * 2**20, got["largest"])
         assert max(got["first"]) <= limit < got["total"], (got["first"], got["total"])
+
+
+@pytest.mark.slow  # a DeepSpeed process
+@pytest.mark.deepspeed
+def test_the_gpu_weight_group_check_runs_on_a_cpu(tmp_path):
+    """launch/gpu_cluster_check.sh --device cpu: the GPU script's parts (weight group of one beside a
+    ZeRO-3 default group, bucketed vs whole first gather, publish's memory, teardown) pass on gloo,
+    so that a GPU run only has to measure."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from extras import need
+
+    need("deepspeed")
+    repo = Path(__file__).resolve().parents[1]
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DS_ACCELERATOR")
+    }
+    env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    proc = subprocess.run(
+        ["bash", str(repo / "launch" / "gpu_cluster_check.sh"), "--device", "cpu", "--shapes", "cpu-small"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "weight_group.json").read_text())
+    (r,) = report["shapes"]
+    assert report["failed"] == [] and report["backend"] == "gloo"
+    assert r["layout_gathers"] == 0 and r["group_closed"]
+    assert r["bucketed_gather_bytes"] < r["whole_gather_bytes"] == r["model_bytes"]
+    assert "default group ended: True" in report["teardown"]
