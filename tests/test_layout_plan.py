@@ -86,6 +86,23 @@ def test_layout_plan_refuses_the_old_docs_example_and_says_which_rank_counts_div
     assert "1, 2, 3, 4, 6, 8, 12, 16, 24, 48" in msg and "trainer.batch_size=672 or 896" in msg, msg
 
 
+def test_layout_plan_refuses_the_docs_tp_2_alternative_as_the_page_says():
+    """The page's arithmetic: 2 engine tasks of TP 2 with 7 tasks a node leave 12 trainer ranks and
+    need 5 + 2 x 2 = 9 GPUs on the second node."""
+    base, launcher = _docs_sweep()
+    base = [o for o in base if not o.startswith(("placement.engines", "placement.generator_tasks"))]
+    launcher = [
+        o if not o.startswith("launcher.tasks_per_node") else "launcher.tasks_per_node=7" for o in launcher
+    ]
+    tp2 = ["placement.engines=2", "placement.generator_tasks=2", "placement.tensor_parallel_size=2"]
+    cfg = compose([*base, *tp2, *launcher])
+    with pytest.raises(
+        LayoutError, match=r"node 1 runs 5 trainer rank\(s\) and 2 engine task\(s\).*= 9 GPUs"
+    ):
+        plan(cfg, layout.launch_from_launcher(cfg))
+    assert "5 + 2 x 2 = 9 GPUs on node 1: refused" in " ".join(DOCS.read_text().split())
+
+
 def _docs_torchrun(page: Path = DOCS) -> tuple[int, list[str]]:
     words = next(_words(b) for b in _blocks("bash", page) if b.startswith("torchrun"))
     nproc = int(words[words.index("--nproc_per_node") + 1])
