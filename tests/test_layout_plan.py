@@ -84,6 +84,7 @@ def test_layout_plan_refuses_the_old_docs_example_and_says_which_rank_counts_div
     msg = str(e.value)
     assert "\n" not in msg and "trainer.batch_size=768" in msg and "16 x 14 = 224" in msg, msg
     assert "1, 2, 3, 4, 6, 8, 12, 16, 24, 48" in msg and "trainer.batch_size=672 or 896" in msg, msg
+    assert "placement.generator_tasks=4 (and placement.engines=4: 12 trainer ranks)" in msg, msg
 
 
 def test_layout_plan_refuses_the_docs_tp_2_alternative_as_the_page_says():

@@ -190,13 +190,19 @@ def _batch(cfg, trainers: int, launch: Launch, gen_tasks: int) -> tuple[int, int
         if gen_tasks
         else f"{launch.tasks} task(s)"
     )
+    other = ""
+    if gen_tasks:  # the same job with another split of its tasks between trainers and engines
+        fits = [g for g in range(1, launch.tasks) if prompts % (launch.tasks - g) == 0]
+        if fits:
+            g = min(fits, key=lambda g: (abs(g - gen_tasks), g))
+            other = f", or placement.generator_tasks={g} (and placement.engines={g}: {launch.tasks - g} trainer ranks)"
     raise LayoutError(
         "trainer.batch_size",
         B,
         f"trainer.batch_size={B} with trainer.generations_per_prompt={G} does not split over {trainers} "
         f"trainer rank(s) ({tasks}): each rank trains on whole groups, so batch_size must be a multiple "
         f"of {G} x {trainers} = {unit}; use a trainer-rank count of {', '.join(map(str, counts))} "
-        f"(divisors of {prompts} prompts), or trainer.batch_size={sizes}",
+        f"(divisors of {prompts} prompts), or trainer.batch_size={sizes}{other}",
     )
 
 
