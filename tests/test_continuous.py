@@ -367,3 +367,15 @@ def test_continuous_vllm_engine_takes_pieces_larger_than_the_room_left():
     _, trace = serve(cfg, vllm_gen(cfg), _work(cfg, 6, per=3))
     sp = spans(trace)
     assert [(x, y) for x in sp for y in sp if sp[x][0] < sp[y][0] < sp[x][1]], sp
+
+
+def test_continuous_is_not_taken_over_a_static_cache():
+    """``generator.static_cache=true`` (decode steps as CUDA graphs on a GPU) has no slot path
+    yet: such an HF engine says it cannot run continuously and serves in waves (with a warning),
+    rather than silently dropping its graphs."""
+    cfg = compose(BASE)
+    gen = HFGenerator(long_tailed(policy(0)), TOK, Precision(), cfg.length_control, seed=5, static_cache=True)
+    assert not gen.continuous
+    _, trace = serve(cfg, gen, _work(cfg, 8))
+    sp = spans(trace)
+    assert len({s for s, _ in sp.values()}) == 2, sp  # two waves of 4 prompts

@@ -178,7 +178,12 @@ class HFGenerator(Generator):
             )
         return groups
 
-    continuous = True
+    @property
+    def continuous(self) -> bool:
+        """Continuous generation runs on the slot cache, eagerly: with ``generator.static_cache``
+        (decode steps replayed as CUDA graphs) the batch path stays the faster one until the slot
+        cache has a captured step of its own (issue 54), so such a generator answers False."""
+        return not self.static_cache
 
     def session(self, *, weight_update=None, on_step=None, rows: int | None = None) -> _HFSession:
         """Continuous generation over a :class:`~scalerl.generator.slots.SlotCache` of ``rows``

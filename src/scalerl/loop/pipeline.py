@@ -407,10 +407,18 @@ class _Engine:
     def serve(self) -> None:
         """Take work until told to stop: continuously (``generator.continuous``, where the generator
         can), else in waves."""
-        if bool(self.cfg.generator.get("continuous", False)) and self.gen.continuous:
+        wanted = bool(self.cfg.generator.get("continuous", False))
+        if wanted and self.gen.continuous:
             self.serve_continuous()
-        else:
-            self.serve_waves()
+            return
+        if wanted:
+            log.warning(
+                "generator.continuous=true: this generator (%s) cannot take sequences while others "
+                "run (generator.static_cache=true?); engine %d generates in waves",
+                type(self.gen).__name__,
+                self.spec.index,
+            )
+        self.serve_waves()
 
     def serve_waves(self) -> None:
         """Each wave generates the training work queued when it starts (:meth:`next_batch`) and
