@@ -68,18 +68,22 @@ def _shard(full: torch.Tensor, dim: int, rank: int) -> torch.Tensor:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_tensor_parallel_engine_shards_are_bit_exact_after_every_update():
-    """One engine of 2 workers behind the engine pool: both workers join the weight-update group
-    (world 1 + 1 x 2), take every bucket and let vLLM's loader cut their shards. After each update
-    each worker holds bit for bit what a TP=2 engine built in this process from a checkpoint of the
-    same weights holds (vLLM's loader from disk), its shards are the trainer's tensors cut in half
-    (row-parallel layers along the input dimension, column-parallel ones along the output), its
-    replicated norms and biases are the trainer's whole; and it generates with the new version.
-    The CPU backend keeps linear weights only packed for its kernels: the fingerprints read them
-    back through the kernels (an empty parameter's digest would match anything)."""
+    """Two engines of 2 workers each behind the engine pool: every worker joins the weight-update
+    group (world 1 + 2 x 2, engine e's workers at ranks 1 + 2e and 2 + 2e), takes every bucket and
+    lets vLLM's loader cut its shards. After each update each worker holds bit for bit what a TP=2
+    engine built in this process from a checkpoint of the same weights holds (vLLM's loader from
+    disk), its shards are the trainer's tensors cut in half (row-parallel layers along the input
+    dimension, column-parallel ones along the output), its replicated norms and biases are the
+    trainer's whole; and both engines generate with the new version. The CPU backend keeps linear
+    weights only packed for its kernels: the fingerprints read them back through the kernels (an
+    empty parameter's digest would match anything)."""
     from scalerl.generator.vllm_gen import VLLMGenerator
 
-    cfg, task, model, precision, pool = _pool([*VLLM, "placement.bucket_mb=0.05"])
-    assert pool.placement.tensor_parallel_size == TP
+    engines = 2
+    cfg, task, model, precision, pool = _pool(
+        [*VLLM, "placement.bucket_mb=0.05", f"placement.engines={engines}"]
+    )
+    assert (pool.placement.engines, pool.placement.tensor_parallel_size) == (engines, TP)
     weights = PolicyWeights(model)
     prompts = task.val_prompts()[:4]
     try:
@@ -87,26 +91,32 @@ def test_tensor_parallel_engine_shards_are_bit_exact_after_every_update():
             if version:
                 _perturb(model, version)
             pool.load_weights(weights, version)
-            (got,) = pool.fingerprints()
+            assert pool.spec.world == 1 + engines * TP
+            prints = pool.fingerprints()
+            assert len(prints) == engines
             trainer = checkpoint_state(model)
-            layers = int(cfg.model.num_layers)
-            for rank in range(TP):
-                mine = {k.split("/", 1)[1]: v for k, v in got.items() if k.startswith(f"{rank}/")}
-                for i in range(layers):
-                    p = f"transformer.h.{i}"
-                    # GPT-2's Conv1D weights are (in, out); vLLM holds them as (out, in); a
-                    # row-parallel layer's shard is its part of the input dimension, a column-parallel
-                    # one's its part of the output dimension
-                    cut = {
-                        f"{p}.mlp.c_fc.weight": _shard(trainer[f"{p}.mlp.c_fc.weight"].t(), 0, rank),
-                        f"{p}.mlp.c_fc.bias": _shard(trainer[f"{p}.mlp.c_fc.bias"], 0, rank),
-                        f"{p}.attn.c_proj.weight": _shard(trainer[f"{p}.attn.c_proj.weight"].t(), 1, rank),
-                        f"{p}.mlp.c_proj.weight": _shard(trainer[f"{p}.mlp.c_proj.weight"].t(), 1, rank),
-                        f"{p}.mlp.c_proj.bias": trainer[f"{p}.mlp.c_proj.bias"],  # added once, whole
-                        f"{p}.ln_1.weight": trainer[f"{p}.ln_1.weight"],
-                    }
-                    for name, want in digests(cut).items():
-                        assert mine[name] == want, f"worker {rank}'s {name} at version {version}"
+            for e, got in enumerate(prints):
+                for rank in range(TP):
+                    mine = {k.split("/", 1)[1]: v for k, v in got.items() if k.startswith(f"{rank}/")}
+                    for i in range(int(cfg.model.num_layers)):
+                        p = f"transformer.h.{i}"
+                        # GPT-2's Conv1D weights are (in, out); vLLM holds them as (out, in); a
+                        # row-parallel layer's shard is its part of the input dimension, a
+                        # column-parallel one's its part of the output dimension
+                        cut = {
+                            f"{p}.mlp.c_fc.weight": _shard(trainer[f"{p}.mlp.c_fc.weight"].t(), 0, rank),
+                            f"{p}.mlp.c_fc.bias": _shard(trainer[f"{p}.mlp.c_fc.bias"], 0, rank),
+                            f"{p}.attn.c_proj.weight": _shard(
+                                trainer[f"{p}.attn.c_proj.weight"].t(), 1, rank
+                            ),
+                            f"{p}.mlp.c_proj.weight": _shard(trainer[f"{p}.mlp.c_proj.weight"].t(), 1, rank),
+                            f"{p}.mlp.c_proj.bias": trainer[f"{p}.mlp.c_proj.bias"],  # added once, whole
+                            f"{p}.ln_1.weight": trainer[f"{p}.ln_1.weight"],
+                        }
+                        for name, want in digests(cut).items():
+                            assert mine[name] == want, (
+                                f"engine {e} worker {rank}'s {name} at version {version}"
+                            )
             if version == 2:  # a fresh engine over the same weights, loaded by vLLM from a checkpoint
                 reference = VLLMGenerator(
                     model,
@@ -120,20 +130,22 @@ def test_tensor_parallel_engine_shards_are_bit_exact_after_every_update():
                     expected = reference.fingerprint()
                 finally:
                     reference.llm.llm_engine.engine_core.shutdown()
-                assert sorted(expected) == sorted(got) and {k.split("/")[0] for k in got} == {"0", "1"}
-                differ = [k for k in expected if expected[k] != got[k]]
-                assert not differ, f"shards that differ from vLLM's own load: {differ}"
+                assert {k.split("/")[0] for k in expected} == {"0", "1"}
+                for e, got in enumerate(prints):
+                    assert sorted(expected) == sorted(got)
+                    differ = [k for k in expected if expected[k] != got[k]]
+                    assert not differ, f"engine {e}'s shards that differ from vLLM's own load: {differ}"
                 # really sharded: the two workers' parts of the fused QKV differ
                 qkv = "transformer.h.0.attn.c_attn.weight"
-                assert got[f"0/{qkv}"] != got[f"1/{qkv}"]
-            groups = pool.generate(prompts, 2, version=version)
+                assert expected[f"0/{qkv}"] != expected[f"1/{qkv}"]
+            groups = pool.generate(prompts, 2, version=version)  # split over both engines
             assert [g[0].prompt_uid for g in groups] == [p.uid for p in prompts]
             samples = [s for g in groups for s in g]
             assert all(s.num_tokens > 0 for s in samples)
             assert all(set(s.versions) - {-1} == {version} for s in samples)
-        # the engine's worker processes, started from a daemonic engine process, go with it
-        workers = psutil.Process(pool.procs[0].pid).children(recursive=True)
-        assert len(workers) >= TP
+        # each engine's worker processes, started from a daemonic engine process, go with it
+        workers = [w for proc in pool.procs for w in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(workers) >= engines * TP
     finally:
         pool.close()
     assert all(not p.is_alive() for p in pool.procs)
