@@ -412,8 +412,8 @@ def test_a_receiver_that_never_joins_is_named_with_the_address_within_the_join_t
 
 def test_a_receiver_binds_its_own_address_toward_the_store_host_never_a_remote_one():
     """gloo's device binds the member's own address: the trainer the store's host (its own), a
-    receiver the local address that routes to the store's host. 192.0.2.1 (TEST-NET-1, never
-    assigned) stands for a trainer on another node: a receiver must not bind it."""
+    receiver the local address that routes to the store's host. 192.0.2.1 (TEST-NET-1, not an
+    address of this machine) stands for a trainer on another node: a receiver must not bind it."""
     import socket
 
     from scalerl.transport import bind_host

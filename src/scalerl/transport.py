@@ -165,13 +165,18 @@ def bind_host(store_host: str, *, master: bool) -> str:
         return store_host
     import socket
 
-    try:
-        family = socket.getaddrinfo(store_host, None)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((store_host, 9))  # port 9 (discard): any port; nothing is sent
-            return str(s.getsockname()[0])
-    except OSError:  # no route to the host from here: the name this machine resolves for itself
-        return socket.gethostbyname(socket.gethostname())
+    # IPv4 first where the host has an IPv4 address (as the trainer's device resolves its name), so
+    # that both ends of every gloo pair speak one family
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            address = socket.getaddrinfo(store_host, None, family, socket.SOCK_DGRAM)[0][4][0]
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((address, 9))  # port 9 (discard): any port; nothing is sent
+                return str(s.getsockname()[0])
+        except OSError:
+            continue
+    # no route to the host from here: the address this machine resolves for its own name
+    return socket.gethostbyname(socket.gethostname())
 
 
 def _group(spec: TransportSpec, store, rank: int):
