@@ -111,6 +111,8 @@ def test_an_engine_on_a_gpu_of_its_own_takes_most_of_it_not_half():
     bucket_share = 256 * 2**20 / H200
     assert got["gpu_memory_utilization"] == pytest.approx(OWN_GPU_UTILIZATION - bucket_share, abs=1e-4)
     assert "kv_cache_memory_bytes" not in got  # vLLM sizes the cache to the rest
+    # and it never sleeps: nothing else wants its GPU (sleep mode's allocator and graph backup unused)
+    assert kwargs(QWEN_7B, "cuda", shared_gpu=False, sleep=True)["enable_sleep_mode"] is False
 
 
 def test_an_engine_sharing_the_trainers_gpu_holds_the_kv_cache_it_can_use_and_no_more():

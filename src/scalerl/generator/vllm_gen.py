@@ -198,7 +198,8 @@ def engine_kwargs(
     if not cuda:
         kwargs["kv_cache_memory_bytes"] = int(float(kv_cache_gib) * 2**30)
         return kwargs
-    kwargs["enable_sleep_mode"] = bool(sleep)
+    sleep = bool(sleep) and bool(shared_gpu)  # a GPU of its own: nothing to free it for
+    kwargs["enable_sleep_mode"] = sleep
     if sleep:
         kwargs["sleep_mode_offload_cudagraph"] = True
     share = float(gpu_memory_utilization) if shared_gpu else OWN_GPU_UTILIZATION
@@ -365,7 +366,8 @@ class VLLMGenerator(Generator):
         folder = tempfile.TemporaryDirectory(prefix="scalerl-vllm-")  # read once, at the engine's start
         save_for_vllm(model, folder.name)
         # sharing the GPU with the trainer: vLLM's sleep mode frees it while the trainer steps
-        self.sleeps = device.type == "cuda" and bool(sleep_while_training)
+        # (a GPU of its own, placement=split: nothing to free it for, so no sleep mode)
+        self.sleeps = device.type == "cuda" and bool(sleep_while_training) and bool(shared_gpu)
         self.asleep = False
         self.bucket_bytes = int(float(bucket_mb) * 2**20)
         gpu_bytes = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
