@@ -560,7 +560,11 @@ class _HFSession(GenerationSession):
         self.pending.append((self._key, slots))
 
     def pause(self) -> None:
-        """Drop the rounded-weight cache (the generator is used otherwise, or its weights change)."""
+        """Drop the rounded-weight cache (emulated precision): while sequences run it is held
+        between steps (rounding every weight at every step costs a share of a small model's step)
+        and, as torch's cache is global, every other forward of the model then reads it too. So
+        call this before the model is used otherwise while sequences run (the engine does before
+        evaluation and fingerprints); an idle session drops it itself."""
         if self._cached is not None:
             self._cached.__exit__(None, None, None)
             self._cached = None
@@ -618,6 +622,8 @@ class _HFSession(GenerationSession):
         self.last = tok
         self.steps += 1
         done = self._finish((active & rs.done).nonzero().squeeze(1).tolist())
+        if not self.running:  # idle: the rounded weights are not held past the last sequence
+            self.pause()
         if self.on_step is not None:
             self.on_step()
         return done
@@ -787,6 +793,12 @@ class _CachedWeights:
     def refresh(self) -> None:
         if self._ctx is not None:
             self._ctx.__exit__(None, None, None)
+            # torch empties its cache only when the last cached() context ends: with another one
+            # open (a continuous session beside an evaluation) the weights rounded before the
+            # change would stay; they are stale for every holder, so emptied here
+            cache = getattr(self._parametrize, "_cache", None)
+            if isinstance(cache, dict):
+                cache.clear()
             self._ctx = self._parametrize.cached()
             self._ctx.__enter__()
 
