@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Start a single-node SLURM cluster (with slurmdbd + MariaDB accounting) on this machine,
-# by hand (no systemd), on loopback only, with every file under one base folder.
+# Start a SLURM cluster (with slurmdbd + MariaDB accounting) on this machine, by hand (no
+# systemd), on loopback only, with every file under one base folder: one node, or several
+# (SCALERL_SLURM_NODES=2: one slurmd per node, each under its own node name, port and hostname).
 #
 #   launch/start_slurm.sh [BASE_DIR]        # default: $SCALERL_SLURM_DIR or /tmp/scalerl-slurm
 #   source BASE_DIR/env.sh                  # or: export SLURM_CONF=BASE_DIR/etc/slurm.conf
@@ -12,9 +13,18 @@
 #
 # Environment knobs:
 #   SCALERL_SLURM_DIR        base folder (when no argument is given)
-#   SCALERL_SLURM_PORT_BASE  first of 4 loopback ports: slurmctld, slurmd, slurmdbd, mariadbd [16817]
+#   SCALERL_SLURM_PORT_BASE  first of 4 loopback ports: slurmctld, slurmd, slurmdbd, mariadbd [16817];
+#                            with N nodes node k > 1's slurmd takes PORT_BASE + 2 + k
 #   SCALERL_SLURM_TIMEOUT    seconds to wait for each daemon [60]
 #   SCALERL_SLURM_CLUSTER    ClusterName [scalerl]
+#   SCALERL_SLURM_NODES      compute nodes [1]. 1: the node is this machine (`hostname -s`,
+#                            127.0.0.1). N > 1: nodes scalerl-n1..scalerl-nN, added to /etc/hosts,
+#                            one slurmd each (see "Several nodes on one machine" below and in
+#                            launch/README.md)
+#   SCALERL_SLURM_CPUS_PER_NODE  CPUs each node advertises [nproc / N, at least 2]
+#   SCALERL_SLURM_OWN_ADDRS  1: with N > 1, node k is at 127.0.0.k (its name resolves there, so its
+#                            tasks use their node's own address); slurmd and srun then listen on
+#                            every interface [0: every node at 127.0.0.1, everything loopback-only]
 set -euo pipefail
 
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}"
@@ -27,6 +37,8 @@ BASE="${BASE%/}"
 PORT_BASE="${SCALERL_SLURM_PORT_BASE:-16817}"
 TIMEOUT="${SCALERL_SLURM_TIMEOUT:-60}"
 CLUSTER="${SCALERL_SLURM_CLUSTER:-scalerl}"
+NODES="${SCALERL_SLURM_NODES:-1}"
+OWN_ADDRS="${SCALERL_SLURM_OWN_ADDRS:-0}"
 ACCOUNT="scalerl"
 
 CTLD_PORT=$PORT_BASE
@@ -82,7 +94,7 @@ live_pid() {  # live_pid PIDFILE COMM
   echo "$pid"
 }
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_busy() { (exec 3<>"/dev/tcp/${2:-127.0.0.1}/$1") 2>/dev/null; }  # port_busy PORT [ADDR]
 
 # wait_for NAME LOGFILE PIDSPEC COMM CHECK-COMMAND...
 #   PIDSPEC: a pid file, "pid:<pid>" (a child of this shell), or "" (no liveness check)
@@ -115,22 +127,40 @@ fail_daemon() {  # fail_daemon NAME LOG REASON
   exit 1
 }
 
-check_port_free() {  # check_port_free PORT WHO
-  if port_busy "$1"; then
-    die "127.0.0.1:$1 (for $2) is already in use by another process; set SCALERL_SLURM_PORT_BASE or stop it"
+check_port_free() {  # check_port_free PORT WHO [ADDR]
+  if port_busy "$1" "${3:-127.0.0.1}"; then
+    die "${3:-127.0.0.1}:$1 (for $2) is already in use by another process; set SCALERL_SLURM_PORT_BASE or stop it"
   fi
 }
 
-node_state() { timeout 10 sinfo -h -N -n "$NODE" -o '%T' 2>/dev/null | head -n1; }
-node_idle() { case "$(node_state)" in idle|mixed|allocated|completing) return 0 ;; *) return 1 ;; esac; }
-# Like node_idle, but resumes a node that an earlier run left DOWN/DRAINED (e.g. "Kill task
+# stop_pid PIDFILE COMM: SIGTERM, then SIGKILL after TIMEOUT s (a daemon to restart with a new config).
+stop_pid() {
+  local pid i
+  pid=$(live_pid "$1" "$2") || { rm -f "$1"; return 0; }
+  say "stopping $2 (pid $pid, $1) to restart it"
+  kill -TERM "$pid" 2>/dev/null
+  for ((i = 0; i < TIMEOUT * 10; i++)); do alive "$pid" || break; sleep 0.1; done
+  alive "$pid" && kill -KILL "$pid" 2>/dev/null
+  for ((i = 0; i < 50; i++)); do alive "$pid" || break; sleep 0.1; done
+  alive "$pid" && die "$2 (pid $pid) does not stop"
+  rm -f "$1"
+}
+
+node_state() { timeout 10 sinfo -h -N -n "$1" -o '%T' 2>/dev/null | head -n1; }  # node_state NODE
+nodes_idle() {
+  local n
+  for n in "${NODE_NAMES[@]}"; do
+    case "$(node_state "$n")" in idle|mixed|allocated|completing) ;; *) return 1 ;; esac
+  done
+}
+# Like nodes_idle for one node, but resumes a node that an earlier run left DOWN/DRAINED (e.g. "Kill task
 # failed" after a stop with jobs on it, or a RealMemory from an older config): this private
 # cluster's config is regenerated on every start. If slurmd keeps failing to register, the
 # wait times out pointing at the log (the reason is in `sinfo -R` and slurmctld.log).
-node_ready() {
-  case "$(node_state)" in
+node_ready() {  # node_ready NODE
+  case "$(node_state "$1")" in
     idle|mixed|allocated|completing) return 0 ;;
-    down|drained|draining|drain) timeout 10 scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 || true; return 1 ;;
+    down|drained|draining|drain) timeout 10 scontrol update NodeName="$1" State=RESUME >/dev/null 2>&1 || true; return 1 ;;
     *) return 1 ;;
   esac
 }
@@ -145,66 +175,76 @@ all_up() {
     live_pid "$RUN/mariadbd.pid" mariadbd >/dev/null &&
     live_pid "$RUN/slurmdbd.pid" slurmdbd >/dev/null &&
     live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null &&
-    live_pid "$RUN/slurmd.pid" slurmd >/dev/null &&
-    node_idle && sacct_ok
+    slurmds_alive && nodes_idle && sacct_ok
+}
+
+slurmds_alive() {
+  local n
+  for n in "${NODE_NAMES[@]}"; do live_pid "$RUN/slurmd-$n.pid" slurmd >/dev/null || return 1; done
 }
 
 print_env() {
   printf 'export SLURM_CONF=%s\n' "$CONF" >"$BASE/env.sh"
-  say "cluster '$CLUSTER' up in $(elapsed) s (node $NODE, $CPUS CPUs, ${MEM_MB} MB; logs in $LOG)"
+  say "cluster '$CLUSTER' up in $(elapsed) s ($NODES node(s): ${NODE_NAMES[*]}, $CPUS CPUs and ${MEM_MB} MB each; logs in $LOG)"
   printf 'export SLURM_CONF=%s\n' "$CONF"
 }
 
 # ---------------------------------------------------------------- main
 install_packages
 
-NODE=$(hostname -s)
-CPUS=$(nproc)
-MEM_MB=$(awk '/^MemTotal:/ { m = int($2 / 1024); r = int(m * 0.95); if (m - r < 256) r = m - 256; print r }' /proc/meminfo)
+NODE=$(hostname -s)   # the controller's host (and, with one node, the node)
+case "$NODES" in
+  [1-9] | [1-9][0-9] | 1[0-9][0-9] | 2[0-4][0-9] | 25[0-4]) ;;
+  *) die "SCALERL_SLURM_NODES=$NODES: a node count from 1 to 254 is allowed (node k listens on 127.0.0.k)" ;;
+esac
+# Several nodes on one machine: each node is one slurmd started with `-N <name>` (in every
+# build; Debian's is not built with --enable-multiple-slurmd, which only lets several NodeNames
+# share one NodeHostname: each node here has its own), with its own Port, spool, log and pid
+# file (%n in the paths). Each slurmd runs in a UTS namespace of its own whose hostname is the node's name,
+# where the kernel allows one: a task then sees its node's hostname, as on a real cluster.
+# A node's address (NodeAddr, and what its name resolves to in /etc/hosts: a task's MASTER_ADDR
+# is the first node's name, and a task resolves its hostname, e.g. gloo's default device) is
+# 127.0.0.1 for every node by default, so that every daemon and srun keep listening on loopback
+# only (CommunicationParameters=NoInAddrAny). With NoInAddrAny slurmd and srun listen on the
+# address of their hostname, and slurmstepd connects back to the source address of srun's
+# request, which the kernel sets to 127.0.0.1 for every loopback destination: were node 2 at
+# 127.0.0.2, a step started from a batch script on node 2 would never start ("connect io:
+# Connection refused" in the node's slurmd log). SCALERL_SLURM_OWN_ADDRS=1 puts node k at
+# 127.0.0.k (its slurmd reached there, its tasks listening there) and drops NoInAddrAny: the
+# slurmd and srun listen on every interface, authenticated by the cluster's private munge key;
+# slurmctld, slurmdbd and MariaDB stay on 127.0.0.1.
+case "$OWN_ADDRS" in 0 | 1) ;; *) die "SCALERL_SLURM_OWN_ADDRS=$OWN_ADDRS: 0 or 1 is allowed" ;; esac
+COMM_PARAMS=NoCtldInAddrAny,NoInAddrAny
+[ "$NODES" -gt 1 ] && [ "$OWN_ADDRS" -eq 1 ] && COMM_PARAMS=NoCtldInAddrAny
+NODE_NAMES=() NODE_ADDRS=() NODE_PORTS=()
+if [ "$NODES" -eq 1 ]; then
+  NODE_NAMES=("$NODE") NODE_ADDRS=(127.0.0.1) NODE_PORTS=("$SLURMD_PORT")
+else
+  for ((i = 1; i <= NODES; i++)); do
+    NODE_NAMES+=("scalerl-n$i")
+    if [ "$OWN_ADDRS" -eq 1 ]; then NODE_ADDRS+=("127.0.0.$i"); else NODE_ADDRS+=(127.0.0.1); fi
+    if [ "$i" -eq 1 ]; then NODE_PORTS+=("$SLURMD_PORT"); else NODE_PORTS+=($((PORT_BASE + 2 + i))); fi
+  done
+fi
+# Each of N nodes advertises nproc / N CPUs, but at least 2 so that the tests' 2-task jobs fit on
+# one node (on a 2-core machine 2 nodes then advertise 4 CPUs: with TaskPlugin=task/none SLURM
+# pins nothing, the count only decides how many tasks a node is given).
+NPROC=$(nproc)
+if [ "$NODES" -eq 1 ]; then CPUS=$NPROC; else CPUS=$((NPROC / NODES)); [ "$CPUS" -ge 2 ] || CPUS=2; fi
+CPUS="${SCALERL_SLURM_CPUS_PER_NODE:-$CPUS}"
+case "$CPUS" in [1-9] | [1-9][0-9] | [1-9][0-9][0-9]) ;; *) die "SCALERL_SLURM_CPUS_PER_NODE=$CPUS: a whole number of CPUs from 1 to 999 is allowed" ;; esac
+MEM_MB=$(awk -v n="$NODES" '/^MemTotal:/ { m = int($2 / 1024); r = int(m * 0.95); if (m - r < 256) r = m - 256; print int(r / n) }' /proc/meminfo)
 export SLURM_CONF="$CONF"
 
-mkdir -p "$BASE"
-# fd 9 holds the lock; every daemon is started with 9>&- so that it does not inherit it.
-exec 9>"$BASE/.start.lock"
-flock -w $((TIMEOUT * 5)) 9 || die "another start_slurm.sh holds $BASE/.start.lock"
-
-if [ -f "$CONF" ] && all_up; then
-  print_env
-  exit 0
-fi
-
-mkdir -p "$ETC" "$LOG" "$RUN" "$BASE/state/slurmctld" "$BASE/spool/slurmd" "$BASE/db" \
-  "$MUNGE_KEY_DIR" "$MUNGE_SOCK_DIR" "$BASE/munge-lib"
-chmod 0755 "$BASE" "$ETC" "$LOG" "$RUN" "$MUNGE_SOCK_DIR"
-chmod 0700 "$MUNGE_KEY_DIR" "$BASE/munge-lib"
-
-# ------------------------------------------------ configuration files
-if [ ! -s "$MUNGE_KEY_DIR/munge.key" ]; then
-  dd if=/dev/urandom of="$MUNGE_KEY_DIR/munge.key" bs=1024 count=1 status=none
-fi
-chmod 0400 "$MUNGE_KEY_DIR/munge.key"
-
-if [ ! -s "$ETC/db.pass" ]; then
-  (umask 077; od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$ETC/db.pass")
-fi
-DB_PASS=$(cat "$ETC/db.pass")
-
-# Write a file only when its content changes (keeps the running daemons' view stable).
-write_file() {  # write_file PATH MODE  (content on stdin)
-  local tmp
-  tmp=$(mktemp "$1.XXXXXX")
-  cat >"$tmp"
-  chmod "$2" "$tmp"
-  if [ -f "$1" ] && cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv -f "$tmp" "$1"; fi
-}
-
-write_file "$CONF" 0644 <<EOF
-# Generated by launch/start_slurm.sh -- single-node dev cluster, loopback only.
+render_slurm_conf() {
+  cat <<EOF
+# Generated by launch/start_slurm.sh -- dev cluster on one machine, loopback only.
 ClusterName=$CLUSTER
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
-# every daemon binds the loopback address it is given, not all interfaces
-CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+# every daemon binds the loopback address it is given, not all interfaces (but with
+# SCALERL_SLURM_OWN_ADDRS=1: see start_slurm.sh)
+CommunicationParameters=$COMM_PARAMS
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
@@ -214,11 +254,12 @@ CredType=cred/munge
 AuthInfo=socket=$MUNGE_SOCK,cred_expire=15
 
 StateSaveLocation=$BASE/state/slurmctld
-SlurmdSpoolDir=$BASE/spool/slurmd
+# %n: the node's name (several slurmd on one machine)
+SlurmdSpoolDir=$BASE/spool/slurmd-%n
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd.log
+SlurmdLogFile=$LOG/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 
@@ -254,11 +295,86 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 JobCompType=jobcomp/none
 
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
+  local i
+  for i in "${!NODE_NAMES[@]}"; do
+    echo "NodeName=${NODE_NAMES[$i]} NodeAddr=${NODE_ADDRS[$i]} NodeHostname=${NODE_NAMES[$i]} Port=${NODE_PORTS[$i]} CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB State=UNKNOWN"
+  done
+  local IFS=,
+  echo "PartitionName=debug Nodes=${NODE_NAMES[*]} Default=YES MaxTime=INFINITE State=UP"
+}
 
-write_file "$DBD_CONF" 0600 <<EOF
+# Node names must resolve to their addresses for every process on this machine: a task's
+# MASTER_ADDR is the first node's name (scalerl.sweep.job), and tasks resolve their hostname.
+ensure_hosts() {
+  local i name addr have
+  for i in "${!NODE_NAMES[@]}"; do
+    name=${NODE_NAMES[$i]} addr=${NODE_ADDRS[$i]}
+    have=$(getent ahostsv4 "$name" 2>/dev/null | awk 'NR == 1 { print $1 }' || true)
+    [ "$have" = "$addr" ] && continue
+    if [ -n "$have" ] && grep -Eq "^[0-9.]+ $name  # scalerl dev SLURM node" /etc/hosts; then
+      # our own line from a start with the other SCALERL_SLURM_OWN_ADDRS: rewritten in place
+      # (cat, not mv: /etc/hosts may be a bind mount)
+      grep -Ev "^[0-9.]+ $name  # scalerl dev SLURM node" /etc/hosts >"$BASE.hosts.tmp" &&
+        cat "$BASE.hosts.tmp" >/etc/hosts && rm -f "$BASE.hosts.tmp" || die "cannot rewrite /etc/hosts"
+      have=""
+    fi
+    [ -z "$have" ] || die "node name $name resolves to $have, not $addr (/etc/hosts?): remove that entry or use SCALERL_SLURM_NODES=1"
+    # a last line without its newline would swallow ours
+    [ ! -s /etc/hosts ] || [ -z "$(tail -c 1 /etc/hosts)" ] || echo >>/etc/hosts
+    printf '%s %s  # scalerl dev SLURM node (launch/start_slurm.sh)\n' "$addr" "$name" >>/etc/hosts ||
+      die "cannot add '$addr $name' to /etc/hosts (node names must resolve); add it by hand"
+    say "added '$addr $name' to /etc/hosts"
+  done
+}
+[ "$NODES" -eq 1 ] || ensure_hosts
+
+mkdir -p "$BASE"
+# fd 9 holds the lock; every daemon is started with 9>&- so that it does not inherit it.
+exec 9>"$BASE/.start.lock"
+flock -w $((TIMEOUT * 5)) 9 || die "another start_slurm.sh holds $BASE/.start.lock"
+
+if [ -f "$CONF" ] && [ "$(render_slurm_conf)" = "$(cat "$CONF")" ] && all_up; then
+  print_env
+  exit 0
+fi
+
+mkdir -p "$ETC" "$LOG" "$RUN" "$BASE/state/slurmctld" "$BASE/db" "$BASE/spool" \
+  "$MUNGE_KEY_DIR" "$MUNGE_SOCK_DIR" "$BASE/munge-lib"
+chmod 0755 "$BASE" "$ETC" "$LOG" "$RUN" "$MUNGE_SOCK_DIR"
+chmod 0700 "$MUNGE_KEY_DIR" "$BASE/munge-lib"
+
+# ------------------------------------------------ configuration files
+if [ ! -s "$MUNGE_KEY_DIR/munge.key" ]; then
+  dd if=/dev/urandom of="$MUNGE_KEY_DIR/munge.key" bs=1024 count=1 status=none
+fi
+chmod 0400 "$MUNGE_KEY_DIR/munge.key"
+
+if [ ! -s "$ETC/db.pass" ]; then
+  (umask 077; od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$ETC/db.pass")
+fi
+DB_PASS=$(cat "$ETC/db.pass")
+
+# Write a file only when its content changes (keeps the running daemons' view stable); returns
+# 0 when it changed, 1 when it was already so.
+write_file() {  # write_file PATH MODE  (content on stdin)
+  local tmp
+  tmp=$(mktemp "$1.XXXXXX")
+  cat >"$tmp"
+  chmod "$2" "$tmp"
+  if [ -f "$1" ] && cmp -s "$tmp" "$1"; then rm -f "$tmp"; return 1; fi
+  mv -f "$tmp" "$1"
+}
+
+if render_slurm_conf | write_file "$CONF" 0644; then
+  # A new slurm.conf (first start, another node count, other CPUs): slurmctld and the slurmd
+  # that run (also those of nodes no longer configured, and a pre-%n "slurmd.pid") were started
+  # with the old one and are restarted; slurmctld keeps its state (jobs on a removed node end).
+  for f in "$RUN"/slurmd.pid "$RUN"/slurmd-*.pid; do [ -e "$f" ] && stop_pid "$f" slurmd; done
+  stop_pid "$RUN/slurmctld.pid" slurmctld
+fi
+
+write_file "$DBD_CONF" 0600 <<EOF || true
 # Generated by launch/start_slurm.sh
 AuthType=auth/munge
 AuthInfo=socket=$MUNGE_SOCK
@@ -349,13 +465,30 @@ if ! live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null; then
 fi
 wait_for slurmctld "$LOG/slurmctld.log" "$RUN/slurmctld.pid" slurmctld ctld_ok
 
-# ------------------------------------------------ slurmd
-if ! live_pid "$RUN/slurmd.pid" slurmd >/dev/null; then
-  check_port_free "$SLURMD_PORT" slurmd
-  rm -f "$RUN/slurmd.pid"
-  slurmd -N "$NODE" </dev/null 9>&- >>"$LOG/slurmd.log" 2>&1 || fail_daemon slurmd "$LOG/slurmd.log" "slurmd exited with an error"
-fi
-wait_for slurmd "$LOG/slurmd.log" "$RUN/slurmd.pid" slurmd node_ready
+# ------------------------------------------------ slurmd (one per node)
+# With several nodes each slurmd gets a UTS namespace whose hostname is its node's name (see the
+# top); where the kernel refuses one (an unprivileged container), slurmd runs in this one and
+# the node's tasks see this machine's hostname.
+uts_ok=0
+[ "$NODES" -gt 1 ] && unshare --uts true 2>/dev/null && uts_ok=1
+[ "$NODES" -gt 1 ] && [ "$uts_ok" -eq 0 ] && say "no UTS namespace here (unshare --uts failed): every node's tasks see hostname $(hostname)"
+for i in "${!NODE_NAMES[@]}"; do
+  name=${NODE_NAMES[$i]} addr=${NODE_ADDRS[$i]}
+  pidf="$RUN/slurmd-$name.pid" log="$LOG/slurmd-$name.log"
+  if ! live_pid "$pidf" slurmd >/dev/null; then
+    check_port_free "${NODE_PORTS[$i]}" "slurmd of $name" "$addr"
+    rm -f "$pidf"
+    if [ "$uts_ok" -eq 1 ]; then
+      unshare --uts sh -c 'hostname "$1" && exec slurmd -N "$1"' slurmd-uts "$name" \
+        </dev/null 9>&- >>"$log" 2>&1 || fail_daemon "slurmd ($name)" "$log" "slurmd exited with an error"
+    else
+      slurmd -N "$name" </dev/null 9>&- >>"$log" 2>&1 || fail_daemon "slurmd ($name)" "$log" "slurmd exited with an error"
+    fi
+  fi
+done
+for name in "${NODE_NAMES[@]}"; do
+  wait_for "slurmd ($name)" "$LOG/slurmd-$name.log" "$RUN/slurmd-$name.pid" slurmd node_ready "$name"
+done
 
 wait_for "slurmdbd (sacct)" "$LOG/slurmdbd.log" "$RUN/slurmdbd.pid" slurmdbd sacct_ok
 

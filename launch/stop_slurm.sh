@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop the dev SLURM cluster started by launch/start_slurm.sh, by PID (pid files under
-# BASE_DIR/run), in the order slurmd, slurmctld, slurmdbd, mariadbd, munged, waiting for
-# each to exit (SIGTERM, then SIGKILL after a timeout). Exit 0 when nothing runs.
+# BASE_DIR/run), in the order slurmd (every node's: run/slurmd-<node>.pid), slurmctld, slurmdbd,
+# mariadbd, munged, waiting for each to exit (SIGTERM, then SIGKILL after a timeout). Exit 0
+# when nothing runs.
 #
 #   launch/stop_slurm.sh [BASE_DIR]      # default: $SCALERL_SLURM_DIR or /tmp/scalerl-slurm
 #
@@ -35,8 +36,8 @@ live_pid() {  # live_pid PIDFILE COMM
 }
 
 rc=0
-stop_one() {  # stop_one NAME (pid file RUN/NAME.pid, process name NAME)
-  local name=$1 pidf="$RUN/$1.pid" pid i
+stop_one() {  # stop_one NAME [PIDFILE] (default pid file RUN/NAME.pid, process name NAME)
+  local name=$1 pidf="${2:-$RUN/$1.pid}" pid i
   if ! pid=$(live_pid "$pidf" "$name"); then
     rm -f "$pidf"
     return 0
@@ -53,13 +54,20 @@ stop_one() {  # stop_one NAME (pid file RUN/NAME.pid, process name NAME)
     if alive "$pid"; then say "ERROR: $name (pid $pid) does not die"; rc=1; return; fi
   fi
   rm -f "$pidf"
-  say "stopped $name (pid $pid)"
+  say "stopped $name (pid $pid${2:+, $(basename "$2")})"
+}
+
+# Every node's slurmd (run/slurmd-<node>.pid; run/slurmd.pid from before nodes had names).
+any_slurmd() {
+  local f
+  for f in "$RUN"/slurmd.pid "$RUN"/slurmd-*.pid; do [ -e "$f" ] && live_pid "$f" slurmd >/dev/null && return 0; done
+  return 1
 }
 
 [ -d "$RUN" ] || { say "nothing to stop under $BASE"; exit 0; }
 
 if [ "${SCALERL_SLURM_KEEP_JOBS:-0}" != 1 ] && live_pid "$RUN/slurmctld.pid" slurmctld >/dev/null &&
-  live_pid "$RUN/slurmd.pid" slurmd >/dev/null; then
+  any_slurmd; then
   jobs=$(timeout 10 squeue -h -t PENDING,RUNNING,SUSPENDED,CONFIGURING,REQUEUED -o '%A' 2>/dev/null | sort -u | tr '\n' ' ')
   if [ -n "${jobs// /}" ]; then
     say "cancelling jobs: $jobs"
@@ -72,5 +80,6 @@ if [ "${SCALERL_SLURM_KEEP_JOBS:-0}" != 1 ] && live_pid "$RUN/slurmctld.pid" slu
   fi
 fi
 
-for d in slurmd slurmctld slurmdbd mariadbd munged; do stop_one "$d"; done
+for f in "$RUN"/slurmd.pid "$RUN"/slurmd-*.pid; do [ -e "$f" ] && stop_one slurmd "$f"; done
+for d in slurmctld slurmdbd mariadbd munged; do stop_one "$d"; done
 exit "$rc"
