@@ -5,9 +5,11 @@ Load it from ``tests/conftest.py``: ``pytest_plugins = ["slurm_fixture"]`` while
 ``pytest`` and ``python -m pytest`` from any folder), or ``pytest_plugins = ["tests.slurm_fixture"]``
 once tests/ is a package (with tests/__init__.py).
 
-The cluster itself is started outside pytest by ``launch/start_slurm.sh`` (CI: ``.ci/run``),
-which prints ``export SLURM_CONF=...``. Without ``SLURM_CONF`` the slurm tests are skipped,
-unless ``SCALERL_REQUIRE_SLURM=1`` (set by CI): then they fail.
+The cluster itself is started outside pytest by ``launch/start_slurm.sh`` (CI: ``.ci/run``, two
+nodes: ``SCALERL_SLURM_NODES=2``), which prints ``export SLURM_CONF=...``. Without ``SLURM_CONF``
+the slurm tests are skipped, unless ``SCALERL_REQUIRE_SLURM=1`` (set by CI): then they fail. The
+fixture says which nodes are up (``SlurmCluster.nodes``); a test that needs several calls
+``require_nodes(n)``: skipped on a smaller cluster, failed there under ``SCALERL_REQUIRE_SLURM=1``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ START_HINT = "start one with `launch/start_slurm.sh` and `export SLURM_CONF=<bas
 class SlurmCluster:
     conf: Path
     partition: str
+    nodes: tuple[str, ...]  # the default partition's nodes, every one up (idle, mixed, ...)
+
+    def require_nodes(self, n: int) -> None:
+        """Skip (fail under SCALERL_REQUIRE_SLURM=1) unless the default partition has ``n`` nodes."""
+        if len(self.nodes) < n:
+            _unavailable(
+                f"the test needs {n} nodes and partition {self.partition} has {len(self.nodes)} "
+                f"({', '.join(self.nodes)}); start one with `SCALERL_SLURM_NODES={n} launch/start_slurm.sh`"
+            )
 
     def run(self, *cmd: str, timeout: float = 30) -> str:
         """Run a SLURM client command (sacct, squeue, ...) against this cluster; return stdout."""
@@ -63,7 +74,7 @@ def slurm_cluster() -> SlurmCluster:
     # SLURM_CONF is set: from here on a broken cluster is an error, not a skip.
     try:
         out = subprocess.run(
-            ["sinfo", "-h", "-o", "%P %T"], capture_output=True, text=True, timeout=20, check=True
+            ["sinfo", "-h", "-N", "-o", "%P %N %T"], capture_output=True, text=True, timeout=20, check=True
         ).stdout
         subprocess.run(
             ["sacct", "-n", "-X", "-S", "now-1minutes"],
@@ -79,16 +90,21 @@ def slurm_cluster() -> SlurmCluster:
             f"is it started? ({START_HINT}; logs under <base>/log)",
             pytrace=False,
         )
-    partitions = {}
+    # one line a (partition, node): "debug* scalerl-n1 idle"
+    nodes: dict[str, dict[str, str]] = {}
     for line in out.splitlines():
-        name, state = line.split()
-        partitions[name] = state
-    default = next((p for p in partitions if p.endswith("*")), None)
+        part, node, state = line.split()
+        nodes.setdefault(part, {})[node] = state
+    default = next((p for p in nodes if p.endswith("*")), None)
     if default is None:
         pytest.fail(f"no default partition in `sinfo` output: {out!r}", pytrace=False)
-    if partitions[default] not in ("idle", "mixed", "allocated", "completing"):
-        pytest.fail(f"default partition {default} node state is {partitions[default]!r}", pytrace=False)
-    return SlurmCluster(conf=Path(conf), partition=default.rstrip("*"))
+    down = {n: s for n, s in nodes[default].items() if s not in _UP}
+    if down:
+        pytest.fail(f"default partition {default}: nodes not up {down} (`sinfo -R` says why)", pytrace=False)
+    return SlurmCluster(conf=Path(conf), partition=default.rstrip("*"), nodes=tuple(sorted(nodes[default])))
+
+
+_UP = ("idle", "mixed", "allocated", "completing")
 
 
 def preempt(job_id: str, took_sigterm) -> None:

@@ -222,10 +222,16 @@ def test_every_daemon_listens_on_loopback_only(slurm_cluster):
     from procs import listening_addresses
 
     run_dir = slurm_cluster.conf.parent.parent / "run"
-    seen = {}
-    for name in ("slurmctld", "slurmd", "slurmdbd", "mariadbd"):
-        pid = int((run_dir / f"{name}.pid").read_text().strip())
-        seen[name] = listening_addresses(pid)
+    pid_files = {name: run_dir / f"{name}.pid" for name in ("slurmctld", "slurmdbd", "mariadbd")}
+    pid_files |= {f.stem: f for f in run_dir.glob("slurmd-*.pid")}  # one slurmd a node
+    assert len(pid_files) == 3 + len(slurm_cluster.nodes), sorted(run_dir.iterdir())
+    seen = {name: listening_addresses(int(f.read_text().strip())) for name, f in pid_files.items()}
     assert all(seen.values()), f"a daemon listens on nothing: {seen}"
+    # each slurmd on its node's address (127.0.0.1 unless SCALERL_SLURM_OWN_ADDRS=1 was given, which
+    # makes the slurmd listen on every interface: this test then fails), every other on 127.0.0.1
+    node_addr = dict(
+        line.split() for line in slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %o").splitlines()
+    )
     for name, addrs in seen.items():
-        assert {a for a, _ in addrs} == {"127.0.0.1"}, f"{name} listens on {addrs}"
+        want = node_addr[name.removeprefix("slurmd-")] if name.startswith("slurmd-") else "127.0.0.1"
+        assert {a for a, _ in addrs} == {want}, f"{name} listens on {addrs}"
