@@ -129,7 +129,7 @@ def test_tensor_parallel_engine_shards_are_bit_exact_after_every_update():
                 try:
                     expected = reference.fingerprint()
                 finally:
-                    reference.llm.llm_engine.engine_core.shutdown()
+                    reference.close()
                 assert {k.split("/")[0] for k in expected} == {"0", "1"}
                 for e, got in enumerate(prints):
                     assert sorted(expected) == sorted(got)

@@ -36,6 +36,7 @@ follow from its state (saved in checkpoints) as the HF generator's do.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -412,6 +413,16 @@ class VLLMGenerator(Generator):
             torch.set_num_threads(threads)
             folder.cleanup()
         self.engine = self.llm.llm_engine
+        # worker processes (tensor parallelism) are stopped by the engine when it goes, and at exit
+        # before multiprocessing terminates its daemonic children (vLLM's executor would report them
+        # as workers that died unexpectedly). multiprocessing's own finalizer, not atexit's: an engine
+        # process (pipeline_rl) ends through multiprocessing's exit, which runs no atexit handlers.
+        # An engine in this process (no workers) is left to vLLM's own finalizer, as before.
+        self._shutdown = (
+            multiprocessing.util.Finalize(self, self.engine.engine_core.shutdown, exitpriority=10)
+            if int(tensor_parallel_size) > 1
+            else self.engine.engine_core.shutdown
+        )
         self.head_dtype = self.llm.collective_rpc("scalerl_head_dtype")[0]
         want = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision.head]
         if self.head_dtype != want:
@@ -469,6 +480,10 @@ class VLLMGenerator(Generator):
         if len(parts) == 1:
             return parts[0]
         return {f"{i}/{k}": v for i, part in enumerate(parts) for k, v in part.items()}
+
+    def close(self) -> None:
+        """Stop the engine (and its worker processes, with tensor parallelism) now."""
+        self._shutdown()
 
     def drop_model(self) -> None:
         """Forget the HF model the engine started from: its weights now arrive in the workers
