@@ -258,7 +258,15 @@ class _Engine:
         task = build_task(cfg)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        model, tokenizer, precision = build_policy(cfg, task, device, trained=False)
+        vllm = str(cfg.generator.name) == "vllm"
+        if vllm and "sleep_while_training" in cfg.generator:
+            # an engine process generates all the time: vLLM's sleep mode (its own allocator, and
+            # CUDA graphs offloaded at every sleep) would only cost
+            cfg.generator.sleep_while_training = False
+        # a vLLM engine loads its weights from a folder the policy is saved to: built on the CPU,
+        # that copy never takes GPU memory beside vLLM's (whose memory profile would not see it)
+        model_device = torch.device("cpu") if vllm else device
+        model, tokenizer, precision = build_policy(cfg, task, model_device, trained=False)
         model.eval()
         seed = cfg.seed * 7919 + 17 + 104729 * spec.index
         gen = make_generator(cfg, model, tokenizer, precision, device, seed=seed)
