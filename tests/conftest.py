@@ -70,7 +70,7 @@ def pytest_runtest_setup(item):
 
 # Under `pytest -n N --dist loadgroup --no-loadscope-reorder` (CI) a file's tests run on one worker,
 # so a module-scoped fixture (a sweep, a sandbox, a loaded model) is built once and a file's vLLM
-# training runs do not compete with each other for the cores; the SLURM tests share one worker, as they share one single-node
+# training runs do not compete with each other for the cores; the SLURM tests share one worker, as they share one development
 # cluster whose CPUs a second worker's jobs would queue behind. The groups that take minutes (CI's
 # --durations) start first, so that the workers finish together.
 _LONGEST_FIRST = (
