@@ -83,6 +83,7 @@ class HFGenerator(Generator):
         stale_kv_samples: int = 4,
         static_cache: bool = False,
         stale_kv: str = "keep",
+        lean: bool = True,
     ):
         self.device = torch.device(device)
         self.stale_kv_samples = int(stale_kv_samples)
@@ -138,6 +139,23 @@ class HFGenerator(Generator):
         if self.static_cache and (why := static_decode.supported(self.model)) is not None:
             raise ValueError(f"generator.static_cache=true is not possible with this model: {why}")
         self._static: dict[int, static_decode.StaticDecoder] = {}
+        # generator.lean: the embedded model's architectures decode through a forward written over
+        # their weights (scalerl.generator.lean) where it applies (CPU, fp32 or emulated body)
+        self.lean = bool(lean)
+        self._lean: Any = None
+
+    def _lean_model(self):
+        """The lean forward over this generator's model (one, its weights followed per version),
+        or None where it does not apply."""
+        from scalerl.generator import lean
+
+        if not self.lean or self.static_cache or lean.unsupported(self.model, self.precision, self.device):
+            return None
+        if self._lean is None:
+            self._lean = lean.LeanModel(self.model, self.precision)
+        else:
+            self._lean.sync()
+        return self._lean
 
     # ------------------------------------------------------------------ Generator interface
     def join_weight_group(self, spec, rank: int, store=None) -> None:
@@ -167,6 +185,16 @@ class HFGenerator(Generator):
         was_training = self.model.training
         self.model.eval()
         try:
+            if self._lean_model() is not None:
+                # the lean forward runs over slots: one session sized for this batch draws what
+                # the batch path draws (see _HFSession) and stamps the caller's version
+                session = _HFSession(self, weight_update, on_step, len(prompt_ids) * n)
+                session.version = int(version)
+                session._add(list(prompts), prompt_ids, n, group_ids, None)
+                try:
+                    return session.drain()[0][1]
+                finally:
+                    session.pause()
             with _CachedWeights(self.model, enabled=self.cache_rounded_weights) as cached:
                 out = self._decode(prompt_ids, n, version, weight_update, on_step, cached)
         finally:
@@ -482,8 +510,9 @@ class _HFSession(GenerationSession):
         self.max_steps = gen.max_new_tokens + (len(gen.phrase_ids) if self.interrupt else 0)
         model = gen.model
         body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.lean = gen._lean_model()
         self.cache = SlotCache(
-            body, rows, 64 + self.max_steps, gen.device, lambda: gen.precision.autocast(model)
+            body, rows, 64 + self.max_steps, gen.device, lambda: gen.precision.autocast(model), self.lean
         )
         self.answer_budget = gen.answer_budget if self.interrupt else self.max_steps + 1
         self._alloc_state(rows)
@@ -491,7 +520,9 @@ class _HFSession(GenerationSession):
         self.slot_of: dict[int, tuple[int, int]] = {}  # slot -> (work key, row)
         self.pending: list[tuple[int, list[int]]] = []  # (work key, its slots) to prefill next step
         self._key = 0
-        self.version = gen.version
+        # the version stamped on tokens (HFGenerator.generate sets the caller's), and the
+        # generator's version last seen: a change means new weights
+        self.version = self._seen = gen.version
         self._cached: _CachedWeights | None = None
         self.steps = 0
 
@@ -579,11 +610,15 @@ class _HFSession(GenerationSession):
         if self._cached is None:
             self._cached = _CachedWeights(gen.model, enabled=gen.cache_rounded_weights).__enter__()
         gen._take_new_weights(self.weight_update, None)
-        if gen.version != self.version:  # in this step's poll, or between steps
-            self.version = gen.version
+        if gen.version != self._seen:  # in this step's poll, or between steps
+            self.version = self._seen = gen.version
             self._cached.refresh()
+            if self.lean is not None:
+                self.lean.refresh()
             if gen.stale_kv == "recompute":
                 self._recompute()
+        elif self.lean is not None:  # weights changed in place without a new version (a shared module)
+            self.lean.sync()
         rs, S = self.rs, self.rs.done.shape[0]
         live = ~rs.done  # rows decoding (not the ones added since the last step)
         hi = self.cache.hi

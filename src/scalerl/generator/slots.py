@@ -92,8 +92,12 @@ class SlotCache:
     """``rows`` slots of ``capacity`` positions over ``body`` (a transformers decoder); forwards run
     under ``autocast()`` (the generator's precision)."""
 
-    def __init__(self, body: torch.nn.Module, rows: int, capacity: int, device, autocast=None):
+    def __init__(self, body: torch.nn.Module, rows: int, capacity: int, device, autocast=None, lean=None):
         self.body = body
+        # a :class:`~scalerl.generator.lean.LeanModel`: the forwards run over its tensors and the
+        # buffers below (per layer keys and values), not through ``body``'s modules
+        self.lean = lean
+        self._kv: list | None = None
         self.device = torch.device(device)
         self.autocast = autocast or nullcontext
         self.ctl = _Control(int(rows), int(capacity))
@@ -163,8 +167,11 @@ class SlotCache:
         mask = (keys[None, :] <= keys[:, None])[None] & (keys[None, None, :] < lens_t[:, None, None])
         pos = keys[None].expand(len(ids), L)
         dst = torch.tensor(slots, dtype=torch.long, device=dev)
-        self.ctl.mode = ("prefill", dst, int(n))
-        hidden = self._forward(inp, mask[:, None], pos)
+        if self.lean is not None:
+            hidden = self.lean.prefill(self._lean_kv(), inp, pos, mask[:, None], dst, int(n))
+        else:
+            self.ctl.mode = ("prefill", dst, int(n))
+            hidden = self._forward(inp, mask[:, None], pos)
         last = hidden[torch.arange(len(ids), device=dev), lens_t - 1]
         self.length[dst] = lens_t if n == 1 else lens_t.repeat_interleave(n)
         return last if n == 1 else last.repeat_interleave(n, 0)
@@ -177,11 +184,20 @@ class SlotCache:
         span = int(pos.max()) + 1 if hi else 1
         if span > self.capacity:
             self.grow(capacity=span)
-        self.ctl.mode = ("decode", hi, pos, span)
         keymask = torch.arange(span, device=self.device)[None, :] <= pos[:, None]
+        if self.lean is not None:
+            hidden = self.lean.decode(self._lean_kv(), tok, pos, span, keymask[:, None, None, :])
+            self.length[:hi] += live.long()
+            return hidden
+        self.ctl.mode = ("decode", hi, pos, span)
         hidden = self._forward(tok[:, None], keymask[:, None, None, :], pos[:, None])
         self.length[:hi] += live.long()
         return hidden[:, -1]
+
+    def _lean_kv(self) -> list:
+        """The lean forward's buffers, at the current rows and capacity (grown, contents kept)."""
+        self._kv = self.lean.buffers(self.rows, self.capacity, self._kv)
+        return self._kv
 
     def _forward(self, ids: torch.Tensor, mask4: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         with self.autocast():

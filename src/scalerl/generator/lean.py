@@ -1,0 +1,280 @@
+"""A lean forward for the embedded model's decode: the transformer written over its weight tensors.
+
+The HF generator's time on the embedded model (a few layers of width 128) goes to transformers'
+module Python per token, not to arithmetic: every layer call, every hook of the bf16 emulation,
+the cache's update and the attention dispatch cost more than the matmuls they wrap. Here one
+decode step (or one prefill) is a flat sequence of tensor ops over the model's weights, reading
+and writing the :class:`~scalerl.generator.slots.SlotCache` buffers, with torch's fused
+``scaled_dot_product_attention`` under a per-slot key mask.
+
+Numerics: the same as the transformers forward under :class:`~scalerl.model.precision.Precision`,
+op for op. The emulated low-precision body (``impl=emulated``) rounds every linear / embedding
+weight to the body dtype, every linear's input and every linear / embedding / norm output; here the
+weights are rounded once per weight version (:meth:`LeanModel.sync`: a copy made when a weight
+changes, found by the tensors' in-place version counters, or forced by :meth:`LeanModel.refresh`
+when the generator takes a new version), and the activations are rounded exactly where the
+hooks round them (an input that is already a rounded output is not rounded twice: rounding is
+idempotent). Norm weights are not rounded (the emulation does not round them). The LM head is not
+part of this: the generator's :meth:`Precision.logits` computes it as before.
+
+Architectures: GPT-2 (the embedded default) and the Qwen2 / Llama family (RMSNorm, rotary
+positions, grouped-query attention, gated SiLU MLP). :func:`unsupported` says why another model
+(or a native low-precision body, or a GPU, where the static-cache path runs) keeps the
+transformers forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+
+_ARCHS = ("gpt2", "qwen2", "llama")
+
+
+def unsupported(model: torch.nn.Module, precision, device) -> str | None:
+    """Why the lean forward cannot stand in for ``model``'s (None: it can)."""
+    cfg = getattr(model, "config", None)
+    arch = getattr(cfg, "model_type", None)
+    if arch not in _ARCHS:
+        return f"architecture {arch!r} (the lean forward knows {', '.join(_ARCHS)})"
+    if torch.device(device).type != "cpu":
+        return "not on a CPU (a GPU runs the static-cache path)"
+    if precision.body != "fp32" and precision.impl != "emulated":
+        return f"precision.impl={precision.impl} (native low-precision tensors)"
+    if arch == "gpt2":
+        if cfg.activation_function != "gelu" or cfg.add_cross_attention:
+            return f"gpt2 with activation {cfg.activation_function!r} or cross-attention"
+        if cfg.scale_attn_by_inverse_layer_idx or cfg.reorder_and_upcast_attn or not cfg.scale_attn_weights:
+            return "gpt2 with non-default attention scaling"
+    else:
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            return f"{arch} with activation {cfg.hidden_act!r}"
+        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
+            return f"{arch} with sliding-window attention"
+        if getattr(cfg, "mlp_bias", False) or (arch == "llama" and getattr(cfg, "attention_bias", False)):
+            return f"{arch} with biases the lean forward does not read"
+    return None
+
+
+class LeanModel:
+    """The body of ``model`` (a transformers causal LM prepared by ``precision``) as tensors, and
+    its forward over slot buffers (:meth:`prefill`, :meth:`decode`)."""
+
+    def __init__(self, model: torch.nn.Module, precision):
+        self.model = model
+        self.arch = model.config.model_type
+        self.body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        emulated = precision.body != "fp32" and precision.impl == "emulated"
+        self.dtype = precision.body_dtype if emulated else None  # None: no rounding
+        cfg = model.config
+        if self.arch == "gpt2":
+            self.heads = self.kv_heads = cfg.n_head
+            self.eps = cfg.layer_norm_epsilon
+        else:
+            self.heads = cfg.num_attention_heads
+            self.kv_heads = cfg.num_key_value_heads
+            self.eps = cfg.rms_norm_eps
+        self.head_dim = cfg.hidden_size // self.heads
+        self.layers = len(self.body.h if self.arch == "gpt2" else self.body.layers)
+        self._params = [p for p in self.body.parameters()]
+        self._key: tuple | None = None
+        self.refreshes = 0  # weight copies made (tests: one per weight version)
+        self.sync()
+
+    # ------------------------------------------------------------------ weights
+    def _weight_key(self) -> tuple:
+        return tuple((p._version, p.data_ptr()) for p in self._params)
+
+    def sync(self) -> None:
+        """Take the body's weights again if any changed in place since the last copy."""
+        key = self._weight_key()
+        if key != self._key:
+            self._take(key)
+
+    def refresh(self) -> None:
+        """Take the body's weights again (the generator took a new version)."""
+        self._take(self._weight_key())
+
+    @torch.no_grad()
+    def _take(self, key: tuple) -> None:
+        def w(module) -> torch.Tensor:  # what the layer computes with: rounded under emulation
+            if parametrize.is_parametrized(module, "weight"):
+                # computed from the stored weight, not read through parametrize's cache (which may
+                # hold the previous version's rounding while a session runs)
+                return module.parametrizations.weight().detach()
+            return module.weight.detach()
+
+        def b(module) -> torch.Tensor | None:
+            return None if module.bias is None else module.bias.detach()
+
+        body = self.body
+        if self.arch == "gpt2":
+            self.embed = (w(body.wte), w(body.wpe))
+            self.blocks = [
+                (
+                    (w(blk.ln_1), b(blk.ln_1)),
+                    (w(blk.attn.c_attn), b(blk.attn.c_attn)),
+                    (w(blk.attn.c_proj), b(blk.attn.c_proj)),
+                    (w(blk.ln_2), b(blk.ln_2)),
+                    (w(blk.mlp.c_fc), b(blk.mlp.c_fc)),
+                    (w(blk.mlp.c_proj), b(blk.mlp.c_proj)),
+                )
+                for blk in body.h
+            ]
+            self.final = (w(body.ln_f), b(body.ln_f))
+        else:
+            self.embed = (w(body.embed_tokens),)
+            self.blocks = []
+            for lyr in body.layers:
+                at, mlp = lyr.self_attn, lyr.mlp
+                # q, k and v in one matmul: rows of the three weights stacked (the same products)
+                wqkv = torch.cat([w(at.q_proj), w(at.k_proj), w(at.v_proj)])
+                bqkv = None
+                if at.q_proj.bias is not None:
+                    bqkv = torch.cat([b(at.q_proj), b(at.k_proj), b(at.v_proj)])
+                self.blocks.append(
+                    (
+                        w(lyr.input_layernorm),
+                        (wqkv, bqkv),
+                        (w(at.o_proj), b(at.o_proj)),
+                        w(lyr.post_attention_layernorm),
+                        torch.cat([w(mlp.gate_proj), w(mlp.up_proj)]),
+                        w(mlp.down_proj),
+                    )
+                )
+            self.final = (w(body.norm),)
+        self._key = key
+        self.refreshes += 1
+
+    # ------------------------------------------------------------------ pieces
+    def _r(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.dtype
+        return x if d is None else x.to(d).to(x.dtype)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # as the Qwen2 / Llama RMSNorm computes it (fp32 throughout here)
+        var = x.pow(2).mean(-1, keepdim=True)
+        return weight * (x * torch.rsqrt(var + self.eps))
+
+    def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
+        if self.arch == "gpt2":
+            wte, wpe = self.embed
+            return F.embedding(ids, wte) + F.embedding(pos, wpe), None
+        h = F.embedding(ids, self.embed[0])
+        cos, sin = self.body.rotary_emb(h, pos)  # the model's own: its scaling and dtype rules
+        return h, (cos.unsqueeze(1), sin.unsqueeze(1))
+
+    def _qkv(self, blk, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys, values [B, heads, T, head dim] of normed ``x`` [B, T, hidden]."""
+        B, T, _ = x.shape
+        D = self.head_dim
+        r = self._r
+        if self.arch == "gpt2":
+            w, bias = blk[1]
+            qkv = r(torch.addmm(bias, x.view(B * T, -1), w))
+            q, k, v = qkv.view(B, T, -1).split(self.heads * D, dim=2)
+        else:
+            w, bias = blk[1]
+            qkv = F.linear(x, w, bias)
+            nq, nk = self.heads * D, self.kv_heads * D
+            # each projection's output rounded on its own, as the three layers round them
+            q, k, v = (r(t) for t in qkv.split((nq, nk, nk), dim=2))
+        q = q.view(B, T, -1, D).transpose(1, 2)
+        k = k.view(B, T, -1, D).transpose(1, 2)
+        v = v.view(B, T, -1, D).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def _out(self, blk, h: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """The rest of a block after attention: output projection, residual, MLP, residual."""
+        B, T, _ = h.shape
+        r = self._r
+        att = r(att.transpose(1, 2).reshape(B * T, -1))  # the projection's input rounded
+        if self.arch == "gpt2":
+            w, bias = blk[2]
+            h = h + r(torch.addmm(bias, att, w)).view(B, T, -1)
+            lw, lb = blk[3]
+            x = r(F.layer_norm(h, (h.shape[-1],), lw, lb, self.eps)).view(B * T, -1)
+            w, bias = blk[4]
+            x = r(F.gelu(r(torch.addmm(bias, x, w))))
+            w, bias = blk[5]
+            return h + r(torch.addmm(bias, x, w)).view(B, T, -1)
+        w, bias = blk[2]
+        h = h + r(F.linear(att, w, bias)).view(B, T, -1)
+        x = r(self._rms(h, blk[3]))
+        gate, up = F.linear(x, blk[4]).chunk(2, dim=-1)
+        x = r(F.silu(r(gate)) * r(up))
+        return h + r(F.linear(x, blk[5]))
+
+    def _norm_in(self, blk, h: torch.Tensor) -> torch.Tensor:
+        if self.arch == "gpt2":
+            lw, lb = blk[0]
+            return self._r(F.layer_norm(h, (h.shape[-1],), lw, lb, self.eps))
+        return self._r(self._rms(h, blk[0]))
+
+    def _final(self, h: torch.Tensor) -> torch.Tensor:
+        if self.arch == "gpt2":
+            lw, lb = self.final
+            return self._r(F.layer_norm(h, (h.shape[-1],), lw, lb, self.eps))
+        return self._r(self._rms(h, self.final[0]))
+
+    def _attend(self, q, k, v, mask) -> torch.Tensor:
+        gqa = self.kv_heads != self.heads
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+    # ------------------------------------------------------------------ forwards over slots
+    def buffers(self, rows: int, capacity: int, old: list | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer ``(keys, values)`` of ``[rows, kv heads, capacity, head dim]`` (fp32), the
+        contents of ``old`` kept at their slots and positions."""
+        if old and old[0][0].shape[0] >= rows and old[0][0].shape[2] >= capacity:
+            return old
+        dev = self.embed[0].device
+        shape = (rows, self.kv_heads, capacity, self.head_dim)
+        out = []
+        for i in range(self.layers):
+            k, v = torch.zeros(shape, device=dev), torch.zeros(shape, device=dev)
+            if old:
+                ok, ov = old[i]
+                k[: ok.shape[0], :, : ok.shape[2]] = ok
+                v[: ok.shape[0], :, : ok.shape[2]] = ov
+            out.append((k, v))
+        return out
+
+    @torch.no_grad()
+    def prefill(self, kv, ids, pos, mask, dst, n: int) -> torch.Tensor:
+        """Prompts ``ids`` [P, L] at positions ``pos`` with ``mask`` [P, 1, L, L] (bool); each
+        prompt's keys and values written into its ``n`` slots of ``dst``. The last hidden states
+        [P, L, hidden]."""
+        h, rope = self._embed(ids, pos)
+        L = ids.shape[1]
+        for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
+            q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
+            kb[dst, :, :L] = k if n == 1 else k.repeat_interleave(n, 0)
+            vb[dst, :, :L] = v if n == 1 else v.repeat_interleave(n, 0)
+            h = self._out(blk, h, self._attend(q, k, v, mask))
+        return self._final(h)
+
+    @torch.no_grad()
+    def decode(self, kv, tok, pos, span: int, keymask) -> torch.Tensor:
+        """One token per slot below ``hi`` = len(``tok``), each at its position ``pos`` [hi],
+        attending over the first ``span`` positions under ``keymask`` [hi, 1, 1, span]. The
+        hidden states [hi, hidden]."""
+        hi = tok.shape[0]
+        h, rope = self._embed(tok[:, None], pos[:, None])
+        rows = torch.arange(hi, device=tok.device)
+        for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
+            q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
+            kb[rows, :, pos] = k[:, :, 0]
+            vb[rows, :, pos] = v[:, :, 0]
+            att = self._attend(q, kb[:hi, :, :span], vb[:hi, :, :span], keymask)
+            h = self._out(blk, h, att)
+        return self._final(h)[:, -1]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)

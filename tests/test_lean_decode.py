@@ -1,0 +1,177 @@
+"""The lean decode path (scalerl.generator.lean): the embedded model's forward written over its
+weights, against the transformers forward it stands in for.
+
+Each check runs the same generator twice over the same model and seed: ``lean=True`` (the
+default where it applies) and ``lean=False`` (today's path: the batch decode over transformers'
+modules, or the slot cache through them for sessions). Tolerance: 1e-5 on every per-token log-prob
+(fp32 arithmetic in both; the emulated bf16 body rounds at the same places in both, so a rounding
+difference would show as ~1e-2, far above it), and the sampled tokens identical.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_generator import LC, PHRASE, SAME_LEN, VAR_LEN, Prompt, _update_at, flat, full_logprobs, make_model
+
+from scalerl.generator import HFGenerator
+from scalerl.generator.lean import LeanModel, unsupported
+from scalerl.model.precision import Precision
+from scalerl.model.tokenizer import build_char_tokenizer
+from scalerl.model.weights import PolicyWeights
+
+TOK = build_char_tokenizer()
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _gen(model, prec, lean: bool, lc=None, **kw) -> HFGenerator:
+    return HFGenerator(model, TOK, prec, lc or LC(max_new_tokens=24), seed=3, lean=lean, **kw)
+
+
+def _compare(a, b) -> float:
+    """Tokens, masks, versions equal; the largest log-prob difference."""
+    err = 0.0
+    for x, y in zip(flat(a), flat(b), strict=True):
+        assert x.completion_ids == y.completion_ids
+        assert x.loss_mask == y.loss_mask and x.versions == y.versions
+        assert (x.truncated, x.interrupted) == (y.truncated, y.interrupted)
+        err = max(err, (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max().item())
+    return err
+
+
+INTERRUPT = LC(
+    name="interruption",
+    max_new_tokens=30,
+    think_budget_min=3,
+    think_budget_max=10,
+    answer_budget=4,
+    phrase=PHRASE,
+)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2", "llama"])
+@pytest.mark.parametrize("body,head", [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")])
+@pytest.mark.parametrize("lc", [None, INTERRUPT], ids=["none", "interruption"])
+def test_lean_decode_matches_transformers_logprobs_and_samples(arch, body, head, lc):
+    """Batch generation (sync mode, evaluation): the lean path samples the same tokens as today's
+    transformers path with the same seed and records the same log-probs (within 1e-5), for the fp32
+    and the emulated-bf16 body, with and without an fp32 head, with interruption length control;
+    in fp32 the log-probs are those of one full forward of prompt + completion."""
+    model = make_model(arch=arch, num_kv_heads=2 if arch != "gpt2" else 4)
+    prec = Precision(body=body, head=head, impl="emulated")
+    lean, ref = _gen(model, prec, True, lc), _gen(model, prec, False, lc)
+    for prompts in (SAME_LEN, VAR_LEN):
+        a = lean.generate(prompts, 3, version=5)
+        assert lean._lean is not None and ref._lean is None  # each ran the path it names
+        b = ref.generate(prompts, 3, version=5)
+        assert _compare(a, b) <= TOL
+        assert {v for s in flat(a) for v in s.versions} <= {5, -1}
+        if lc is not None:
+            assert any(s.interrupted for s in flat(a))
+        # fp32: also one full forward's (under bf16 a full forward and a cached decode round
+        # differently in their own right, lean or not: test_generator's bf16 check covers that)
+        for s in flat(a)[:3] if body == "fp32" else []:
+            want = full_logprobs(model, prec, s.prompt_ids, s.completion_ids)
+            mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+            assert (torch.tensor(s.logprobs)[mask] - want[mask]).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_lean_decode_session_matches_the_slot_cache_through_transformers(arch):
+    """Continuous sessions (the default pipeline_rl engine): work joining as other work runs, on
+    the lean path and on the slot cache through transformers' modules: the same tokens and
+    log-probs (within 1e-5) under the emulated bf16 body."""
+    model = make_model(arch=arch)
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    got = []
+    for lean in (True, False):
+        gen = _gen(model, prec, lean)
+        sess = gen.session(rows=4)
+        assert (sess.lean is not None) == lean
+        sess.add(SAME_LEN[:2], 2, tag="a")
+        out = sess.step() + sess.step() + sess.step()
+        sess.add(VAR_LEN, 2, tag="b")
+        out += sess.drain()
+        got.append(dict(out))
+    for tag in ("a", "b"):
+        assert _compare(got[0][tag], got[1][tag]) <= TOL
+
+
+@pytest.mark.parametrize("stale_kv", ["keep", "recompute"])
+@pytest.mark.parametrize("body", ["bf16", "fp32"])
+def test_lean_decode_inflight_update_uses_the_new_weights_rounding(stale_kv, body):
+    """pipeline_rl: new weights copied into the model in place mid-generation. The lean path takes
+    their (rounded) copy at that step: its tokens and log-probs are those of today's path under the
+    same update (within 1e-5), the tokens after the update differ from a run without it, and with
+    ``stale_kv=recompute`` (fp32) the log-probs after it are a fresh forward's of the new weights.
+    Same-length prompts: today's batch path left-pads others, which moves bf16 rounding ties."""
+    model = make_model(arch="gpt2")
+    new = make_model(seed=1, arch="gpt2")
+    prec = Precision(body=body, head="fp32", impl="emulated")
+    new_ref = Precision(body=body, head="fp32", impl="emulated").prepare(copy.deepcopy(new))
+    runs = []
+    for lean in (True, False, None):  # None: lean, no update
+        m = copy.deepcopy(model)
+        gen = _gen(m, prec, lean is not False, stale_kv=stale_kv)
+        upd = _update_at(m, new, 5, 1, []) if lean is not None else (lambda: None)
+        runs.append(gen.generate(SAME_LEN, 2, version=0, weight_update=upd))
+        if lean:
+            assert gen._lean.refreshes >= 2  # the first copy, then the update's
+    assert _compare(runs[0], runs[1]) <= TOL
+    after = [(s.completion_ids, s.versions) for s in flat(runs[0]) if 1 in s.versions]
+    assert after
+    assert [s.completion_ids for s in flat(runs[0])] != [s.completion_ids for s in flat(runs[2])]
+    if stale_kv == "recompute" and body == "fp32":  # (bf16: a full forward rounds otherwise, see above)
+        for s in flat(runs[0]):
+            v1 = torch.tensor([v == 1 for v in s.versions])
+            if v1.any():
+                want = full_logprobs(new_ref, prec, s.prompt_ids, s.completion_ids)
+                assert (torch.tensor(s.logprobs)[v1] - want[v1]).abs().max() <= 1e-4
+
+
+def test_lean_decode_follows_weights_changed_in_place_without_a_new_version():
+    """Sync mode samples from the trainer's own module: the optimizer changes its weights in place
+    and load_weights only records the version. The lean copy follows the weights (their in-place
+    version counters), so a generation after a change samples from the changed weights."""
+    model = make_model(arch="gpt2")
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    gen = _gen(model, prec, True)
+    gen.generate(SAME_LEN, 2, version=0)
+    n0 = gen._lean.refreshes
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    gen.load_weights(PolicyWeights(model), 1)
+    ref = _gen(model, prec, False)
+    gen.rng.manual_seed(11)
+    ref.rng.manual_seed(11)
+    assert _compare(gen.generate(SAME_LEN, 2, version=1), ref.generate(SAME_LEN, 2, version=1)) <= TOL
+    assert gen._lean.refreshes == n0 + 1  # once for the changed weights, not per step
+
+
+def test_lean_decode_applies_where_it_can_and_says_why_not():
+    """Chosen by itself for the embedded model on a CPU (fp32 or emulated body); a native bf16 body
+    keeps the transformers path, with the reason."""
+    model = make_model(arch="gpt2")
+    assert unsupported(model, Precision(body="bf16", impl="emulated"), "cpu") is None
+    why = unsupported(model, Precision(body="bf16", impl="native"), "cpu")
+    assert why and "native" in why
+    assert "GPU" in unsupported(model, Precision(), "cuda")
+    gen = HFGenerator(model, TOK, Precision(body="bf16", impl="emulated"), LC(max_new_tokens=4))
+    gen.generate([Prompt(0, "1+2=")], 2, version=0)
+    assert isinstance(gen._lean, LeanModel)
+    native = HFGenerator(
+        make_model(arch="gpt2"), TOK, Precision(body="bf16", impl="native"), LC(max_new_tokens=4)
+    )
+    native.generate([Prompt(0, "1+2=")], 2, version=0)
+    assert native._lean is None
