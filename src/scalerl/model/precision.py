@@ -32,6 +32,12 @@ from scalerl.config.groups.precision import DTYPE_NAMES, IMPLS  # noqa: F401  (I
 # each dtype name the precision options may use -> its torch dtype
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
+# Emulation's hooks, as models prepared from now on get them: a fresh layer output is rounded in
+# place, and a layer input that is already a rounded output is not rounded again (both give the
+# same values and gradients as rounding a copy every time, with less memory traffic). False: the
+# plain hooks, kept so that tests can compare the two on one model.
+LEAN_EMULATION = True
+
 
 class _RoundTo(torch.autograd.Function):
     """Round to a lower-precision dtype and back; straight-through gradient."""
@@ -51,6 +57,36 @@ def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _RoundTo.apply(x, dtype)
 
 
+# the layers whose forward returns a new tensor that no op of theirs saves for its backward: their
+# output may be rounded in place (a module that returned a view of its input, or an output its
+# backward reads, would not allow it)
+_FRESH_OUTPUT = (nn.Linear, nn.Embedding, nn.LayerNorm)
+
+
+def _rounded(x: torch.Tensor, dtype: torch.dtype, *, in_place: bool) -> torch.Tensor:
+    """``x`` rounded to ``dtype`` (:func:`round_to`), marked as such (with its in-place version) so
+    that a layer it goes into skips rounding it again: rounding is idempotent, so skipping gives
+    the same values; a later in-place change of ``x`` changes its version and voids the mark."""
+    if dtype == x.dtype or not x.is_floating_point():
+        return x
+    if in_place:
+        # written into ``x`` where autograd does not see it: the straight-through gradient is the
+        # identity, which is what autograd then passes back; an op that had saved ``x`` for its
+        # backward would find its version changed and refuse (loudly). Through a Function with
+        # mark_dirty the same would cost a CopySlices node per view (Conv1D's output is one).
+        with torch.no_grad():
+            x.copy_(x.to(dtype))
+        out = x
+    else:
+        out = _RoundTo.apply(x, dtype)
+    out._scalerl_rounded = (dtype, out._version)
+    return out
+
+
+def _is_rounded(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    return getattr(x, "_scalerl_rounded", None) == (dtype, x._version)
+
+
 class _RoundedWeight(nn.Module):
     """A parametrization: the layer sees its weight rounded to ``dtype``."""
 
@@ -62,18 +98,23 @@ class _RoundedWeight(nn.Module):
         return round_to(w, self.dtype)
 
 
-def _round_output_hook(dtype: torch.dtype):
+def _round_output_hook(dtype: torch.dtype, in_place: bool = False):
     def hook(module, args, output):
         if isinstance(output, torch.Tensor):
-            return round_to(output, dtype)
+            return _rounded(output, dtype, in_place=in_place)
         return output
 
     return hook
 
 
-def _round_input_hook(dtype: torch.dtype):
+def _round_input_hook(dtype: torch.dtype, skip_rounded: bool = False):
     def hook(module, args):
-        return tuple(round_to(a, dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        return tuple(
+            _rounded(a, dtype, in_place=False)
+            if isinstance(a, torch.Tensor) and not (skip_rounded and _is_rounded(a, dtype))
+            else a
+            for a in args
+        )
 
     return hook
 
@@ -164,8 +205,9 @@ class Precision:
             if "weight" in params and isinstance(module, (*linear, nn.Embedding)):
                 parametrize.register_parametrization(module, "weight", _RoundedWeight(dtype))
             if isinstance(module, linear):
-                module.register_forward_pre_hook(_round_input_hook(dtype))
-            module.register_forward_hook(_round_output_hook(dtype))
+                module.register_forward_pre_hook(_round_input_hook(dtype, skip_rounded=LEAN_EMULATION))
+            fresh = isinstance(module, (*_FRESH_OUTPUT, Conv1D))
+            module.register_forward_hook(_round_output_hook(dtype, in_place=fresh and LEAN_EMULATION))
 
     # ------------------------------------------------------------------ the head
     def logits(self, model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -189,6 +231,40 @@ class Precision:
         if self.impl == "native":
             return torch.log_softmax(logits.to(self.head_dtype), dim=-1)
         return round_to(torch.log_softmax(logits.float(), dim=-1), self.head_dtype)
+
+
+def has_rounded_weights(model: nn.Module) -> bool:
+    """Whether ``model`` reads some weight through a parametrization (emulated low precision)."""
+    from torch.nn.utils import parametrize
+
+    return any(parametrize.is_parametrized(m) for m in model.modules())
+
+
+@contextlib.contextmanager
+def weights_rounded_once():
+    """Inside: each parametrized (rounded) weight is computed once, at its first use, and every
+    later use in the block reads that tensor (``torch.nn.utils.parametrize.cached``), which carries
+    the same straight-through gradient back to the weight. For one micro-batch's forward passes
+    (a trainer step's length buckets and shared prompts call the body several times): the same
+    values and gradients, the weights rounded once instead of once per call.
+
+    The cache is emptied on entry and on exit even where another ``cached()`` block is open (an
+    HF generator session): an entry made before (under no_grad, or from weights an optimiser step
+    has since changed) must not stand in for the weight here, and one made here must not outlive
+    the weights it was rounded from."""
+    from torch.nn.utils import parametrize
+
+    def empty() -> None:
+        cache = getattr(parametrize, "_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()
+
+    empty()
+    try:
+        with parametrize.cached():
+            yield
+    finally:
+        empty()
 
 
 def _maybe_float(t: torch.Tensor | None) -> torch.Tensor | None:

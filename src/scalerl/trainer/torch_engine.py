@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from scalerl.model.precision import has_rounded_weights, weights_rounded_once
 from scalerl.trainer.engine import Engine, build_optimizer
 
 
@@ -18,6 +19,15 @@ class TorchEngine(Engine):
         self.device = device
         self.grad_clip = float(tcfg.grad_clip)
         self.optimizer, self.scheduler = build_optimizer(model.parameters(), tcfg)
+        # emulated low precision rounds each weight at every read: a micro-batch's forward passes
+        # (length buckets, shared prompts) read it once per body call; rounded once per forward here
+        self.round_weights_once = True
+
+    def forward(self, fn, *args, **kwargs):
+        if self.round_weights_once and has_rounded_weights(self.module):
+            with weights_rounded_once():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
