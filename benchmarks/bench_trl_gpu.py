@@ -1,6 +1,6 @@
 """Ours against TRL's GRPOTrainer on one GPU, HF generation on both sides (issue #54 item 4).
 
-    python benchmarks/bench_trl_gpu.py --device cuda                  # both shapes, alternating (~7 min, one H200)
+    python benchmarks/bench_trl_gpu.py --device cuda                  # both shapes, alternating, 420 s of runs
     python benchmarks/bench_trl_gpu.py --device cuda --shapes qwen0.5b --pairs 3
     python benchmarks/bench_trl_gpu.py --device cpu --shapes tiny --steps 2 --prompts 2 --gens 2 \\
         --max-new-tokens 8 --micro-batch 2 --pairs 1                  # the CPU self-test of the whole path
