@@ -38,15 +38,29 @@ def _gen(model, prec, lean: bool, lc=None, **kw) -> HFGenerator:
     return HFGenerator(model, TOK, prec, lc or LC(max_new_tokens=24), seed=3, lean=lean, **kw)
 
 
-def _compare(a, b) -> float:
-    """Tokens, masks, versions equal; the largest log-prob difference."""
-    err = 0.0
+def _diffs(a, b) -> torch.Tensor:
+    """Tokens, masks, versions equal; every token's log-prob difference."""
+    out = []
     for x, y in zip(flat(a), flat(b), strict=True):
         assert x.completion_ids == y.completion_ids
         assert x.loss_mask == y.loss_mask and x.versions == y.versions
         assert (x.truncated, x.interrupted) == (y.truncated, y.interrupted)
-        err = max(err, (torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs().max().item())
-    return err
+        out.append((torch.tensor(x.logprobs) - torch.tensor(y.logprobs)).abs())
+    return torch.cat(out)
+
+
+def _close(a, b, body: str) -> None:
+    """The stated tolerance. fp32: every log-prob within 1e-5. Emulated bf16: the lean decode's
+    attention sums in another order than torch's fused kernel (1e-7 apart in fp32), which now and
+    then moves a value across a bf16 rounding boundary downstream (and a key written from it keeps
+    the difference for the rest of its row): at most a quarter of the tokens off by more than 1e-5,
+    none by more than 5e-3 (one bf16 step of a logit); activations not rounded move almost every
+    token (test_lean_decode_bf16_check_sees_a_missing_rounding: 98% of them)."""
+    d = _diffs(a, b)
+    if body == "fp32":
+        assert d.max() <= TOL, d.max()
+    else:
+        assert d.max() <= 5e-3 and (d > TOL).float().mean() <= 0.25, (d.max(), (d > TOL).float().mean())
 
 
 INTERRUPT = LC(
@@ -74,7 +88,7 @@ def test_lean_decode_matches_transformers_logprobs_and_samples(arch, body, head,
         a = lean.generate(prompts, 3, version=5)
         assert lean._lean is not None and ref._lean is None  # each ran the path it names
         b = ref.generate(prompts, 3, version=5)
-        assert _compare(a, b) <= TOL
+        _close(a, b, body)
         assert {v for s in flat(a) for v in s.versions} <= {5, -1}
         if lc is not None:
             assert any(s.interrupted for s in flat(a))
@@ -104,7 +118,7 @@ def test_lean_decode_session_matches_the_slot_cache_through_transformers(arch):
         out += sess.drain()
         got.append(dict(out))
     for tag in ("a", "b"):
-        assert _compare(got[0][tag], got[1][tag]) <= TOL
+        _close(got[0][tag], got[1][tag], "bf16")
 
 
 @pytest.mark.parametrize("stale_kv", ["keep", "recompute"])
@@ -127,7 +141,7 @@ def test_lean_decode_inflight_update_uses_the_new_weights_rounding(stale_kv, bod
         runs.append(gen.generate(SAME_LEN, 2, version=0, weight_update=upd))
         if lean:
             assert gen._lean.refreshes >= 2  # the first copy, then the update's
-    assert _compare(runs[0], runs[1]) <= TOL
+    _close(runs[0], runs[1], body)
     after = [(s.completion_ids, s.versions) for s in flat(runs[0]) if 1 in s.versions]
     assert after
     assert [s.completion_ids for s in flat(runs[0])] != [s.completion_ids for s in flat(runs[2])]
@@ -155,8 +169,20 @@ def test_lean_decode_follows_weights_changed_in_place_without_a_new_version():
     ref = _gen(model, prec, False)
     gen.rng.manual_seed(11)
     ref.rng.manual_seed(11)
-    assert _compare(gen.generate(SAME_LEN, 2, version=1), ref.generate(SAME_LEN, 2, version=1)) <= TOL
+    _close(gen.generate(SAME_LEN, 2, version=1), ref.generate(SAME_LEN, 2, version=1), "bf16")
     assert gen._lean.refreshes == n0 + 1  # once for the changed weights, not per step
+
+
+def test_lean_decode_bf16_check_sees_a_missing_rounding():
+    """The bf16 tolerance above is tight enough to see the emulation done wrong: a lean forward
+    that skips the activations' rounding (weights still rounded) fails it."""
+    model = make_model(arch="gpt2")
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    lean, ref = _gen(model, prec, True), _gen(model, prec, False)
+    lean._lean = LeanModel(lean.model, prec)
+    lean._lean.dtype = None  # no activation rounding
+    with pytest.raises(AssertionError):
+        _close(lean.generate(SAME_LEN, 3, version=0), ref.generate(SAME_LEN, 3, version=0), "bf16")
 
 
 def test_lean_decode_applies_where_it_can_and_says_why_not():

@@ -266,11 +266,19 @@ class LeanModel:
         hi = tok.shape[0]
         h, rope = self._embed(tok[:, None], pos[:, None])
         rows = torch.arange(hi, device=tok.device)
+        H, G, D = self.heads, self.heads // self.kv_heads, self.head_dim
+        # one query per slot: attention as two batched matmuls under an additive key mask (torch's
+        # fused CPU kernel is built for long queries and costs several times more here)
+        bias = torch.zeros(keymask.shape, device=tok.device).masked_fill_(~keymask, float("-inf"))
+        bias = bias.view(hi, 1, 1, span).expand(hi, self.kv_heads, G, span).reshape(-1, G, span)
         for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
             q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
             kb[rows, :, pos] = k[:, :, 0]
             vb[rows, :, pos] = v[:, :, 0]
-            att = self._attend(q, kb[:hi, :, :span], vb[:hi, :, :span], keymask)
+            keys = kb[:hi, :, :span].reshape(-1, span, D)  # [hi * kv heads, span, D]
+            vals = vb[:hi, :, :span].reshape(-1, span, D)
+            scores = torch.baddbmm(bias, q.reshape(-1, G, D), keys.transpose(1, 2), alpha=D**-0.5)
+            att = torch.bmm(torch.softmax(scores, dim=-1), vals).view(hi, H, 1, D)
             h = self._out(blk, h, att)
         return self._final(h)[:, -1]
 
