@@ -23,6 +23,10 @@ a step costs one forward pass plus a fixed number of batched tensor ops whatever
 * Finished rows leave the KV cache once they are half of it (a batch often waits on a few long
   samples); sampling still runs over all rows, so the random stream and the samples are unchanged.
 * Emulated low-precision weights are rounded once per weight version, not at every decode step.
+* The embedded model's architectures (GPT-2, Qwen2, Llama) on a CPU decode through
+  :mod:`scalerl.generator.lean` (a forward over the weights on the slot cache, no per-layer module
+  calls), batches as one session of the batch's size; ``lean=False`` (or another model, a native
+  low-precision body, a GPU) keeps the transformers forward.
 """
 
 from __future__ import annotations

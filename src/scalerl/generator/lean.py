@@ -77,14 +77,14 @@ class LeanModel:
             self.eps = cfg.rms_norm_eps
         self.head_dim = cfg.hidden_size // self.heads
         self.layers = len(self.body.h if self.arch == "gpt2" else self.body.layers)
-        self._params = [p for p in self.body.parameters()]
         self._key: tuple | None = None
         self.refreshes = 0  # weight copies made (tests: one per weight version)
         self.sync()
 
     # ------------------------------------------------------------------ weights
     def _weight_key(self) -> tuple:
-        return tuple((p._version, p.data_ptr()) for p in self._params)
+        # the parameters looked up each time: one replaced by a new tensor is seen too
+        return tuple((id(p), p._version, p.data_ptr()) for p in self.body.parameters())
 
     def sync(self) -> None:
         """Take the body's weights again if any changed in place since the last copy."""
