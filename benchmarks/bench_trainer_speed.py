@@ -1,0 +1,147 @@
+"""The trainer's step on the embedded default: plain against lean, and against its counted-FLOP limit.
+
+Captures the default recipe's real batches (``async_mode=sync``, seed 0: its first steps, with the
+trainer's weights before them), then builds two trainers over the same weights in one process, the
+plain path (``precision.LEAN_EMULATION=False``, no weight cache) and the lean one, and alternates
+their steps on the same batches, pair by pair (the order flips each round). Reports per step: wall
+and thread CPU seconds (medians), the counted training FLOPs (``6 x parameters x trained tokens``,
+as ``scalerl.loop.accounting`` counts them), the machine's fp32 matmul rate on large square
+matrices measured here with the same threads, and the step's time over the limit those give.
+
+    python benchmarks/bench_trainer_speed.py [--steps 6] [--rounds 4] [--threads 1] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+from omegaconf import OmegaConf
+
+import scalerl.model.precision as precision_module
+from scalerl.config import compose
+from scalerl.loop import build
+from scalerl.loop.run import train_step
+from scalerl.model.build import build_policy
+from scalerl.task import build_task
+from scalerl.trainer import make_trainer
+
+
+def matmul_rate(n: int = 2048, reps: int = 5) -> float:
+    """fp32 FLOP/s of an n x n matmul, best of ``reps``, timed by this thread's CPU time (as the
+    steps are: on a shared machine the wall clock also counts the time other jobs hold the core)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t = time.thread_time()
+        a @ b
+        best = min(best, time.thread_time() - t)
+    return 2 * n**3 / best
+
+
+def capture(steps: int, tmp: str):
+    """(config, the trainer's weights before step 1, the step batches, counted FLOPs per batch)."""
+    cfg = compose(
+        [
+            "async_mode=sync",
+            "seed=0",
+            "progress=log",
+            f"out_dir={tmp}/run",
+            f"tracking.uri=sqlite:///{tmp}/m.db",
+        ]
+    )
+    OmegaConf.resolve(cfg)
+    run = build(cfg)
+    state = copy.deepcopy(run.trainer.module.state_dict())
+    batches, real = [], run.trainer.step
+
+    def keep(batch):
+        batches.append(copy.deepcopy(batch))
+        return real(batch)
+
+    run.trainer.step = keep
+    for _ in range(steps):
+        train_step(run)
+    # the accounting's training FLOPs: 6 x non-embedding parameters x (prompt + completion) tokens
+    flops = [6.0 * run.n_params * float((b.input_ids != run.tokenizer.pad_token_id).sum()) for b in batches]
+    return cfg, state, batches, flops
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, state, batches, flops = capture(args.steps, tmp)
+    torch.set_num_threads(args.threads)
+    task = build_task(cfg)
+    trainers = {}
+    for name, lean in (("plain", False), ("lean", True)):
+        precision_module.LEAN_EMULATION = lean
+        model, _, precision = build_policy(cfg, task, torch.device("cpu"))
+        model.load_state_dict(state)
+        tr = make_trainer(
+            cfg, model, precision, temperature=cfg.generator.temperature, device=torch.device("cpu")
+        )
+        tr.engine.round_weights_once = lean
+        tr.step(batches[0])  # first-call costs out of the timing
+        trainers[name] = tr
+    precision_module.LEAN_EMULATION = True
+    wall = {k: [] for k in trainers}
+    cpu = {k: [] for k in trainers}
+    loads = [open("/proc/loadavg").read().split()[0]]
+    for r in range(args.rounds):
+        for b in batches:
+            for k in ("plain", "lean") if r % 2 == 0 else ("lean", "plain"):
+                t, c = time.perf_counter(), time.thread_time()
+                trainers[k].step(b)
+                wall[k].append(time.perf_counter() - t)
+                cpu[k].append(time.thread_time() - c)
+        loads.append(open("/proc/loadavg").read().split()[0])
+    rate = matmul_rate()
+    limit = statistics.mean(flops) / rate
+    ratio = statistics.median(a / b for a, b in zip(cpu["lean"], cpu["plain"], strict=True))
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    model_name = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor(),
+    )
+    lines = [
+        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}, {model_name}, "
+        f"{torch.get_num_threads()} thread(s), load average (1 min) over the timing: {' '.join(loads)}",
+        "",
+        f"{len(batches)} default batches x {args.rounds} rounds, plain and lean alternated step by step;"
+        f" counted training FLOPs per step {statistics.mean(flops) / 1e9:.1f} G; fp32 matmul rate "
+        f"(2048^2, thread CPU time) {rate / 1e9:.1f} GFLOP/s; limit {limit:.3f} s/step",
+        "",
+        "| path | wall s/step (median) | thread CPU s/step (median) | CPU / counted-FLOP limit |",
+        "|---|---|---|---|",
+    ]
+    for k in trainers:
+        c = statistics.median(cpu[k])
+        lines.append(f"| {k} | {statistics.median(wall[k]):.3f} | {c:.3f} | {c / limit:.2f}x |")
+    lines += ["", f"lean / plain thread CPU, median of the pairs: {ratio:.3f}"]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
