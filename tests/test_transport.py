@@ -489,12 +489,14 @@ def test_shared_memory_publish_gathers_one_bucket_at_a_time():
 
 
 # ---------------------------------------------------------------------- the engine pool's side
+@pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "fp32_head", "bf16"])
 @pytest.mark.parametrize("generator", ["hf", "vllm"])
-def test_the_pools_layout_comes_from_metadata_equal_to_a_whole_gather(precision, generator):
+def test_the_pools_layout_comes_from_metadata_equal_to_a_whole_gather(precision, generator, tied):
     """EnginePool._first learns the update's layout without gathering anything (names, dtypes in
     the engine's dtype, full shapes), equal to what a whole gather of the same source gives; the
-    source is asked for nothing while it does."""
+    source is asked for nothing while it does. Also with tied embeddings (SmolLM2, Qwen2.5-0.5B): the
+    head is a name of the state dict that ``named_parameters`` lists only once, as the embedding."""
     from conftest import TINY
 
     from scalerl.config import compose
@@ -505,7 +507,15 @@ def test_the_pools_layout_comes_from_metadata_equal_to_a_whole_gather(precision,
     from scalerl.task import build_task
 
     cpu = torch.device("cpu")
-    cfg = compose([*TINY, "async_mode=pipeline_rl", f"precision={precision}", "placement.bucket_mb=0.02"])
+    cfg = compose(
+        [
+            *TINY,
+            "async_mode=pipeline_rl",
+            f"precision={precision}",
+            "placement.bucket_mb=0.02",
+            f"model.tie_word_embeddings={str(tied).lower()}",
+        ]
+    )
     cfg.generator.name = generator  # the naming (checkpoint names for vLLM) without building vLLM
     model, tokenizer, _ = build_policy(cfg, build_task(cfg), cpu)
     gathered: list[int] = []

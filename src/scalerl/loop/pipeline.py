@@ -566,7 +566,12 @@ def weight_shapes(weights, checkpoint: bool, cfg) -> dict[str, torch.Tensor]:
     from scalerl.model.weights import checkpoint_names
 
     module = weights.module
-    own = {**dict(module.named_buffers()), **dict(module.named_parameters())}
+    # every name, tied ones too: a tied head is a state-dict name that named_parameters() would
+    # list once, under the embedding
+    own = {
+        **dict(module.named_buffers(remove_duplicate=False)),
+        **dict(module.named_parameters(remove_duplicate=False)),
+    }
 
     def meta(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
         return tuple(getattr(t, "ds_shape", None) or t.shape), t.dtype
