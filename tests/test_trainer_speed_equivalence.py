@@ -6,7 +6,7 @@ and a micro-batch's forward passes read each rounded weight once
 (:func:`scalerl.model.precision.weights_rounded_once`). Each of these gives the same floats, so
 the tolerance between the two paths is zero: gradients, log-probs and weights after a step are
 compared exactly. The sync run's first steps are compared against the values the commit before the
-change (14734ce) logged."""
+change (4cf35f8) logged."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_trainer_speed_lean_hooks_round_each_activation_once(monkeypatch):
 
 
 # The first three steps of the embedded default in async_mode=sync (seed 0, one thread), as the
-# commit before the lean step (14734ce) logged them on an AMD EPYC (AVX-512). The lean step alone
+# commit before the lean step (4cf35f8) logged them on an AMD EPYC (AVX-512). The lean step alone
 # reproduced them bit for bit there. Tolerance: 1e-3 relative on loss, gradient norm and entropy,
 # 2e-5 absolute on the generator/trainer log-prob gap (about 5e-6 itself: a generator change that
 # moves its log-probs by 1e-6 moves it by half) and 1e-5 on the mean importance ratio; pass rate,
