@@ -5,8 +5,7 @@ output is rounded in place, a layer input that is already a rounded output is no
 and a micro-batch's forward passes read each rounded weight once
 (:func:`scalerl.model.precision.weights_rounded_once`). Each of these gives the same floats, so
 the tolerance between the two paths is zero: gradients, log-probs and weights after a step are
-compared exactly. The sync run's first steps are compared against the values the commit before the
-change (4cf35f8) logged."""
+compared exactly, and so are a sync run's first steps under each."""
 
 from __future__ import annotations
 
@@ -116,72 +115,50 @@ def test_trainer_speed_lean_hooks_round_each_activation_once(monkeypatch):
     assert counts[False] - counts[True] == 2 * layers, counts
 
 
-# The first three steps of the embedded default in async_mode=sync (seed 0, one thread), as the
-# commit before the lean step (4cf35f8) logged them on an AMD EPYC (AVX-512). The lean step alone
-# reproduced them bit for bit there. Tolerance: 1e-3 relative on loss, gradient norm and entropy,
-# 2e-5 absolute on the generator/trainer log-prob gap (about 5e-6 itself: a generator change that
-# moves its log-probs by 1e-6 moves it by half) and 1e-5 on the mean importance ratio; pass rate,
-# reward and response length exactly (the same samples). Another CPU kind may sample a different
-# token where two are within a rounding of each other; the test then fails on the sampled-data
-# metrics first, which says so.
-RECORDED = [
-    {
-        "train/loss": -0.047748200595378876,
-        "train/grad_norm": 0.35025495290756226,
-        "train/entropy": 0.13568713242705063,
-        "train/gen_train_logprob_diff": 3.7064514742486147e-06,
-        "train/is_ratio_mean": 1.0000004768371582,
-        "train/correct": 0.18055555555555555,
-        "train/reward": 0.1805555522441864,
-        "train/response_length": 48.43055555555556,
-    },
-    {
-        "train/loss": -0.04429206624627113,
-        "train/grad_norm": 0.33134904503822327,
-        "train/entropy": 0.12734860672582102,
-        "train/gen_train_logprob_diff": 6.083793010934953e-06,
-        "train/is_ratio_mean": 1.0000003576278687,
-        "train/correct": 0.2215909090909091,
-        "train/reward": 0.22159090638160706,
-        "train/response_length": 47.58522727272727,
-    },
-    {
-        "train/loss": -0.0393947996199131,
-        "train/grad_norm": 0.35034504532814026,
-        "train/entropy": 0.1332362772198069,
-        "train/gen_train_logprob_diff": 6.483849579652815e-06,
-        "train/is_ratio_mean": 0.9999993443489075,
-        "train/correct": 0.1201923076923077,
-        "train/reward": 0.12019230425357819,
-        "train/response_length": 48.76923076923077,
-    },
-]
-EXACT = ("train/correct", "train/reward", "train/response_length")
-ABSOLUTE = {"train/gen_train_logprob_diff": 2e-5, "train/is_ratio_mean": 1e-5}
-
-
-@pytest.mark.slow
-def test_trainer_speed_sync_run_first_steps_match_the_recorded_ones(tmp_path):
-    """The default recipe's model, task and batch in async_mode=sync: the first three steps'
-    metrics (loss, gradient norm, log-prob statistics, pass rates) as before the lean step."""
+def first_sync_steps(tmp_path, *, lean: bool, monkeypatch, steps: int = 3) -> list[dict]:
+    """The metrics of the embedded default's first ``steps`` steps in async_mode=sync (seed 0, one
+    thread), with the lean step or the plain one (both kept selectable in-process)."""
+    monkeypatch.setattr(precision_module, "LEAN_EMULATION", lean)  # read when the model is prepared
     cfg = compose(
         [
             "async_mode=sync",
             "seed=0",
             "trainer.threads=1",
             "progress=log",
-            f"out_dir={tmp_path / 'run'}",
-            f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            f"out_dir={tmp_path / f'run-{lean}'}",
+            f"tracking.uri=sqlite:///{tmp_path / f'mlflow-{lean}.db'}",
         ]
     )
     OmegaConf.resolve(cfg)
     run = build(cfg)
-    got = [train_step(run)[1] for _ in RECORDED]
-    for step, (want, have) in enumerate(zip(RECORDED, got, strict=True), start=1):
-        for k, v in want.items():
-            if k in EXACT:
-                assert have[k] == v, (step, k, have[k], v)
-            elif k in ABSOLUTE:
-                assert abs(have[k] - v) <= ABSOLUTE[k], (step, k, have[k], v)
-            else:
-                assert have[k] == pytest.approx(v, rel=1e-3), (step, k, have[k], v)
+    run.trainer.engine.round_weights_once = lean
+    try:
+        return [train_step(run)[1] for _ in range(steps)]
+    finally:
+        run.tracker.end()
+
+
+METRICS = (
+    "train/loss",
+    "train/grad_norm",
+    "train/entropy",
+    "train/gen_train_logprob_diff",
+    "train/is_ratio_mean",
+    "train/correct",
+    "train/reward",
+    "train/response_length",
+)
+
+
+@pytest.mark.slow
+def test_trainer_speed_sync_run_first_steps_match_the_plain_steps(tmp_path, monkeypatch):
+    """The default recipe's model, task and batch in async_mode=sync: the first three steps' metrics
+    (loss, gradient norm, log-prob statistics, pass rates) with the lean step equal the plain step's,
+    run in the same process on the same machine. Tolerance zero: the lean step evaluates the same
+    floats (on an AMD EPYC both also reproduced, bit for bit, what the commit before the change,
+    4cf35f8, logged; benchmarks/results/2026-12-01_c6421b0_trainer-speed.md)."""
+    plain = first_sync_steps(tmp_path, lean=False, monkeypatch=monkeypatch)
+    lean = first_sync_steps(tmp_path, lean=True, monkeypatch=monkeypatch)
+    for step, (want, have) in enumerate(zip(plain, lean, strict=True), start=1):
+        for k in METRICS:
+            assert have[k] == want[k], (step, k, have[k], want[k])
