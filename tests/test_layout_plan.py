@@ -375,7 +375,7 @@ def test_layout_plan_errors_are_config_errors_where_checked_and_run_errors_where
 def test_layout_plan_is_checked_by_preflight_and_by_a_sweep_before_it_submits(tmp_path):
     from test_sweep import write_sweep
 
-    from scalerl.config.preflight import check_layout
+    from scalerl.cli import check_layout
     from scalerl.sweep import load_spec, make_plan
     from scalerl.sweep.spec import SweepError
 

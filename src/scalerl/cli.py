@@ -15,12 +15,24 @@ register_configs()
 
 def preflight(cfg: DictConfig) -> None:
     """What the config points at, before anything is built or written: out_dir, tracking store, model
-    folder (:func:`scalerl.config.preflight`), then the task's data (:func:`scalerl.task.checks.check_task`)."""
+    folder (:func:`scalerl.config.preflight`), the layout of its ranks (:func:`check_layout`), then
+    the task's data (:func:`scalerl.task.checks.check_task`)."""
     from scalerl.config.preflight import preflight as check_environment
     from scalerl.task.checks import check_task
 
     check_environment(cfg)
+    check_layout(cfg)
     check_task(cfg)
+
+
+def check_layout(cfg: DictConfig, env=None):
+    """The run's layout for the launch this process belongs to (torchrun's or a job's variables, else
+    one process) is one that can work: every rank's devices, threads, ports and batch share
+    (:func:`scalerl.loop.layout.plan`; a :class:`~scalerl.loop.layout.LayoutError` in one line
+    otherwise). Returns the layout and this process's rank plan."""
+    from scalerl.loop import layout
+
+    return layout.current(cfg, env, raw=True)
 
 
 @hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")

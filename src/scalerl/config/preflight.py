@@ -298,14 +298,35 @@ def check_ranks(cfg: DictConfig, env: Mapping[str, str] | None = None) -> None:
         )
 
 
-def check_layout(cfg: DictConfig, env: Mapping[str, str] | None = None):
-    """The run's layout for the launch this process belongs to (torchrun's or a job's variables, else
-    one process) is one that can work: every rank's devices, threads, ports and batch share
-    (:func:`scalerl.loop.layout.plan`; a :class:`~scalerl.loop.layout.LayoutError` in one line
-    otherwise). Returns the layout and this process's rank plan."""
-    from scalerl.loop import layout
+# what the environment of a trainer rank records about the job once its layout is applied: the
+# job's own GPUs, before the process narrowed its CUDA_VISIBLE_DEVICES (scalerl.loop.layout)
+NODE_GPUS_VAR = "SCALERL_NODE_GPUS"
 
-    return layout.current(cfg, env, raw=True)
+
+def node_gpu_ids(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ids of the GPUs the job gives this node, as ``CUDA_VISIBLE_DEVICES`` names them: the list
+    a trainer saved before it narrowed its own (:data:`NODE_GPUS_VAR`), else ``CUDA_VISIBLE_DEVICES``,
+    else every GPU the driver lists (counted through NVML, which does not start CUDA: a process
+    narrows what it sees only before CUDA starts). None without an NVIDIA driver or a CUDA torch."""
+    env = os.environ if environ is None else environ
+    if not os.path.exists("/dev/nvidiactl"):
+        return []
+    import torch
+
+    if not torch.cuda._is_compiled():
+        return []
+    if NODE_GPUS_VAR in env or "CUDA_VISIBLE_DEVICES" in env:
+        return listed_gpu_ids(env)
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def listed_gpu_ids(env: Mapping[str, str]) -> list[str]:
+    """The node's GPU ids as an environment lists them (:data:`NODE_GPUS_VAR`, else
+    ``CUDA_VISIBLE_DEVICES``), without asking the driver."""
+    for var in (NODE_GPUS_VAR, "CUDA_VISIBLE_DEVICES"):
+        if var in env:
+            return [g.strip() for g in env[var].split(",") if g.strip()]
+    return []
 
 
 def check_trainer_device(cfg: DictConfig) -> None:
@@ -315,8 +336,6 @@ def check_trainer_device(cfg: DictConfig) -> None:
     nccl = cfg.async_mode.name == "pipeline_rl" and cfg.async_mode.transport == "nccl"
     if device != "cuda" and not nccl:
         return
-    from scalerl.loop.layout import node_gpu_ids
-
     # the GPUs the driver lists, not torch.cuda.is_available(): that starts CUDA, after which this
     # process could no longer narrow the GPUs it sees (scalerl.loop.layout.narrow_devices)
     cuda = bool(node_gpu_ids())
@@ -423,7 +442,7 @@ def max_positions(config: dict) -> int | None:
 
 def preflight(cfg: DictConfig) -> None:
     """Raise on the first thing ``cfg`` points at that the run could not use: out_dir, tracking store,
-    devices, the layout of its ranks, model folder. Writes nothing. (The data file is the task's own check,
+    devices, model folder. Writes nothing. (The data file is the task's own check,
     :func:`scalerl.task.checks.check_task`; ``python train.py`` runs both, :func:`scalerl.cli.preflight`.)"""
     from scalerl.tracking.tracker import tracking_uri
 
@@ -431,7 +450,6 @@ def preflight(cfg: DictConfig) -> None:
     check_out_dir(cfg.out_dir)
     check_tracking_uri(tracking_uri(cfg))
     check_trainer_device(cfg)
-    check_layout(cfg)
     if cfg.model.name == "hf":
         config = check_model_folder(str(cfg.model.name_or_path))
         positions = max_positions(config) if config else None
@@ -449,7 +467,6 @@ def preflight(cfg: DictConfig) -> None:
 
 __all__ = [
     "PathError",
-    "check_layout",
     "check_model_folder",
     "check_out_dir",
     "check_ranks",

@@ -394,6 +394,12 @@ class VLLMGenerator(Generator):
         workers = cpu_worker_env(tensor_parallel_size, threads) if device.type != "cuda" else {}
         saved = {k: os.environ.get(k) for k in workers}
         os.environ.update(workers)
+        if workers:
+            # vLLM caches its environment once an engine has started in this process (an earlier
+            # engine, e.g. in a test run): the cached binding would be the default ``auto``
+            import vllm.envs as vllm_envs
+
+            getattr(vllm_envs, "disable_envs_cache", lambda: None)()
         # a pipeline_rl engine is a daemonic process, and Python refuses children to those (lest they
         # outlive it); vLLM's workers watch their parent through a pipe and exit when it ends, so the
         # flag is lifted while vLLM starts them

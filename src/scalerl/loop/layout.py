@@ -37,6 +37,7 @@ import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
+from scalerl.config.preflight import NODE_GPUS_VAR, listed_gpu_ids, node_gpu_ids
 from scalerl.config.validate import ConfigError
 from scalerl.loop.errors import RunError
 
@@ -45,10 +46,9 @@ from scalerl.loop.errors import RunError
 # run's store listens on the port above it, so a job takes a pair of ports and consecutive job ids
 # (the elements of a sweep's array) take consecutive pairs
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 12000
-# what the environment of a trainer rank records about the job once its plan is applied: the job's
-# own GPUs (before this process narrowed its CUDA_VISIBLE_DEVICES), and its task counts (before
-# WORLD_SIZE / LOCAL_WORLD_SIZE became the trainer ranks')
-NODE_GPUS_VAR = "SCALERL_NODE_GPUS"
+# what the environment of a trainer rank records about the job once its plan is applied, beside the
+# job's own GPUs (NODE_GPUS_VAR): its task counts (before WORLD_SIZE / LOCAL_WORLD_SIZE became the
+# trainer ranks')
 JOB_TASKS_VAR = "SCALERL_JOB_TASKS"
 
 
@@ -479,32 +479,6 @@ def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
 # ----------------------------------------------------------------------------- the environment
 
 
-def node_gpu_ids(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The ids of the GPUs the job gives this node, as ``CUDA_VISIBLE_DEVICES`` names them: the list
-    a trainer saved before it narrowed its own (:data:`NODE_GPUS_VAR`), else ``CUDA_VISIBLE_DEVICES``,
-    else every GPU the driver lists (counted through NVML, which does not start CUDA: a process
-    narrows what it sees only before CUDA starts). None without an NVIDIA driver or a CUDA torch."""
-    env = os.environ if environ is None else environ
-    if not os.path.exists("/dev/nvidiactl"):
-        return []
-    import torch
-
-    if not torch.cuda._is_compiled():
-        return []
-    if NODE_GPUS_VAR in env or "CUDA_VISIBLE_DEVICES" in env:
-        return _listed(env)
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def _listed(env: Mapping[str, str]) -> list[str]:
-    """The node's GPU ids as an environment lists them (:data:`NODE_GPUS_VAR`, else
-    ``CUDA_VISIBLE_DEVICES``), without asking the driver."""
-    for var in (NODE_GPUS_VAR, "CUDA_VISIBLE_DEVICES"):
-        if var in env:
-            return [g.strip() for g in env[var].split(",") if g.strip()]
-    return []
-
-
 def allotment(environ: Mapping[str, str], tasks_on_node: int) -> int:
     """Cores this process may use: SLURM's ``SLURM_CPUS_PER_TASK`` (within its affinity), else the
     process's CPU affinity shared by the node's ``tasks_on_node`` tasks."""
@@ -641,7 +615,7 @@ def physical_gpus(indices: tuple[int, ...], environ: Mapping[str, str] | None = 
     """The ``CUDA_VISIBLE_DEVICES`` ids of node GPU ``indices`` (indices into the job's own list,
     which a trainer that narrowed its own visibility kept in :data:`NODE_GPUS_VAR`)."""
     env = os.environ if environ is None else environ
-    ids = node_gpu_ids(env) if environ is None else _listed(env)
+    ids = node_gpu_ids(env) if environ is None else listed_gpu_ids(env)
     if not ids:
         return tuple(str(i) for i in indices)
     if any(i >= len(ids) for i in indices):
