@@ -243,3 +243,30 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.mark.deepspeed
+def test_a_deepspeed_trainer_starts_where_another_party_ended_torch_distributed(ds_process, monkeypatch):
+    """vLLM's teardown of an engine that ran in this process ends torch.distributed with torch's own
+    call, which DeepSpeed does not hear of: its cached groups outlived the world, and the next
+    DeepSpeed trainer in the process failed at its first broadcast ("Group ... is not registered").
+    A trainer built after such an ending starts, on a registered group."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    from scalerl.config import compose
+    from scalerl.model.build import build_model
+    from scalerl.model.precision import Precision
+    from scalerl.trainer import make_trainer
+
+    cfg = compose([*BASE, *engine_overrides("zero0")])
+    model = build_model(cfg.model, vocab_size=VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
+    precision = Precision.for_device("fp32", "fp32", "cpu")
+    precision.prepare(model)
+    make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+    assert groups._get_data_parallel_group() is not None
+    dist.destroy_process_group()  # as vLLM's teardown does
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    tr = make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+    assert tr is not None
+    assert groups._get_data_parallel_group() in dist.distributed_c10d._world.pg_group_ranks

@@ -103,6 +103,7 @@ def init_distributed(device: torch.device) -> None:
     through a file, so it opens no listening socket; under a launcher the launcher's rendezvous is
     used."""
     deepspeed = import_deepspeed(device)
+    _forget_ended_groups()
     single = "RANK" not in os.environ
     if single:
         env = {
@@ -130,6 +131,22 @@ def init_distributed(device: torch.device) -> None:
         dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=0, world_size=1)
     if not dist.is_initialized() or not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(dist_backend=backend)
+
+
+def _forget_ended_groups() -> None:
+    """DeepSpeed keeps its process groups (world, data parallel, ...) in module globals and forgets
+    them only when its own ``destroy_process_group`` ends the world. Where another party in this
+    process ended torch.distributed with torch's call (vLLM's teardown of an engine that ran here
+    destroys the default group it shared), the globals outlive the groups, and the next DeepSpeed
+    engine fails at its first broadcast ("Group ... is not registered"). Forget them then."""
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is None:
+        return
+    registered = dist.distributed_c10d._world.pg_group_ranks if dist.is_available() else {}
+    names = ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_TENSOR_MODEL_PARALLEL_GROUP")
+    cached = [getattr(groups, n, None) for n in names]
+    if any(g is not None and g not in registered for g in cached):
+        groups._release_process_group_references(None)
 
 
 def end_distributed(settle_s: float = 10.0) -> bool:
