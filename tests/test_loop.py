@@ -270,6 +270,9 @@ def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k
         "async_mode=pipeline_rl",
         f"async_mode.max_lag={k}",
         f"async_mode.max_buffered_batches={k}",  # the default (2) would cap the lag at 2
+        # waves: a continuous engine can hold a piece queued for room past its lag bound, so "no
+        # work wasted" does not always hold there (4 groups dropped seen once in CI; open)
+        "generator.continuous=false",
         f"trainer.total_steps={2 * k + 2}",
         "eval.every=100",
         "filter.zero_variance=false",

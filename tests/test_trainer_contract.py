@@ -245,28 +245,48 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+_ENDED_ELSEWHERE = """
+import copy, sys
+import torch.distributed as dist
+from deepspeed.utils import groups
+sys.path.insert(0, sys.argv[1])
+from test_trainer_contract import BASE, CPU, VOCAB, engine_overrides
+from scalerl.config import compose
+from scalerl.model.build import build_model
+from scalerl.model.precision import Precision
+from scalerl.trainer import make_trainer
+
+cfg = compose([*BASE, *engine_overrides("zero0")])
+model = build_model(cfg.model, vocab_size=VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
+precision = Precision.for_device("fp32", "fp32", "cpu")
+precision.prepare(model)
+make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+assert groups._get_data_parallel_group() is not None
+dist.destroy_process_group()  # as vLLM's teardown does
+make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+assert groups._get_data_parallel_group() in dist.distributed_c10d._world.pg_group_ranks
+print("started")
+"""
+
+
 @pytest.mark.deepspeed
-def test_a_deepspeed_trainer_starts_where_another_party_ended_torch_distributed(ds_process, monkeypatch):
-    """vLLM's teardown of an engine that ran in this process ends torch.distributed with torch's own
+def test_a_deepspeed_trainer_starts_where_another_party_ended_torch_distributed():
+    """vLLM's teardown of an engine that ran in a process ends torch.distributed with torch's own
     call, which DeepSpeed does not hear of: its cached groups outlived the world, and the next
     DeepSpeed trainer in the process failed at its first broadcast ("Group ... is not registered").
-    A trainer built after such an ending starts, on a registered group."""
-    import torch.distributed as dist
-    from deepspeed.utils import groups
+    A trainer built after such an ending starts, on a registered group. In a process of its own:
+    ending the world here would end the groups of any vLLM engine this test process holds."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    from scalerl.config import compose
-    from scalerl.model.build import build_model
-    from scalerl.model.precision import Precision
-    from scalerl.trainer import make_trainer
-
-    cfg = compose([*BASE, *engine_overrides("zero0")])
-    model = build_model(cfg.model, vocab_size=VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
-    precision = Precision.for_device("fp32", "fp32", "cpu")
-    precision.prepare(model)
-    make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
-    assert groups._get_data_parallel_group() is not None
-    dist.destroy_process_group()  # as vLLM's teardown does
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    tr = make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
-    assert tr is not None
-    assert groups._get_data_parallel_group() in dist.distributed_c10d._world.pg_group_ranks
+    need("deepspeed")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0")
+    env.update(WORLD_SIZE="1", LOCAL_RANK="0")
+    here = str(Path(__file__).resolve().parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", _ENDED_ELSEWHERE, here], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and "started" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
