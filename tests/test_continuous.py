@@ -24,6 +24,7 @@ from test_generator_contract import (
     policy,
     trainer_logprob_error,
 )
+from vllm_cache import kept
 
 from scalerl.config import compose
 from scalerl.generator import HFGenerator
@@ -152,8 +153,10 @@ def vllm_gen(cfg, model=None):
     loaded into it for each test."""
     from scalerl.generator.vllm_gen import VLLMGenerator
 
-    if "gen" not in _VLLM:
-        _VLLM["gen"] = VLLMGenerator(
+    gen = kept(
+        _VLLM,
+        "gen",
+        lambda: VLLMGenerator(
             long_tailed(policy(0)),
             TOK,
             Precision(),
@@ -161,8 +164,8 @@ def vllm_gen(cfg, model=None):
             temperature=1.0,
             seed=5,
             kv_cache_gib=0.1,
-        )
-    gen = _VLLM["gen"]
+        ),
+    )
     gen.load_weights(PolicyWeights(long_tailed(policy(0)) if model is None else model), 0)
     gen.stale_kv = "keep"
     return gen

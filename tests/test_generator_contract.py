@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from test_model import tiny_model_cfg
+from vllm_cache import kept
 
 from scalerl.config import compose
 from scalerl.generator import Generator, HFGenerator
@@ -68,7 +69,7 @@ def hf_own_copy(trainer: Trainer) -> Generator:
 
 
 GENERATORS = {"hf_shared": hf_shared, "hf_own_copy": hf_own_copy}
-_ENGINE: list = []
+_ENGINE: dict = {}
 
 
 def vllm_own_engine(trainer: Trainer) -> Generator:
@@ -76,12 +77,15 @@ def vllm_own_engine(trainer: Trainer) -> Generator:
     differently initialised policy, so only load_weights can give it the trainer's weights. Its
     buckets are tiny (10 KB, smaller than any layer), so every update arrives in many of them, as a
     real model's does."""
-    if not _ENGINE:
-        from scalerl.generator.vllm_gen import VLLMGenerator
+    from scalerl.generator.vllm_gen import VLLMGenerator
 
-        gen = VLLMGenerator(policy(1), TOK, Precision(), LC, temperature=TEMPERATURE, seed=3, bucket_mb=0.01)
-        _ENGINE.append(gen)
-    gen = _ENGINE[0]
+    gen = kept(
+        _ENGINE,
+        "engine",
+        lambda: VLLMGenerator(
+            policy(1), TOK, Precision(), LC, temperature=TEMPERATURE, seed=3, bucket_mb=0.01
+        ),
+    )
     gen.version = -1
     return gen
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from test_generator_contract import TOK, policy
+from vllm_cache import kept
 
 from scalerl.config import compose
 from scalerl.loop import train
@@ -47,12 +48,15 @@ _GEN: dict = {}
 
 def generator(lc_overrides: list[str], key: str):
     """One engine per length-control setting for the module (starting one takes seconds)."""
-    if key not in _GEN:
-        from scalerl.generator.vllm_gen import VLLMGenerator
+    from scalerl.generator.vllm_gen import VLLMGenerator
 
-        lc = compose(lc_overrides).length_control
-        _GEN[key] = VLLMGenerator(policy(0), TOK, Precision(), lc, temperature=1.0, seed=5)
-    return _GEN[key]
+    return kept(
+        _GEN,
+        key,
+        lambda: VLLMGenerator(
+            policy(0), TOK, Precision(), compose(lc_overrides).length_control, temperature=1.0, seed=5
+        ),
+    )
 
 
 def fresh_logprobs(model, sample) -> torch.Tensor:
