@@ -214,10 +214,12 @@ class PipelineRL(AsyncMode):
             pool.wait_ready()
             self._busy0 = (st.gen_busy, pool.busy_seconds)
         self._feed()
-        # the trainer at version `step` may train only on data at most max_lag versions old:
-        # wait for outstanding work begun before that, drop buffered data older than that
+        # the trainer at version `step` may train only on data at most max_lag versions old: wait
+        # for outstanding work given at that version or before (this step is its last chance: a
+        # step later it would arrive too old and be dropped, its generation wasted), drop buffered
+        # data older than that; the oldest buffered groups are trained on first (_take)
         oldest_ok = st.step - self.max_lag
-        while any(v < oldest_ok for v, _ in self.outstanding.values()) or self._short():
+        while any(v <= oldest_ok for v, _ in self.outstanding.values()) or self._short():
             self.receive_one(oldest_ok)
         batch, self.buffer = self._take()
         st.gen_busy = self._busy0[0] + pool.busy_seconds - self._busy0[1]
@@ -241,8 +243,11 @@ class PipelineRL(AsyncMode):
         return sum(map(self.signal, self.buffer)) < self.P and len(self.buffer) < self._limit()
 
     def _take(self) -> tuple[list[list[Sample]], list[list[Sample]]]:
-        """(the next step's groups, what stays buffered): the first ``P`` groups; with dynamic
+        """(the next step's groups, what stays buffered): the first ``P`` groups, oldest weights
+        first (work finishes out of order on a continuous engine: a late piece of an early step,
+        taken in arrival order, could wait past its lag bound behind newer groups); with dynamic
         sampling, groups from the front until ``P`` of them carry signal or the limit is reached."""
+        self.buffer.sort(key=_oldest_version)  # stable: arrival order among equals
         useful, n = 0, 0
         while n < min(len(self.buffer), self._limit()) and useful < self.P:
             useful += self.signal(self.buffer[n])
@@ -258,7 +263,7 @@ class PipelineRL(AsyncMode):
         st.count_verifier(errors)
         st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
         self.buffer.extend(groups)
-        fresh = [g for g in self.buffer if min(s.min_version for s in g if s.num_sampled) >= oldest_ok]
+        fresh = [g for g in self.buffer if _oldest_version(g) >= oldest_ok]
         st.stale_dropped += len(self.buffer) - len(fresh)
         self.buffer = fresh
         self._feed()  # replaces what was dropped (else nothing might be left to wait for)
@@ -284,6 +289,11 @@ class PipelineRL(AsyncMode):
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _oldest_version(group: list[Sample]) -> int:
+    """The oldest weight version any sampled token of ``group`` came from."""
+    return min(s.min_version for s in group if s.num_sampled)
 
 
 MODES: dict[str, type[AsyncMode]] = {m.name: m for m in (Sync, PPOOffPolicy, PipelineRL)}

@@ -299,15 +299,20 @@ class _Engine:
     def trainer_alive(self) -> bool:
         return self.spec.owner is None or _alive(self.spec.owner)
 
-    def weight_update(self) -> int | None:
-        """Take the newest weights the trainer announced, if newer than the engine's; their version."""
+    def weight_update(self, force: bool = False) -> int | None:
+        """Take the newest weights the trainer announced, if newer than the engine's; their version.
+        The announcement is read at most every ANNOUNCE_POLL_S, unless ``force``: before training
+        work starts. The trainer announces a version before it submits the work of that step, so a
+        forced read makes the work's first tokens come from weights at least as new as the step that
+        gave it, which its lag bound counts on (a piece started on the version before, polled a
+        moment earlier, is one version staler than the trainer allows for: dropped unused)."""
         now = time.monotonic()
         if now - self._beat > HEARTBEAT_S:  # tell the trainer this engine still runs
             self._beat = now
             self.store.set(f"engines/beat/{self.spec.index}", str(time.time()))
         if self.poll_shm is not None:
             return self.poll_shm()
-        if now - self._polled < ANNOUNCE_POLL_S:
+        if not force and now - self._polled < ANNOUNCE_POLL_S:
             return None
         self._polled = now
         v = announced(self.store)
@@ -436,7 +441,7 @@ class _Engine:
             items, stop = self.next_batch()
             if not items:
                 break
-            self.weight_update()
+            self.weight_update(force=items[0][0] == "train")
             if items[0][0] == "eval":
                 self.evaluate(items[0])
             elif items[0][0] == "fingerprint":
@@ -497,6 +502,7 @@ class _Engine:
         evaluation and fingerprint requests met on the way. Returns (whether to stop, the work
         taken that did not fit)."""
         key = f"engines/work/{self.spec.index}"
+        polled = False  # the announced version, read once before the first piece started here
         while True:
             item, held = (held, None) if held is not None else (_pop(self.store, key), None)
             if item is None:
@@ -515,6 +521,9 @@ class _Engine:
                 (self.evaluate if item[0] == "eval" else self.fingerprint)(item)
                 continue
             _, work_id, prompts, group_ids = item
+            if not polled:
+                self.weight_update(force=True)
+                polled = True
             # a piece of work starts whole: where it fits (HF: its rows get slots at once), or, on
             # an engine that queues what it cannot run yet (vLLM), while any room is left (a piece
             # larger than the room, e.g. generator.chunk_prompts x generations_per_prompt above
