@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from scalerl.model.kv_cache import with_cache
+from scalerl.model.kv_cache import cached_hidden
 
 
 class _Control:
@@ -201,15 +201,9 @@ class SlotCache:
 
     def _forward(self, ids: torch.Tensor, mask4: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         with self.autocast():
-            out = self.body(
-                input_ids=ids,
-                attention_mask=mask4,
-                position_ids=pos,
-                use_cache=True,
-                **with_cache(self.body, self.cache),
-            )
+            hidden = cached_hidden(self.body, self.cache, ids, mask4, pos)
         self.ctl.mode = ()
-        return out.last_hidden_state
+        return hidden
 
     def state(self) -> dict[str, Any]:
         """Sizes, for tests and benchmarks."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from scalerl.model.kv_cache import with_cache
+from scalerl.model.kv_cache import cached_hidden
 
 _ROUND = 64  # capacities are rounded up to this many positions, so that most batches reuse a graph
 _local = threading.local()  # .gqa: a static decoder's forward runs in this thread
@@ -190,16 +190,10 @@ class StaticDecoder:
         _local.gqa = _GQA
         try:
             with self.autocast():
-                out = self.body(
-                    input_ids=ids,
-                    attention_mask=mask4,
-                    position_ids=pos,
-                    use_cache=True,
-                    **with_cache(self.body, self.cache),
-                )
+                hidden = cached_hidden(self.body, self.cache, ids, mask4, pos)
         finally:
             _local.gqa = False
-        return out.last_hidden_state[:, -1]
+        return hidden[:, -1]
 
     def _decode_fn(self) -> torch.Tensor:
         return self.logprobs_of(self._forward(self.tok, self.keymask[:, None, None, :], self.pos))

@@ -27,6 +27,16 @@ def with_cache(module: torch.nn.Module, cache: Any) -> dict[str, Any]:
     return {cache_kwarg(module): cache}
 
 
+def cached_hidden(body: torch.nn.Module, cache: Any, ids, mask4, pos) -> torch.Tensor:
+    """The decoder ``body``'s last hidden states over ``ids`` (attention ``mask4``, ``pos``
+    positions), writing their keys and values into ``cache``: the one call the slot and static
+    decoders make of a transformers body."""
+    out = body(
+        input_ids=ids, attention_mask=mask4, position_ids=pos, use_cache=True, **with_cache(body, cache)
+    )
+    return out.last_hidden_state
+
+
 def output_cache(out: Any) -> Any:
     """The KV cache a forward returned (``use_cache=True``): ``out.cache``, or ``out.past_key_values``
     on transformers versions before the rename (reading that name on later ones warns)."""
