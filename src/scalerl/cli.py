@@ -232,10 +232,27 @@ def _print_layout(args: list[str]) -> None:
     launched = "WORLD_SIZE" in os.environ or "MASTER_PORT" in os.environ
     try:
         launch = layout.launch_from_env(cfg, raw=True) if launched else layout.launch_from_launcher(cfg)
-        print("\n".join(layout.plan(cfg, launch).lines()), flush=True)
+        planned = layout.plan(cfg, launch)
+        print("\n".join(planned.lines()), flush=True)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    _print_estimate(cfg, planned)
+
+
+def _print_estimate(cfg: DictConfig, planned) -> None:
+    """The run's estimated wall time on this machine (:mod:`scalerl.loop.estimate`: its work from
+    the config, this machine's speed from a probe of about a second), as YAML comments after the
+    layout. An estimate that fails says so in its line: printing the recipe never fails for it."""
+    from scalerl.loop import estimate
+
+    try:
+        lines = estimate.estimate(cfg, planned).lines()
+    except Exception as e:  # a config the probe cannot build: the run's own checks say what is wrong
+        lines = [
+            f"estimated wall time: not estimated ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ]
+    print("\n".join("# " + ln for ln in lines), flush=True)
 
 
 HELP_FLAGS = ("--help", "-h")

@@ -237,8 +237,42 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
     if args.dry_run:
         say("dry run: " + header + "; nothing launched or written")
         print("\n".join(plan_lines(plan)), flush=True)
+        say(estimate_line(plan))
         return 0
     return launch(plan, header)
+
+
+def estimate_line(plan) -> str:
+    """The sweep's estimated wall time (:mod:`scalerl.loop.estimate`): each variant's run as its job
+    will run it (its overrides, the launcher's and the thread share the local launcher gives it),
+    probed once per model shape, then its runs scheduled as many at once as the launcher starts,
+    each slowed by the cores the runs at once and the machine's present load share. A SLURM sweep
+    runs on nodes and behind a queue this machine does not know: said, not guessed."""
+    from scalerl.loop import estimate
+    from scalerl.sweep.launch import local_threads, max_parallel
+    from scalerl.sweep.plan import build_config
+
+    lc = plan.launcher
+    if lc["name"] != "local":
+        return estimate.Unknown(
+            f"launcher={lc['name']}: its nodes' speed and its queue's wait are not known on this machine"
+        ).line()
+    probes: dict = {}
+    per_variant: dict[str, object] = {}
+    runs = []
+    try:
+        for r in plan.runs:
+            if r.skip:
+                continue
+            if r.variant not in per_variant:
+                ovs = [*r.overrides, *plan.launcher_overrides]
+                cfg = build_config(ovs + local_threads(lc, ovs), {})
+                per_variant[r.variant] = estimate.estimate(cfg, probes=probes, load=False)
+            runs.append(per_variant[r.variant])
+    except Exception as e:  # the plan is checked already; an estimate problem never stops a dry run
+        return f"estimated wall time: not estimated ({type(e).__name__}: {e})"
+    load, cores = estimate.machine_load()
+    return estimate.sweep_estimate(runs, max_parallel(lc), cores, load).line()
 
 
 def launch(plan, header: str) -> int:

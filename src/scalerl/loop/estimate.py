@@ -1,0 +1,580 @@
+"""How long a run will take on this machine, said before it starts (``python train.py --cfg job``,
+``python sweep.py --dry-run``).
+
+The estimate is built from what the run will do and what this machine does per unit of that work:
+
+* **The work** (:func:`work`), from the resolved config alone: optimiser steps; samples a step
+  (``trainer.batch_size``) and the rows a decode step carries; the tokens a sample may generate
+  (``length_control.max_new_tokens``) and the prompt's; how many batches a step generates
+  (``async_mode=ppo_off_policy`` generates its minibatches' in one go, the same per step;
+  ``filter.dynamic_sampling`` draws more groups as the policy solves prompts, up to
+  ``filter.max_gen_batches``); the evaluations (``eval.every``, ``eval.num_prompts`` x
+  ``eval.samples_per_prompt``); whether the warm-start must be trained first (not cached, not shipped).
+* **The rate** (:func:`probe`), measured here and now: the configured architecture built with random
+  weights (the same transformers class and sizes the run builds; no weights read), timed for about
+  a second at the run's shapes and thread counts: one decode step of as many rows as the
+  generator carries, and a forward + backward of training rows as long as the run's samples. The
+  probe sees this machine's speed and its present load, which counted FLOPs alone cannot: on the
+  embedded model a decode step is bound by attention over many short rows and by per-operation
+  overhead, not by its matmuls (benchmarks/results/2026-12-01_7007612_generation-speed.md).
+* **How a step combines them**: ``sync`` and ``ppo_off_policy`` generate, then train (the sum);
+  ``pipeline_rl`` runs its engine beside the trainer, so a step costs the slower of the two where
+  each has cores of its own, the sum where they share them.
+
+The loop does more than the probe times (the samples' bookkeeping, the verifier, weight pushes,
+logging, checkpoints; the project's own decode path is not transformers'), so each phase's probe
+time is scaled by a factor measured once against whole runs on this machine kind and stated with its
+spread in benchmarks/results/2026-12-01_*_walltime-estimate.md; the printed range is that spread
+together with what the config cannot say in advance (how long the samples will be, how many extra
+batches dynamic sampling will draw). What the estimate cannot know it says instead of guessing: a
+GPU this machine does not have, a SLURM queue's wait, vLLM's engine start.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+# How much longer the run's loop takes than the probe's bare transformers calls, per phase (central
+# value; the range below covers the spread measured on whole runs): generation carries the
+# samples' bookkeeping, stopping rules and the verifier; training the loss, the bf16 emulation's
+# rounding, the optimiser and the statistics. Measured against runs of the default and the
+# leave-one-out study's design (benchmarks/results/*_walltime-estimate.md).
+GEN_FACTOR = 1.0
+TRAIN_FACTOR = 1.0
+# The fraction of max_new_tokens a sample generates (decode steps a batch takes run to its longest
+# sample; the trained tokens are the mean): the config bounds it, the policy sets it.
+LENGTH_FRACTION = (0.6, 0.85, 1.0)
+# Batches of groups generated a step under dynamic sampling (low, central, high): 1 while few groups
+# are solved G of G, more as the policy learns, never above filter.max_gen_batches.
+DYNAMIC_BATCHES = (1.0, 1.5, 2.5)
+# Starting a run's process (imports, the model, the task, the tracking store, the engine's process):
+# seconds, before its first step.
+STARTUP_S = (8.0, 15.0, 30.0)
+# The model's factor spread (whole runs against the probe's prediction) on top of the ranges above.
+MODEL_SPREAD = (0.75, 1.35)
+PROBE_BUDGET_S = 0.25  # each timed part of the probe runs about this long
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a run will do, from its config."""
+
+    steps: int
+    samples: int  # samples a step (trainer.batch_size)
+    gen_rows: int  # rows a decode step carries while generating training batches
+    prompt_tokens: int
+    new_tokens: int  # max_new_tokens: the cap of a sample's completion
+    gen_batches: tuple[float, float, float]  # batches generated a step (low, central, high)
+    evals: int
+    eval_samples: int  # samples an evaluation generates
+    eval_rows: int  # rows a decode step carries while evaluating
+    async_mode: str
+    generator: str  # hf | vllm
+    warmstart: tuple[int, int] = (0, 0)  # (steps, batch size) of a warm-start still to train; (0, 0) none
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """This machine's time for the run's unit operations on one thread of a quiet machine (seconds),
+    measured by :func:`probe`."""
+
+    decode_step_s: float  # one decode step of ``rows`` rows
+    eval_decode_step_s: float  # one decode step of the evaluation's rows
+    train_sample_s: float  # forward + backward of one sample of ``seq`` tokens
+    rows: int
+    seq: int
+    seconds: float  # what the probe itself took
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A run's wall time: ``total`` (central) and its range ``lo``-``hi``, in seconds."""
+
+    total: float
+    lo: float
+    hi: float
+    steps: int
+    step_s: float
+    evals: int
+    eval_s: float
+    startup_s: float
+    where: str = "on this machine"
+    notes: tuple[str, ...] = ()
+    # the cores the run keeps busy on average (pipeline_rl: engine and trainer side by side)
+    busy_threads: float = 1.0
+    # how much longer than on a quiet machine, at the load the machine had when estimated
+    stretch: float = 1.0
+    load: float = 0.0
+    cores: int = 1
+
+    def line(self) -> str:
+        """``estimated wall time: about 6 min (4-9) on this machine: 300 steps x ~1.1 s, ...``
+        (the per-step and per-evaluation figures are a quiet machine's)."""
+        parts = [f"{self.steps} steps x ~{_secs(self.step_s)}"]
+        if self.evals:
+            parts.append(f"{self.evals} evaluations x ~{_secs(self.eval_s)}")
+        parts.append(f"start ~{_secs(self.startup_s)}")
+        s = self.stretch
+        where = self.where
+        if s > 1.05:
+            quiet = span(self.total / s, self.lo / s, self.hi / s)
+            where += f" at its present load ({self.load:.1f} on {self.cores} cores: x{s:.1f}; {quiet} quiet)"
+        return f"estimated wall time: about {span(self.total, self.lo, self.hi)} {where}: " + ", ".join(parts)
+
+    def lines(self) -> list[str]:
+        return [self.line()] + [f"  ({n})" for n in self.notes]
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """An estimate this machine cannot make, and why."""
+
+    why: str
+
+    def line(self) -> str:
+        return f"estimated wall time: not estimated here ({self.why})"
+
+    def lines(self) -> list[str]:
+        return [self.line()]
+
+
+# ---------------------------------------------------------------------------- formatting
+def _secs(s: float) -> str:
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 120:
+        return f"{s:.0f} s"
+    return f"{s / 60:.0f} min"
+
+
+def _unit(seconds: float) -> tuple[float, str]:
+    if seconds < 120:
+        return 1.0, "s"
+    if seconds < 2 * 3600:
+        return 60.0, "min"
+    return 3600.0, "h"
+
+
+def span(total: float, lo: float, hi: float) -> str:
+    """``6 min (4-9)``: the central value and the range, in the central value's unit."""
+    div, unit = _unit(total)
+
+    def r(x: float) -> str:
+        v = x / div
+        return f"{v:.1f}" if unit == "h" and v < 10 else f"{v:.0f}"
+
+    return f"{r(total)} {unit} ({r(lo)}-{r(hi)})"
+
+
+# ---------------------------------------------------------------------------- the work
+def _prompt_tokens(cfg) -> tuple[int, str]:
+    """A prompt's tokens: the addition task's ``aaaa+bbbb=`` (the char tokenizer: one a character),
+    else an assumption stated in the output."""
+    t = cfg.task
+    if str(t.get("name")) == "addition":
+        return 2 * int(t.max_digits) + 2, ""
+    return 64, f"prompts assumed 64 tokens (task={t.get('name')} prompts are not read to estimate)"
+
+
+def _warmstart_pending(cfg) -> tuple[int, int]:
+    """(steps, batch size) of the tiny model's warm-start when neither the cache nor the package
+    holds it (the run trains it first), else (0, 0)."""
+    m = cfg.model
+    if str(m.get("name")) != "tiny" or int(m.get("warmstart_steps", 0)) <= 0:
+        return 0, 0
+    from pathlib import Path
+
+    from scalerl.model.build import SHIPPED_BASE, _warmstart_key
+
+    try:
+        key = _warmstart_key(cfg)
+    except Exception:  # an unresolvable interpolation: say nothing rather than guess
+        return 0, 0
+    name = f"warmstart-{key}"
+    cached = Path(str(m.cache_dir)).expanduser() / name / "meta.json"
+    if cached.is_file() or (SHIPPED_BASE / name / "meta.json").is_file():
+        return 0, 0
+    return int(m.warmstart_steps), int(m.warmstart_batch_size)
+
+
+def work(cfg) -> Work:
+    """What the run of ``cfg`` will do (:class:`Work`), from the config alone."""
+    from scalerl.config import evaluates_at
+
+    steps = int(cfg.trainer.total_steps)
+    B = int(cfg.trainer.batch_size)
+    gen = cfg.generator
+    kind = str(gen.get("name", "hf"))
+    mode = str(cfg.async_mode.name)
+    notes = []
+    rows = B  # sync: a batch's samples decode together
+    if mode == "ppo_off_policy":  # its minibatches' samples decode together
+        rows = B * max(1, min(int(cfg.async_mode.minibatches), steps))
+    if mode == "pipeline_rl" and bool(gen.get("continuous", False)) and int(gen.get("max_running", 0) or 0):
+        rows = int(gen.max_running)
+    f = cfg.filter
+    if bool(f.get("dynamic_sampling", False)) and bool(f.get("zero_variance", False)):
+        cap = float(f.get("max_gen_batches", 1))
+        batches = tuple(min(cap, b) for b in DYNAMIC_BATCHES)
+        notes.append(
+            f"dynamic sampling generates 1-{cap:g} batches a step as the policy solves prompts: "
+            f"{batches[0]:g}-{batches[2]:g} assumed"
+        )
+    else:
+        batches = (1.0, 1.0, 1.0)
+    K = int(cfg.eval.samples_per_prompt)
+    n_val = min(int(cfg.eval.num_prompts), int(cfg.task.get("num_val", cfg.eval.num_prompts)))
+    evals = sum(evaluates_at(s, steps, int(cfg.eval.every)) for s in range(steps + 1))
+    bs = int(cfg.eval.get("batch_prompts", 0) or 0) or max(1, B // K)
+    prompt, note = _prompt_tokens(cfg)
+    if note:
+        notes.append(note)
+    return Work(
+        steps=steps,
+        samples=B,
+        gen_rows=rows,
+        prompt_tokens=prompt,
+        new_tokens=int(cfg.length_control.max_new_tokens),
+        gen_batches=batches,
+        evals=evals,
+        eval_samples=n_val * K,
+        eval_rows=min(n_val, bs) * K,
+        async_mode=mode,
+        generator=kind,
+        warmstart=_warmstart_pending(cfg),
+        notes=tuple(notes),
+    )
+
+
+# ---------------------------------------------------------------------------- the probe
+def _probe_model(cfg):
+    """The run's architecture with random weights (fp32, CPU), or a reason it cannot be built here."""
+    import torch
+
+    m = cfg.model
+    name = str(m.get("name"))
+    if name == "tiny":
+        from scalerl.model.build import build_model
+        from scalerl.model.tokenizer import build_char_tokenizer
+
+        tok = build_char_tokenizer()
+        return build_model(m, len(tok), seed=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    if name == "hf":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        path = str(m.get("name_or_path"))
+        if not os.path.isdir(path):
+            return f"model.name_or_path={path} is not a local folder this estimate reads"
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except Exception as e:  # a folder transformers cannot read: the run's preflight says why
+            return f"cannot read the config of model.name_or_path={path} ({type(e).__name__})"
+        with torch.device("cpu"):
+            return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return f"model={name}: its architecture is not read to estimate"
+
+
+def _timed(fn, budget: float, at_most: int = 20) -> float:
+    """Seconds one call of ``fn`` takes on one thread of a quiet machine: one untimed call, then
+    calls for about ``budget`` seconds, each timed by the thread's CPU time (the median). CPU time,
+    not the clock: on a shared machine the clock counts the time others held the core, which
+    :func:`load_stretch` accounts for once, from the load average."""
+    fn()
+    times, t_end = [], time.perf_counter() + budget
+    while len(times) < at_most and (not times or time.perf_counter() < t_end):
+        t0 = time.thread_time()
+        fn()
+        times.append(time.thread_time() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def thread_speedup(threads: int) -> float:
+    """How much faster ``threads`` threads run a step than one: the square root (an assumption, not
+    a measurement: the embedded model's matmuls are small and its decode step is many small
+    operations, which split across threads far from perfectly; a probe on several threads of a
+    shared machine times the others' load, not ours)."""
+    return max(1, threads) ** 0.5
+
+
+def _decode_step_s(model, rows: int, prompt: int, new: int) -> float:
+    """One decode step of ``rows`` rows halfway through a completion of ``new`` tokens, with the KV
+    cache of what precedes it (transformers' path)."""
+    import torch
+
+    vocab = model.config.vocab_size
+    ctx = prompt + max(1, new // 2)
+    ids = torch.randint(3, vocab, (rows, ctx))
+    with torch.inference_mode():
+        out = model(input_ids=ids, use_cache=True)
+        past = out.past_key_values
+        nxt = torch.randint(3, vocab, (rows, 1))
+
+        def step():
+            o = model(input_ids=nxt, past_key_values=past, use_cache=True)
+            if hasattr(past, "crop"):  # keep the context where it was: each call times the same step
+                past.crop(-1)
+            return o
+
+        return _timed(step, PROBE_BUDGET_S)
+
+
+def _train_sample_s(model, samples: int, seq: int) -> float:
+    """Forward + backward of one sample of ``seq`` tokens, timed on as many rows as fit the budget
+    (at most a batch's ``samples``), per sample."""
+    import torch
+
+    vocab = model.config.vocab_size
+    model.train()
+
+    def fwd_bwd(rows: int):
+        ids = torch.randint(3, vocab, (rows, seq))
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    fwd_bwd(1)  # the first call allocates
+    t0 = time.thread_time()
+    fwd_bwd(1)
+    one = max(time.thread_time() - t0, 1e-4)
+    # rows as a micro-batch has them (up to 32), as many as fit the budget: per-sample time falls
+    # with rows while the matmuls are small
+    rows = max(1, min(samples, 32, int(PROBE_BUDGET_S / 2 / one)))
+    t = _timed(lambda: fwd_bwd(rows), PROBE_BUDGET_S, at_most=5)
+    model.eval()
+    return t / rows
+
+
+def probe(cfg, w: Work) -> Probe | str:
+    """Time the run's unit operations on one thread of this machine (about a second), or say why it
+    cannot."""
+    import torch
+
+    t0 = time.perf_counter()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = _probe_model(cfg)
+        if isinstance(model, str):
+            return model
+        mid = max(1, round(w.new_tokens * LENGTH_FRACTION[1]))
+        seq = min(w.prompt_tokens + mid, int(getattr(model.config, "max_position_embeddings", 1 << 20)))
+        decode = _decode_step_s(model, w.gen_rows, w.prompt_tokens, w.new_tokens)
+        eval_decode = (
+            decode
+            if w.eval_rows == w.gen_rows
+            else _decode_step_s(model, w.eval_rows, w.prompt_tokens, w.new_tokens)
+        )
+        train = _train_sample_s(model, w.samples, seq)
+    finally:
+        torch.set_num_threads(before)
+    return Probe(
+        decode_step_s=decode,
+        eval_decode_step_s=eval_decode,
+        train_sample_s=train,
+        rows=w.gen_rows,
+        seq=seq,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+# ---------------------------------------------------------------------------- the estimate
+def _threads(layout) -> tuple[int, int, bool, int]:
+    """(generator threads, trainer threads, whether they have cores of their own, cores) of rank 0."""
+    r0 = layout.ranks[0]
+    trainer = max(1, int(r0.threads))
+    engine = int(r0.engine_threads) or trainer
+    has_engine_process = bool(layout.engines)
+    apart = has_engine_process and engine + trainer <= max(1, int(r0.allotment))
+    return engine, trainer, apart, max(1, int(r0.allotment))
+
+
+def combine(
+    w: Work, p: Probe, *, gen_threads: int = 1, train_threads: int = 1, apart: bool = False
+) -> Estimate:
+    """The run's wall time on a quiet machine from its work and this machine's unit times (see the
+    module's docstring). ``apart``: the generator runs beside the trainer on cores of its own."""
+    overlap = w.async_mode == "pipeline_rl" and apart
+    gen_x, train_x = thread_speedup(gen_threads), thread_speedup(train_threads)
+    out = []
+    for i in range(3):  # low, central, high
+        decode_steps = max(1.0, w.new_tokens * LENGTH_FRACTION[i])
+        gen_batch = GEN_FACTOR * decode_steps * p.decode_step_s * w.samples / max(1, w.gen_rows) / gen_x
+        gen = gen_batch * w.gen_batches[i]
+        train = (
+            TRAIN_FACTOR * w.samples * p.train_sample_s * (w.prompt_tokens + decode_steps) / p.seq / train_x
+        )
+        step = max(gen, train) if overlap else gen + train
+        n_eval_batches = math.ceil(w.eval_samples / max(1, w.eval_rows))
+        ev = GEN_FACTOR * n_eval_batches * decode_steps * p.eval_decode_step_s / gen_x
+        ws_steps, ws_batch = w.warmstart
+        startup = STARTUP_S[i] + ws_steps * ws_batch * p.train_sample_s / train_x
+        out.append((w.steps * step + w.evals * ev + startup, step, ev, startup, gen, train))
+    lo, mid, hi = out
+    notes = list(w.notes)
+    if w.warmstart[0]:
+        notes.append(f"includes the warm-start's {w.warmstart[0]} steps (not cached yet)")
+    if w.generator == "vllm":
+        notes.append("vLLM's generation timed as transformers' path; its engine start is not counted")
+    if max(gen_threads, train_threads) > 1:
+        notes.append(
+            f"{max(gen_threads, train_threads)} threads assumed {thread_speedup(max(gen_threads, train_threads)):.1f}x "
+            "one thread's speed (probed on one)"
+        )
+    gen, train = mid[4], mid[5]
+    if overlap:  # each busy while it works: the engine's threads for gen, the trainer's for train
+        busy = (gen * gen_threads + train * train_threads) / max(gen, train)
+    else:
+        busy = float(max(gen_threads, train_threads))
+    return Estimate(
+        total=mid[0],
+        lo=lo[0] * MODEL_SPREAD[0],
+        hi=hi[0] * MODEL_SPREAD[1],
+        steps=w.steps,
+        step_s=mid[1],
+        evals=w.evals,
+        eval_s=mid[2],
+        startup_s=mid[3],
+        notes=tuple(notes),
+        busy_threads=busy,
+    )
+
+
+def _on_gpu(layout) -> bool:
+    return bool(layout.on_gpu)
+
+
+def machine_load() -> tuple[float, int]:
+    """(the 1-minute load average, the cores this process may use)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this system: as if quiet
+        load = 0.0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return load, max(1, cores)
+
+
+def load_stretch(load: float, busy: float, cores: int) -> float:
+    """How much longer work keeping ``busy`` cores busy takes where others keep ``load`` runnable
+    on ``cores`` cores: the scheduler shares the cores among all runnable threads, so once there are
+    more than cores each gets ``cores / (load + busy)`` of one (at least 1: a quiet machine)."""
+    return max(1.0, (load + busy) / max(1, cores))
+
+
+def at_load(e: Estimate, load: float, cores: int) -> Estimate:
+    """``e`` (a quiet machine's) at ``load`` on ``cores`` cores."""
+    s = load_stretch(load, e.busy_threads, cores)
+    return replace(e, total=e.total * s, lo=e.lo * s, hi=e.hi * s, stretch=s, load=load, cores=cores)
+
+
+def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True) -> Estimate | Unknown:
+    """The wall time of the run of ``cfg`` laid out as ``layout`` (default: as ``python train.py``
+    would run it here), at the machine's present load (``load=False``: a quiet machine's, as a sweep
+    wants its runs' to stretch them for its own concurrency). ``probes``: a cache of probe results
+    shared by the runs of a sweep (one probe per architecture, shapes and threads)."""
+    from scalerl.loop import layout as layout_mod
+
+    if layout is None:
+        layout = layout_mod.plan(cfg, layout_mod.launch_from_launcher(cfg))
+    if _on_gpu(layout):
+        return Unknown(
+            "the run would compute on GPUs, whose speed a probe on this machine's CPU does not tell"
+        )
+    if layout.launch.kind == "slurm":
+        return Unknown("a SLURM job runs on its nodes, whose speed and queue this machine does not know")
+    if layout.trainers > 1:
+        return Unknown(f"{layout.trainers} trainer ranks: only a single trainer's step is probed")
+    w = work(cfg)
+    gen_threads, train_threads, apart, _ = _threads(layout)
+    from omegaconf import OmegaConf
+
+    key = (
+        repr(OmegaConf.to_container(cfg.model, resolve=True)),
+        w.gen_rows,
+        w.eval_rows,
+        w.prompt_tokens,
+        w.new_tokens,
+        w.samples,
+    )
+    cache = probes if probes is not None else {}
+    if key not in cache:
+        cache[key] = probe(cfg, w)
+    p = cache[key]
+    if isinstance(p, str):
+        return Unknown(p)
+    quiet = combine(w, p, gen_threads=gen_threads, train_threads=train_threads, apart=apart)
+    return at_load(quiet, *machine_load()) if load else quiet
+
+
+# ---------------------------------------------------------------------------- sweeps
+@dataclass(frozen=True)
+class SweepEstimate:
+    total: float
+    lo: float
+    hi: float
+    runs: int
+    at_once: int
+    run_s: float  # the mean run's central estimate, when run alone
+    stretch: float  # how much longer each run takes beside the others and the machine's load
+    unknown: tuple[str, ...] = field(default_factory=tuple)
+    load: float = 0.0
+    cores: int = 1
+
+    def line(self) -> str:
+        if not self.runs:
+            return "estimated wall time: not estimated here (" + "; ".join(self.unknown) + ")"
+        shared = (
+            f", each ~{self.stretch:.1f}x slower for the cores it shares (load {self.load:.1f} "
+            f"on {self.cores} cores before the sweep)"
+            if self.stretch > 1.05
+            else ""
+        )
+        left = (
+            f"; {len(self.unknown)} kind(s) of run not estimated: " + "; ".join(self.unknown)
+            if self.unknown
+            else ""
+        )
+        return (
+            f"estimated wall time: about {span(self.total, self.lo, self.hi)} on this machine: "
+            f"{self.runs} runs x ~{_secs(self.run_s)} each alone on a quiet machine, {self.at_once} at once"
+            f"{shared}{left}"
+        )
+
+
+def schedule(durations: Iterable[float], at_once: int) -> float:
+    """Wall time of running ``durations`` in order, ``at_once`` at a time (a new one starts when one
+    ends, as the local launcher does)."""
+    slots = [0.0] * max(1, at_once)
+    for d in durations:
+        i = min(range(len(slots)), key=slots.__getitem__)
+        slots[i] += d
+    return max(slots)
+
+
+def sweep_estimate(
+    estimates: list[Estimate | Unknown], at_once: int, cores: int, load: float = 0.0
+) -> SweepEstimate:
+    """The wall time of a sweep's runs (their quiet-machine :class:`Estimate`, each with its thread
+    share), ``at_once`` at a time on ``cores`` cores where others keep ``load`` runnable: runs side
+    by side share the cores, so each is stretched by :func:`load_stretch` of the runs at once."""
+    known = [e for e in estimates if isinstance(e, Estimate)]
+    unknown = tuple(dict.fromkeys(e.why for e in estimates if isinstance(e, Unknown)))
+    if not known:
+        return SweepEstimate(0.0, 0.0, 0.0, 0, at_once, 0.0, 1.0, unknown)
+    parallel = max(1, min(at_once, len(known)))
+    busy = sum(e.busy_threads for e in known) / len(known)
+    stretch = load_stretch(load, parallel * busy, cores)
+    total, lo, hi = (
+        schedule([getattr(e, a) * stretch for e in known], parallel) for a in ("total", "lo", "hi")
+    )
+    run_s = sum(e.total for e in known) / len(known)
+    return SweepEstimate(total, lo, hi, len(known), parallel, run_s, stretch, unknown, load, cores)
