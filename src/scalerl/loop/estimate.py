@@ -276,6 +276,29 @@ def _probe_model(cfg):
             return f"cannot read the config of model.name_or_path={path} ({type(e).__name__})"
         with torch.device("cpu"):
             return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if name == "smollm2":
+        from pathlib import Path
+
+        from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+        done = sorted(Path(str(m.cache_dir)).expanduser().glob("smollm2-*/config.json"))
+        # the converted folder's config when the run converted it once; else SmolLM2-135M's published
+        # architecture (what the packaged GGUF file holds)
+        config = (
+            AutoConfig.from_pretrained(done[-1].parent)
+            if done
+            else LlamaConfig(
+                hidden_size=576,
+                intermediate_size=1536,
+                num_hidden_layers=30,
+                num_attention_heads=9,
+                num_key_value_heads=3,
+                vocab_size=49152,
+                max_position_embeddings=8192,
+                tie_word_embeddings=True,
+            )
+        )
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return f"model={name}: its architecture is not read to estimate"
 
 
@@ -302,18 +325,26 @@ def thread_speedup(threads: int) -> float:
     return max(1, threads) ** 0.5
 
 
-def _decode_step_s(model, rows: int, prompt: int, new: int) -> float:
+# The probe's own work is capped at these FLOPs a timed call (about 0.1 s on one core): a larger model
+# is timed on fewer rows (decode) or shorter rows (training) and scaled by the rows or tokens, which
+# its matmuls, by then large enough to run near their rate, make nearly proportional.
+PROBE_FLOPS = 6e9
+
+
+def _decode_step_s(model, rows: int, prompt: int, new: int, n: int) -> float:
     """One decode step of ``rows`` rows halfway through a completion of ``new`` tokens, with the KV
-    cache of what precedes it (transformers' path)."""
+    cache of what precedes it (transformers' path); ``n``: the model's non-embedding parameters."""
     import torch
 
     vocab = model.config.vocab_size
+    probe_rows = max(1, min(rows, int(PROBE_FLOPS / (2 * n))))
     ctx = prompt + max(1, new // 2)
-    ids = torch.randint(3, vocab, (rows, ctx))
+    ctx = max(1, min(ctx, int(PROBE_FLOPS / (2 * n * probe_rows))))  # the prefill under the cap too
+    ids = torch.randint(3, vocab, (probe_rows, ctx))
     with torch.inference_mode():
         out = model(input_ids=ids, use_cache=True)
         past = out.past_key_values
-        nxt = torch.randint(3, vocab, (rows, 1))
+        nxt = torch.randint(3, vocab, (probe_rows, 1))
 
         def step():
             o = model(input_ids=nxt, past_key_values=past, use_cache=True)
@@ -321,19 +352,20 @@ def _decode_step_s(model, rows: int, prompt: int, new: int) -> float:
                 past.crop(-1)
             return o
 
-        return _timed(step, PROBE_BUDGET_S)
+        return _timed(step, PROBE_BUDGET_S) * rows / probe_rows
 
 
-def _train_sample_s(model, samples: int, seq: int) -> float:
+def _train_sample_s(model, samples: int, seq: int, n: int) -> float:
     """Forward + backward of one sample of ``seq`` tokens, timed on as many rows as fit the budget
     (at most a batch's ``samples``), per sample."""
     import torch
 
     vocab = model.config.vocab_size
+    probe_seq = max(2, min(seq, int(PROBE_FLOPS / (6 * n))))
     model.train()
 
     def fwd_bwd(rows: int):
-        ids = torch.randint(3, vocab, (rows, seq))
+        ids = torch.randint(3, vocab, (rows, probe_seq))
         logits = model(input_ids=ids).logits
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
         loss.backward()
@@ -348,7 +380,7 @@ def _train_sample_s(model, samples: int, seq: int) -> float:
     rows = max(1, min(samples, 32, int(PROBE_BUDGET_S / 2 / one)))
     t = _timed(lambda: fwd_bwd(rows), PROBE_BUDGET_S, at_most=5)
     model.eval()
-    return t / rows
+    return t / rows * seq / probe_seq
 
 
 def probe(cfg, w: Work) -> Probe | str:
@@ -363,15 +395,18 @@ def probe(cfg, w: Work) -> Probe | str:
         model = _probe_model(cfg)
         if isinstance(model, str):
             return model
+        from scalerl.model.build import num_params
+
+        n = max(1, num_params(model, exclude_embeddings=True))
         mid = max(1, round(w.new_tokens * LENGTH_FRACTION[1]))
         seq = min(w.prompt_tokens + mid, int(getattr(model.config, "max_position_embeddings", 1 << 20)))
-        decode = _decode_step_s(model, w.gen_rows, w.prompt_tokens, w.new_tokens)
+        decode = _decode_step_s(model, w.gen_rows, w.prompt_tokens, w.new_tokens, n)
         eval_decode = (
             decode
             if w.eval_rows == w.gen_rows
-            else _decode_step_s(model, w.eval_rows, w.prompt_tokens, w.new_tokens)
+            else _decode_step_s(model, w.eval_rows, w.prompt_tokens, w.new_tokens, n)
         )
-        train = _train_sample_s(model, w.samples, seq)
+        train = _train_sample_s(model, w.samples, seq, n)
     finally:
         torch.set_num_threads(before)
     return Probe(
