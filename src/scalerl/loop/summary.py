@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scalerl.loop.errors import RunError
-from scalerl.scaling.live import FIT_LEVEL
+from scalerl.scaling.live import FIT_LEVEL, horizon_line
 from scalerl.storage import write_json
 from scalerl.tracking import Checkpointer, Tracker
 from scalerl.tracking.secrets import redact
@@ -92,6 +92,8 @@ def summary_lines(summary: dict) -> list[str]:
         level = summary.get("fit_level", FIT_LEVEL)
         of = "" if key == "val/pass_rate" else f" of {key}"
         lines.append(f"scaling fit{of}: {est('A')}, {est('B')} " + fit_caveat(fit, level))
+        if horizon := horizon_line(fit):  # extrapolating it: supported, or how much more compute it needs
+            lines.append(horizon)
     lines.append(f"outputs: {summary['out_dir']}")
     uri = summary.get("tracking_uri", "")
     if uri.startswith("sqlite:///") and not uri[len("sqlite:///") :].startswith("/"):

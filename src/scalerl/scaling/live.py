@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scalerl.scaling.horizon import HORIZON, Horizon, fit_horizon
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import SigmoidFit
 
@@ -46,10 +47,11 @@ def fit_metrics(
     Points evaluated before step ``protocol.min_step`` (``steps``: each evaluation's optimiser step;
     default: its index) or below ``protocol.min_compute`` are left out (:meth:`FitProtocol.cut`: the
     same absolute cut as the report's); NaN evaluations are skipped. Returns the fit and
-    ``fit.to_metrics(prefix)`` (``fit/A``, ``fit/A_lo`` ... ``fit/ok``).
+    ``fit.to_metrics(prefix)`` (``fit/A``, ``fit/A_lo`` ... ``fit/ok``) and the horizon rule's
+    (:func:`horizon_metrics`: ``fit/supported`` ...).
     """
     fit = _safe_fit(compute, reward, protocol, steps=steps)
-    return fit, fit.to_metrics(prefix)
+    return fit, {**fit.to_metrics(prefix), **horizon_metrics(fit, prefix)}
 
 
 def final_report(
@@ -66,7 +68,9 @@ def final_report(
     """The end-of-run fit: like :func:`fit_metrics`, and also writes the plot ``out_png``
     (conventionally ``<run dir>/scaling_curve.png``; log it as an MLflow artifact) with the curve
     extrapolated to ``protocol.extrapolate`` x the budget.  The metrics include
-    ``fit/pred_at_{extrapolate}x`` (predicted reward at that multiple of the budget)."""
+    ``fit/pred_at_{extrapolate}x`` (predicted reward at that multiple of the budget) and, as every
+    refit's, the horizon rule's verdict on extrapolating it (``fit/supported``, ``fit/reach``,
+    ``fit/more_compute``, ``fit/shape_bias``); :func:`horizon_line` says it in words."""
     extrapolate = protocol.extrapolate
     fit, metrics = fit_metrics(compute, reward, protocol, steps=steps, prefix=prefix)
     try:
@@ -84,6 +88,34 @@ def final_report(
     except Exception as e:  # noqa: BLE001 - the plot is a nicety
         log.warning("scaling plot failed: %s", e)
     return fit, metrics
+
+
+def horizon_metrics(fit: SigmoidFit, prefix: str = "fit/") -> dict[str, float]:
+    """The horizon rule (:mod:`scalerl.scaling.horizon`) for a run's fit: whether its window (the
+    largest compute it was fitted on) reaches :data:`~scalerl.scaling.horizon.HORIZON` x its fitted
+    C_mid, so that extrapolating it is supported; NaN values when the fit failed. Never raises."""
+    try:
+        return fit_horizon(fit).metrics(prefix)
+    except Exception as e:  # noqa: BLE001 - a refit must never stop training
+        log.warning("horizon rule failed: %s", e)
+        return Horizon().metrics(prefix)
+
+
+def horizon_line(metrics: dict[str, float], prefix: str = "fit/") -> str:
+    """The horizon rule's sentence from a run's ``fit/*`` metrics ("" when not judged): supported,
+    or "not supported ... about 1.8x more compute would make it supported"."""
+    sup = metrics.get(f"{prefix}supported", math.nan)
+    if sup is None or not math.isfinite(sup):
+        return ""
+    reach = float(metrics.get(f"{prefix}reach", math.nan))
+    h = Horizon(
+        reach=reach,
+        horizon=HORIZON,
+        supported=bool(sup),
+        more_compute=float(metrics.get(f"{prefix}more_compute", math.nan)),
+        bias=float(metrics.get(f"{prefix}shape_bias", math.nan)),
+    )
+    return h.line("the scaling fit")
 
 
 def evaluation_fits(

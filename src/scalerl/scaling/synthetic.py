@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from scalerl.scaling._solvers import expit
 from scalerl.scaling.sigmoid import _predict
 
 
@@ -46,3 +48,35 @@ def sample_run(
     p = np.clip(curve(c), 0.0, 1.0)
     y = rng.binomial(trials, p) / trials
     return c, y.astype(float)
+
+
+@dataclass(frozen=True)
+class RisingCurve:
+    """A curve whose local exponent rises: the slope of ``log((A - R) / (R - R0))`` against
+    ``log C`` is ``-b(C)`` with ``b`` going from ``B`` (early) to ``B_late`` around ``rise_at x C_mid``
+    over ``width`` (in log C). ``R(C_mid) = (R0 + A) / 2`` as for the sigmoid, which it is when
+    ``B_late == B``. The shape the real runs show (issue 53: local exponent about 1.1-1.3 up to
+    about 2.5x C_mid and about 2.1 after): a sigmoid fitted before the rise under-estimates the tail."""
+
+    R0: float
+    A: float
+    B: float
+    C_mid: float
+    B_late: float
+    rise_at: float = 2.5
+    width: float = 0.25
+
+    def exponent(self, compute) -> np.ndarray:
+        """The local exponent ``b(C)``."""
+        x = np.log(np.asarray(compute, dtype=float) / self.C_mid)
+        return self.B + (self.B_late - self.B) * expit((x - math.log(self.rise_at)) / self.width)
+
+    def __call__(self, compute) -> np.ndarray:
+        c = np.asarray(compute, dtype=float)
+        with np.errstate(divide="ignore"):
+            x = np.log(np.where(c > 0, c, 0.0) / self.C_mid)
+        xt, w = math.log(self.rise_at), self.width
+        g = self.B * x + (self.B_late - self.B) * w * (
+            np.logaddexp(0.0, (x - xt) / w) - np.logaddexp(0.0, -xt / w)
+        )
+        return self.R0 + (self.A - self.R0) * expit(g)

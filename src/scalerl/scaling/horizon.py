@@ -1,0 +1,140 @@
+"""The horizon rule: how far a sigmoid fitted on a window of compute may be extrapolated.
+
+A sigmoid fitted to a window that ends soon after the bend fixes the curve's shape before the data
+do. The real runs show why that matters: their local exponent (the slope of ``log((A - R) / (R - R0))``
+against ``log C``) is about 1.1-1.3 up to about 2.5x C_mid and about 2.1 after it, so a fit whose
+window ends there rises too slowly past it and under-estimates the end (issue 53). Measured on
+synthetic curves with that shape (:class:`~scalerl.scaling.synthetic.RisingCurve`, the study's
+design: 3 seeds, 768-sample evaluations, predicting twice the window's end) and on the 2-digit
+runs evaluated to 360 steps, the error of the extrapolation shrinks with the window's **reach**,
+its end over the fitted C_mid: about -0.04 at 2.5x, -0.03 at 3.5x, -0.015 at 4.5x and under
+0.01 past 5x (benchmarks/results/ holds the measurement: ``*_prediction-horizon.md``;
+benchmarks/bench_prediction.py reruns it).
+
+The rule: an extrapolation is **supported** when the fit's window reaches :data:`HORIZON` x its
+fitted C_mid: from there the measured shape bias is within half the prediction tolerance (0.015)
+for the measured case and within 0.02 for every rising-exponent variation measured (a rise as late
+as 3.2x C_mid is the worst), and the real runs' fit over steps 18-180 (4.65x) predicts step 360
+within 0.009, where one ending at 2.7x misses by 0.06; a window that ends before it is reported as not supported,
+with the bias measured at its reach and the compute that would carry the window to the horizon
+(C_mid stays where it is, so the window must grow by ``HORIZON / reach``). The rule cannot see a
+change of shape that starts past the horizon; it states what the measured curves support.
+
+:func:`shape_error` is the band's share of that shape error (calibrated on the same curves and on
+the real runs' measured errors): the sd to add to a prediction's band at a given reach, so that the
+band covers the shape error as well as the bootstrap and the binomial noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+HORIZON = 4.5
+"""The reach (window end / fitted C_mid) from which an extrapolation to twice the window is supported."""
+
+_REACH = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.5)
+"""The reaches at which the shape error was measured (interpolated in log reach between them, held
+at the ends beyond them)."""
+_BIAS = (-0.024, -0.040, -0.043, -0.033, -0.027, -0.019, -0.014, -0.010, -0.006, -0.004)
+"""Mean error of the extrapolation to twice the window at each reach, on synthetic curves whose
+exponent rises as the measured runs' did (1.15 to 2.23 at 2.56x C_mid)."""
+_SHAPE_SD = (0.050, 0.065, 0.070, 0.055, 0.035, 0.025, 0.016, 0.012, 0.008, 0.005)
+"""The root-mean-square shape error at each reach: the larger of the rising-exponent curves' (over
+rise points 2-3.2x C_mid and late exponents 1.8-2.6) and the real runs' measured errors."""
+
+
+def _interp(reach: float, table) -> float:
+    if not math.isfinite(reach) or reach <= 0:
+        return float(table[0])
+    return float(np.interp(math.log(reach), np.log(_REACH), table))
+
+
+def shape_bias(reach: float) -> float:
+    """The measured mean error (predicted - observed) of an extrapolation to twice a window of this
+    reach, on curves whose exponent rises as measured (negative: an under-estimate); NaN below the
+    smallest reach measured (a window ending before 1.5x C_mid has barely seen the bend)."""
+    if not math.isfinite(reach) or reach < _REACH[0]:
+        return math.nan
+    return _interp(reach, _BIAS)
+
+
+def shape_error(reach: float) -> float:
+    """The sd of the shape error to add to a prediction band at this reach (see the module)."""
+    return _interp(reach, _SHAPE_SD)
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """Whether a fit's extrapolation is supported by the reach of its window."""
+
+    reach: float = math.nan  # window end / fitted C_mid
+    horizon: float = HORIZON
+    supported: bool | None = None  # None: not judged (no fit)
+    more_compute: float = math.nan  # the factor of compute that carries the window to the horizon (1: none)
+    bias: float = math.nan  # measured mean shape error at this reach
+    shape_sd: float = math.nan  # the band's shape error at this reach
+
+    def line(self, what: str = "the fit") -> str:
+        """One sentence for a report: supported, or why not and how much more compute it needs."""
+        if self.supported is None:
+            return f"{what}: extrapolation not judged (no fit)"
+        where = f"{what}'s window ends at {self.reach:.1f}x C_mid"
+        if self.supported:
+            return (
+                f"{where}, past the horizon ({self.horizon:g}x): extrapolation supported "
+                f"(measured shape bias there {self.bias:+.3f})"
+            )
+        bias = (
+            f"measured bias at this reach {self.bias:+.3f}, on curves whose exponent rises as the real runs' did"
+            if math.isfinite(self.bias)
+            else "bias not measured this early"
+        )
+        return (
+            f"{where}; predictions need >= {self.horizon:g}x: extrapolation not supported ({bias}); about "
+            f"{self.more_compute:.1f}x more compute would make it supported"
+        )
+
+    def metrics(self, prefix: str = "fit/") -> dict[str, float]:
+        """``fit/reach``, ``fit/supported`` (1/0, NaN when not judged), ``fit/more_compute`` and
+        ``fit/shape_bias`` for MLflow."""
+        sup = math.nan if self.supported is None else float(self.supported)
+        return {
+            f"{prefix}reach": round(self.reach, 3) if math.isfinite(self.reach) else math.nan,
+            f"{prefix}supported": sup,
+            f"{prefix}more_compute": round(self.more_compute, 2)
+            if math.isfinite(self.more_compute)
+            else math.nan,
+            f"{prefix}shape_bias": round(self.bias, 3) if math.isfinite(self.bias) else math.nan,
+        }
+
+
+def horizon_of(c_mid: float, window_end: float, *, horizon: float = HORIZON) -> Horizon:
+    """The rule for a fit with this fitted ``c_mid`` whose window ends at ``window_end`` (the largest
+    compute it was fitted on); not judged when either is missing."""
+    if not (math.isfinite(c_mid) and c_mid > 0 and math.isfinite(window_end) and window_end > 0):
+        return Horizon(horizon=horizon)
+    reach = window_end / c_mid
+    ok = reach >= horizon
+    return Horizon(
+        reach=reach,
+        horizon=horizon,
+        supported=bool(ok),
+        more_compute=1.0 if ok else horizon / reach,
+        bias=shape_bias(reach),
+        shape_sd=shape_error(reach),
+    )
+
+
+def fit_horizon(fit, *, horizon: float = HORIZON) -> Horizon:
+    """:func:`horizon_of` for a :class:`~scalerl.scaling.sigmoid.SigmoidFit` (its window: the largest
+    compute among the points it used); not judged when the fit failed."""
+    if fit is None or not fit.ok:
+        return Horizon(horizon=horizon)
+    used = np.asarray(fit.used, dtype=bool)
+    c = np.asarray(fit.compute, dtype=float)
+    c = c[used] if used.size == c.size and used.any() else c
+    c = c[np.isfinite(c)]
+    return horizon_of(fit.C_mid, float(c.max()) if c.size else math.nan, horizon=horizon)
