@@ -512,7 +512,7 @@ def test_unsettled_seed_and_failed_run_are_noted_in_the_run_table(store, capsys)
     assert rc == 0, cap.err
     runs = {r["run_name"]: r for r in _table(cap.out)}
     assert runs["few0"]["A [90% CI]"] == "1.000"
-    assert "A unsettled (fitted through 3 points for 3 parameters" in runs["few0"]["note"]
+    assert "A unusable (fitted through 3 points for 3 parameters" in runs["few0"]["note"]
     assert "run FAILED: fitted on the evaluations it logged" in runs["base1"]["note"]
     verdicts = _table(cap.out, 0)
     assert [v["variant"] for v in verdicts] == ["loss=cispo", "a/b c"]

@@ -28,7 +28,6 @@ import numpy as np
 
 from scalerl.analysis.mlflow_io import REWARD_KEY, AnalysisError, RunData, declared_baseline, load_runs
 from scalerl.analysis.verdicts import (
-    A_BOUND_TOL,
     A_UNSETTLED,
     VariantVerdict,
     baseline_A,
@@ -642,12 +641,15 @@ def row_notes(row: dict) -> list[str]:
         notes.append(f"run {status.upper()}: fitted on the evaluations it logged before it ended")
     if row.get("ok") and _finite(row.get("A_hi")) and row["A_hi"] >= A_UNSETTLED:
         notes.append(
-            "A unsettled: its interval reaches 1, so the data cannot rule out a ceiling of 1 (run longer)"
+            "A censored at 1: its interval reaches 1, so the data cannot rule out a ceiling of 1 (run longer); "
+            "kept in its variant's A at its fitted value"
         )
     elif row.get("ok") and _finite(row.get("A")):
         why = _a_unsettled_row(row)
-        if why:
-            notes.append(f"A unsettled ({why}): not averaged into its variant's A")
+        if why.startswith("fitted through"):
+            notes.append(f"A unusable ({why}): not in its variant's A")
+        elif why:
+            notes.append(f"A censored ({why}): kept in its variant's A at its fitted value")
     if not fitted_status:
         if row.get("error"):
             notes.append(str(row["error"]))
@@ -657,7 +659,8 @@ def row_notes(row: dict) -> list[str]:
 
 
 def _a_unsettled_row(row: dict) -> str:
-    """:func:`~scalerl.analysis.verdicts.a_unsettled` from a row's values (the interval aside)."""
+    """:func:`~scalerl.analysis.verdicts.a_unsettled` from a row's values (the interval aside); an A at
+    R0 (a curve that did not rise) is an ordinary value under the verdicts' rule."""
     n = row.get("n_points")
     if isinstance(n, int) and n <= N_PARAMS:
         return (
@@ -665,8 +668,6 @@ def _a_unsettled_row(row: dict) -> str:
         )
     if row["A"] >= A_UNSETTLED:
         return "A at 1"
-    if _finite(row.get("R0")) and row["A"] <= row["R0"] + A_BOUND_TOL:
-        return "A at R0"
     return ""
 
 

@@ -21,6 +21,7 @@ from scalerl.analysis.verdicts import (
     PRED_LEVEL,
     PRED_TOLERANCE,
     VariantVerdict,
+    seeds_cell,
 )
 from scalerl.scaling.plot import save_figure
 
@@ -118,9 +119,7 @@ def plot_variants(
         if not v.baseline and math.isfinite(v.dA.delta):
             a += f", ΔA {v.dA.delta:+.3f}"
         color = CALLED if v.called else "black"
-        ax.set_title(
-            f"{v.variant}: {_short(v)}\n{a} ({v.A.n}/{len(v.run_ids)} settled)", fontsize=9, color=color
-        )
+        ax.set_title(f"{v.variant}: {_short(v)}\n{a} ({seeds_cell(v)} seeds)", fontsize=9, color=color)
         ax.tick_params(labelsize=7)
         ax.xaxis.get_offset_text().set_fontsize(7)
         ax.grid(True, alpha=0.25)

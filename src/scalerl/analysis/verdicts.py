@@ -2,31 +2,53 @@
 
 A variant is all the runs of one recipe (its seeds). The protocol:
 
-- **One estimator.** Each seed is fitted on its own (the per-run fits of the report). A seed is
-  *settled* when its fitted A is off the bounds of the pass rate (not within
-  :data:`A_BOUND_TOL` of 1 or of R0) and, when the fit has a bootstrap interval, that interval
-  does not reach 1 (the data do not bound the ceiling). A variant's A is the **mean over its settled seeds**, and its
-  interval the **t-interval** over them (``level``, n - 1 degrees of freedom): point estimate and
-  interval come from the same numbers. Unsettled seeds are neither averaged in nor called; a
-  variant with fewer than 2 settled seeds, or fewer than half its fitted seeds settled, is
-  reported as *unsettled* and not scored.
-- **B at a fixed A** (the paper's protocol): every run is refitted with A fixed to the
-  baseline's A (the mean over its settled seeds), and B is compared at that A, estimated the same
-  way (mean and t-interval over the seeds whose B is off its bounds). B is not scored while the
-  variant's A is unsettled.
+- **One estimator, every fitted seed.** Each seed is fitted on its own (the per-run fits of the
+  report). A variant's A is the **mean over every seed with a usable fit** and its interval the
+  **t-interval** over them (``level``, n - 1 degrees of freedom): no seed is left out because of what
+  its fit found (averaging only the seeds whose ceiling "settled" selected by outcome, biasing A low
+  and dropping n). A fit is unusable only for reasons fixed before its outcome: it failed, or it was
+  fitted through no more points than the curve has free parameters (it passes through them: A is the
+  last point's level, not a ceiling). **Censored seeds**: a seed whose fitted A lies within
+  :data:`A_BOUND_TOL` of 1, or whose bootstrap interval reaches 1 (the data do not bound its ceiling
+  below the maximum), is *censored at 1*: it stays in the mean at its fitted value, and is counted.
+  Where at least half of a variant's seeds are censored (or fewer than 2 are usable), its A is **not
+  shown** at this budget (unbounded): reported, not scored. A seed with A at R0 (a curve that did
+  not rise) is kept at its fitted value like any other.
+- **B at a fixed A** (the paper's protocol): every run is refitted with A fixed to the baseline's A
+  (the same estimate over its seeds), and B is compared at that A, estimated the same way (mean and
+  t-interval over every refitted seed; a B at its fit bound is censored there, by the same rule). B
+  is not scored while the variant's A is not shown, except where the baseline's ceiling itself is
+  not shown (most of its seeds censored at 1): then A = 1 and B alone is compared at A = 1.
 - **The test.** A difference from the baseline (in A, and in B at the fixed A) is tested with
-  **Welch's two-sample t-test** on the settled per-seed values, two-sided, **Bonferroni-corrected**
-  over the family of every comparison in the table (A and B of each scored variant: m = 2 x the
-  scored variants) at a **family-wise level of** :data:`FAMILY_LEVEL` (each test at
-  ``FAMILY_LEVEL / m``). A difference is called only when the simultaneous ``1 - FAMILY_LEVEL / m``
-  interval of the difference excludes 0 **and** the difference exceeds the paper's margin
-  (:data:`MARGIN_A` = 0.02 for A; the paper gives no margin for B). Otherwise the verdict is
-  "inconclusive at this budget: smallest detectable ΔA = x".
-- **Smallest detectable ΔA** (the design's resolution): the difference this test finds with
-  :data:`POWER` probability, ``(t(1 - a/2, df) + t(POWER, df)) * s * sqrt(1/n_v + 1/n_b)``, with
-  ``s`` the seeds' spread of A pooled over the sweep's variants, ``n_v``, ``n_b`` the seeds of the
-  variant and the baseline, ``df = n_v + n_b - 2`` and ``a`` the per-test level; never below the
-  margin.
+  **Welch's two-sample t-test on that pair alone** (the variant's and the baseline's per-seed
+  values; no spread is pooled over other variants, whose seeds may be far less noisy: the measured
+  seed-to-seed spread differs tenfold between variants), two-sided, **Bonferroni-corrected** over
+  the family of every comparison in the table (A and B of each scored variant: m = 2 x the scored
+  variants) at a **family-wise level of** :data:`FAMILY_LEVEL` (each test at ``FAMILY_LEVEL / m``).
+  A difference is called only when the simultaneous ``1 - FAMILY_LEVEL / m`` interval of the
+  difference excludes 0 **and** the difference exceeds the paper's margin (:data:`MARGIN_A` = 0.02
+  for A; the paper gives no margin for B): "A higher" / "A lower" with ΔA and its interval.
+- **Equivalence on A** (TOST): for a variant whose A is not called, two one-sided Welch tests at the
+  same per-test level ``FAMILY_LEVEL / m`` against a margin ``±δ``: "A equivalent within ±δ" when
+  the ``1 - 2 FAMILY_LEVEL / m`` interval of ΔA lies inside ``±δ``, otherwise "equivalence not shown
+  at this budget". ``δ`` is one margin for the whole table, stated with it: the paper's
+  :data:`MARGIN_A` (±0.02), or where the design cannot resolve that, the smallest margin it
+  resolves (TOST at :data:`POWER` power for equal ceilings, from the seeds' spread and the seeds per
+  variant), at most :data:`EQ_MARGIN_MAX` (±0.05). A comparison of A either calls a difference or
+  equivalence or neither, each at the per-test level, so the family-wise level holds over both.
+  This is how "changes B, not A" is shown: B called, A equivalent.
+- **Smallest detectable ΔA** (the design's resolution, under the same Welch test): the difference
+  found with :data:`POWER` probability, ``(t(1 - a/2, df) + t(POWER, df)) * se``: per pair ``se`` and
+  ``df`` are the pair's own (Welch); for the table, ``se = s * sqrt(1/n_v + 1/n_b)`` and
+  ``df = n_v + n_b - 2`` (Welch's df at equal spreads), ``s`` the seeds' spread pooled over the
+  variants as a description of the design (never in a test), ``n_v``, ``n_b`` the seeds of the
+  variant and the baseline and ``a`` the per-test level; never below the margin.
+- **Labels** (:attr:`VariantVerdict.label`, the machine-readable report's ``verdict``): ``baseline``;
+  ``A higher`` / ``A lower`` (A called); else ``B higher`` / ``B lower`` (B called; the verdict text
+  says whether A is equivalent); else ``equivalent`` (A equivalent, nothing called); else
+  ``inconclusive`` (tested, nothing called or shown); ``not shown`` (nothing could be tested: A or
+  B unbounded, unfittable, a component that never acted); ``not run`` (no runs, or a component
+  that cannot act on this hardware).
 - **Not scored**: a variant whose component cannot act on this hardware (a bf16 LM head emulated
   on CPU: the paper's mechanism, a generator/trainer kernel mismatch, cannot act) or did not act
   in its runs (no prompt retired, policy lag never beyond the smaller k, no interruption, no
@@ -65,7 +87,7 @@ MARGIN_A = 0.02
 POWER = 0.8
 """The power at which the smallest detectable ΔA is stated."""
 A_BOUND_TOL = 0.005
-"""A seed whose fitted A lies within this of 1 or R0 is unsettled (A at a bound of the pass rate)."""
+"""A seed whose fitted A lies within this of 1 is censored at 1 (A at the pass rate's maximum)."""
 A_UNSETTLED = 1.0 - A_BOUND_TOL
 PRED_TOLERANCE = 0.03
 """A prediction within this of the observed mean of the last evaluations counts as predicted."""
@@ -75,25 +97,43 @@ PRED_GOAL_SHARE = 0.75
 """The prediction goal: this share of the scored variants (6 of 8) within :data:`PRED_TOLERANCE` ..."""
 PRED_GOAL_COVERAGE = 0.8
 """... and this share of observed values inside their prediction band."""
+EQ_MARGIN_MAX = 0.05
+"""The widest equivalence margin on A: a design that cannot resolve ±0.05 shows no equivalence."""
 INCONCLUSIVE = "inconclusive at this budget"
+NOT_SHOWN = "not shown at this budget"
+LABELS = (
+    "baseline",
+    "A higher",
+    "A lower",
+    "B higher",
+    "B lower",
+    "equivalent",
+    "inconclusive",
+    "not shown",
+    "not run",
+)
+"""The machine-readable verdicts (:attr:`VariantVerdict.label`)."""
 NO_DIFFERENCE = INCONCLUSIVE  # the name of earlier versions
 
 
 @dataclass
 class Estimate:
-    """One parameter of a variant: the mean and t-interval over its settled seeds."""
+    """One parameter of a variant: the mean and t-interval over every usable seed, the censored ones
+    at their fitted value (the module's rule)."""
 
     mean: float = math.nan
     sd: float = math.nan
     lo: float = math.nan
     hi: float = math.nan
-    n: int = 0  # settled seeds
-    total: int = 0  # seeds
-    unsettled: str = ""  # why the variant's value cannot be scored ("" = settled)
+    n: int = 0  # seeds in the mean (every usable fit)
+    total: int = 0  # fitted seeds
+    unsettled: str = ""  # why the variant's value is not shown / not scored ("" = shown)
     values: list[float] = field(default_factory=list)
+    censored: int = 0  # seeds censored at the bound (A at 1 or its interval reaching 1; B at a bound)
 
     @property
     def settled(self) -> bool:
+        """Shown and scored: 2 or more usable seeds, fewer than half of them censored."""
         return not self.unsettled and self.n >= 2
 
 
@@ -111,6 +151,11 @@ class Comparison:
     mdd: float = math.nan  # smallest detectable difference at POWER
     called: int = 0  # +1 / -1: a difference called
     tested: bool = False
+    eq_margin: float = math.nan  # the equivalence margin ±δ (TOST; NaN: not tested)
+    eq_lo: float = math.nan  # the 1 - 2 alpha interval of the difference, inside ±δ for equivalence
+    eq_hi: float = math.nan
+    eq_p: float = math.nan  # TOST p-value (the larger of the two one-sided tests)
+    equivalent: bool = False
 
     @property
     def significant(self) -> bool:
@@ -153,6 +198,8 @@ class Family:
     seeds: int = 0  # seeds per variant in the design (median)
     mdd_A: float = math.nan  # smallest detectable ΔA at the design's seeds
     mdd_B: float = math.nan  # smallest detectable ΔB (at the fixed A) at the design's seeds
+    eq_margin: float = math.nan  # the table's equivalence margin on A (TOST), NaN where A is not compared
+    eq_resolution: float = math.nan  # the margin the design resolves (may exceed EQ_MARGIN_MAX)
     A_fixed: float = math.nan  # the baseline's A, at which B is compared
     at_max: bool = False  # the baseline's ceiling reaches 1: A not compared, B compared at A = 1
 
@@ -184,6 +231,22 @@ class VariantVerdict:
     def scored(self) -> bool:
         """Compared with the baseline (not the baseline, not unable to act, not inactive, fitted)."""
         return not self.baseline and not self.cannot_act and not self.inactive and self.fitted > 0
+
+    @property
+    def label(self) -> str:
+        """The machine-readable verdict, one of :data:`LABELS` (the rule: the module docstring)."""
+        if self.baseline:
+            return "baseline"
+        if not self.run_ids or self.cannot_act:
+            return "not run"
+        for key in ("A", "B"):
+            if self.called.get(key):
+                return f"{key} {'higher' if self.called[key] > 0 else 'lower'}"
+        if self.scored and self.dA.tested and self.dA.equivalent:
+            return "equivalent"
+        if self.scored and (self.dA.tested or self.dB.tested):
+            return "inconclusive"
+        return "not shown"
 
     @property
     def delta_A(self) -> float:
@@ -305,26 +368,36 @@ def inactive_reason(variant: Sequence[RunData], baseline: Sequence[RunData]) -> 
 # ------------------------------------------------------------------------------------------------
 
 
-def a_unsettled(fit: SigmoidFit | None) -> str:
-    """Why a seed's A cannot be used ("" = settled): unfitted, fitted through as many points as the
-    curve has free parameters (it passes through them: A is then the last point's level, not a
-    ceiling, and has no interval), or A at a bound of the pass rate."""
+def a_unusable(fit: SigmoidFit | None) -> str:
+    """Why a seed's fit gives no A at all ("" = usable), for reasons fixed before its outcome:
+    unfitted, or fitted through as many points as the curve has free parameters (it passes through
+    them: A is then the last point's level, not a ceiling, and has no interval)."""
     if fit is None or not fit.ok:
         return "unfitted"
     if not fit.fixed_A and fit.n_points <= N_PARAMS:
         return f"{fit.n_points} points for {N_PARAMS} parameters"
-    if fit.A >= 1.0 - A_BOUND_TOL:
+    return ""
+
+
+def a_censored(fit: SigmoidFit) -> str:
+    """Why a usable seed's A is censored at 1 ("" = bounded): A at 1, or its interval reaching 1 (the
+    data do not bound the ceiling below the maximum). The seed keeps its fitted value."""
+    if fit.A >= A_UNSETTLED:
         return "A at 1"
-    if fit.A <= fit.R0 + A_BOUND_TOL:
-        return "A at R0"
     lo, hi = fit.ci.get("A", (math.nan, math.nan))
     if math.isfinite(hi) and hi >= A_UNSETTLED:
         return "A's interval reaches 1"
     return ""
 
 
+def a_unsettled(fit: SigmoidFit | None) -> str:
+    """Why a seed's A is unusable or censored at 1 ("" = a bounded A); see :func:`a_unusable`,
+    :func:`a_censored`."""
+    return a_unusable(fit) or a_censored(fit)
+
+
 def b_unsettled(fit: SigmoidFit | None) -> str:
-    """Why a seed's B (at the fixed A) cannot be used ("" = settled)."""
+    """Why a seed's B (at the fixed A) is unusable or censored at a bound of the fit ("" = bounded)."""
     if fit is None or not fit.ok:
         return "not refitted at the fixed A" if fit is None else "the fixed-A fit failed"
     if fit.B <= B_BOUNDS[0] * 1.01 or fit.B >= B_BOUNDS[1] * 0.99:
@@ -332,46 +405,80 @@ def b_unsettled(fit: SigmoidFit | None) -> str:
     return ""
 
 
-def _estimate(values: Sequence[float], why: Sequence[str], total: int, level: float, name: str) -> Estimate:
-    """Mean and t-interval over the settled ``values`` (``why``: the unsettled seeds' reasons)."""
-    v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
-    e = Estimate(n=int(v.size), total=total, values=[float(x) for x in v])
+def _counts(why: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
+    for w in why:
+        counts[w] = counts.get(w, 0) + 1
+    return ", ".join(f"{w} in {k}" for w, k in counts.items())
+
+
+def _estimate(
+    seeds: Sequence[tuple[float, str]],
+    unusable: Sequence[str],
+    total: int,
+    level: float,
+    name: str,
+    bound: str,
+) -> Estimate:
+    """Mean and t-interval over every usable seed (``seeds``: its value and why it is censored at
+    ``bound``, "" when it is not); ``unusable``: the other fitted seeds' reasons. Not shown
+    (``unsettled``) with fewer than 2 usable seeds or at least half of them censored."""
+    kept = [(float(x), c) for x, c in seeds if math.isfinite(x)]
+    v = np.asarray([x for x, _ in kept], dtype=float)
+    cens = [c for _, c in kept if c]
+    e = Estimate(n=int(v.size), total=total, values=[float(x) for x in v], censored=len(cens))
     if v.size:
         e.mean = float(v.mean())
     if v.size > 1:
         e.sd = float(v.std(ddof=1))
         h = float(stats.t.ppf((1 + level) / 2, v.size - 1)) * e.sd / math.sqrt(v.size)
         e.lo, e.hi = e.mean - h, e.mean + h
-    counts: dict[str, int] = {}
-    for w in why:
-        counts[w] = counts.get(w, 0) + 1
-    detail = ", ".join(f"{w} in {k}" for w, k in counts.items())
-    if v.size < 2 or 2 * v.size < total:
-        e.unsettled = f"{name}: {v.size} of {total} fitted seeds settled" + (f" ({detail})" if detail else "")
-        if v.size < 2 and not detail:
+    if v.size < 2:
+        detail = _counts(unusable)
+        e.unsettled = f"{name}: {v.size} of {total} fitted seeds usable" + (f" ({detail})" if detail else "")
+        if not detail:
             e.unsettled += ", and an interval over seeds needs 2 or more"
+    elif 2 * len(cens) >= v.size:
+        e.unsettled = (
+            f"{name}: {len(cens)} of {v.size} seeds censored at {bound} ({_counts(cens)}): "
+            f"not bounded at this budget"
+        )
     return e
 
 
+def a_estimate(fits: Sequence[SigmoidFit | None], level: float = 0.9) -> Estimate:
+    """A over the fitted ones of ``fits`` (the module's rule: every usable seed, censored ones kept)."""
+    ok = [f for f in fits if f is not None and f.ok]
+    seeds = [(f.A, a_censored(f)) for f in ok if not a_unusable(f)]
+    e = _estimate(seeds, [w for f in ok if (w := a_unusable(f))], len(ok), level, "A", "1")
+    e.hi = min(e.hi, 1.0)  # a pass rate's ceiling: the interval ends at the maximum
+    return e
+
+
+def b_estimate(fixed: Sequence[SigmoidFit | None], total: int, level: float = 0.9) -> Estimate:
+    """B at the fixed A over the refitted seeds (a B at its fit bound is censored there)."""
+    seeds = [(f.B, b_unsettled(f)) for f in fixed if f is not None and f.ok]
+    unusable = [b_unsettled(f) for f in fixed if f is None or not f.ok]
+    return _estimate(seeds, unusable, total, level, "B", "its fit bound")
+
+
 A_TOP = ("A at 1", "A's interval reaches 1")
-"""The reasons a seed is unsettled at the top: the data cannot bound its ceiling below the maximum."""
+"""The reasons a seed is censored at 1: the data cannot bound its ceiling below the maximum."""
 
 
 def baseline_A(fits: Sequence[SigmoidFit | None]) -> tuple[float, bool]:
     """The A at which every run's B is compared, and whether it is the pass rate's maximum 1.
 
-    The mean A over the baseline's settled seeds when its A is settled (2 or more seeds, at least
-    half of the fitted ones). When instead most of its seeds' ceilings reach 1 (A at 1, or an
-    interval reaching 1: the data cannot bound the ceiling below the maximum, as on a task the
-    policy learns to solve), A = 1: the ceilings are not separable at this budget, but efficiency
-    at a fixed A still is (the paper's protocol, at the one ceiling the data do not rule out).
-    Otherwise the mean over whatever settled (NaN when none)."""
-    ok = [f for f in fits if f is not None and f.ok]
-    why = [a_unsettled(f) for f in ok]
-    est = _estimate([f.A for f, w in zip(ok, why) if not w], [w for w in why if w], len(ok), 0.9, "A")
+    The baseline's A (:func:`a_estimate`: the mean over every usable seed) when it is shown. When
+    instead at least half of its seeds are censored at 1 (A at 1, or an interval reaching 1: the
+    data cannot bound the ceiling below the maximum, as on a task the policy learns to solve),
+    A = 1: the ceilings are not separable at this budget, but efficiency at a fixed A still is (the
+    paper's protocol, at the one ceiling the data do not rule out). Otherwise the mean over the
+    usable seeds (NaN when none)."""
+    est = a_estimate(fits)
     if est.settled:  # the same rule as a variant's A
         return est.mean, False
-    if ok and 2 * sum(w in A_TOP for w in why) >= len(ok):
+    if est.n and 2 * est.censored >= est.n:
         return 1.0, True
     return est.mean, False
 
@@ -390,59 +497,57 @@ def fixed_A_fits(runs: Sequence[RunData], fits: dict[str, SigmoidFit], A: float)
     return out
 
 
-HETERO_LEVEL = 0.01
-"""A pair of variants whose own seed spread exceeds the pooled one at this level (F-test) is
-compared with Welch's test on its own spread instead of the pooled one."""
-
-
 def t_test(
     x: Sequence[float],
     y: Sequence[float],
     alpha: float,
     margin: float = 0.0,
-    sd: float = math.nan,
-    df: int = 0,
+    eq_margin: float = math.nan,
 ) -> Comparison:
-    """Two-sample t-test of mean(x) - mean(y), two-sided at ``alpha``, with the ``1 - alpha`` interval
-    of the difference and the smallest difference it detects with :data:`POWER`; called (+1/-1)
-    when the interval excludes 0 and ``|delta| > margin``.
-
-    The standard error uses the seeds' spread ``sd`` pooled over the sweep's variants (``df``
-    degrees of freedom: the many-to-one comparison of a leave-one-out table), unless the pair's own
-    spread is larger than the pool beyond chance (F-test at :data:`HETERO_LEVEL`): then Welch's test
-    on the pair alone (a variant noisier than the others is judged by its own noise). Without a
-    pooled spread: Welch's test."""
+    """Welch's two-sample t-test of mean(x) - mean(y) on this pair alone (each side's own spread:
+    no variance is pooled with other variants'), two-sided at ``alpha``, with the ``1 - alpha``
+    interval of the difference and the smallest difference it detects with :data:`POWER`; called
+    (+1/-1) when the interval excludes 0 and ``|delta| > margin``. With a finite ``eq_margin``
+    also the equivalence test (TOST, two one-sided Welch tests at ``alpha``): equivalent when the
+    ``1 - 2 alpha`` interval of the difference lies inside ``±eq_margin``."""
     x, y = np.asarray(x, float), np.asarray(y, float)
-    c = Comparison(alpha=alpha, margin=margin, tested=True)
+    c = Comparison(alpha=alpha, margin=margin, tested=True, eq_margin=eq_margin)
     c.delta = float(x.mean() - y.mean())
     vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
     se = math.sqrt(vx + vy)
     c.df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1)) if se > 0 else math.inf
-    if math.isfinite(sd) and sd > 0 and df > 0:
-        k = x.size + y.size - 2
-        own = (x.var(ddof=1) * (x.size - 1) + y.var(ddof=1) * (y.size - 1)) / k
-        if stats.f.sf(own / sd**2, k, df) >= HETERO_LEVEL:
-            se, c.df = sd * math.sqrt(1 / x.size + 1 / y.size), float(df)
     if se == 0.0:  # identical values within each group (e.g. a grid fit): no spread to test with
         c.p = 0.0 if c.delta != 0 else 1.0
-        c.lo = c.hi = c.delta
+        c.lo = c.hi = c.eq_lo = c.eq_hi = c.delta
         c.mdd = margin
+        if math.isfinite(eq_margin):
+            c.eq_p = 0.0 if abs(c.delta) < eq_margin else 1.0
     else:
         c.p = float(2 * stats.t.sf(abs(c.delta / se), c.df))
         q = float(stats.t.ppf(1 - alpha / 2, c.df))
         c.lo, c.hi = c.delta - q * se, c.delta + q * se
         c.mdd = float(max((q + stats.t.ppf(POWER, c.df)) * se, margin))
+        if math.isfinite(eq_margin):
+            q1 = float(stats.t.ppf(1 - alpha, c.df))
+            c.eq_lo, c.eq_hi = c.delta - q1 * se, c.delta + q1 * se
+            c.eq_p = float(
+                max(
+                    stats.t.sf((c.delta + eq_margin) / se, c.df),
+                    stats.t.cdf((c.delta - eq_margin) / se, c.df),
+                )
+            )
     if c.p < alpha and abs(c.delta) > margin:
         c.called = 1 if c.delta > 0 else -1
+    c.equivalent = bool(math.isfinite(c.eq_p) and c.eq_p < alpha)
     return c
 
 
 def detectable(
     sd: float, n_v: int, n_b: int, alpha: float, margin: float, df: int = 0, power: float = POWER
 ) -> float:
-    """The difference the two-sided t-test at ``alpha`` finds with probability ``power`` given the
-    seeds' spread ``sd`` (``df`` degrees of freedom; 0: ``n_v + n_b - 2``) and ``n_v``, ``n_b``
-    seeds; never below ``margin``; NaN when unknown."""
+    """The difference the two-sided Welch test at ``alpha`` finds with probability ``power`` where
+    both sides' seeds spread by ``sd`` (``df``: 0 for Welch's at equal spreads, ``n_v + n_b - 2``)
+    with ``n_v``, ``n_b`` seeds; never below ``margin``; NaN when unknown."""
     if not (math.isfinite(sd) and n_v >= 1 and n_b >= 1 and math.isfinite(alpha)):
         return math.nan
     df = df or n_v + n_b - 2
@@ -450,6 +555,27 @@ def detectable(
         return math.nan
     d = (stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * sd * math.sqrt(1 / n_v + 1 / n_b)
     return float(max(d, margin))
+
+
+def equivalence_resolution(sd: float, n_v: int, n_b: int, alpha: float, power: float = POWER) -> float:
+    """The smallest margin ``δ`` within which TOST at ``alpha`` shows two equal means equivalent with
+    probability ``power``, both sides' seeds spreading by ``sd`` (Welch's df at equal spreads,
+    ``n_v + n_b - 2``): ``(t(1 - alpha, df) + t(1 - (1 - power) / 2, df)) * sd * sqrt(1/n_v + 1/n_b)``.
+    NaN when unknown."""
+    if not (math.isfinite(sd) and n_v >= 1 and n_b >= 1 and math.isfinite(alpha)) or n_v + n_b < 3:
+        return math.nan
+    df = n_v + n_b - 2
+    q = stats.t.ppf(1 - alpha, df) + stats.t.ppf(1 - (1 - power) / 2, df)
+    return float(q * sd * math.sqrt(1 / n_v + 1 / n_b))
+
+
+def equivalence_margin(resolution: float) -> float:
+    """The table's equivalence margin on A: the paper's :data:`MARGIN_A` where the design resolves
+    it, else the margin it resolves, at most :data:`EQ_MARGIN_MAX` (then equivalence is unlikely to
+    be shown, and the verdicts say so)."""
+    if not math.isfinite(resolution):
+        return EQ_MARGIN_MAX
+    return float(min(max(resolution, MARGIN_A), EQ_MARGIN_MAX))
 
 
 def _pooled_sd(estimates: Sequence[Estimate]) -> tuple[float, int]:
@@ -689,15 +815,8 @@ def verdicts(
         ok_runs = [r for r in members if fits[r.run_id].ok]
         if not ok_runs:
             v.reason = next((f.reason for f in own if f.reason), "no run could be fitted")
-        a_why = [a_unsettled(f) for f in own if f.ok]
-        v.A = _estimate(
-            [f.A for f in own if not a_unsettled(f)], [w for w in a_why if w], v.fitted, protocol.level, "A"
-        )
-        fixed = [fixed_fits.get(r.run_id) for r in ok_runs]
-        b_why = [b_unsettled(f) for f in fixed]
-        v.B = _estimate(
-            [f.B for f in fixed if not b_unsettled(f)], [w for w in b_why if w], v.fitted, protocol.level, "B"
-        )
+        v.A = a_estimate(own, protocol.level)
+        v.B = b_estimate([fixed_fits.get(r.run_id) for r in ok_runs], v.fitted, protocol.level)
         if predict:
             if ok_runs:
                 v.pooled = _pooled(ok_runs, protocol)
@@ -719,29 +838,33 @@ def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix:
     fam = Family(m=(1 if at_max else 2) * len(scored), A_fixed=A_fix, at_max=at_max)
     fam.alpha = FAMILY_LEVEL / fam.m if fam.m else math.nan
     counted = [v for v in out.values() if v.baseline or v.scored]
+    # the seeds' spread pooled over the variants describes the design (its resolution); no test uses it
     fam.sd_A, fam.df_sd = _pooled_sd([v.A for v in counted])
     fam.sd_B, fam.df_sd_B = _pooled_sd([v.B for v in counted])
     seeds = [len(v.run_ids) for v in counted]
     fam.seeds = int(np.median(seeds)) if seeds else 0
-    fam.mdd_A = detectable(fam.sd_A, fam.seeds, fam.seeds, fam.alpha, MARGIN_A, fam.df_sd)
-    fam.mdd_B = detectable(fam.sd_B, fam.seeds, fam.seeds, fam.alpha, 0.0, fam.df_sd_B)
+    fam.mdd_A = detectable(fam.sd_A, fam.seeds, fam.seeds, fam.alpha, MARGIN_A)
+    fam.mdd_B = detectable(fam.sd_B, fam.seeds, fam.seeds, fam.alpha, 0.0)
+    if not at_max and fam.m:
+        fam.eq_resolution = equivalence_resolution(fam.sd_A, fam.seeds, fam.seeds, fam.alpha)
+        fam.eq_margin = equivalence_margin(fam.eq_resolution)
     for v in out.values():
         v.family = fam
         if base is not None and v.scored:
             nv = v.A.n if v.A.n >= 2 else len(v.run_ids)
             nb = base.A.n if base.A.n >= 2 else len(base.run_ids)
-            if v.A.settled and base.A.settled:
-                v.dA = t_test(v.A.values, base.A.values, fam.alpha, MARGIN_A, fam.sd_A, fam.df_sd)
+            if v.A.settled and base.A.settled and not at_max:
+                v.dA = t_test(v.A.values, base.A.values, fam.alpha, MARGIN_A, fam.eq_margin)
             else:
                 v.dA = Comparison(alpha=fam.alpha, margin=MARGIN_A)
-                v.dA.mdd = detectable(fam.sd_A, nv, nb, fam.alpha, MARGIN_A, fam.df_sd)
+                v.dA.mdd = detectable(fam.sd_A, nv, nb, fam.alpha, MARGIN_A)
                 if math.isfinite(v.A.mean) and math.isfinite(base.A.mean):
                     v.dA.delta = v.A.mean - base.A.mean
             if (at_max or (v.A.settled and base.A.settled)) and v.B.settled and base.B.settled:
-                v.dB = t_test(v.B.values, base.B.values, fam.alpha, 0.0, fam.sd_B, fam.df_sd_B)
+                v.dB = t_test(v.B.values, base.B.values, fam.alpha, 0.0)
             else:
                 v.dB = Comparison(alpha=fam.alpha)
-                v.dB.mdd = detectable(fam.sd_B, nv, nb, fam.alpha, 0.0, fam.df_sd_B)
+                v.dB.mdd = detectable(fam.sd_B, nv, nb, fam.alpha, 0.0)
                 if math.isfinite(v.B.mean) and math.isfinite(base.B.mean):
                     v.dB.delta = v.B.mean - base.B.mean
         v.verdict = _verdict(v, base)
@@ -763,9 +886,9 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
     if v.family.at_max:
         return _verdict_at_max(v, base)
     if not base.A.settled:
-        return f"not scored: the baseline is unsettled ({base.A.unsettled})"
+        return f"{NOT_SHOWN}: the baseline's A is not shown ({base.A.unsettled})"
     if not v.A.settled:
-        return f"unsettled, not scored: {v.A.unsettled}"
+        return f"{NOT_SHOWN}: {v.A.unsettled}"
     called = {}
     parts = []
     if v.dA.called:
@@ -780,21 +903,36 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
             f"(ΔB {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}])"
         )
     v.called = called
-    if parts and "A" not in called:
-        parts.append(f"A {INCONCLUSIVE} (ΔA {v.dA.delta:+.3f}; smallest detectable {v.dA.mdd:.3f})")
-    if parts:
+    if "A" not in called:
+        parts.append(equivalence_text(v.dA, v.family))
+    if called:
         return "; ".join(parts)
-    text = (
-        f"{INCONCLUSIVE}: smallest detectable ΔA = {v.dA.mdd:.3f}"
-        if math.isfinite(v.dA.mdd)
-        else INCONCLUSIVE
-    )
+    text = "equivalent: " + parts[0] if v.dA.equivalent else f"{INCONCLUSIVE}: " + parts[0]
+    if math.isfinite(v.dA.mdd):
+        text += f"; smallest detectable ΔA = {v.dA.mdd:.3f}"
     if v.dA.significant and abs(v.dA.delta) <= MARGIN_A:
         text += f" (ΔA {v.dA.delta:+.3f} is within the ±{MARGIN_A:g} margin)"
     notes = [e.unsettled for e in (v.B, base.B) if e.unsettled]
     if notes:
         text += f" (B not compared: {'; '.join(dict.fromkeys(notes))})"
+    elif v.dB.tested:
+        text += f"; ΔB {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}] not called"
     return text
+
+
+def equivalence_text(c: Comparison, fam: Family) -> str:
+    """What the equivalence test on A found: "A equivalent within ±δ (...)" or "A equivalence within
+    ±δ not shown at this budget (...)", with ΔA and its 1 - 2 alpha interval, and the margin the
+    design resolves where that is wider than the margin used."""
+    if not math.isfinite(c.eq_margin):
+        return f"A not tested for equivalence (ΔA {c.delta:+.3f})"
+    ci = f"ΔA {c.delta:+.3f}, {1 - 2 * c.alpha:.1%} interval [{c.eq_lo:+.3f}, {c.eq_hi:+.3f}]"
+    if c.equivalent:
+        return f"A equivalent within ±{c.eq_margin:.3f} ({ci})"
+    text = f"A equivalence within ±{c.eq_margin:.3f} {NOT_SHOWN} ({ci}"
+    if math.isfinite(fam.eq_resolution) and fam.eq_resolution > c.eq_margin:
+        text += f"; at {fam.seeds} seeds this design resolves ±{fam.eq_resolution:.3f}"
+    return text + ")"
 
 
 AT_MAX_NOTE = "A not compared: the baseline's ceiling is not bounded below 1 at this budget"
@@ -810,7 +948,7 @@ def _verdict_at_max(v: VariantVerdict, base: VariantVerdict) -> str:
         )
     if not v.dB.tested:
         notes = "; ".join(dict.fromkeys(e.unsettled for e in (v.B, base.B) if e.unsettled))
-        return f"unsettled, not scored: {notes or 'B not compared'}; {AT_MAX_NOTE}"
+        return f"{NOT_SHOWN}: {notes or 'B not compared'}; {AT_MAX_NOTE}"
     return (
         f"{INCONCLUSIVE}: ΔB at A=1 {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}], smallest "
         f"detectable {v.dB.mdd:.2f}; {AT_MAX_NOTE}"
@@ -855,14 +993,20 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "/").replace("\r", " ").replace("\n", " ")
 
 
+def seeds_cell(v: VariantVerdict) -> str:
+    """Seeds in A's mean / the variant's runs, and how many of them are censored at 1."""
+    s = f"{v.A.n}/{len(v.run_ids)}"
+    return s + (f" ({v.A.censored} at 1)" if v.A.censored else "")
+
+
 def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
-    """The Markdown verdict table: variant, settled seeds, A and B at the baseline's A (mean
-    [t-interval over settled seeds]), ΔA and ΔB [simultaneous interval], the smallest detectable
+    """The Markdown verdict table: variant, seeds (censored at 1), A and B at the baseline's A (mean
+    [t-interval over every usable seed]), ΔA and ΔB [simultaneous interval], the smallest detectable
     ΔA, the half-budget prediction, the verdict."""
     a_fix = next((v.family.A_fixed for v in vs if math.isfinite(v.family.A_fixed)), math.nan)
     b_head = f"B @ A={a_fix:.3f}" if math.isfinite(a_fix) else "B @ baseline A"
     head = (
-        f"| variant | seeds settled | A [{level:.0%} CI] | {b_head} [{level:.0%} CI] | ΔA [sim. CI] | ΔB [sim. CI] "
+        f"| variant | seeds | A [{level:.0%} CI] | {b_head} [{level:.0%} CI] | ΔA [sim. CI] | ΔB [sim. CI] "
         f"| detectable ΔA | predicted vs observed end [{PRED_LEVEL:.0%} band] | verdict |"
     )
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
@@ -872,7 +1016,7 @@ def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
             + " | ".join(
                 [
                     _md_cell(v.variant),
-                    f"{v.A.n}/{len(v.run_ids)}",
+                    seeds_cell(v),
                     _est(v.A, ".3f"),
                     _est(v.B, ".2f"),
                     _cmp(v.dA, ".3f") if not v.baseline else "",
@@ -897,7 +1041,7 @@ def family_summary(vs: Sequence[VariantVerdict]) -> str:
     sd = (
         f"{fam.sd_A:.3f} ({fam.df_sd} df)"
         if math.isfinite(fam.sd_A)
-        else "unknown (fewer than 2 settled seeds)"
+        else "unknown (fewer than 2 usable seeds)"
     )
     mdd = f"{fam.mdd_A:.3f}" if math.isfinite(fam.mdd_A) else "unknown"
     if fam.at_max:
@@ -912,33 +1056,43 @@ def family_summary(vs: Sequence[VariantVerdict]) -> str:
     else:
         what = f"A and B of {fam.m // 2} scored variants"
         resolution = f"smallest detectable ΔA at {fam.seeds} seeds per variant and {POWER:.0%} power: {mdd}"
+        equivalent = sum(v.scored and v.dA.equivalent and not v.called.get("A") for v in vs)
+        res = f"±{fam.eq_resolution:.3f}" if math.isfinite(fam.eq_resolution) else "unknown"
+        resolution += (
+            f"; equivalence on A (TOST, each at the same level) within ±{fam.eq_margin:.3f} (the paper's "
+            f"±{MARGIN_A:g}, or the smallest margin this design resolves, {res} at {POWER:.0%} power, at most "
+            f"±{EQ_MARGIN_MAX:g}): {equivalent} variant{'s' if equivalent != 1 else ''} shown equivalent"
+        )
     return (
-        f"Test: t-test per comparison on the settled per-seed values, the seeds' spread pooled over the "
-        f"variants (Welch's where a pair is noisier than the pool), Bonferroni over {fam.m} comparisons ({what}), "
+        f"Test: Welch's t-test on each pair (variant against baseline) alone, on every usable seed's value, "
+        f"Bonferroni over {fam.m} comparisons ({what}), "
         f"family-wise level {FAMILY_LEVEL:.0%} (each test at "
-        f"{fam.alpha:.4f}); {tested} of the {fam.m} comparisons could be tested (both sides settled), "
+        f"{fam.alpha:.4f}); {tested} of the {fam.m} comparisons could be tested (both sides shown), "
         f"{called} variant{'s' if called != 1 else ''} called. Seeds' spread of A "
-        f"(pooled sd): {sd}; {resolution}."
+        f"(pooled sd, describing the design; no test pools it): {sd}; {resolution}."
     )
 
 
 def verdict_legend(level: float = 0.9) -> list[str]:
     return [
-        f"A: mean over the variant's settled seeds (fitted A not within {A_BOUND_TOL:g} of 1 or R0, its bootstrap "
-        f"interval not reaching 1) [{level:.0%} "
-        "t-interval over them]; seeds settled: settled / all. Unsettled seeds are neither averaged in nor called; "
-        "a variant with fewer than 2 settled seeds (or fewer than half) is unsettled and not scored.",
+        f"A: mean over every seed with a usable fit (failed fits, and fits through no more points than "
+        f"parameters, excepted) [{level:.0%} t-interval over them]; seeds: in the mean / all, (k at 1): seeds "
+        f"censored at 1 (fitted A within {A_BOUND_TOL:g} of 1, or its bootstrap interval reaching 1), kept at "
+        "their fitted value. Where at least half a variant's seeds are censored its A is not shown at this "
+        "budget (not bounded below 1) and not scored; no seed is left out for what its fit found.",
         "B @ A: every run refitted with A fixed to the baseline's A (the paper's protocol), the same "
-        "estimator over the seeds whose B is off its bounds. Where most of the baseline's seeds have a ceiling "
-        "the data cannot bound below 1 (A at 1 or its interval reaching 1), A is fixed to 1 and only B is "
-        "compared (the family is then B alone); ΔA is not tested.",
-        f"Verdict: ΔA and ΔB are tested with a two-sample t-test on the per-seed values (the seeds' spread pooled "
-        f"over the variants; Welch's test on the pair alone where its spread exceeds the pool, F-test at "
-        f"{HETERO_LEVEL:.0%}), two-sided, Bonferroni-corrected over every comparison of the table "
-        f"(family-wise level {FAMILY_LEVEL:.0%}); "
+        "estimator over every refitted seed (a B at its fit bound censored there). Where at least half of the "
+        "baseline's seeds are censored at 1, A is fixed to 1 and only B is compared (the family is then B "
+        "alone); ΔA is not tested.",
+        f"Verdict: ΔA and ΔB are tested with Welch's t-test on each pair (the variant's and the baseline's "
+        f"per-seed values alone; no spread pooled over variants), two-sided, Bonferroni-corrected over every "
+        f"comparison of the table (family-wise level {FAMILY_LEVEL:.0%}); "
         f"[sim. CI]: the matching simultaneous interval. A difference is called when that interval excludes 0 "
         f'and, for A, |ΔA| > {MARGIN_A:g} (the paper\'s margin); otherwise "{INCONCLUSIVE}" with the '
-        f"smallest ΔA the test detects with {POWER:.0%} power (detectable ΔA).",
+        f"smallest ΔA the test detects with {POWER:.0%} power (detectable ΔA). Where A is not called, the "
+        f"equivalence test (TOST at the same level) says whether A is equivalent within the stated margin "
+        f"(±{MARGIN_A:g}, or the smallest this design resolves, at most ±{EQ_MARGIN_MAX:g}) or that this is "
+        f'{NOT_SHOWN}: B called with A equivalent shows "changes B, not A".',
         "cannot act here / inactive: the component cannot act on this hardware (a bf16 head emulated on "
         "CPU), or never acted in its or the baseline's runs (0 prompts retired or under one epoch, policy lag "
         "never beyond the smaller k, no interruption, no zero-variance group): not scored, not in the family.",
