@@ -121,3 +121,117 @@ def test_math_verify_leaves_the_verifier_s_time_limit_armed():
         assert check_answer("42", r"so \boxed{x = 42}") == 1.0
         left = signal.getitimer(signal.ITIMER_REAL)[0]
     assert 0 < left <= 30.0
+
+
+# The study design of issue #53 (item 1): a held-out set of mixed difficulty whose tiers a thinking
+# budget admits or not. The options are additive: the default's problems stay as they were.
+MIXED = dict(
+    min_digits=2, max_digits=2, warmstart_max_digits=3, operand_width="own", val_digits={2: 0.75, 3: 0.25}
+)
+
+
+def test_default_problems_are_unchanged_by_the_mixed_difficulty_options():
+    """The default's held-out, training and warm-start problems, fingerprinted as the code before
+    ``operand_width``/``val_digits`` drew them (the shipped base models are warm-started on them)."""
+    import hashlib
+
+    task = AdditionTask(
+        min_digits=3, max_digits=4, warmstart_max_digits=3, num_val=128, num_train=2000,
+        warmstart_hard_frac=0.1, warmstart_slip_prob=0.25, warmstart_recheck_prob=0.3,
+    )  # fmt: skip
+    examples = task.warmstart_examples(300, random.Random(5))
+    blob = "|".join(p.text + p.answer for p in task.val_prompts() + task.train_prompts())
+    blob += "|".join(a + b for a, b in examples)
+    assert hashlib.sha256(blob.encode()).hexdigest()[:16] == "3205fa874b772e63"
+
+
+def test_val_digits_gives_each_tier_its_share_in_every_prefix_and_own_width_its_own_columns():
+    task = AdditionTask(**MIXED, num_val=192, num_train=3000)
+    val = task.val_prompts()
+    assert [sum(p.difficulty == d for p in val) for d in (2, 3)] == [144, 48]  # 0.75 and 0.25 of 192
+    # interleaved: eval.num_prompts takes a prefix, which keeps the mix within one prompt
+    for n in range(1, 193):
+        assert abs(sum(p.difficulty == 3 for p in val[:n]) - 0.25 * n) <= 1, n
+    for p in val:
+        a, b = map(int, p.text.rstrip("=").split("+"))
+        assert len(str(a)) == len(str(b)) == p.difficulty  # written at its own digits, no padding
+        sol = task.solution(a, b)
+        assert len(STEP.findall(sol)) == p.difficulty  # one scratchpad column a digit
+        assert final_answer(sol) == p.answer == f"{a + b:0{p.difficulty + 1}d}" and task.score(p, sol) == 1.0
+    # training problems keep min..max_digits (2); the 3-digit tier is held out only
+    train = task.train_prompts()
+    assert {p.difficulty for p in train} == {2} and not {p.text for p in val} & {p.text for p in train}
+    ws = task.warmstart_examples(2000, random.Random(0))
+    assert {len(STEP.findall(s)) for _, s in ws} == {1, 2, 3} and not {p.text for p in val} & {
+        p for p, _ in ws
+    }
+
+
+def test_a_thinking_budget_of_20_to_24_admits_the_2_digit_scratchpad_and_cuts_the_3_digit_one():
+    """The reference ceiling by construction: under the forced interruptions' budget of 20-24
+    thinking tokens a clean 2-digit scratchpad and its ``</think>`` fit (19 tokens) and a 3-digit one
+    (27 before ``</think>``) is cut in its last column, whichever budget is drawn; at 28 both fit."""
+    from scalerl.model.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    task = AdditionTask(**MIXED, num_val=64, num_train=1)
+    need = {}
+    for p in task.val_prompts():
+        a, b = map(int, p.text.rstrip("=").split("+"))
+        think = task.scratchpad(a, b) + "</think>"
+        need.setdefault(p.difficulty, set()).add(len(tok(think, add_special_tokens=False).input_ids))
+    assert need == {2: {19}, 3: {28}}
+    assert max(need[2]) <= 20 and min(need[3]) > 24 + 1  # the 3-digit tier's last column is never written
+    assert task.think_tokens_needed() == 27
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["task.operand_width=wide"], "task.operand_width='wide': must be one of common, own"),
+        (
+            ["+task.val_digits={2:0.5,5:0.5}"],
+            r"must be digits in 1..3 \(max\(max_digits, warmstart_max_digits\) under operand_width=common\)",
+        ),
+        (["+task.val_digits={2:0.7,3:0.25}"], r"must be shares summing to 1 \(they sum to 0.95\)"),
+        (["+task.val_digits={2:0,3:1}"], r"task.val_digits.2=0.0: must be a number in \(0, 1\]"),
+        (["+task.val_digits={2:0.99,3:0.01}"], "task.num_val=40: must be enough prompts for every tier"),
+        (
+            ["+task.val_digits={1:0.5,2:0.5}", "task.num_val=256"],
+            "a count for 1 digits below its 100 distinct",
+        ),
+    ],
+)
+def test_bad_mixed_difficulty_options_are_one_line_errors_naming_key_value_and_allowed(overrides, message):
+    from scalerl.config import ConfigError, compose
+
+    base = ["task.min_digits=2", "task.max_digits=2", "task.warmstart_max_digits=3", "task.num_val=40"]
+    with pytest.raises(ConfigError, match=message):
+        compose([*base, "eval.num_prompts=8", *overrides])
+
+
+def test_val_digits_wider_than_the_base_is_allowed_under_own_width_and_keeps_the_warmstart_key():
+    """Under ``operand_width=own`` a tier may be wider than any training problem (it changes no
+    other prompt); ``val_digits`` never enters the warm-start key (it is not what the base learns
+    from), and ``operand_width=common`` leaves the key as it was before the option (the shipped bases)."""
+    from scalerl.config import compose
+    from scalerl.config.groups.task import val_counts
+    from scalerl.model.build import _warmstart_key
+
+    base = ["task.min_digits=2", "task.max_digits=2", "task.warmstart_max_digits=3", "task.num_val=90"]
+    own = compose([*base, "eval.num_prompts=8", "task.operand_width=own", "+task.val_digits={2:0.6,4:0.4}"])
+    assert dict(own.task.val_digits) == {2: 0.6, 4: 0.4}
+    assert own.model.max_position_embeddings >= 10 + int(own.length_control.max_new_tokens)
+    plain = compose([*base, "eval.num_prompts=8"])
+    mixed = compose([*base, "eval.num_prompts=8", "+task.val_digits={2:0.5,3:0.5}"])
+    assert (
+        _warmstart_key(plain)
+        == _warmstart_key(mixed)
+        != _warmstart_key(compose([*base, "eval.num_prompts=8", "task.operand_width=own"]))
+    )
+    assert val_counts({2: 0.6, 4: 0.4}, 90) == {2: 54, 4: 36}
+    assert val_counts({1: 1 / 3, 2: 1 / 3, 3: 1 / 3}, 10) == {
+        1: 4,
+        2: 3,
+        3: 3,
+    }  # largest remainder, ties to fewer digits

@@ -139,8 +139,11 @@ def _warmstart_key(cfg) -> str:
     t = OmegaConf.to_container(cfg.task, resolve=True)
     for k in ("cache_dir", "name"):
         m.pop(k, None)
-    for k in ("num_val", "num_train", "verifier_timeout_s", "min_digits"):  # not what it learns from
+    # not what it learns from (val_digits: which held-out problems; the warm-start only avoids them)
+    for k in ("num_val", "num_train", "verifier_timeout_s", "min_digits", "val_digits"):
         t.pop(k, None)
+    if t.get("operand_width") == "common":  # the format of every base shipped before the option
+        t.pop("operand_width")
     blob = json.dumps({"model": m, "task": t, "v": WARMSTART_VERSION}, sort_keys=True)  # m has warmstart_seed
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -18,6 +18,15 @@ the re-check with the interruption phrase (``warmstart_phrase``) and then answer
 model that follows a forced "time is up" does. So under a thinking budget between one and two
 scratchpads, forced interruptions fire and cost nothing once the columns are done, while a run
 without them must learn to stop re-checking before the token limit cuts the answer off.
+
+Mixed difficulty (``operand_width="own"``, ``val_digits``): each problem written at its own digits,
+``47+85=`` with two columns and ``347+589=`` with three, so the thinking a problem needs grows by 9
+tokens a digit; and a held-out set whose mix of digits is set apart from the training problems'
+(``val_digits={2: 0.75, 3: 0.25}``). Under a thinking budget of 20-24 tokens a 2-digit scratchpad
+(18) fits and a 3-digit one (27) does not: the 3-digit tier is cut in its last column and its answer
+is a guess, so the held-out pass rate cannot pass 0.75 however well the policy adds (the reference
+ceiling by construction; ``val/pass_rate_d2`` and ``val/pass_rate_d3`` check it per tier), while a
+longer budget admits both.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ class AdditionTask:
         warmstart_phrase: str = " time is up.</think>",
         num_val: int = 128,
         num_train: int = 100_000,
+        operand_width: str = "common",
+        val_digits: dict | None = None,
     ):
         self.seed = seed
         self.min_digits, self.max_digits = min_digits, max_digits
@@ -52,19 +63,47 @@ class AdditionTask:
         self.ws_recheck_prob = warmstart_recheck_prob
         self.ws_phrase = warmstart_phrase
         self.width = max(max_digits, warmstart_max_digits)
+        self.own_width = operand_width == "own"
+        self.val_digits = {int(d): float(v) for d, v in (val_digits or {}).items()}
         self.num_val = num_val
         self.num_train = num_train
         rng = random.Random(seed)
         self._val = []
         seen = set()
-        while len(self._val) < num_val:
-            a, b, d = self._draw(rng, min_digits, max_digits)
-            if (a, b) in seen:
-                continue
-            seen.add((a, b))
-            self._val.append(self._prompt(1_000_000 + len(self._val), a, b, d))
+        for lo, hi in self._val_tiers():
+            while True:
+                a, b, d = self._draw(rng, lo, hi)
+                if (a, b) in seen:
+                    continue
+                seen.add((a, b))
+                self._val.append(self._prompt(1_000_000 + len(self._val), a, b, d))
+                break
         self._val_pairs = seen
         self._train_rng_seed = seed + 1
+
+    def _val_tiers(self) -> list[tuple[int, int]]:
+        """The digit range each held-out prompt is drawn from, in order: min..max_digits for every one
+        without ``val_digits``; with it, each tier's count (:func:`val_counts`) interleaved so that
+        every prefix (``eval.num_prompts`` takes one) keeps the shares as nearly as counts allow."""
+        if not self.val_digits:
+            return [(self.min_digits, self.max_digits)] * self.num_val
+        from scalerl.config.groups.task import val_counts
+
+        counts = val_counts(self.val_digits, self.num_val)
+        taken = dict.fromkeys(counts, 0)
+        order = []
+        for _ in range(self.num_val):  # the tier furthest behind its share next (fewer digits on ties)
+            d = min(
+                (t for t in counts if taken[t] < counts[t]), key=lambda t: ((taken[t] + 1) / counts[t], t)
+            )
+            taken[d] += 1
+            order.append((d, d))
+        return order
+
+    def width_of(self, a: int, b: int) -> int:
+        """The columns of a's and b's scratchpad: the common width, or (``operand_width="own"``) the
+        problem's own digits."""
+        return max(len(str(a)), len(str(b))) if self.own_width else self.width
 
     # ------------------------------------------------------------------ problems
     @staticmethod
@@ -75,7 +114,7 @@ class AdditionTask:
         return a, b, d
 
     def _prompt(self, uid: int, a: int, b: int, d: int) -> Prompt:
-        w = self.width
+        w = self.width_of(a, b)
         return Prompt(uid=uid, text=f"{a:0{w}d}+{b:0{w}d}=", answer=f"{a + b:0{w + 1}d}", difficulty=d)
 
     def scratchpad(self, a: int, b: int, *, slip_prob: float = 0.0, rng: random.Random | None = None) -> str:
@@ -89,7 +128,7 @@ class AdditionTask:
         return f"{steps}{THINK_END}{answer}"
 
     def _work(self, a: int, b: int, slip_prob: float, rng: random.Random | None) -> tuple[str, str]:
-        w = self.width
+        w = self.width_of(a, b)
         xs, ys = f"{a:0{w}d}", f"{b:0{w}d}"
         carry, steps, digits = 0, [], []
         for i in range(w - 1, -1, -1):
@@ -141,4 +180,6 @@ class AdditionTask:
         return out
 
     def think_tokens_needed(self) -> int:
-        return len(self.scratchpad(0, 0))
+        """The thinking the longest problem's scratchpad takes (every problem's, at the common width)."""
+        widest = max([self.width, *self.val_digits])
+        return widest * len(self.scratchpad(0, 0) if not self.own_width else "0+0+0=00,")

@@ -40,7 +40,23 @@ class Addition(Option):
     warmstart_phrase: str = " time is up.</think>"
     num_train: int = 32768
     num_val: int = 128
+    # How operands are written: "common" zero-pads every problem to the task's widest (the warm-start's
+    # and the training problems'), so every scratchpad has as many columns; "own" writes each problem
+    # at its own digits, so a d-digit sum needs d columns of thinking (9 tokens each): a thinking
+    # budget can then admit the shorter problems and not the longer ones (the paper's effect of
+    # generation length on the ceiling A).
+    operand_width: str = "common"
+    # The held-out set's mix of digits, independent of the training problems': digits -> share of
+    # num_val (shares in (0, 1], summing to 1; counts apportioned by largest remainder, so the shares
+    # are exact where num_val allows). Empty: min_digits..max_digits, drawn as training problems are.
+    # With a thinking budget that covers some tiers' scratchpads and not others', the reference
+    # ceiling is the admitted tiers' share; val/pass_rate_d<k> checks each tier.
+    val_digits: dict[int, float] = field(default_factory=dict)
     verifier_timeout_s: float = 2.0
+
+    def widest(self) -> int:
+        """The most digits any problem of the task has (the common width of ``operand_width=common``)."""
+        return max(self.max_digits, self.warmstart_max_digits)
 
     def check(self):
         out = problems(
@@ -59,11 +75,61 @@ class Addition(Option):
         )
         if not out and self.max_digits < self.min_digits:
             out = [("max_digits", self.max_digits, f">= min_digits ({self.min_digits})")]
-        n = distinct_problems(self.min_digits, self.max_digits) if not out else 0
-        if not out and self.num_val >= n:
-            allowed = f"< {n}, the distinct problems of {self.min_digits}..{self.max_digits} digits (some must train)"
-            out = [("num_val", self.num_val, allowed)]
+        if not out:
+            out = problems(
+                one_of("operand_width", self.operand_width, OPERAND_WIDTHS), self._check_val_digits()
+            )
+        if not out and not self.val_digits:
+            n = distinct_problems(self.min_digits, self.max_digits)
+            if self.num_val >= n:
+                allowed = f"< {n}, the distinct problems of {self.min_digits}..{self.max_digits} digits (some must train)"
+                out = [("num_val", self.num_val, allowed)]
         return out
+
+    def _check_val_digits(self):
+        mix = dict(self.val_digits)
+        if not mix:
+            return None
+        # under the common width a tier wider than the warm-start's and training's problems would
+        # change every prompt's padding (and so the base model): "own" writes it at its own digits
+        top = self.widest() if self.operand_width == "common" else 12
+        for d, share in mix.items():
+            if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= top:
+                why = "max(max_digits, warmstart_max_digits) under operand_width=common"
+                allowed = f"digits in 1..{top} ({why})" if top != 12 else "digits in 1..12"
+                return "val_digits", mix, allowed
+            bad = in_unit(f"val_digits.{d}", share, low_open=True)
+            if bad:
+                return bad
+        total = sum(mix.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            return "val_digits", mix, f"shares summing to 1 (they sum to {total:g})"
+        for d, k in val_counts(mix, self.num_val).items():
+            if k < 1:
+                return (
+                    "num_val",
+                    self.num_val,
+                    f"enough prompts for every tier of val_digits ({d} digits gets none)",
+                )
+            if k >= distinct_problems(d, d):
+                allowed = f"a count for {d} digits below its {distinct_problems(d, d)} distinct problems"
+                return "val_digits", mix, allowed
+        return None
+
+
+OPERAND_WIDTHS = ("common", "own")
+
+
+def val_counts(mix: dict[int, float], num_val: int) -> dict[int, int]:
+    """How many held-out prompts each tier of ``val_digits`` gets: ``num_val`` apportioned by largest
+    remainder (ties to the fewer digits), so the counts sum to ``num_val`` and each is its share's
+    floor or ceiling; in increasing digits."""
+    exact = {d: mix[d] * num_val for d in sorted(mix)}
+    counts = {d: math.floor(x) for d, x in exact.items()}
+    left = num_val - sum(counts.values())
+    for d in sorted(exact, key=lambda d: (-(exact[d] - counts[d]), d))[:left]:
+        counts[d] += 1
+    return counts
 
 
 @register_option("task", "jsonl")
