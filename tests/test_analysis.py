@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import subprocess
@@ -516,3 +517,103 @@ def test_unsettled_seed_and_failed_run_are_noted_in_the_run_table(store, capsys)
     assert "run FAILED: fitted on the evaluations it logged" in runs["base1"]["note"]
     verdicts = _table(cap.out, 0)
     assert [v["variant"] for v in verdicts] == ["loss=cispo", "a/b c"]
+
+
+REPORT_KEYS = {"schema_version", "commit", "wall_s", "machine", "variants"}
+VARIANT_KEYS = {
+    "variant", "baseline", "seeds", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "dA", "dA_lo",
+    "dA_hi", "dB", "dB_lo", "dB_hi", "verdict", "per_seed", "prediction",
+}  # fmt: skip
+
+
+def _strict_json(text: str):
+    """``json.loads`` that refuses NaN and infinities (Python's accepts them; JSON has none)."""
+
+    def refuse(const):
+        raise ValueError(f"not JSON: {const}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _cell(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _with_ci(x, lo, hi, spec: str) -> str:
+    return _cell(x, spec) + ("" if lo is None else f" [{_cell(lo, spec)}, {_cell(hi, spec)}]")
+
+
+def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
+    """The real report path on a real MLflow store (three variants x 3 seeds logged as training runs
+    log them: a baseline, a ceiling 0.17 lower, an equal one) writes ``report.json`` beside
+    ``fits.md``: strict JSON (no NaN), the schema's keys and types, every number the verdict table
+    shows equal to it at the table's rounding, the verdict label from the vocabulary with the table's
+    verdict text beside it, each seed's own fit the run table's, and no temporary file left behind
+    (written by rename)."""
+    from scalerl.analysis import report
+    from scalerl.analysis.verdicts import LABELS
+
+    client = store["client"]
+    eid = client.create_experiment("report-json", artifact_location=str(store["tmp"] / "report-json"))
+    rng = np.random.default_rng(5)
+    truths = {
+        "cispo": TrueCurve(0.15, 0.62, 1.9, 2.0e17),
+        "dapo": TrueCurve(0.15, 0.45, 1.9, 2.0e17),
+        "gspo": TrueCurve(0.15, 0.62, 1.9, 2.0e17),
+    }
+    for loss, truth in truths.items():
+        for s in range(3):
+            c, y = sample_run(truth, rng, reach=6.0, trials=2048, n_points=20)
+            params = {"loss": loss, "precision": "fp32_head", "seed": str(s), "variant": loss}
+            rid = _log_run(client, eid, f"{loss}{s}", np.arange(c.size) * 10, c, y, params)
+            client.set_tag(rid, "variant", loss)
+    runs = load_runs(client, "report-json")
+    out = store["tmp"] / "report-json-out"
+    rep = report(runs, out, baseline="cispo", protocol=FitProtocol(bootstrap=20), comparison=False)
+
+    path = out / "report.json"
+    assert path in rep.files and path.parent == (out / "fits.md").parent
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".report.json")]  # renamed into place
+    text = path.read_text()
+    doc = _strict_json(text)
+    assert set(doc) == REPORT_KEYS and doc["schema_version"] == 1 and doc["wall_s"] is None
+    assert doc["commit"] is None or (len(doc["commit"]) == 40 and int(doc["commit"], 16) >= 0)
+    assert isinstance(doc["machine"]["cpu"], str) and doc["machine"]["cores"] == os.cpu_count()
+    by = {v["variant"]: v for v in doc["variants"]}
+    assert list(by) == ["cispo", "dapo", "gspo"]
+    for v in doc["variants"]:
+        assert VARIANT_KEYS <= set(v), VARIANT_KEYS - set(v)
+        assert v["verdict"] in LABELS and v["seeds"] == 3 and len(v["per_seed"]) == 3
+        assert set(v["prediction"]) == {"predicted", "observed", "lo", "hi", "supported"}
+        assert v["prediction"]["supported"] in (None, True, False)
+    base, dapo = by["cispo"], by["dapo"]
+    assert base["baseline"] and base["verdict"] == "baseline" and base["dA"] is None  # NaN -> null
+    assert dapo["verdict"] == "A lower" and dapo["dA_hi"] < 0 < dapo["C_mid"]
+
+    # every number of the verdict table (fits.md) is report.json's, at the table's rounding
+    md = (out / "fits.md").read_text()
+    table = {r["variant"]: r for r in _table(md.split("## Runs")[0], 0)}
+    b_col = next(k for k in next(iter(table.values())) if k.startswith("B @"))
+    for name, v in by.items():
+        row = table[name]
+        assert row["seeds"].startswith(f"{sum(s['ok'] for s in v['per_seed'])}/{v['seeds']}"), row
+        assert row["A [90% CI]"] == _with_ci(v["A"], v["A_lo"], v["A_hi"], ".3f"), (row, v)
+        assert row[b_col] == _with_ci(v["B"], v["B_lo"], v["B_hi"], ".2f"), (row, v)
+        if not v["baseline"]:
+            assert row["ΔA [sim. CI]"] == _with_ci(v["dA"], v["dA_lo"], v["dA_hi"], "+.3f"), (row, v)
+            assert row["ΔB [sim. CI]"] == _with_ci(v["dB"], v["dB_lo"], v["dB_hi"], "+.2f"), (row, v)
+        pr = v["prediction"]
+        cell = row["predicted vs observed end [90% band]"]
+        assert cell.startswith(f"{pr['predicted']:.3f} vs {pr['observed']:.3f}"), (cell, pr)
+        if pr["lo"] is not None:
+            assert f"[{pr['lo']:.3f}, {pr['hi']:.3f}]" in cell
+        assert row["verdict"] == v["verdict_text"].replace("|", "/") and row["verdict"].startswith(
+            {"baseline": "baseline", "A lower": "A lower"}.get(v["verdict"], "")
+        )
+    # each seed's own fit: the run table's A (its name, from MLflow)
+    names = {r.run_id: r.run_name for r in runs}
+    run_a = {r["run_name"]: r["A [90% CI]"].split()[0] for r in _table(md)}
+    for v in doc["variants"]:
+        for s in v["per_seed"]:
+            assert s["ok"] and run_a[names[s["run_id"]]] == f"{s['A']:.3f}", s
+            assert s["seed"] == int(names[s["run_id"]][-1])

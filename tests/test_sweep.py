@@ -796,6 +796,13 @@ def test_sweep_report_and_analysis_cli_give_the_same_table(synthetic_sweep, caps
     arts = {a.path for a in sw["client"].list_artifacts(sw["parent"], "report")}
     assert {"report/variants.png", "report/forest.png", "report/calibration.png"} <= arts, arts
     assert not list((sw["out"] / "report").glob("*.error.txt"))
+    # the machine-readable report beside fits.md, an artifact of the parent run too: its labels are
+    # verdicts.csv's, its wall time the span of the finished runs in MLflow
+    assert "report/report.json" in arts
+    doc = json.loads((sw["out"] / "report" / "report.json").read_text())
+    assert [v["variant"] for v in doc["variants"]] == list(verdicts)
+    assert [v["verdict"] for v in doc["variants"]] == [verdicts[v]["label"] for v in verdicts]
+    assert isinstance(doc["wall_s"], float) and 0 <= doc["wall_s"] < 3600
 
     # --baseline by run name: that run's variant, both seeds, the same numbers
     rc = analysis_main(

@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n## Seeds pooled per recipe\n")
         print(rows_to_markdown(rep.result.pooled_rows, level=args.level, metric=protocol.reward_key))
     print(
-        f"\nwrote {out}/ (fits.csv, fits.md, fits.json, runs/*/scaling_curve.png"
+        f"\nwrote {out}/ (fits.csv, fits.md, fits.json, report.json, runs/*/scaling_curve.png"
         + (
             ", " + ", ".join(f.name for f in rep.files if f.suffix == ".png")
             if args.command == "compare"

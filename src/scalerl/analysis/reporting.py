@@ -4,7 +4,8 @@ report (:mod:`scalerl.sweep.report`) both call :func:`report`.
 
 Files written into ``out_dir``: ``fits.csv`` (every row key), ``fits.md`` (the title, the fit
 settings, the verdict table per variant and its legend, then the per-run table and its legend),
-``fits.json``, ``verdicts.csv`` (one row per variant), ``runs/<run>/scaling_curve.png`` (one per run),
+``fits.json``, ``verdicts.csv`` (one row per variant), ``report.json`` (the machine-readable report
+beside ``fits.md``: :func:`report_json`), ``runs/<run>/scaling_curve.png`` (one per run),
 and with ``comparison``: ``variants.png`` (one panel per variant), ``forest.png`` (ΔA and ΔB with
 their intervals), ``calibration.png`` (predicted vs observed end) (:mod:`scalerl.analysis.figures`),
 ``linearised.png`` (``log F(R)`` against ``log C``, A fixed to the baseline's A: slope = B; one line
@@ -16,7 +17,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 import re
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +43,8 @@ from scalerl.analysis.verdicts import (
     verdict_table,
 )
 from scalerl.scaling.protocol import FitProtocol
-from scalerl.scaling.sigmoid import fit_fixed_A, round_sig, round_to
+from scalerl.scaling.sigmoid import SigmoidFit, fit_fixed_A, round_sig, round_to
+from scalerl.storage import write_text_atomic
 
 WRITE_BACK_KEYS = (
     "delta_A",
@@ -132,6 +137,163 @@ def verdict_row(v: VariantVerdict) -> dict:
         "inactive": v.inactive,
         "verdict": v.verdict,
     }
+
+
+REPORT_SCHEMA = 1
+"""``report.json``'s ``schema_version``: raised when a key changes meaning or goes away (a new key
+does not raise it)."""
+
+
+def _json_safe(x):
+    """``x`` with every NaN or infinity as None (JSON has no NaN: ``json.loads`` of a strict parser
+    refuses it) and numpy scalars as Python numbers."""
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return x
+    if hasattr(x, "item") and not isinstance(x, (int, float)):  # numpy scalar
+        x = x.item()
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    return x
+
+
+def code_commit() -> str | None:
+    """The git commit of the code writing the report (None outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and sha else None
+
+
+def machine() -> dict:
+    """The machine the report is written on: CPU model (``/proc/cpuinfo``), logical cores, host."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {
+        "cpu": cpu or platform.processor() or None,
+        "cores": os.cpu_count(),
+        "host": platform.node() or None,
+    }
+
+
+def _seed(r: RunData) -> int | None:
+    s = r.params.get("seed", r.tags.get("seed"))
+    try:
+        return int(str(s))
+    except (TypeError, ValueError):
+        return None
+
+
+def _runs_commit(runs: Sequence[RunData]) -> str | None:
+    """The commit the runs logged (tag ``git_commit``) when they agree; the report's own code's
+    where none logged one; None where they disagree (no one commit made the study)."""
+    logged = {r.tags.get("git_commit", "") for r in runs} - {""}
+    if len(logged) == 1:
+        return logged.pop()
+    return code_commit() if not logged else None
+
+
+def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, SigmoidFit]) -> dict:
+    """One entry of ``report.json``'s ``variants``: the verdict table's numbers unrounded, the
+    machine label (:attr:`VariantVerdict.label`), each seed's own fit and the prediction.
+    ``C_mid``: the pooled fit of the variant's seeds (the figures'), else the geometric mean of
+    the seeds' own fits' C_mid."""
+    own = [fits[i] for i in v.run_ids if i in fits and fits[i].ok]
+    c_mid = math.nan
+    if v.pooled is not None and v.pooled.ok:
+        c_mid = v.pooled.C_mid
+    elif own and all(f.C_mid > 0 for f in own):
+        c_mid = math.exp(sum(math.log(f.C_mid) for f in own) / len(own))
+    pr = v.prediction
+    per_seed = []
+    for rid in v.run_ids:
+        f = fits.get(rid)
+        r = runs.get(rid)
+        ok = f is not None and f.ok
+        per_seed.append(
+            {
+                "run_id": rid,
+                "seed": _seed(r) if r is not None else None,
+                "A": f.A if ok else None,
+                "B": f.B if ok else None,
+                "C_mid": f.C_mid if ok else None,
+                "ok": bool(ok),
+            }
+        )
+    return {
+        "variant": v.variant,
+        "baseline": bool(v.baseline),
+        "seeds": len(v.run_ids),
+        "A": v.A.mean,
+        "A_lo": v.A.lo,
+        "A_hi": v.A.hi,
+        "B": v.B.mean,
+        "B_lo": v.B.lo,
+        "B_hi": v.B.hi,
+        "C_mid": c_mid,
+        "dA": v.dA.delta if not v.baseline else None,
+        "dA_lo": v.dA.lo if not v.baseline else None,
+        "dA_hi": v.dA.hi if not v.baseline else None,
+        "dB": v.dB.delta if not v.baseline else None,
+        "dB_lo": v.dB.lo if not v.baseline else None,
+        "dB_hi": v.dB.hi if not v.baseline else None,
+        "verdict": v.label,
+        "verdict_text": v.verdict,
+        "A_censored": v.A.censored,
+        "A_equivalence_margin": v.dA.eq_margin if v.dA.tested else None,
+        "per_seed": per_seed,
+        "prediction": {
+            "predicted": pr.predicted,
+            "observed": pr.observed,
+            "lo": pr.lo,
+            "hi": pr.hi,
+            "supported": getattr(pr, "supported", None),
+        },
+    }
+
+
+def report_json(
+    verdicts: Sequence[VariantVerdict],
+    runs: Sequence[RunData],
+    fits: dict[str, SigmoidFit],
+    *,
+    wall_s: float | None = None,
+) -> dict:
+    """The machine-readable report (``report.json``): ``schema_version`` (:data:`REPORT_SCHEMA`),
+    ``commit`` (:func:`_runs_commit`), ``wall_s`` (the study's wall time where the caller knows it,
+    else None), ``machine`` (:func:`machine`), ``variants`` (:func:`variant_json`, in the verdict
+    table's order; ``verdict`` one of :data:`~scalerl.analysis.verdicts.LABELS`). NaN is None."""
+    by_id = {r.run_id: r for r in runs}
+    doc = {
+        "schema_version": REPORT_SCHEMA,
+        "commit": _runs_commit(runs),
+        "wall_s": wall_s,
+        "machine": machine(),
+        "variants": [variant_json(v, by_id, fits) for v in verdicts],
+    }
+    return _json_safe(doc)
+
+
+def write_report_json(path: Path, doc: dict) -> Path:
+    """``doc`` into ``path`` atomically (a temporary file renamed into place: a reader never sees half
+    a report); strict JSON (NaN refused)."""
+    write_text_atomic(Path(path), json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    return Path(path)
 
 
 MAX_LINES = 8
@@ -404,6 +566,7 @@ def report(
     variant_order: Sequence[str] | None = None,
     tags: dict[str, str] | None = None,
     not_run: dict[str, str] | None = None,
+    wall_s: float | None = None,
 ) -> Report:
     """Fit ``runs``, compare them with the baseline variant, write the files, write ``fit/*`` back.
 
@@ -423,6 +586,7 @@ def report(
       ``variant_order``: variants in the verdict table's order after the baseline (default: by name).
     - ``not_run``: variant -> why a sweep did not launch it (its component cannot act on the
       hardware it would run on): a row of the verdict table, in no figure.
+    - ``wall_s``: the study's wall time, for ``report.json`` (None: unknown, written as null).
     """
     opts = protocol or FitProtocol()
     out = Path(out_dir)
@@ -477,6 +641,8 @@ def report(
     (out / "fits.md").write_text(markdown)
     (out / "fits.json").write_text(json.dumps(rows, indent=1, default=str, allow_nan=True))
     files += [out / "fits.md", out / "fits.json"]
+    doc = report_json(listed, res.runs, res.fits, wall_s=wall_s)
+    files.append(write_report_json(out / "report.json", doc))
     if res.pooled_rows:
         files.append(rows_to_csv(res.pooled_rows, out / "pooled_fits.csv"))
     plot_files, run_plots = _plots(res, opts, out, name=name, comparison=comparison)

@@ -4,7 +4,9 @@ with ΔA and ΔB against the sweep's declared baseline variant, plus what only a
 planned runs that did not finish (also those that failed before reaching MLflow) with their status,
 error and log, and the parent run, whose description opens with the verdict table (then the whole
 report), the counts as metrics
-and the files as artifacts ``report/*``. Everything is written into ``<sweep dir>/report/``.
+and the files as artifacts ``report/*`` (among them ``report.json``, the machine-readable report,
+whose ``wall_s`` is the span of the finished runs: the first start to the last end in MLflow).
+Everything is written into ``<sweep dir>/report/``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ def _run_id(run: dict, uri: str, children: dict) -> str | None:
     return child.info.run_id if child is not None else None
 
 
+def study_wall_s(spans: list[tuple[int, int]]) -> float | None:
+    """The study's wall time in seconds: the first finished run's start to the last one's end (MLflow
+    times in ms); None without finished runs. Runs that ran side by side count once."""
+    if not spans:
+        return None
+    return max(0.0, (max(e for _, e in spans) - min(s for s, _ in spans)) / 1000.0)
+
+
 def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
     """Fit the runs of a launched sweep (``state`` = its ``sweep.json``) and write the report: the
     finished runs go through :func:`scalerl.analysis.report` (ΔA, ΔB against the sweep's declared
@@ -98,6 +108,7 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
 
     # ---- which runs exist, their status; the finished ones are fitted, the others listed
     runs, extra, pending = [], {}, []
+    spans: list[tuple[int, int]] = []  # the finished runs' MLflow start and end (ms)
     for run in state["runs"]:
         rid = _run_id(run, uri, children)
         mrun = None
@@ -121,6 +132,8 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
             "error": entry.get("error", "") if st != "finished" else "",
         }
         if st == "finished" and mrun is not None:
+            if mrun.info.start_time and mrun.info.end_time:
+                spans.append((int(mrun.info.start_time), int(mrun.info.end_time)))
             data = load_run(client, mrun, reward_key=protocol.reward_key)
             data.run_name = run["name"]
             data.tags.setdefault("variant", run["variant"])
@@ -164,6 +177,7 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         variant_order=list(dict.fromkeys(r["variant"] for r in state["runs"])),
         tags={"fit.report": f"parent run {parent}"},
         not_run=not_run,
+        wall_s=study_wall_s(spans),
     )
 
     # ---- the parent run: counts, the table as its description, the files as artifacts
