@@ -320,14 +320,24 @@ def test_inactive_variants_are_flagged_not_scored():
 
 
 def test_the_prediction_summary_says_why_the_goal_was_missed():
-    """Precise, dense curves meet the half-budget prediction goal; one seed apart from the others,
-    with 512-sample evaluations and 10 points a run, it is missed, and the summary says by how much
-    and names the noise of one evaluation, the seeds' spread and the few points the fit had."""
-    good = _verdicts({"base": _runs("base", BASE), "same": _runs("same", BASE, params={"loss": "dapo"})})
-    text = prediction_summary(list(good.values()))
-    assert "2 of 2 within 0.03; coverage 100% (2 of 2 inside their 90% band)" in text and text.endswith(
-        ": met."
+    """Precise, dense curves whose first half reaches past the horizon (budget 12x C_mid) meet the
+    half-budget prediction goal; one seed apart from the others, with 512-sample evaluations and 10
+    points a run up to 2x C_mid, it is missed, and the summary says by how much and names the window
+    that ends before the horizon, the noise of one evaluation, the seeds' spread and the few points
+    the fit had. (Before the horizon rule, a budget of 6x C_mid met the goal: its half window, 3x
+    C_mid, is now not supported and not counted.)"""
+    good = _verdicts(
+        {
+            "base": _runs("base", BASE, reach=12.0),
+            "same": _runs("same", BASE, reach=12.0, params={"loss": "dapo"}),
+        }
     )
+    text = prediction_summary(list(good.values()))
+    assert (
+        "2 of 2 supported (the half window past 4.5x its fitted C_mid); 2 of 2 supported within 0.03" in text
+    )
+    assert "coverage 100% (2 of 2 inside their 90% band, median half-width 0.0" in text
+    assert "Skill against persistence" in text and text.endswith(": met."), text
     params = {"eval.num_prompts": "128", "eval.samples_per_prompt": "4"}
     sparse = {
         v: _runs(v, BASE, trials=512, n_points=10, reach=2.0, params={**params, "loss": v})
@@ -338,7 +348,8 @@ def test_the_prediction_summary_says_why_the_goal_was_missed():
         r.reward[-1] += 0.25  # and the last evaluations jump, out of the band
     vs = list(_verdicts(sparse).values())
     text = prediction_summary(vs)
-    assert ": missed by 2 more variants within 0.03 and coverage short by 80 points" in text, text
+    assert ": missed by 2 more variants supported and within 0.03" in text, text
+    assert "Not supported: 2 of 2, not counted toward the goal" in text and "ends before the horizon" in text
     assert "Why:" in text and "differs between seeds by a median sd of 0.06" in text
     assert "points a seed" in text
     assert all(v.final_se == pytest.approx(0.02, abs=0.003) for v in vs)

@@ -189,3 +189,36 @@ def analyse_sweep(
     return analyse_runs(
         runs, FitProtocol(bootstrap=bootstrap), baseline=baseline, predict_check=predict
     ).verdicts
+
+
+def study_runs(
+    curves, rng: np.random.Generator, *, steps=None, trials: int = 768, tag: str = "run"
+) -> list[RunData]:
+    """One variant's seeds at a study's design: each of ``curves`` (callables of compute, e.g.
+    :class:`~scalerl.scaling.synthetic.TrueCurve`) evaluated at ``steps`` (default: sweeps/loo.yaml's,
+    every 9 steps to 180; compute = the step) as a binomial pass rate over ``trials`` samples (its 192
+    prompts x 4 samples), logged with that sample count (the prediction band's binomial noise)."""
+    steps = np.arange(0, 181, 9) if steps is None else np.asarray(steps)
+    c = steps.astype(float)
+    num_prompts = max(trials // 4, 1)
+    out = []
+    for i, curve in enumerate(curves):
+        y = rng.binomial(trials, np.clip(curve(c), 0.0, 1.0)) / trials
+        out.append(
+            RunData(
+                run_id=f"{tag}-{i}",
+                run_name=f"{tag}-seed{i}",
+                status="FINISHED",
+                experiment_id="0",
+                params={
+                    "eval.num_prompts": str(num_prompts),
+                    "eval.samples_per_prompt": str(trials // num_prompts),
+                },
+                tags={},
+                compute_axis="flops",
+                steps=steps.copy(),
+                compute=c.copy(),
+                reward=y.astype(float),
+            )
+        )
+    return out

@@ -75,6 +75,7 @@ import numpy as np
 from scipy import stats
 
 from scalerl.analysis.mlflow_io import RunData
+from scalerl.scaling.horizon import HORIZON, fit_horizon
 from scalerl.scaling.pass_at_k import metric_k
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import B_BOUNDS, N_PARAMS, SigmoidFit, _predict, fit_fixed_A
@@ -173,10 +174,28 @@ class Prediction:
     n: int = 0  # seeds
     noise_sd: float = math.nan  # sd of the observed mean from the evaluations' binomial noise
     reason: str = ""
+    supported: bool | None = None  # the half fit's window past the horizon (None: not scored)
+    reach: float = math.nan  # the half fit's window end / its fitted C_mid
+    more_compute: float = math.nan  # the budget factor that carries the half window to the horizon
+    bias: float = math.nan  # the shape bias measured at this reach (scaling.horizon)
+    shape_sd: float = math.nan  # the shape error in the band at this reach
+    persistence: float = math.nan  # the forecast "no change": the mean of the seeds' last first-half values
 
     @property
     def err(self) -> float:
         return self.predicted - self.observed
+
+    @property
+    def half_width(self) -> float:
+        return (self.hi - self.lo) / 2
+
+    @property
+    def skill(self) -> float:
+        """``1 - |err| / |persistence's err|``: above 0 where the fit beats "no change after the half"."""
+        e = self.persistence - self.observed
+        if not (math.isfinite(e) and math.isfinite(self.err)) or e == 0:
+            return math.nan
+        return 1 - abs(self.err) / abs(e)
 
     @property
     def inside(self) -> bool | None:
@@ -613,6 +632,15 @@ def _last_point(r: RunData) -> int | None:
     return int(np.argmax(np.where(fin, r.compute, -np.inf))) if fin.any() else None
 
 
+def _half_last(r: RunData) -> float:
+    """The run's last evaluation in the first half of its compute (the persistence forecast)."""
+    fin = np.isfinite(r.compute) & np.isfinite(r.reward)
+    if not fin.any():
+        return math.nan
+    first = fin & (r.compute <= float(np.max(r.compute[fin])) / 2)
+    return float(r.reward[np.flatnonzero(first)[np.argmax(r.compute[first])]]) if first.any() else math.nan
+
+
 def eval_trials(r: RunData) -> float:
     """Samples of one evaluation (``eval.num_prompts x eval.samples_per_prompt``; NaN when not logged).
     For a pass@k curve (``val/pass_at_<k>``, k > 1) the prompts alone: the K samples of a prompt
@@ -627,8 +655,13 @@ def predict_variant(
     runs: Sequence[RunData], p: FitProtocol, *, draws: int = 4000
 ) -> tuple[Prediction, SigmoidFit | None]:
     """The pooled fit of the seeds' first half of the compute, its prediction of the mean of the
-    seeds' last evaluations and the :data:`PRED_LEVEL` band (bootstrap of the half fit plus the
-    evaluations' binomial noise)."""
+    seeds' last evaluations and the :data:`PRED_LEVEL` band: the half fit's bootstrap, the
+    evaluations' binomial noise and the shape error at the half window's reach
+    (:func:`~scalerl.scaling.horizon.shape_error`: a sigmoid fixed by the first half cannot foresee a
+    curve that steepens after it; calibrated on rising-exponent curves and the real runs). The
+    horizon rule says whether the extrapolation is supported (the window's end past
+    :data:`~scalerl.scaling.horizon.HORIZON` x the half fit's C_mid); the persistence forecast (the
+    seeds' last first-half values) is kept for the skill score."""
     usable = [r for r in runs if _last_point(r) is not None and r.compute.size >= 2]
     if not usable:
         return Prediction(reason="no evaluations"), None
@@ -640,6 +673,15 @@ def predict_variant(
     pr = Prediction(n=len(usable))
     pr.predicted = float(np.mean(fit.predict(last_c)))
     pr.observed = float(np.mean(last_y))
+    pr.persistence = float(np.mean([_half_last(r) for r in usable]))
+    h = fit_horizon(fit)
+    pr.supported, pr.reach, pr.more_compute, pr.bias, pr.shape_sd = (
+        h.supported,
+        h.reach,
+        h.more_compute,
+        h.bias,
+        h.shape_sd,
+    )
     trials = np.array([eval_trials(r) for r in usable])
     q = min(max(pr.predicted, 0.0), 1.0)
     if np.isfinite(trials).all():
@@ -652,6 +694,9 @@ def predict_variant(
         reps = _predict(last_c[None, :], b[:, 3:4], b[:, 0:1], b[:, 1:2], b[:, 2:3]).mean(axis=1)
         rng = np.random.default_rng(p.seed)
         sim = reps[rng.integers(0, reps.size, draws)] + rng.normal(0.0, pr.noise_sd, draws)
+        if math.isfinite(pr.shape_sd):
+            sim = sim + rng.normal(0.0, pr.shape_sd, draws)
+        sim = np.clip(sim, 0.0, 1.0)  # a mean pass rate: the band never leaves [0, 1]
         pr.lo, pr.hi = (float(x) for x in np.quantile(sim, [(1 - PRED_LEVEL) / 2, (1 + PRED_LEVEL) / 2]))
     return pr, fit
 
@@ -715,31 +760,77 @@ def _shape_change(scored: Sequence[VariantVerdict], *, under: bool) -> str:
 
 
 def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
-    """One paragraph: "k of n within 0.03; coverage p%" over the scored variants (and the baseline),
-    whether the goal (:data:`PRED_GOAL_SHARE` within the tolerance, :data:`PRED_GOAL_COVERAGE`
-    coverage) was met, by how much it was missed, and what in the data stands in the way."""
+    """One paragraph over the scored variants (and the baseline): how many predictions the horizon
+    rule supports and, of those, "k within 0.03; coverage p%; median band half-width"; the goal
+    (:data:`PRED_GOAL_SHARE` of all the predicted variants within the tolerance **and supported**: an
+    unsupported prediction is not counted toward it; :data:`PRED_GOAL_COVERAGE` coverage of the
+    supported ones' bands), met or by how much it was missed; the unsupported ones with their reach,
+    the measured bias there and the compute that would support them; the skill against persistence
+    (the first half's last value as the forecast); and what in the data stands in the way."""
     pool = [v for v in vs if v.baseline or v.scored]
     scored = [v for v in pool if v.pred_ok is not None]
     if not scored:
         return "Prediction: no variant could be predicted from half of its budget."
-    ok = sum(bool(v.pred_ok) for v in scored)
-    banded = [v for v in scored if v.prediction.inside is not None]
+    sup = [v for v in scored if v.prediction.supported]
+    uns = [v for v in scored if v.prediction.supported is False]
+    ok = sum(bool(v.pred_ok) for v in sup)
+    banded = [v for v in sup if v.prediction.inside is not None]
     inside = sum(bool(v.prediction.inside) for v in banded)
     need = math.ceil(PRED_GOAL_SHARE * len(scored) - 1e-9)
     cov = inside / len(banded) if banded else math.nan
-    cov_txt = (
-        f"coverage {cov:.0%} ({inside} of {len(banded)} inside their {PRED_LEVEL:.0%} band)"
-        if banded
-        else ("coverage not measured (no bootstrap)")
-    )
+    if banded:
+        hw = float(np.median([v.prediction.half_width for v in banded]))
+        cov_txt = (
+            f"coverage {cov:.0%} ({inside} of {len(banded)} inside their {PRED_LEVEL:.0%} band, median "
+            f"half-width {hw:.3f})"
+        )
+    else:
+        cov_txt = "coverage not measured (no bootstrap)" if sup else "coverage not measured (none supported)"
     text = (
         f"Prediction (fit on the first half of the compute, seeds pooled; the mean of the last "
-        f"evaluations): {ok} of {len(scored)} within {PRED_TOLERANCE:g}; {cov_txt}. Goal: {need} of "
-        f"{len(scored)} within {PRED_TOLERANCE:g} and coverage >= {PRED_GOAL_COVERAGE:.0%}"
+        f"evaluations): {len(sup)} of {len(scored)} supported (the half window past {HORIZON:g}x its "
+        "fitted C_mid)"
+    )
+    if sup:
+        text += f"; {ok} of {len(sup)} supported within {PRED_TOLERANCE:g}; {cov_txt}"
+    if uns:
+        reach = float(np.median([v.prediction.reach for v in uns]))
+        more = float(np.median([v.prediction.more_compute for v in uns]))
+        bias = float(np.median([v.prediction.bias for v in uns]))  # NaN where any is unmeasured
+        k = sum(bool(v.pred_ok) for v in uns)
+        text += (
+            f". Not supported: {len(uns)} of {len(scored)}, not counted toward the goal (their half "
+            f"window ends at {reach:.1f}x C_mid, median; predictions need >= {HORIZON:g}x: about "
+            f"{more:.1f}x the budget would make them supported; "
+            + (
+                f"measured bias at that reach {bias:+.3f}"
+                if math.isfinite(bias)
+                else "bias not measured that early"
+            )
+            + f"); for reference {k} of {len(uns)} within {PRED_TOLERANCE:g}"
+        )
+    skills = [v.prediction.skill for v in scored if math.isfinite(v.prediction.skill)]
+    if skills:
+        beat = sum(x > 0 for x in skills)
+        per = [v.prediction for v in scored if math.isfinite(v.prediction.skill)]
+        mae, mae_p = (
+            float(np.mean([abs(x) for x in xs]))
+            for xs in zip(*((p.err, p.persistence - p.observed) for p in per))
+        )
+        text += (
+            f". Skill against persistence (the first half's last value as the forecast; 1 - |error| / "
+            f"|persistence's error|): median {float(np.median(skills)):+.2f}, the fit beats it on {beat} "
+            f"of {len(skills)} (mean abs error {mae:.3f} against persistence's {mae_p:.3f})"
+        )
+    text += (
+        f". Goal: {need} of {len(scored)} supported and within {PRED_TOLERANCE:g}, and coverage >= "
+        f"{PRED_GOAL_COVERAGE:.0%}"
     )
     missed = []
     if ok < need:
-        missed.append(f"{need - ok} more variant{'s' if need - ok != 1 else ''} within {PRED_TOLERANCE:g}")
+        missed.append(
+            f"{need - ok} more variant{'s' if need - ok != 1 else ''} supported and within {PRED_TOLERANCE:g}"
+        )
     if banded and cov < PRED_GOAL_COVERAGE:
         missed.append(f"coverage short by {(PRED_GOAL_COVERAGE - cov) * 100:.0f} points")
     if not missed:
@@ -747,6 +838,11 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
     errs = sorted(abs(v.pred_err) for v in scored)
     text += f": missed by {' and '.join(missed)} (abs errors: median {float(np.median(errs)):.3f}, max {errs[-1]:.3f})"
     why = []
+    if uns:
+        why.append(
+            f"the half window of {len(uns)} of {len(scored)} ends before the horizon ({HORIZON:g}x C_mid), "
+            "where a sigmoid fitted before the tail's shape is set is not supported"
+        )
     se = [v.final_se for v in scored if math.isfinite(v.final_se)]
     if se and float(np.median(se)) >= PRED_TOLERANCE / 2:
         why.append(
@@ -985,6 +1081,10 @@ def prediction_cell(v: VariantVerdict) -> str:
     s = f"{pr.predicted:.3f} vs {pr.observed:.3f} ({pr.err:+.3f}, {'ok' if v.pred_ok else 'missed'}"
     if pr.inside is not None:
         s += f"; {'inside' if pr.inside else 'outside'} [{pr.lo:.3f}, {pr.hi:.3f}]"
+    if math.isfinite(pr.skill):
+        s += f"; skill {pr.skill:+.2f}"
+    if pr.supported is False:
+        s += f"; not supported: window {pr.reach:.1f}x C_mid < {HORIZON:g}x, needs {pr.more_compute:.1f}x the budget"
     return s + ")"
 
 

@@ -1,0 +1,214 @@
+"""The half-budget predictor itself, its band and the horizon rule (issue 53, items 3 and 5).
+
+Every case runs the report's predictor (:func:`scalerl.analysis.verdicts.predict_variant`) on
+synthetic seeds at the leave-one-out study's design (sweeps/loo.yaml: 180 steps, an evaluation every
+9 steps on 768 samples, 3 seeds, the early cut at step 10; compute = the step), seeded, so the same
+numbers come every run. benchmarks/bench_prediction.py measures the same with more replicates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalerl.analysis.mlflow_io import RunData
+from scalerl.analysis.synthetic import study_runs
+from scalerl.analysis.verdicts import (
+    PRED_TOLERANCE,
+    Prediction,
+    VariantVerdict,
+    predict_variant,
+    prediction_cell,
+    prediction_summary,
+)
+from scalerl.loop.summary import summary_lines
+from scalerl.scaling.horizon import HORIZON, fit_horizon, horizon_of, shape_bias, shape_error
+from scalerl.scaling.live import fit_metrics, horizon_line
+from scalerl.scaling.protocol import FitProtocol
+from scalerl.scaling.synthetic import RisingCurve, TrueCurve
+
+MEASURED = dict(B=1.15, B_late=2.23, rise_at=2.56, width=0.074)
+"""The rising-exponent curve fitted to the real 2-digit runs' mean (benchmarks/bench_prediction.py)."""
+REAL = Path(__file__).parents[1] / "benchmarks" / "results" / "2026-11-29_9842746_stability-2digit.json"
+
+
+def _seeds(rng, make, c_mid, a=1.0):
+    """Three seeds: their own A (sd 0.01, at most 1) and C_mid (sd 10% in log)."""
+    return [make(min(1.0, a + rng.normal(0, 0.01)), c_mid * math.exp(rng.normal(0, 0.1))) for _ in range(3)]
+
+
+def _sigmoid_predictions(rng, reps, c_mid_range, protocol):
+    out = []
+    for _ in range(reps):
+        c_mid = float(np.exp(rng.uniform(*np.log(c_mid_range))))
+        b, a, r0 = rng.uniform(1.1, 1.6), rng.uniform(0.85, 1.0), rng.uniform(0.3, 0.45)
+        curves = _seeds(rng, lambda a_, c, r0=r0, b=b: TrueCurve(r0, a_, b, c), c_mid, a)
+        out.append(predict_variant(study_runs(curves, rng), protocol)[0])
+    return out
+
+
+def _rising_predictions(rng, reps, c_mid_range, protocol):
+    out = []
+    for _ in range(reps):
+        c_mid = float(np.exp(rng.uniform(*np.log(c_mid_range))))
+        curves = _seeds(rng, lambda a, c: RisingCurve(0.4, a, C_mid=c, **MEASURED), c_mid)
+        out.append(predict_variant(study_runs(curves, rng), protocol)[0])
+    return out
+
+
+def test_prediction_on_true_sigmoids_at_the_study_design_is_unbiased():
+    """True sigmoids in the range the real studies show (C_mid 20-45 steps of 180: the 2-digit runs'
+    is 36-39; B 1.1-1.6; A 0.85-1; R0 0.3-0.45): mean error within +-0.01 and >= 80% of the
+    predictions within 0.03 of the seeds' mean last evaluation. 120 replicates: the mean error's
+    standard error is about 0.0015 and the share's about 0.03 (measured: -0.0005 and 91% in the
+    benchmark's 120, -0.007 and 85-90% in other seeds' 40), so the bounds hold with room."""
+    preds = _sigmoid_predictions(np.random.default_rng(53), 120, (20, 45), FitProtocol(bootstrap=0))
+    err = np.array([p.err for p in preds])
+    assert np.isfinite(err).all()
+    assert abs(err.mean()) <= 0.01, err.mean()
+    assert np.mean(np.abs(err) <= PRED_TOLERANCE) >= 0.8, np.mean(np.abs(err) <= PRED_TOLERANCE)
+
+
+def test_prediction_band_covers_where_supported_and_is_narrow():
+    """Where the half window passes the horizon (C_mid 11-20 steps: the half window at 4.5-8x), on
+    true sigmoids and on rising-exponent curves, the 90% band (bootstrap, binomial noise and the shape
+    error) covers >= 80% of the observed ends with a median half-width near 0.03 (benchmark: 98% /
+    0.032 and 100% / 0.021 over 48 each), and the fit beats persistence on most. 24 replicates each:
+    a coverage of 80% would be missed by chance with a true 98% well under 1 time in 1000."""
+    p = FitProtocol(bootstrap=200)
+    for preds in (
+        _sigmoid_predictions(np.random.default_rng(1), 24, (11, 20), p),
+        _rising_predictions(np.random.default_rng(2), 24, (11, 20), p),
+    ):
+        sup = [x for x in preds if x.supported]
+        assert len(sup) >= 18, [round(x.reach, 2) for x in preds]
+        assert all(x.reach >= HORIZON and x.more_compute == 1.0 for x in sup)
+        assert np.mean([x.inside for x in sup]) >= 0.8
+        assert float(np.median([x.half_width for x in sup])) <= 0.035
+        assert np.mean([abs(x.err) <= PRED_TOLERANCE for x in sup]) >= 0.8
+        assert np.mean([x.skill > 0 for x in sup]) > 0.5
+        assert all(0.0 <= x.lo <= x.hi <= 1.0 for x in preds)
+
+
+def test_horizon_rule_fires_on_curves_whose_exponent_rises():
+    """The measured case (local exponent 1.15 up to 2.56x C_mid, 2.23 after) at the study's budget
+    (C_mid 30-45 steps, the half window at 2-3x): every prediction is reported not supported, with
+    the compute that would support it (horizon / reach) and the bias measured at that reach, and the
+    bias is real: the half fits under-estimate the end by about 0.04. The band, which now holds the
+    shape error, still covers most of them."""
+    preds = _rising_predictions(np.random.default_rng(3), 24, (30, 45), FitProtocol(bootstrap=200))
+    assert all(x.supported is False for x in preds), [round(x.reach, 2) for x in preds]
+    assert all(x.more_compute == pytest.approx(HORIZON / x.reach) and x.more_compute > 1.2 for x in preds)
+    assert all(x.bias < -0.02 for x in preds)
+    err = np.array([x.err for x in preds])
+    assert err.mean() < -0.025, err.mean()  # what the rule guards against
+    assert np.mean([x.inside for x in preds]) >= 0.8
+    # the same curves over twice the budget (C_mid 11-20: the half window past the horizon) are supported
+    longer = _rising_predictions(np.random.default_rng(3), 12, (11, 20), FitProtocol(bootstrap=0))
+    assert sum(bool(x.supported) for x in longer) >= 9
+    assert abs(np.mean([x.err for x in longer])) < 0.015
+
+
+def test_horizon_rule_on_the_real_runs():
+    """The 2-digit runs evaluated to 360 steps (3 seeds): the pooled fit over steps 18-90 (the study's
+    half window) is not supported and misses step 180 by about 0.06; the one over 18-180 (past 4.5x
+    its C_mid) is supported and predicts step 360 within 0.01, inside its band."""
+    seeds = json.loads(REAL.read_text())["settings"]["d2"]["seeds"]
+
+    def runs(end):
+        out = []
+        for i, s in enumerate(seeds):
+            st = np.array(s["steps"], dtype=float)
+            keep = st <= end
+            params = {"eval.num_prompts": "192", "eval.samples_per_prompt": "4"}
+            y = np.array(s["pass_rate"], dtype=float)[keep]
+            out.append(RunData(f"s{i}", f"s{i}", "FINISHED", "0", params, {}, "steps", st[keep], st[keep], y))
+        return out
+
+    half, _ = predict_variant(runs(180), FitProtocol())
+    assert half.supported is False and 2.0 < half.reach < 3.2 and half.err < -0.04
+    assert 1.4 < half.more_compute < 2.3 and half.inside  # the band now holds the shape error
+    full, _ = predict_variant(runs(360), FitProtocol())
+    assert full.supported is True and full.reach >= HORIZON
+    assert abs(full.err) <= 0.01 and full.inside and full.skill > 0
+
+
+def test_horizon_rule_numbers_and_words():
+    h = horizon_of(36.0, 90.0)
+    assert h.reach == pytest.approx(2.5) and h.supported is False and h.more_compute == pytest.approx(1.8)
+    assert h.bias == pytest.approx(shape_bias(2.5)) and h.bias < -0.03
+    assert h.shape_sd == pytest.approx(shape_error(2.5))
+    line = h.line("the fit")
+    assert "ends at 2.5x C_mid; predictions need >= 4.5x" in line and "about 1.8x more compute" in line
+    ok = horizon_of(36.0, 180.0)
+    assert ok.supported is True and ok.more_compute == 1.0 and "supported" in ok.line()
+    assert horizon_of(math.nan, 90.0).supported is None
+    # the shape error shrinks as the window passes the bend; the bias is not extrapolated before 1.5x
+    reaches = [1.5, 2.5, 3.5, HORIZON, 6.0]
+    assert all(shape_error(a) >= shape_error(b) for a, b in zip(reaches[1:], reaches[2:]))
+    assert math.isnan(shape_bias(1.0)) and math.isnan(horizon_of(100.0, 90.0).bias)
+    assert "bias not measured this early" in horizon_of(100.0, 90.0).line()
+
+
+def test_live_fit_says_whether_its_extrapolation_is_supported():
+    """A run's fit (what train.py logs as fit/* and prints at its end): a run that stops at 2.5x its
+    C_mid logs fit/supported = 0 with the compute it would need and prints that its extrapolation is
+    not supported; the same curve run to 6x logs fit/supported = 1."""
+    rng = np.random.default_rng(7)
+    curve = RisingCurve(0.4, 1.0, C_mid=36.0, **MEASURED)
+    for end, supported in ((90, 0.0), (216, 1.0)):
+        steps = np.arange(0, end + 1, 9)
+        y = rng.binomial(768, curve(steps.astype(float))) / 768
+        fit, m = fit_metrics(steps.astype(float), y, FitProtocol(bootstrap=0), steps=steps)
+        assert fit.ok and m["fit/supported"] == supported
+        assert m["fit/reach"] == pytest.approx(round(fit_horizon(fit).reach, 3))
+        summary = {
+            "wall_seconds": 1,
+            "steps": end,
+            "out_dir": "o",
+            "run_id": "r",
+            "tracking_uri": "",
+            "fit": m,
+        }
+        lines = summary_lines(summary)
+        said = [ln for ln in lines if "C_mid" in ln]
+        assert said == [horizon_line(m)]
+        if supported:
+            assert m["fit/more_compute"] == 1.0 and "extrapolation supported" in said[0]
+        else:
+            assert m["fit/more_compute"] > 1.3 and "not supported" in said[0] and "more compute" in said[0]
+    # a failed fit is not judged
+    _, bad = fit_metrics([0.0, 1.0, 2.0, 3.0], [0.5, 0.5, 0.5, 0.5], FitProtocol(bootstrap=0))
+    assert math.isnan(bad["fit/supported"]) and horizon_line(bad) == ""
+
+
+def _verdict(name, pr, baseline=False):
+    v = VariantVerdict(name, [name], baseline=baseline, fitted=3)
+    v.prediction = pr
+    return v
+
+
+def test_prediction_summary_counts_only_supported_predictions():
+    """An unsupported prediction is reported as such and not counted toward the goal even when it
+    happens to land within 0.03; the skill against persistence is reported."""
+    good = dict(predicted=0.95, observed=0.96, lo=0.93, hi=0.98, n=3, persistence=0.90)
+    vs = [
+        _verdict("base", Prediction(**good, supported=True, reach=5.0, more_compute=1.0), baseline=True),
+        _verdict("a", Prediction(**good, supported=True, reach=4.8, more_compute=1.0)),
+        _verdict("b", Prediction(**good, supported=False, reach=2.5, more_compute=1.8, bias=shape_bias(2.5))),
+        _verdict("c", Prediction(**good, supported=False, reach=2.5, more_compute=1.8, bias=shape_bias(2.5))),
+    ]
+    text = prediction_summary(vs)
+    assert "2 of 4 supported" in text and "2 of 2 supported within 0.03" in text
+    assert "Not supported: 2 of 4, not counted toward the goal" in text
+    assert "about 1.8x the budget would make them supported" in text
+    assert "the fit beats it on 4 of 4" in text
+    assert "Goal: 3 of 4 supported and within 0.03" in text and "missed by 1 more variant supported" in text
+    cell = prediction_cell(vs[2])
+    assert "not supported: window 2.5x C_mid < 4.5x, needs 1.8x the budget" in cell and "skill +0.83" in cell
+    assert "not supported" not in prediction_cell(vs[1])
+    assert Prediction(**good).skill == pytest.approx(1 - 0.01 / 0.06)
