@@ -88,6 +88,10 @@ def shape_error(reps: int, rng) -> list[dict]:
     return rows
 
 
+def _f(x: float, spec: str) -> str:
+    return format(x, spec) if math.isfinite(x) else "-"
+
+
 def _summary(preds) -> dict:
     e = np.array([p.err for p in preds])
     banded = [p for p in preds if p.inside is not None]
@@ -206,8 +210,8 @@ def main() -> None:
         s = out[key]
         print(
             f"| {label} | {s['n']} | {s['supported']} | {s['mean_err']:+.4f} | {s['within']:.0%} | "
-            f"{s['coverage']:.0%} | {s['half_width']:.3f} | {s['coverage_supported']:.0%} | "
-            f"{s['half_width_supported']:.3f} | {s['beats_persistence']:.0%} | {s['skill']:+.2f} |"
+            f"{s['coverage']:.0%} | {s['half_width']:.3f} | {_f(s['coverage_supported'], '.0%')} | "
+            f"{_f(s['half_width_supported'], '.3f')} | {s['beats_persistence']:.0%} | {s['skill']:+.2f} |"
         )
     out["real"] = real_runs()
     print("\n## 3. The real 2-digit runs (3 seeds to 360 steps): fit over steps 18..k, predicting 2k\n")
