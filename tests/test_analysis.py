@@ -584,7 +584,7 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
     for v in doc["variants"]:
         assert VARIANT_KEYS <= set(v), VARIANT_KEYS - set(v)
         assert v["verdict"] in LABELS and v["seeds"] == 3 and len(v["per_seed"]) == 3
-        assert set(v["prediction"]) == {"predicted", "observed", "lo", "hi", "supported"}
+        assert set(v["prediction"]) == {"predicted", "observed", "lo", "hi", "supported", "persistence"}
         assert v["prediction"]["supported"] in (None, True, False)
     base, dapo = by["cispo"], by["dapo"]
     assert base["baseline"] and base["verdict"] == "baseline" and base["dA"] is None  # NaN -> null

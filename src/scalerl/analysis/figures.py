@@ -265,7 +265,9 @@ def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> 
     axe.set_ylim(-0.7, len(pts) - 0.3)
     axe.grid(True, axis="x", alpha=0.25)
     axe.set_xlabel("observed - predicted (bar: the prediction band)", fontsize=9)
-    axe.set_title(f"{PRED_LEVEL:.0%} prediction band: half fit's bootstrap + binomial noise", fontsize=9)
+    axe.set_title(
+        f"{PRED_LEVEL:.0%} prediction band: half fit's bootstrap + binomial noise + shape error", fontsize=9
+    )
     scored = [v for v in pts if v.baseline or v.scored]
     ok_n = sum(bool(v.pred_ok) for v in scored)
     banded = [v for v in scored if v.prediction.inside is not None]

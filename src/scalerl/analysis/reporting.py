@@ -262,7 +262,8 @@ def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, Si
             "observed": pr.observed,
             "lo": pr.lo,
             "hi": pr.hi,
-            "supported": getattr(pr, "supported", None),
+            "supported": pr.supported,
+            "persistence": pr.persistence,  # the first half's last value: the forecast the skill is against
         },
     }
 

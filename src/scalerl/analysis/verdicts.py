@@ -57,8 +57,13 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   predicts the mean of the seeds' last evaluations; the 90% prediction band combines the half fit's
   bootstrap (seeds, then residuals within each seed) with the binomial noise of those evaluations
   (their logged ``eval.num_prompts x eval.samples_per_prompt``; the half fit's rmse when not
-  logged). Goal: abs error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the scored
-  variants and coverage >= :data:`PRED_GOAL_COVERAGE`.
+  logged) and the shape error at the half window's reach (:mod:`scalerl.scaling.horizon`). The
+  horizon rule: a prediction is *supported* only where the half window reaches
+  :data:`~scalerl.scaling.horizon.HORIZON` x the half fit's C_mid; an unsupported one is reported
+  with the bias measured at its reach and the budget that would support it. Goal: supported and abs
+  error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the scored variants and coverage >=
+  :data:`PRED_GOAL_COVERAGE` of the supported ones' bands; the skill against persistence (the first
+  half's last value as the forecast) is reported beside it.
 
 Every fit uses the same protocol (:class:`~scalerl.scaling.FitProtocol`: its absolute early cut) as the
 live refits and the per-run table. The calibration of the test on synthetic null sweeps is checked
@@ -1198,5 +1203,8 @@ def verdict_legend(level: float = 0.9) -> list[str]:
         "never beyond the smaller k, no interruption, no zero-variance group): not scored, not in the family.",
         f"Predicted vs observed end: the pooled fit of the seeds' first half of the compute predicts the mean of "
         f"their last evaluations; ok when within {PRED_TOLERANCE:g}; the {PRED_LEVEL:.0%} band combines the half "
-        "fit's bootstrap (seeds, then residuals) with the evaluations' binomial noise.",
+        "fit's bootstrap (seeds, then residuals), the evaluations' binomial noise and the shape error measured at "
+        f"the half window's reach; not supported where that window ends before {HORIZON:g}x the half fit's C_mid "
+        "(the curves' shape past the bend is not yet set: the measured bias and the budget that would support it "
+        "are given); skill: 1 - |error| / |persistence's error|, persistence the first half's last value.",
     ]
