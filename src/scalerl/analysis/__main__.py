@@ -1,9 +1,10 @@
 """``python -m scalerl.analysis fit|compare``: sigmoid fits of the runs of an MLflow experiment.
 
 fit      per-run fits (with bootstrap CIs and the half-budget prediction check), the verdict
-         table per variant (A and B at the baseline's A over settled seeds with t-intervals,
-         differences called under a t-test Bonferroni-corrected over the table at a 5% family-wise
-         level, else the smallest detectable ΔA; components that cannot or did not act; the
+         table per variant (A and B at the baseline's A over every fitted seed with t-intervals,
+         differences called under Welch's t-test on each pair, Bonferroni-corrected over the table
+         at a 5% family-wise level, equivalence on A (TOST), else the smallest detectable ΔA;
+         components that cannot or did not act; the
          half-budget prediction with its band), the per-run table, per-run plots, and write-back
          of ``fit/*`` metrics + ``scaling_curve.png`` to each run.
 compare  all of ``fit``, plus the comparison plots: panels per variant (variants.png), the forest

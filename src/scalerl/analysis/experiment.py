@@ -10,8 +10,8 @@ A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last, verdict``
 The baseline is a variant (all its runs, i.e. its seeds): ``delta_A = A - mean A`` and
 ``delta_B = B - mean B`` over its fitted runs (:func:`choose_baseline`). These per-run deltas are
 point estimates and flag nothing; ``B_fixed_A`` is B refitted with A fixed to ``A_fixed``, the
-baseline's A. What the runs support about each variant (estimates over settled seeds, a t-test
-Bonferroni-corrected over the table, components that cannot or did not act, prediction) is
+baseline's A. What the runs support about each variant (estimates over every fitted seed, Welch's
+test on each pair Bonferroni-corrected over the table, equivalence on A, components that cannot or did not act, prediction) is
 :mod:`scalerl.analysis.verdicts`, whose verdict every row of that variant carries.
 """
 
@@ -67,14 +67,14 @@ class ExperimentResult:
     fits: dict[str, SigmoidFit]
     """run_id -> full fit."""
     fixed_fits: dict[str, SigmoidFit] = field(default_factory=dict)
-    """run_id -> fit with A fixed to the baseline's A (the mean over its settled seeds)."""
+    """run_id -> fit with A fixed to the baseline's A (the mean over its seeds)."""
     half_fits: dict[str, SigmoidFit] = field(default_factory=dict)
     """run_id -> fit on the first half of the compute (prediction check)."""
     differing: list[str] = field(default_factory=list)
     baseline: Baseline | None = None
     A_mean: float = math.nan
     A_fixed: float = math.nan
-    """The baseline's A (mean over its settled seeds), at which every run's B is refitted."""
+    """The baseline's A (mean over its seeds), at which every run's B is refitted."""
     pooled_rows: list[dict] = field(default_factory=list)
     pooled_fits: dict[str, SigmoidFit] = field(default_factory=dict)
     verdicts: list[VariantVerdict] = field(default_factory=list)

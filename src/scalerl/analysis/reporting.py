@@ -389,8 +389,8 @@ def _legend(res: ExperimentResult, opts: FitProtocol) -> list[str]:
         lines.append(f"ΔA, ΔB: {base.describe()}.")
     if math.isfinite(res.A_fixed):
         lines.append(
-            f"B @ A={res.A_fixed:.3f}: B refitted with A fixed to the baseline's A (the mean over its settled "
-            "seeds, or 1 where most of its seeds' ceilings reach 1; the paper's way to compare efficiency)."
+            f"B @ A={res.A_fixed:.3f}: B refitted with A fixed to the baseline's A (the mean over its "
+            "seeds, or 1 where half or more of its seeds' ceilings reach 1; the paper's way to compare efficiency)."
         )
     if any("pred_mae" in r for r in res.rows):
         lines.append(
