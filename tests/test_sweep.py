@@ -644,6 +644,12 @@ def test_a_variant_not_run_is_reported_as_such(tmp_path, capsys):
     assert _csv(sw["out"] / "report" / "fits.csv")["bf16-seed0"]["status"] == "not run"
     verdicts = list(csv.DictReader((sw["out"] / "report" / "verdicts.csv").open()))
     assert [v["variant"] for v in verdicts] == ["base", "dapo", "bf16"]
+    # report.json's machine-readable verdict: "not run", no seeds, nothing estimated (null)
+    doc = json.loads((sw["out"] / "report" / "report.json").read_text())
+    bf16 = next(v for v in doc["variants"] if v["variant"] == "bf16")
+    assert (
+        bf16["verdict"] == "not run" and bf16["seeds"] == 0 and bf16["per_seed"] == [] and bf16["A"] is None
+    )
 
 
 # ----------------------------------------------------------------------------- one report pipeline
