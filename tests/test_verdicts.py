@@ -131,6 +131,7 @@ def test_one_seed_calls_nothing():
     other = vs["other"]
     assert math.isnan(other.A.sd) and other.A.n == 1
     assert other.called == {} and "no seed-to-seed spread" in other.verdict, other.verdict
+    assert other.label == "not shown" and other.verdict.startswith("not shown at this budget")
 
 
 def test_censored_seeds_are_kept_in_the_mean_and_an_unbounded_A_is_never_called():
@@ -197,6 +198,7 @@ def test_where_the_ceilings_reach_1_efficiency_is_compared_at_1():
     assert slow.called == {"B": -1} and slow.verdict.startswith("B lower at A=1"), slow.verdict
     assert same.called == {} and same.verdict.startswith(INCONCLUSIVE + ": ΔB at A=1"), same.verdict
     assert all(not v.dA.tested for v in (same, slow))
+    assert slow.label == "B lower" and same.label == "inconclusive"
     text = family_summary(list(vs.values()))
     assert "B at A=1 of 2 scored variants; A is not compared" in text, text
 
@@ -266,6 +268,7 @@ def test_a_component_that_cannot_act_here_is_not_scored():
     )
     v = vs["bf16"]
     assert v.verdict.startswith("cannot act here: precision") and v.called == {} and not v.scored
+    assert v.label == "not run" and vs["base"].label == "baseline"
     assert v.family.m == 0
     gpu = {"precision": "bf16", "precision/head_dtype": "bf16 (native)", "device": "cuda:0"}
     base = _runs("base", BASE, seeds=1, params={"precision": "fp32_head", "device": "cuda:0"})
@@ -316,6 +319,7 @@ def test_inactive_variants_are_flagged_not_scored():
     )
     v = vs["no_npr"]
     assert v.verdict.startswith("inactive: no-positive-resampling") and v.called == {}
+    assert v.label == "not shown"
     assert "inactive" in verdict_table(list(vs.values()))
 
 

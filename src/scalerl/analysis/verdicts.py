@@ -983,7 +983,7 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
     if base is None or not base.fitted:
         return "no baseline fit to compare with"
     if v.A.n < 2 and base.A.n < 2 and v.A.n == v.fitted and base.A.n == base.fitted:
-        return f"{INCONCLUSIVE}: one seed each, no seed-to-seed spread to test with (run 2 or more seeds)"
+        return f"{NOT_SHOWN}: one seed each, no seed-to-seed spread to test with (run 2 or more seeds)"
     if v.family.at_max:
         return _verdict_at_max(v, base)
     if not base.A.settled:
