@@ -155,6 +155,24 @@ def test_a_timed_out_program_is_killed(where):
     assert _holding(name) == []  # ... and is gone
 
 
+@pytest.mark.parametrize("where", available())
+def test_the_time_limit_counts_from_the_program_s_start_not_the_sandbox_s(where):
+    """A correct program is not scored 0 for the sandbox's own start (namespaces, the interpreter:
+    0.03-0.2 s here, seconds on a loaded machine): a limit a third of the whole run's wall time
+    still lets a program that takes microseconds report; a program that sleeps past it is still
+    stopped at about its limit."""
+    quick = "def f(x):\n    return x + 1\n"
+    t0 = time.monotonic()
+    assert run_program(quick, [("f", (1,))], FAST, boundary_name=where).results == [("ok", 2)]
+    whole = time.monotonic() - t0  # mostly the sandbox's start
+    tight = Limits(timeout_s=whole / 3, cpu_s=2, memory_mb=256)
+    out = run_program(quick, [("f", (1,))], tight, boundary_name=where)
+    assert (out.kind, out.results) == (None, [("ok", 2)])
+    t0 = time.monotonic()
+    slow = run_program("import time\ntime.sleep(30)\n", [], FAST, boundary_name=where)
+    assert slow.kind == "timeout" and time.monotonic() - t0 < FAST.timeout_s + 5
+
+
 def test_the_program_sees_a_throwaway_folder_and_no_environment(monkeypatch):
     monkeypatch.setenv("SCALERL_TEST_SECRET", "hunter2")
     code = (

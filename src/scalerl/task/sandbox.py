@@ -35,6 +35,11 @@ What each limit rests on:
 
 * **time**: a wall-clock deadline in this process (the whole process group is killed with SIGKILL;
   under bwrap the PID namespace dies with it), and ``RLIMIT_CPU`` in the child. Kind ``timeout``.
+  The deadline counts from the moment the harness starts the program (a byte on the report pipe,
+  written before the program's first line runs, so the program cannot forge it): the sandbox's own
+  start (namespaces, the interpreter) takes 0.03-0.2 s on a quiet machine and seconds on a loaded
+  one, and a correct program must not be scored 0 for the machine's load. The start itself has
+  :data:`START_S`.
 * **memory**: ``RLIMIT_AS`` (address space); Python raises ``MemoryError``. Kind ``memory``.
 * **output**: at most ``max_output_bytes`` of stdout+stderr (and ``max_report_bytes`` of results)
   are read, then the group is killed; ``RLIMIT_FSIZE`` caps any file it writes at the same size.
@@ -275,6 +280,7 @@ def _main():
     encode, decode, to_json = codec["encode"], codec["decode"], codec["to_json"]
     calls = [(name, decode(args)) for name, args in job["calls"]]  # each args: a tuple
     ns = {"__name__": "__main__"}
+    write(report_fd, b"+")  # the program starts now: its time limit counts from here
     try:
         program = compile(job["code"], "<program>", "exec")
     except (SyntaxError, ValueError):  # not Python (ValueError: a null byte)
@@ -324,9 +330,15 @@ _main()
 """
 
 
+START_S = 60.0
+"""The most the sandbox may take to start a program (before its own time limit begins)."""
+STARTED = b"+"
+"""The harness's first byte on the report pipe: the program starts."""
+
+
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 5.0  # wall clock, whole run (the program and every call)
+    timeout_s: float = 5.0  # wall clock, the program and every call (from their start, not the sandbox's)
     cpu_s: int = 5  # CPU seconds
     memory_mb: int = 512  # address space
     max_output_bytes: int = 64 * 1024  # stdout + stderr read back; also the largest file it may write
@@ -645,14 +657,16 @@ def run_program(code: str, calls, limits: Limits = Limits(), *, boundary_name: s
             )
         finally:
             os.close(write_fd)  # the child holds the only writer: EOF when it is gone
-        deadline = time.monotonic() + float(limits.timeout_s)
+        deadline = time.monotonic() + START_S + float(limits.timeout_s)
         try:
             proc.stdin.write(json.dumps(job).encode())
             proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
         caps = {proc.stdout.fileno(): int(limits.max_output_bytes), read_fd: int(limits.max_report_bytes)}
-        data, over, timed_out = _read_capped(caps, deadline)
+        data, over, timed_out, deadline = _read_capped(
+            caps, deadline, started=(read_fd, float(limits.timeout_s))
+        )
         if not (over or timed_out):
             timed_out = not _exited(proc, deadline)
         _kill_group(proc.pid)
@@ -680,9 +694,10 @@ def run_program(code: str, calls, limits: Limits = Limits(), *, boundary_name: s
         return Outcome("output", None, text)
     if rc != 0:
         return Outcome("crash", None, text)
-    if not data[1]:
+    report = data[1][len(STARTED) :] if data[1].startswith(STARTED) else b""
+    if not report:
         return Outcome("no_report", None, text)
-    results = _decode_report(data[1], len(encoded))
+    results = _decode_report(report, len(encoded))
     if results is None:
         return Outcome("bad_report", None, text)
     return Outcome(None, results, text)
@@ -713,16 +728,19 @@ def _decode_report(blob: bytes, n: int) -> list | None:
         return None
 
 
-def _read_capped(caps: dict[int, int], deadline: float) -> tuple[list[bytes], bool, bool]:
-    """([output of each fd, in ``caps``' order], over a cap, past the deadline): read every fd until
-    EOF, a cap or the deadline."""
+def _read_capped(
+    caps: dict[int, int], deadline: float, started: tuple[int, float] | None = None
+) -> tuple[list[bytes], bool, bool, float]:
+    """([output of each fd, in ``caps``' order], over a cap, past the deadline, the deadline at the
+    end): read every fd until EOF, a cap or the deadline. ``started``: (fd, seconds): when the
+    first byte arrives on that fd, the deadline becomes that many seconds from then."""
     fds = list(caps)
     chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
     sizes = dict.fromkeys(fds, 0)
     open_fds = set(fds)
 
     def result(over: bool, late: bool):
-        return [b"".join(chunks[fd])[: caps[fd]] for fd in fds], over, late
+        return [b"".join(chunks[fd])[: caps[fd]] for fd in fds], over, late, deadline
 
     with selectors.DefaultSelector() as sel:
         for fd in fds:
@@ -738,6 +756,8 @@ def _read_capped(caps: dict[int, int], deadline: float) -> tuple[list[bytes], bo
                     sel.unregister(fd)
                     open_fds.discard(fd)
                     continue
+                if started is not None and fd == started[0] and not sizes[fd]:
+                    deadline = time.monotonic() + started[1]
                 chunks[fd].append(block)
                 sizes[fd] += len(block)
                 if sizes[fd] > caps[fd]:
