@@ -206,3 +206,26 @@ def test_a_hosts_own_signal_handler_is_kept():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_a_signal_while_the_stopped_run_is_marked_waits_for_the_mark():
+    """A second Ctrl-C that lands just after a stop at a step boundary, while the run closes and
+    marks its MLflow run, waits until the mark is written and stops the run then (it was seen to
+    interrupt the mark under load, leaving the run RUNNING in the UI); a third stops at once."""
+    from scalerl.loop.signals import Interrupted, StopSignals
+
+    marked = []
+    with StopSignals() as stop, pytest.raises(Interrupted) as e:
+        with stop.marking():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            marked.append("KILLED")  # the cleanup goes on after the signal
+    assert marked == ["KILLED"] and e.value.signum == signal.SIGINT
+    with StopSignals() as stop, pytest.raises(Interrupted):
+        with stop.marking():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            marked.append("not reached")
+    assert marked == ["KILLED"]

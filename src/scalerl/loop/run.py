@@ -123,9 +123,12 @@ def _recipe(run: Components, stop: StopSignals) -> dict:
         # ---- cleanup
         finally:
             stop.graceful = False
-            run.source.close()
-            progress.close()
-            end_tracking(run, status)
+            with stop.marking():  # a signal now waits until the run is marked
+                try:
+                    run.source.close()
+                    progress.close()
+                finally:
+                    end_tracking(run, status)
     except Interrupted as e:  # in the loop, or while the stopped run closes: say where it stands
         e.detail = _interrupted_detail(run, e.signum)
         raise

@@ -8,6 +8,7 @@ SIGTERM and requeues on SIGUSR2) keeps its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -37,6 +38,7 @@ class StopSignals:
         self.signum: int | None = None
         self.graceful = False
         self._old: dict[int, object] = {}
+        self._held: list[int] | None = None  # while the stopped run is marked: the signal that waits
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -50,7 +52,26 @@ class StopSignals:
             signal.signal(sig, old)
         self._old.clear()
 
+    @contextlib.contextmanager
+    def marking(self):
+        """While a run that ended closes and marks its MLflow run (FINISHED, KILLED ...): one signal
+        waits until that is done and is raised then, so that a second Ctrl-C landing just after a
+        stop at a step boundary still leaves the run marked (not RUNNING for ever in the UI); a
+        further one stops at once."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                raise Interrupted(held[0])
+
     def _handle(self, signum: int, frame) -> None:
+        if self._held is not None and not self._held:
+            self._held.append(signum)
+            name = signal.Signals(signum).name
+            os.write(2, f"[scalerl] {name}: closing the run first ({name} again stops at once)\n".encode())
+            return
         if self.graceful and self.signum is None:
             self.signum = signum
             name = signal.Signals(signum).name
