@@ -114,6 +114,20 @@ def test_a_loaded_machine_stretches_the_estimate():
     loaded = est.at_load(e, 3.0, 2)  # 3 runnable besides the run's 1 on 2 cores: each gets half a core
     assert loaded.total == pytest.approx(200.0) and loaded.hi == pytest.approx(300.0)
     assert "at its present load (3.0 on 2 cores: x2.0" in loaded.line()
+    # two threads a process: on a quiet machine as probed; where more threads are runnable than
+    # cores, they wait on each other (a measured penalty, counted and said)
+    two = est.Estimate(
+        total=100.0, lo=60.0, hi=150.0, steps=10, step_s=8.0, evals=2, eval_s=1.0, startup_s=10.0, threads=2
+    )
+    assert est.at_load(two, 0.0, 2).total == 100.0
+    crowded = est.at_load(two, 3.0, 2)
+    factor = est.OVERSUBSCRIBED_THREADS[1] * est.thread_speedup(2)
+    assert crowded.total == pytest.approx(200.0 * factor)
+    assert any("trainer.threads=1 avoids it" in n for n in crowded.notes)
+    sweep = est.sweep_estimate([two, two], at_once=2, cores=2, load=1.0)
+    assert sweep.total == pytest.approx(100.0 * sweep.stretch * factor)
+    assert "trainer.threads=1 avoids it" in sweep.line()
+    assert est.sweep_estimate([two, two], at_once=1, cores=64).total == pytest.approx(200.0)
 
 
 def test_sweep_estimate_sums_its_runs_over_its_parallelism():

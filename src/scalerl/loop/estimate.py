@@ -111,6 +111,7 @@ class Estimate:
     stretch: float = 1.0
     load: float = 0.0
     cores: int = 1
+    threads: int = 1  # the most threads one of its processes computes on
 
     def line(self) -> str:
         """``estimated wall time: about 6 min (4-9) on this machine: 300 steps x ~1.1 s, ...``
@@ -478,6 +479,7 @@ def combine(
         startup_s=mid[3],
         notes=tuple(notes),
         busy_threads=busy,
+        threads=max(gen_threads, train_threads),
     )
 
 
@@ -505,10 +507,46 @@ def load_stretch(load: float, busy: float, cores: int) -> float:
     return max(1.0, (load + busy) / max(1, cores))
 
 
+# A process computing on several threads where more threads are runnable than there are cores runs
+# far slower than the cores' share says: each of its many small operations ends at a barrier that
+# waits for every one of its threads to be scheduled. Measured on the embedded model (async_mode=sync,
+# 2 threads, load 5-7 on 2 cores): 5.6x the wall time of the same run on one thread
+# (benchmarks/results/*_walltime-estimate.md); one measurement, so the range below is wide.
+OVERSUBSCRIBED_THREADS = (3.0, 5.6, 8.0)
+
+
+def oversubscribed(e: Estimate, stretch: float) -> tuple[float, float, float] | None:
+    """(low, central, high) factors on ``e`` where its processes' threads would wait on each other
+    (several threads a process, a machine with more runnable threads than cores); None where not."""
+    if e.threads <= 1 or stretch <= 1.0:
+        return None
+    x = thread_speedup(e.threads)  # the estimate counted on that speed-up: none is left, and more
+    return tuple(f * x for f in OVERSUBSCRIBED_THREADS)  # type: ignore[return-value]
+
+
+def oversubscribed_note(threads: int) -> str:
+    return (
+        f"{threads} threads a process on a machine with more runnable threads than cores: its small "
+        f"operations wait for all {threads} threads; measured {OVERSUBSCRIBED_THREADS[1]:g}x slower than "
+        "one thread, counted; trainer.threads=1 avoids it"
+    )
+
+
 def at_load(e: Estimate, load: float, cores: int) -> Estimate:
     """``e`` (a quiet machine's) at ``load`` on ``cores`` cores."""
     s = load_stretch(load, e.busy_threads, cores)
-    return replace(e, total=e.total * s, lo=e.lo * s, hi=e.hi * s, stretch=s, load=load, cores=cores)
+    lo, mid, hi = oversubscribed(e, s) or (1.0, 1.0, 1.0)
+    notes = e.notes + ((oversubscribed_note(e.threads),) if mid > 1.0 else ())
+    return replace(
+        e,
+        total=e.total * s * mid,
+        lo=e.lo * s * lo,
+        hi=e.hi * s * hi,
+        stretch=s * mid,
+        load=load,
+        cores=cores,
+        notes=notes,
+    )
 
 
 def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True) -> Estimate | Unknown:
@@ -563,6 +601,7 @@ class SweepEstimate:
     unknown: tuple[str, ...] = field(default_factory=tuple)
     load: float = 0.0
     cores: int = 1
+    oversubscribed_threads: int = 0  # >1: its runs' threads wait on each other (counted; said)
 
     def line(self) -> str:
         if not self.runs:
@@ -578,10 +617,13 @@ class SweepEstimate:
             if self.unknown
             else ""
         )
+        threads = (
+            f" ({oversubscribed_note(self.oversubscribed_threads)})" if self.oversubscribed_threads else ""
+        )
         return (
             f"estimated wall time: about {span(self.total, self.lo, self.hi)} on this machine: "
             f"{self.runs} runs x ~{_secs(self.run_s)} each alone on a quiet machine, {self.at_once} at once"
-            f"{shared}{left}"
+            f"{shared}{threads}{left}"
         )
 
 
@@ -608,8 +650,11 @@ def sweep_estimate(
     parallel = max(1, min(at_once, len(known)))
     busy = sum(e.busy_threads for e in known) / len(known)
     stretch = load_stretch(load, parallel * busy, cores)
+    factors = [oversubscribed(e, stretch) or (1.0, 1.0, 1.0) for e in known]
     total, lo, hi = (
-        schedule([getattr(e, a) * stretch for e in known], parallel) for a in ("total", "lo", "hi")
+        schedule([getattr(e, a) * stretch * f[i] for e, f in zip(known, factors)], parallel)
+        for i, a in ((1, "total"), (0, "lo"), (2, "hi"))
     )
+    threads = max((e.threads for e, f in zip(known, factors) if f[1] > 1.0), default=0)
     run_s = sum(e.total for e in known) / len(known)
-    return SweepEstimate(total, lo, hi, len(known), parallel, run_s, stretch, unknown, load, cores)
+    return SweepEstimate(total, lo, hi, len(known), parallel, run_s, stretch, unknown, load, cores, threads)
