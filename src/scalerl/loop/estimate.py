@@ -22,10 +22,11 @@ The estimate is built from what the run will do and what this machine does per u
   each has cores of its own, the sum where they share them.
 
 The loop does more than the probe times (the samples' bookkeeping, the verifier, weight pushes,
-logging, checkpoints; the project's own decode path is not transformers'), so each phase's probe
-time is scaled by a factor measured once against whole runs on this machine kind and stated with its
-spread in benchmarks/results/2026-12-01_*_walltime-estimate.md; the printed range is that spread
-together with what the config cannot say in advance (how long the samples will be, how many extra
+logging, checkpoints) and some of it faster (the project's own decode path, shared prompts), so each
+phase's probe time may be scaled by a factor; compared with whole runs on this machine kind
+(benchmarks/results/2026-12-01_98d4ed4_walltime-estimate.md) the unscaled sum already lands at or
+somewhat above the measured wall time, so the factors stay 1. The printed range is a spread around
+it together with what the config cannot say in advance (how long the samples will be, how many extra
 batches dynamic sampling will draw). What the estimate cannot know it says instead of guessing: a
 GPU this machine does not have, a SLURM queue's wait, vLLM's engine start.
 """
@@ -39,10 +40,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 # How much longer the run's loop takes than the probe's bare transformers calls, per phase (central
-# value; the range below covers the spread measured on whole runs): generation carries the
-# samples' bookkeeping, stopping rules and the verifier; training the loss, the bf16 emulation's
-# rounding, the optimiser and the statistics. Measured against runs of the default and the
-# leave-one-out study's design (benchmarks/results/*_walltime-estimate.md).
+# value; MODEL_SPREAD covers the spread around it): generation carries the samples' bookkeeping,
+# stopping rules and the verifier, training the loss, the bf16 emulation's rounding, the optimiser
+# and the statistics, against the project's leaner decode and shared prompts. Compared with whole
+# runs of the default and of the leave-one-out study's design, 1 and 1 leave the estimate at or
+# somewhat above the measured time (benchmarks/results/2026-12-01_98d4ed4_walltime-estimate.md).
 GEN_FACTOR = 1.0
 TRAIN_FACTOR = 1.0
 # The fraction of max_new_tokens a sample generates (decode steps a batch takes run to its longest
@@ -511,7 +513,7 @@ def load_stretch(load: float, busy: float, cores: int) -> float:
 # far slower than the cores' share says: each of its many small operations ends at a barrier that
 # waits for every one of its threads to be scheduled. Measured on the embedded model (async_mode=sync,
 # 2 threads, load 5-7 on 2 cores): 5.6x the wall time of the same run on one thread
-# (benchmarks/results/*_walltime-estimate.md); one measurement, so the range below is wide.
+# (benchmarks/results/2026-12-01_98d4ed4_walltime-estimate.md); one measurement, so its range is wide.
 OVERSUBSCRIBED_THREADS = (3.0, 5.6, 8.0)
 
 
