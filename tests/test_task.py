@@ -183,6 +183,8 @@ def test_a_thinking_budget_of_20_to_24_admits_the_2_digit_scratchpad_and_cuts_th
     assert need == {2: {19}, 3: {28}}
     assert max(need[2]) <= 20 and min(need[3]) > 24 + 1  # the 3-digit tier's last column is never written
     assert task.think_tokens_needed() == 27
+    # at the common width every scratchpad has the width's columns: 4 x 9 for the default's 3-4 digits
+    assert AdditionTask(min_digits=3, max_digits=4, num_val=4, num_train=1).think_tokens_needed() == 36
 
 
 @pytest.mark.parametrize(

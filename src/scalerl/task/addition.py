@@ -181,5 +181,7 @@ class AdditionTask:
 
     def think_tokens_needed(self) -> int:
         """The thinking the longest problem's scratchpad takes (every problem's, at the common width)."""
+        if not self.own_width:  # every scratchpad has the common width's columns
+            return len(self.scratchpad(0, 0))
         widest = max([self.width, *self.val_digits])
-        return widest * len(self.scratchpad(0, 0) if not self.own_width else "0+0+0=00,")
+        return widest * len(self.scratchpad(0, 0))  # 0+0 at its own width: one column
