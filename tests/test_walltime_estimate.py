@@ -27,16 +27,21 @@ def _seconds(value: str, unit: str) -> float:
     return float(value) * {"s": 1, "min": 60, "h": 3600}[unit]
 
 
-@pytest.mark.slow  # a train.py process (about 10 s: --cfg job composes, prints and probes; nothing trains)
-def test_cfg_job_prints_the_estimated_wall_time(tmp_path):
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "trainer.total_steps=30", "--cfg", "job"],
+def cfg_job(folder, *overrides: str) -> subprocess.CompletedProcess:
+    """``python train.py <overrides> --cfg job`` run in ``folder``, outside any launcher's ranks."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *overrides, "--cfg", "job"],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=folder,
         timeout=180,
         env={k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MASTER_PORT")},
     )
+
+
+@pytest.mark.slow  # a train.py process (about 10 s: --cfg job composes, prints and probes; nothing trains)
+def test_cfg_job_prints_the_estimated_wall_time(tmp_path):
+    r = cfg_job(tmp_path, "trainer.total_steps=30")
     assert r.returncode == 0, r.stderr[-2000:]
     line = next(ln for ln in r.stdout.splitlines() if "estimated wall time" in ln)
     assert line.startswith("# estimated wall time: about "), line  # a YAML comment after the layout
@@ -52,21 +57,7 @@ def test_cfg_job_prints_the_estimated_wall_time(tmp_path):
 @pytest.mark.slow  # a train.py process
 def test_cfg_job_says_what_it_cannot_estimate(tmp_path):
     """A SLURM job on GPUs: its nodes and queue are not this machine's; said, not guessed."""
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            "launcher=slurm",
-            "launcher.gpus_per_node=1",
-            "--cfg",
-            "job",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=180,
-        env={k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MASTER_PORT")},
-    )
+    r = cfg_job(tmp_path, "launcher=slurm", "launcher.gpus_per_node=1")
     assert r.returncode == 0, r.stderr[-2000:]
     line = next(ln for ln in r.stdout.splitlines() if "estimated wall time" in ln)
     assert line.startswith("# estimated wall time: not estimated here (") and "GPU" in line, line
