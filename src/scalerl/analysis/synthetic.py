@@ -125,32 +125,52 @@ def sweep_runs(
             c_mid = base.C_mid * math.exp(rng.normal(0.0, d.seed_sd_log_cmid))
             curve = TrueCurve(base.R0, min(a, 1.0), base.B * b_factors.get(name, 1.0), c_mid)
             c = np.linspace(0.0, d.reach * base.C_mid, d.n_points + 1)
-            y = rng.binomial(d.trials, np.clip(curve(c), 0.0, 1.0)) / d.trials
-            num_prompts = max(d.trials // 4, 1)
             out.append(
-                RunData(
+                _evaluated(
+                    curve,
+                    c,
+                    np.arange(c.size) * d.step_every,
+                    d.trials,
+                    rng,
                     run_id=f"{tag}{name}-{s}",
                     run_name=f"{name}-seed{s}",
-                    status="FINISHED",
-                    experiment_id="0",
                     params={
                         **BASE_PARAMS,
                         **params,
                         "variant": name,
                         "seed": str(s),
-                        "eval.num_prompts": str(num_prompts),
-                        "eval.samples_per_prompt": str(d.trials // num_prompts),
                         "scaling.compute_axis": "flops",
                     },
                     tags={"variant": name},
-                    compute_axis="flops",
-                    steps=np.arange(c.size) * d.step_every,
-                    compute=c,
-                    reward=y.astype(float),
                     activity=dict(ACTIVITY),
                 )
             )
     return out
+
+
+def _evaluated(
+    curve, c, steps, trials: int, rng: np.random.Generator, *, run_id: str, run_name: str, params, **extra
+):
+    """A finished run whose held-out pass rate at compute ``c`` is ``curve``'s, drawn as a binomial
+    over ``trials`` samples and logged with that sample count (``trials // 4`` prompts x the rest)."""
+    y = rng.binomial(trials, np.clip(curve(c), 0.0, 1.0)) / trials
+    num_prompts = max(trials // 4, 1)
+    return RunData(
+        run_id=run_id,
+        run_name=run_name,
+        status="FINISHED",
+        experiment_id="0",
+        params={
+            **params,
+            "eval.num_prompts": str(num_prompts),
+            "eval.samples_per_prompt": str(trials // num_prompts),
+        },
+        compute_axis="flops",
+        steps=steps,
+        compute=c,
+        reward=y.astype(float),
+        **extra,
+    )
 
 
 def log_sweep(client, experiment: str, runs: list[RunData], *, artifact_location: str | None = None) -> dict:
@@ -200,25 +220,17 @@ def study_runs(
     prompts x 4 samples), logged with that sample count (the prediction band's binomial noise)."""
     steps = np.arange(0, 181, 9) if steps is None else np.asarray(steps)
     c = steps.astype(float)
-    num_prompts = max(trials // 4, 1)
-    out = []
-    for i, curve in enumerate(curves):
-        y = rng.binomial(trials, np.clip(curve(c), 0.0, 1.0)) / trials
-        out.append(
-            RunData(
-                run_id=f"{tag}-{i}",
-                run_name=f"{tag}-seed{i}",
-                status="FINISHED",
-                experiment_id="0",
-                params={
-                    "eval.num_prompts": str(num_prompts),
-                    "eval.samples_per_prompt": str(trials // num_prompts),
-                },
-                tags={},
-                compute_axis="flops",
-                steps=steps.copy(),
-                compute=c.copy(),
-                reward=y.astype(float),
-            )
+    return [
+        _evaluated(
+            curve,
+            c.copy(),
+            steps.copy(),
+            trials,
+            rng,
+            run_id=f"{tag}-{i}",
+            run_name=f"{tag}-seed{i}",
+            params={},
+            tags={},
         )
-    return out
+        for i, curve in enumerate(curves)
+    ]
