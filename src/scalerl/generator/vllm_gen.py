@@ -16,10 +16,11 @@ Same :class:`~scalerl.generator.base.Generator` contract as the HF generator:
   interruption path does), with its remaining token budget, stop tokens and sampling settings (a
   fresh seed drawn from :attr:`rng`). Tokens already generated keep their versions and log-probs;
   :attr:`VLLMGenerator.stale_kv_recomputed_tokens` counts the positions prefilled again.
-* **Length control** runs in the same loop: a sequence thinks until ``</think>``, eos or its drawn
-  budget; at the budget the phrase is forced in (log-prob 0, version -1, mask 0) and the sequence
-  continues as a new request over prompt + thinking + phrase (re-prefilled: no stale prefix), with
-  at most ``answer_budget`` answer tokens; ``max_new_tokens`` caps the sampled tokens overall.
+* **Length control** (the rules of :mod:`scalerl.generator.length`) runs in the same loop: a
+  sequence thinks until ``</think>``, eos or its drawn budget (one request); at the budget the
+  phrase is forced in (log-prob 0, version -1, mask 0) and the sequence continues as a new request
+  over prompt + thinking + phrase (re-prefilled: no stale prefix), with at most ``answer_budget``
+  answer tokens; ``max_new_tokens`` caps the sampled tokens overall.
 * **Behaviour log-probs** are those of the tempered distribution (``logprobs_mode=
   "processed_logprobs"``), the distribution the tokens were drawn from.
 * **Precision.** The engine computes in ``precision.body``; with ``precision.head=fp32`` over a
@@ -46,6 +47,8 @@ from typing import Any
 import torch
 
 from scalerl.generator.base import GenerationSession, Generator
+from scalerl.generator.length import LengthControl
+from scalerl.generator.registry import register_generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
 from scalerl.model.precision import Precision
@@ -286,7 +289,7 @@ class _Row:
 
     prompt: int  # index into the prompts
     prompt_ids: list[int]
-    budget: int  # thinking budget (interruption), else unused
+    budget: int  # thinking budget (interruption), else unused (more than a completion holds)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -341,19 +344,8 @@ class VLLMGenerator(Generator):
         self.tokenizer = tokenizer
         self.precision = precision
         self.temperature = float(temperature)
-        self.lc = length_control
-        self.mode = str(length_control.name)
-        self.max_new_tokens = int(length_control.max_new_tokens)
+        self.lc = LengthControl.build(length_control, tokenizer)
         self.eos_id = tokenizer.eos_token_id
-        ids = tokenizer("</think>", add_special_tokens=False)["input_ids"]
-        self.think_end_id = int(ids[0]) if len(ids) == 1 else None
-        self.phrase_ids: list[int] = []
-        if self.mode == "interruption":
-            self.phrase_ids = list(
-                tokenizer(str(length_control.phrase), add_special_tokens=False)["input_ids"]
-            )
-            if not self.phrase_ids:
-                raise ValueError("length_control.phrase is empty: interruption needs a phrase to force in")
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
         self.stale_kv_samples = int(stale_kv_samples)
@@ -535,23 +527,23 @@ class VLLMGenerator(Generator):
         last = row.ids[-1] if row.ids else None
         if last is not None and last in eos and row.mask[-1]:
             return
-        left = self.max_new_tokens - row.sampled
-        if self.mode != "interruption" or row.answering:
+        lc = self.lc
+        if not lc.interrupts or row.answering:
             row.truncated = True  # the answer budget or max_new_tokens ended it
             return
-        if last is not None and last == self.think_end_id and row.mask[-1]:
+        if last is not None and last == lc.think_end_id and row.mask[-1]:
             row.answering = True
         else:  # the thinking budget is spent: force the phrase in
-            if left <= 0:
+            if row.sampled >= lc.max_new_tokens:
                 row.truncated = True
                 return
-            k = len(self.phrase_ids)
-            row.ids += self.phrase_ids
+            k = len(lc.phrase_ids)
+            row.ids += lc.phrase_ids
             row.logprobs += [0.0] * k
             row.versions += [-1] * k
             row.mask += [0] * k
             row.interrupted = row.answering = True
-        budget = min(int(self.lc.answer_budget), left)
+        budget = lc.answer_tokens(row.sampled)
         if budget <= 0:
             row.truncated = True
             return
@@ -698,6 +690,33 @@ class VLLMGenerator(Generator):
         return groups
 
 
+@register_generator("vllm")
+def build_vllm(
+    options, length_control, model, tokenizer, precision, *, device, seed, placement
+) -> VLLMGenerator:
+    """``generator=vllm`` from its option (:class:`~scalerl.config.groups.generator.VLLMGeneratorOption`)
+    and the placement: its weight buckets, the devices an engine spans, and whether it shares the
+    trainer's GPU (``placement=split``: engines on GPUs of their own)."""
+    return VLLMGenerator(
+        model,
+        tokenizer,
+        precision,
+        length_control,
+        temperature=float(options.temperature),
+        device=device,
+        seed=seed,
+        stale_kv_samples=int(options.stale_kv_samples),
+        stale_kv=str(options.stale_kv),
+        kv_cache_gib=float(options.kv_cache_gib),
+        gpu_memory_utilization=float(options.gpu_memory_utilization),
+        max_num_seqs=int(options.max_num_seqs),
+        sleep_while_training=bool(options.sleep_while_training),
+        bucket_mb=float(placement.bucket_mb),
+        tensor_parallel_size=int(placement.tensor_parallel_size),
+        shared_gpu=str(placement.name) != "split",
+    )
+
+
 class _VLLMSession(GenerationSession):
     """Continuous generation on a :class:`VLLMGenerator`'s engine.
 
@@ -737,11 +756,8 @@ class _VLLMSession(GenerationSession):
     def _add(self, prompts, prompt_ids, n, group_ids, tag) -> None:
         gen, eos = self.gen, self.eos
         k = len(prompts) * n
-        if gen.mode == "interruption":
-            lo, hi = int(gen.lc.think_budget_min), int(gen.lc.think_budget_max)
-            budgets = torch.randint(lo, hi + 1, (k,), generator=gen.rng).tolist()
-        else:
-            budgets = [0] * k
+        lc = gen.lc
+        budgets = lc.draw_budgets(k, gen.rng).tolist()  # drawn only when interrupting
         self._key += 1
         key = self._key
         rids = list(range(self._rid, self._rid + k))
@@ -751,15 +767,14 @@ class _VLLMSession(GenerationSession):
             row = _Row(j // n, prompt_ids[j // n], budgets[j])
             self.rows[rid] = row
             self.owner[rid] = key
-            if gen.mode == "interruption":
-                think = min(row.budget, gen.max_new_tokens)
+            if lc.interrupts:
+                think = lc.thinking_tokens(row.budget)
                 if think <= 0:
                     gen._next_phase(rid, row, eos)  # no thinking budget: straight to the phrase
                 else:
-                    stop = eos + ([gen.think_end_id] if gen.think_end_id is not None else [])
-                    gen._add(rid, row, think, stop)
+                    gen._add(rid, row, think, lc.think_stop(eos))
             else:
-                gen._add(rid, row, gen.max_new_tokens, eos)
+                gen._add(rid, row, lc.max_new_tokens, eos)
             if row.request is None:  # finished before it started (no budget at all)
                 self.work[key]["left"] -= 1
         if self.work[key]["left"] == 0:
@@ -797,7 +812,7 @@ class _VLLMSession(GenerationSession):
             lps += [0.0] * (len(new_ids) - len(lps))
             row.sampled += len(new_ids)
             if not row.answering:
-                row.think_tokens += sum(t != gen.think_end_id and t not in eos for t in new_ids)
+                row.think_tokens += sum(t != gen.lc.think_end_id and t not in eos for t in new_ids)
             row.ids += new_ids
             row.logprobs += lps
             row.versions += [gen.version] * len(new_ids)
