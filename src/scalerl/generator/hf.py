@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from scalerl.config.groups.generator import STALE_KV
+from scalerl.config.groups.generator import STALE_KV, HFGeneratorOption
 from scalerl.generator import static_decode
 from scalerl.generator.base import GenerationSession, Generator
 from scalerl.generator.length import LengthControl
@@ -60,6 +60,9 @@ class HFGenerator(Generator):
     ``temperature <= 0`` means greedy decoding; the recorded log-probs are then those at
     temperature 1.
 
+    The keyword defaults are the ``generator=hf`` option's (a generator built directly, as tests and
+    benchmarks do, samples as one built from the default config).
+
     Weights: a generator built over the trainer's own module samples from it directly
     (:meth:`load_weights` then records the version only); one built over a model of its own copies
     the new weights into it.
@@ -72,12 +75,12 @@ class HFGenerator(Generator):
         precision: Precision,
         length_control: Any,
         *,
-        temperature: float = 1.0,
+        temperature: float = HFGeneratorOption.temperature,
         device: torch.device | str = "cpu",
         seed: int = 0,
-        stale_kv_samples: int = 4,
-        static_cache: bool = False,
-        stale_kv: str = "keep",
+        stale_kv_samples: int = HFGeneratorOption.stale_kv_samples,
+        static_cache: bool = HFGeneratorOption.static_cache,
+        stale_kv: str = HFGeneratorOption.stale_kv,
         lean: bool = True,
     ):
         self.device = torch.device(device)

@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from scalerl.config.groups.generator import STALE_KV, VLLMGeneratorOption
+from scalerl.config.groups.placement import PlacementOption
 from scalerl.generator.base import GenerationSession, Generator
 from scalerl.generator.length import LengthControl
 from scalerl.generator.registry import register_generator
@@ -315,22 +317,22 @@ class VLLMGenerator(Generator):
         precision: Precision,
         length_control: Any,
         *,
-        temperature: float = 1.0,
+        temperature: float = VLLMGeneratorOption.temperature,
         device: torch.device | str = "cpu",
         seed: int = 0,
-        kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.5,
-        max_num_seqs: int = 256,
-        stale_kv_samples: int = 4,
+        kv_cache_gib: float = VLLMGeneratorOption.kv_cache_gib,
+        gpu_memory_utilization: float = VLLMGeneratorOption.gpu_memory_utilization,
+        max_num_seqs: int = VLLMGeneratorOption.max_num_seqs,
+        stale_kv_samples: int = VLLMGeneratorOption.stale_kv_samples,
         stale_kv_top_k: int = STALE_KV_TOP_K,
-        sleep_while_training: bool = True,
-        bucket_mb: float = 256.0,
-        tensor_parallel_size: int = 1,
-        stale_kv: str = "keep",
+        sleep_while_training: bool = VLLMGeneratorOption.sleep_while_training,
+        bucket_mb: float = PlacementOption.bucket_mb,
+        tensor_parallel_size: int = PlacementOption.tensor_parallel_size,
+        stale_kv: str = VLLMGeneratorOption.stale_kv,
         shared_gpu: bool = True,
     ):
-        from scalerl.config.groups.generator import STALE_KV
-
+        """An engine over ``model`` (the keyword defaults are the ``generator=vllm`` and placement
+        options'; a generator built directly samples as one built from the default config)."""
         if stale_kv not in STALE_KV:
             raise ValueError(f"generator.stale_kv must be one of {', '.join(STALE_KV)}, got {stale_kv!r}")
         self.stale_kv = str(stale_kv)
