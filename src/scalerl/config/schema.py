@@ -141,9 +141,11 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
-    seed: int = 0
+    seed: int = 0  # the run's random seed (model=tiny's warm-started base has its own: warmstart_seed)
+    # checkpoints, logs and the resolved config go here (conf/config.yaml: a dated folder under outputs/)
     out_dir: str = MISSING
-    checkpoint_every: int = 10
+    checkpoint_every: int = 10  # optimiser steps between checkpoints (and at the last)
+    # a progress bar on an interactive terminal and log lines otherwise (auto), or either always
     progress: str = "auto"  # auto | bar | log
 
 

@@ -37,13 +37,17 @@ class PipelineRLOptions(Option):
     """Generator and trainer run concurrently; new weights reach the generator in flight."""
 
     name: str = "pipeline_rl"
-    max_lag: int = 8  # the trainer waits while its batch holds a policy older than step - max_lag
+    # the trainer waits while its batch holds a policy older than step - max_lag (the paper's k; 4
+    # and 8 performed the same there)
+    max_lag: int = 8
     # how far ahead of the trainer the generator may run (work given to it and groups it finished,
-    # not yet trained on), in batches; more than max_lag only makes stale groups. 2: the measured
-    # stable default (conf/async_mode/pipeline_rl.yaml)
+    # not yet trained on), in batches; more than max_lag only makes stale groups, and `${.max_lag}`
+    # lets a generator faster than the trainer fill the lag allowed. 2 keeps the lag near 1 with
+    # k = 8 as the bound: the embedded default stays steady past its budget that way (measured:
+    # benchmarks/results/README.md, "The default's regime")
     max_buffered_batches: float = 2.0
-    # how weights reach the generator process: auto (NCCL between two GPUs, else gloo), gloo, nccl,
-    # or shm (shared memory, one machine)
+    # how weights reach the engines: auto (NCCL from a GPU trainer to engines on GPUs of their own,
+    # else gloo), gloo, nccl, or shm (shared memory, HF engines on this machine)
     transport: str = "auto"
 
     def check(self):

@@ -57,7 +57,7 @@ class Truncated(CorrectionOption):
     behaviour weight truncated at ``threshold``."""
 
     name: str = "tis"
-    threshold: float = 2.0
+    threshold: float = 2.0  # the behaviour weight is min(w, threshold)
 
     def check(self):
         return problems(one_of("level", self.level, LEVELS), positive("threshold", self.threshold))
@@ -70,6 +70,7 @@ class Masked(CorrectionOption):
     with tokens (or sequences) whose behaviour weight lies outside ``[lower, threshold]`` weighted 0."""
 
     name: str = "mis"
+    # tokens (sequences) whose behaviour weight lies outside [lower, threshold] are weighted 0
     threshold: float = 2.0
     lower: float = 0.0
 

@@ -68,7 +68,8 @@ class VLLMGeneratorOption(GeneratorOption):
     # takes vLLM's 0.9 (generator.vllm_gen.engine_kwargs)
     gpu_memory_utilization: float = 0.5
     max_num_seqs: int = 256  # sequences decoded together
-    # on a GPU shared with the trainer (its process): vLLM's sleep mode while the trainer steps
+    # on a GPU shared with the trainer (its process): vLLM's sleep mode (weights to host memory)
+    # while the trainer steps
     sleep_while_training: bool = True
 
     def check(self):

@@ -25,7 +25,8 @@ class Local(Option):
     timeout_min: int = 120
     max_requeue: int = 3
     nodes: int = 1  # this machine only: always 1
-    tasks_per_node: int = 1  # processes per run (ranks of one run, as torchrun --nproc_per_node)
+    # processes per run (ranks of one run, as torchrun --nproc_per_node); > 1 needs trainer=deepspeed
+    tasks_per_node: int = 1
 
     def check(self):
         return problems(
@@ -53,9 +54,11 @@ class Slurm(Option):
     name: str = "slurm"
     partition: Optional[str] = None
     nodes: int = 1
-    tasks_per_node: int = 1  # processes (ranks) per node
-    gpus_per_node: int = 0  # GPUs held on each node, seen by every task of the node
-    gpus_per_task: int = 0  # or per task: the node holds tasks_per_node x gpus_per_task
+    tasks_per_node: int = 1  # processes (ranks) per node; > 1 needs trainer=deepspeed
+    # GPUs held on each node, seen by every task of the node (task k uses cuda:LOCAL_RANK)
+    gpus_per_node: int = 0
+    # or per task: the node holds tasks_per_node x gpus_per_task (set one of the two)
+    gpus_per_task: int = 0
     cpus_per_task: int = 2
     mem_gb: int = 8  # per node
     timeout_min: int = 60

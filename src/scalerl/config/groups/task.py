@@ -33,11 +33,26 @@ class Addition(Option):
     max_digits: int = 4
     warmstart_max_digits: int = 3  # warm-start problems have 1..warmstart_max_digits digits
     warmstart_hard_frac: float = 0.1  # share of warm-start problems at max_digits
-    warmstart_slip_prob: float = 0.25  # chance a warm-start scratchpad column is off by one
-    # chance a warm-start solution re-checks its columns before </think> (half of those are cut
-    # part-way by warmstart_phrase, the interruption phrase, and then answer)
+    # The warm-start imitates a noisy base model: each scratchpad column is off by one with this
+    # chance (the carry and answer follow the slip). Its samples are often wrong where its mode is
+    # right, as a pretrained LLM's are; RL must remove the slips and, on 4-digit prompts, learn the
+    # new columns.
+    warmstart_slip_prob: float = 0.25
+    # It also overthinks: this share of its solutions go over the columns again ("check:" and the
+    # same steps) before </think>, twice the thinking needed; half of those are cut part-way by
+    # warmstart_phrase (the interruption phrase) and then answer (a base model that follows "time is
+    # up"). So forced interruptions fire under the default budget, and a run without them must learn
+    # to stop re-checking before max_new_tokens cuts the answer off.
     warmstart_recheck_prob: float = 0.3
+    # conf/task/addition.yaml sets it to length_control.phrase where the run has one
     warmstart_phrase: str = " time is up.</think>"
+    # A finite training set, which no-positive-resampling shrinks as the policy solves prompts (it
+    # retires a prompt on its first pass when its group is solved). With dynamic sampling a late step
+    # draws up to 4 batches' worth of prompts, most of them solved and retired; 32768 outlast twice
+    # the 300-step budget, half as many did not (benchmarks/results/README.md). A run that retires
+    # every prompt stops with a one-line error: raise num_train for much longer runs; a smaller set
+    # makes no-positive-resampling act sooner (sweeps/loo.yaml sets one the budget passes over more
+    # than once).
     num_train: int = 32768
     num_val: int = 128
     # How operands are written: "common" zero-pads every problem to the task's widest (the warm-start's
@@ -174,12 +189,19 @@ class Code(Option):
     source: str = "templates"
     seed: int = 1234
     num_val: int = 128
-    warmstart_slip_prob: float = 0.25  # chance a warm-start solution has a constant off by one (templates)
+    # the warm-start imitates a noisy base model: a solution's constant is off by one with this
+    # chance (templates)
+    warmstart_slip_prob: float = 0.25
+    # the sandbox's limits of one program run (its code and every call of its function)
     timeout_s: float = 4.0  # wall-clock limit of one program and its calls (CPU limit: the same, rounded up)
     memory_mb: int = 512  # address-space limit of the program's process
     max_output_bytes: int = 65536  # output read back, and the largest file it may write
-    # the OS boundary programs run behind: strong (bubblewrap, else user namespaces; refused where
-    # neither works), one of them by name, or a weak one only by name (unshare, none)
+    # The OS boundary programs run behind: strong = bubblewrap where it works, else user namespaces
+    # (unshare + mount + setpriv): a read-only system, every site-packages hidden, its own /proc, no
+    # capabilities, only its folder writable; refused at start where neither works. bwrap or userns
+    # by name; the weak ones, unshare (network and PID namespaces only) and none (rlimits only), only
+    # by name: their programs can read the user's files and reach the training process. The log
+    # says which, once.
     sandbox: str = "strong"
     verifier_timeout_s: float = 8.0
 
@@ -322,7 +344,7 @@ class Gsm(Option):
     # validation: the original GSM8K problems of the templates, or num_val problems drawn from the
     # training distribution (same templates and number scale, another seed, none seen in training)
     val_split: str = "originals"
-    num_val: int = 100
+    num_val: int = 100  # val_split=drawn: how many
     verifier_timeout_s: float = 2.0
 
     def check(self):

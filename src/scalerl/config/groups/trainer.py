@@ -20,16 +20,22 @@ class TorchTrainerOption(Option):
     batch_size: int = 128  # sequences per optimiser step = prompts x generations
     generations_per_prompt: int = 8
     micro_batch_size: int = 0  # sequences per forward/backward; 0 = whole batch
-    share_prompts: bool = True  # a prompt's positions go through the model once per group
+    # the G samples of a prompt share it: its positions go through the model once per group, and the
+    # samples' completions attend to that prefix (the same log-probs and gradients, fewer FLOPs)
+    share_prompts: bool = True
     # the LM head (log-probs of the chosen tokens, entropy) runs over this many positions at a time,
-    # each chunk recomputed in the backward: memory holds one chunk's [chunk, vocabulary] logits, not
-    # a micro-batch's; 0 = all positions of a pass at once
+    # each chunk's logits recomputed in the backward instead of stored: memory holds one chunk's
+    # [chunk, vocabulary] logits, never a micro-batch's (2 x 3600 x 49k fp32 = 1.4 GB for SmolLM2 at
+    # micro_batch_size=8); 0 = all positions of a pass at once. The same values either way
     logits_chunk_tokens: int = 1024
-    # checkpoint every transformer block (its activations recomputed in the backward: one more
-    # forward of the body per step, far less memory); turns share_prompts off
+    # checkpoint every transformer block: its activations are recomputed in the backward (about one
+    # more forward of the body per step, far less memory) instead of stored. Turns share_prompts off
+    # (a replayed block would write the shared prompt's KV cache twice)
     activation_checkpointing: bool = False
-    # on a CPU, glibc serves allocations of this many MB or more by mmap and returns them when freed
-    # (its default keeps freed activations in the heap: 7.1 vs 3.1 GB peak at 135M); 0 = glibc's default
+    # on a CPU (Linux, glibc), allocations of this many MB or more are mmapped and returned to the
+    # system when freed; glibc's default keeps a step's freed activations in its heap (at 135M the
+    # trainer step's resident peak was 7.1 GB by default, 3.1 GB with 1; the real-model command sets
+    # it). 0 = glibc's default (kept for the embedded model, whose tensors are small)
     malloc_mmap_threshold_mb: int = 0
     lr: float = 1.0e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
