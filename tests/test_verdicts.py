@@ -218,6 +218,26 @@ def test_the_t_test_calls_only_beyond_the_interval_and_the_margin():
     assert noisy.called == 0
 
 
+def test_the_exported_margin_A_is_the_one_the_verdicts_use(monkeypatch):
+    """One MARGIN_A: the name the package exports (and the figures draw) is the verdicts' object,
+    not a second constant of the same value, and the verdicts read it when they call: widening it
+    past a 0.12 gap in A leaves that gap uncalled."""
+    import scalerl.analysis as analysis
+    from scalerl.analysis import experiment, figures
+    from scalerl.analysis import verdicts as verdicts_module
+
+    assert analysis.MARGIN_A is verdicts_module.MARGIN_A is figures.MARGIN_A
+    assert getattr(experiment, "MARGIN_A", verdicts_module.MARGIN_A) is verdicts_module.MARGIN_A
+    groups = {
+        "base": _runs("base", BASE),
+        "lower": _runs("lower", TrueCurve(0.15, 0.50, 1.9, 1000.0), params={"loss": "dapo"}),
+    }
+    assert _verdicts(groups)["lower"].called["A"] == -1
+    monkeypatch.setattr(verdicts_module, "MARGIN_A", 0.2)
+    wide = _verdicts(groups)["lower"]
+    assert "A" not in wide.called and wide.dA.significant and abs(wide.dA.delta) <= 0.2, wide.verdict
+
+
 def test_welch_on_the_pair_does_not_call_what_the_pooled_spread_did():
     """The issue's case: the 2-digit study's B at A=1 of PPO-off-policy (1.00, sd 0.14 over 3 seeds)
     against the baseline's (1.32, sd 0.12), Bonferroni over 7 comparisons: the pooled test (df 16)

@@ -9,7 +9,6 @@ fits and comparison, all made with one :class:`FitProtocol`), :func:`rows_to_mar
 """
 
 from scalerl.analysis.experiment import (
-    MARGIN_A,
     Baseline,
     ExperimentResult,
     analyse_runs,
@@ -21,6 +20,7 @@ from scalerl.analysis.experiment import (
 )
 from scalerl.analysis.mlflow_io import AnalysisError, RunData, load_runs, make_client, resolve_tracking_uri
 from scalerl.analysis.reporting import Report, report
+from scalerl.analysis.verdicts import MARGIN_A  # the one margin on A: the verdicts' (figures draw it)
 from scalerl.scaling.protocol import FitProtocol  # how every fit is made: report(protocol=...)
 
 __all__ = [

@@ -38,8 +38,6 @@ from scalerl.config.options import RECIPE_GROUPS  # groups logged as params name
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import N_PARAMS, SigmoidFit
 
-MARGIN_A = 0.02
-"""The paper's margin on A (three seeds differed by at most 0.015): the prediction check's tolerance."""
 DEFAULT_MIN_STEP = FitProtocol.min_step
 """The early cut of the analysis CLI, as ``scaling.min_step``'s default (the fit protocol's)."""
 IGNORED_PARAM_PREFIXES = ("tracking.", "launcher.", "scaling.", "hydra.", "mlflow.", "progress", "out_dir")
