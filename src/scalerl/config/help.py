@@ -1,13 +1,15 @@
-"""The option listing of ``python train.py --help``, generated from the registries.
+"""The option listing of ``python train.py --help`` and of ``conf/README.md``, generated from the
+registries.
 
 ``conf/hydra/help/scalerl.yaml`` writes ``${scalerl_help:}`` where the listing goes; the resolver
 registered here fills it in: every group, its options (the default marked with ``*``), what each
-option is (the opening sentence of its YAML's comment) and its fields with the values its YAML
-gives them.
+option is (the opening sentence of its YAML's comment) and every field with the value a run of the
+option gets. ``python -m scalerl.config.help`` writes the same listing, plus the run-wide keys, into
+``conf/README.md`` (``tests/test_defaults_home.py`` fails when it is stale).
 
 Hydra may resolve the help template while composing any config, so the listing is built without
-composing: each option's values are its dataclass defaults overlaid with its YAML file's own keys
-(and those of a sibling option it lists in ``defaults``, as ``trainer/deepspeed`` lists ``torch``).
+composing: each option's values are its dataclass defaults (the one home of every default) with its
+YAML file's own keys (the values that differ) laid over them, as composing does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -59,10 +62,13 @@ def yaml_values(conf: Path, group: str, name: str) -> dict:
     return out
 
 
-def _field_default(f: dataclasses.Field) -> object:
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return f.default
+def option_values(conf: Path, group: str, name: str) -> dict:
+    """Every field of option ``group=name`` with the value a run of it composes to (unresolved: an
+    interpolation as written): its dataclass's defaults with its YAML's own keys over them."""
+    node = OmegaConf.structured(options(group)[name])
+    if (conf / group / f"{name}.yaml").is_file():
+        node = OmegaConf.merge(node, yaml_values(conf, group, name))
+    return OmegaConf.to_container(node, resolve=False)
 
 
 def _show(v: object) -> str:
@@ -88,10 +94,48 @@ def options_text(conf_dir: str) -> str:
             lines += textwrap.wrap(
                 f"{name}: {_doc_line(cls, path)}", WIDTH, initial_indent="  ", subsequent_indent="    "
             )
-            values = yaml_values(conf, group, name) if path.is_file() else {}
-            fields = [f"{f.name}={_show(values.get(f.name, _field_default(f)))}" for f in option_fields(cls)]
-            lines += _wrap_fields(fields)
+            values = option_values(conf, group, name)
+            lines += _wrap_fields([f"{f.name}={_show(values[f.name])}" for f in option_fields(cls)])
     return "\n".join(lines)
+
+
+def run_wide_text(conf_dir: str) -> str:
+    """The keys outside the groups (``eval.*``, ``tracking.*``, ``scaling.*``, ``seed``, ...) with the
+    values a run gets: :class:`scalerl.config.schema.Config`'s defaults, ``conf/config.yaml``'s over them."""
+    from scalerl.config.schema import SECTIONS, Config
+
+    own = OmegaConf.to_container(OmegaConf.load(Path(conf_dir) / "config.yaml"), resolve=False)
+    own = {k: v for k, v in own.items() if k not in ("defaults", "hydra", *GROUPS)}
+    values = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Config), own), resolve=False)
+    lines = []
+    for section in SECTIONS:
+        lines.append(f"{section}:")
+        lines += _wrap_fields([f"{section}.{k}={_show(v)}" for k, v in values[section].items()])
+    lines.append("run:")
+    top = [f.name for f in dataclasses.fields(Config) if f.name not in (*GROUPS, *SECTIONS)]
+    lines += _wrap_fields([f"{k}={_show(values[k])}" for k in top])
+    return "\n".join(lines)
+
+
+README_START = "<!-- fields: written by `python -m scalerl.config.help`; do not edit by hand -->"
+README_END = "<!-- /fields -->"
+
+
+def readme_fields(conf_dir: str) -> str:
+    """The block ``conf/README.md`` lists every field in: the ``--help`` listing and the run-wide keys."""
+    body = options_text(conf_dir) + "\n" + run_wide_text(conf_dir)
+    return f"{README_START}\n```text\n{body}\n```\n{README_END}"
+
+
+def write_readme(conf_dir: str) -> bool:
+    """Rewrite the field listing of ``conf/README.md`` between its markers; whether it changed."""
+    path = Path(conf_dir) / "README.md"
+    text = path.read_text(encoding="utf-8")
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    new = text[:start] + readme_fields(conf_dir) + text[end:]
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
 
 
 def _wrap_fields(fields: list[str]) -> list[str]:
@@ -125,3 +169,10 @@ def _resolve_help() -> str:
 def register_help_resolver() -> None:
     if not OmegaConf.has_resolver("scalerl_help"):
         OmegaConf.register_new_resolver("scalerl_help", _resolve_help)
+
+
+if __name__ == "__main__":
+    from scalerl.config import conf_dir
+
+    changed = write_readme(conf_dir())
+    print(f"{Path(conf_dir()) / 'README.md'}: {'rewritten' if changed else 'up to date'}", file=sys.stderr)
