@@ -144,3 +144,29 @@ def test_the_default_base_model_ships_with_the_package(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="scalerl.model.build"):
         load_tiny(other, build_task(other))
     assert "training 2 supervised steps" in caplog.text and "shipped" not in caplog.text
+
+
+def test_building_and_sampling_the_model_imports_no_scikit_learn():
+    """transformers' generation imports scikit-learn (with SciPy, pandas, pyarrow) whenever it is
+    installed, for a feature scalerl does not use: scalerl's processes import transformers without
+    it (``scalerl.model.hf_imports``), and the check stays true for everyone else."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("sklearn") is None:
+        pytest.skip("scikit-learn is not installed (MLflow brings it): nothing to keep out")
+    code = (
+        "import sys, torch\n"
+        "from scalerl.model.build import build_model\n"
+        "from tests.test_model import tiny_model_cfg\n"
+        "m = build_model(tiny_model_cfg('gpt2'), 50, seed=0, pad_token_id=0, eos_token_id=1)\n"
+        "out = m.generate(torch.tensor([[2, 3]]), max_new_tokens=3, do_sample=True, pad_token_id=0)\n"
+        "assert out.shape == (1, 5), out.shape\n"
+        "import transformers.utils as u\n"
+        "print('sklearn' in sys.modules, u.is_sklearn_available())\n"
+    )
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"], out.stdout
