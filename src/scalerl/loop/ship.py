@@ -1,8 +1,10 @@
 """``python -m scalerl.loop.ship``: warm-start the embedded base models a user runs first and put them
 in the package, ``scalerl/model/base/warmstart-<key>``, in place of those there: the default's (the
-default ``model`` and ``task`` settings, ``python train.py``) and the leave-one-out study's
-(``sweeps/loo.yaml``'s base, ``python sweep.py --loo``), so that neither trains a warm-start first
-and every machine starts from the same base. Run it after changing what the warm-start key covers
+default ``model`` and ``task`` settings, ``python train.py``) and the leave-one-out studies' (the
+``base`` of ``sweeps/loo.yaml``, ``python sweep.py --loo``, and of ``sweeps/loo_ceiling.yaml``), so
+that none trains a warm-start first and every machine starts from the same base. A base already in
+the warm-start cache (``model.cache_dir``) under the same key is shipped as it is: the key covers
+every setting and the procedure's version, so the cache holds what this would make again. Run it after changing what the warm-start key covers
 (the default model or task settings, the study's task settings, the warm-start procedure);
 test_model says when a shipped one no longer matches."""
 
@@ -23,6 +25,9 @@ from scalerl.model.build import SHIPPED_BASE, _warmstart_key, warmstart_into
 from scalerl.model.tokenizer import build_char_tokenizer
 from scalerl.task import build_task
 
+# the studies whose base model ships: a name -> its sweep file in sweeps/
+STUDIES = {"loo study": "loo.yaml", "loo_ceiling study": "loo_ceiling.yaml"}
+
 
 def shipped_settings() -> dict[str, list[str]]:
     """What each shipped base is warm-started for: a name -> the overrides of its runs (the study's:
@@ -32,9 +37,12 @@ def shipped_settings() -> dict[str, list[str]]:
     from scalerl.config import conf_dir
     from scalerl.config.errors import override_key
 
-    study = yaml.safe_load((Path(conf_dir()).parent / "sweeps" / "loo.yaml").read_text())
-    base = [str(o) for o in study.get("base") or []]
-    return {"default": [], "loo study": [o for o in base if override_key(o).split(".")[0] != "launcher"]}
+    out: dict[str, list[str]] = {"default": []}
+    for name, file in STUDIES.items():
+        study = yaml.safe_load((Path(conf_dir()).parent / "sweeps" / file).read_text())
+        base = [str(o) for o in study.get("base") or []]
+        out[name] = [o for o in base if override_key(o).split(".")[0] != "launcher"]
+    return out
 
 
 def shipped_configs() -> dict[str, object]:
@@ -52,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument(
-        "--force", action="store_true", help="make again the bases already shipped for these settings"
+        "--force",
+        action="store_true",
+        help="make again the bases already shipped or cached for these settings",
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -70,13 +80,20 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"kept {target} for the {name} (the same settings; --force makes it again)")
                 continue
             folder = Path(d) / target.name
-            info = warmstart_into(folder, cfg, build_task(cfg), build_char_tokenizer())
-            info["made"] = {
-                "for": name,
-                "on": str(date.today()),
-                "machine": platform.processor() or platform.machine(),
-                "torch": torch.__version__,
-            }
+            cached = Path(str(cfg.model.cache_dir)) / target.name
+            if (cached / "meta.json").is_file() and not args.force:
+                shutil.copytree(cached, folder)
+                info = json.loads((cached / "meta.json").read_text())
+                info.setdefault("made", {"for": name, "on": str(date.fromtimestamp(cached.stat().st_mtime))})
+                print(f"{name}: the base in the warm-start cache ({cached}) has these settings: shipping it")
+            else:
+                info = warmstart_into(folder, cfg, build_task(cfg), build_char_tokenizer())
+                info["made"] = {
+                    "for": name,
+                    "on": str(date.today()),
+                    "machine": platform.processor() or platform.machine(),
+                    "torch": torch.__version__,
+                }
             (folder / "meta.json").write_text(json.dumps(info, indent=1))
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(folder, target)
