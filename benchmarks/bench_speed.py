@@ -20,8 +20,6 @@ The limit: the project counts ``2 x non-embedding parameters`` FLOPs per generat
 threads (measured before each round, median), it is the time a step's generation would take at
 that rate. ``x limit`` = measured / limit (the issue's goal: within 3x). Times are the thread's CPU
 seconds (``time.thread_time``: on a shared machine wall time counts the other load; with one
-torch thread the thread's CPU time is the work done), wall seconds beside them. Times are the thread's CPU
-seconds (``time.thread_time``: on a shared machine wall time counts the other load; with one
 torch thread the thread's CPU time is the work done), wall seconds beside them.
 """
 
