@@ -392,8 +392,20 @@ def test_multi_warm_start_mixes_both_domains(multi):
 
 
 def test_multi_task_builds_from_a_run_config():
-    domains = {"a": {"name": "addition", "num_train": 300}, "b": {"name": "code"}}
-    task = make_task({"name": "multi", "domains": domains, "ratio": {"a": 0.5, "b": 0.5}})
+    cfg = compose(
+        [
+            "task=multi",
+            "~task.domains.math",
+            "~task.domains.code",
+            "+task.domains.a={name: addition, num_train: 300}",
+            "+task.domains.b={name: code}",
+            "~task.ratio.math",
+            "~task.ratio.code",
+            "+task.ratio.a=0.5",
+            "+task.ratio.b=0.5",
+        ]
+    )
+    task = make_task(OmegaConf.to_container(cfg.task, resolve=True))
     assert isinstance(task, MultiTask) and task.domains == ["a", "b"]
     assert task.tasks["b"].limits.timeout_s == 4.0  # the option's defaults filled in
     assert task.tasks["a"].ws_hard_frac == 0.1  # (the option's default; AdditionTask's own is 0)

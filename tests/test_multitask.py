@@ -179,7 +179,7 @@ def test_local_executor_runs_the_tasks_of_a_run(tmp_path):
     assert make_executor(plan).parameters["tasks_per_node"] == 2
     # runs at once, sized to the machine: a core per task, each run with its share of the cores
     cores = os.cpu_count() or 1
-    one, two = max_parallel({"max_parallel": 0}), max_parallel(plan.launcher)
+    one, two = max_parallel({**plan.launcher, "tasks_per_node": 1}), max_parallel(plan.launcher)
     assert one == cores and two == max(1, cores // 2)
     assert max_parallel({**plan.launcher, "max_parallel": 3}) == 3  # set: as it is
     assert local_threads(plan.launcher, []) == [f"trainer.threads={max(1, cores // (two * 2))}"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from test_model import tiny_model_cfg
 
+from scalerl.config import compose
 from scalerl.model.build import build_model
 from scalerl.model.precision import Precision
 from scalerl.trainer import TrainBatch, make_trainer
@@ -45,24 +46,23 @@ def grouped_batch(seed: int = 0, groups: int = 3, per: int = 4, prompt_lens=(5, 
 
 
 def trainer_cfg(share: bool):
-    return OmegaConf.create(
-        {
-            "trainer": {
-                "name": "torch",
-                "lr": 1e-3,
-                "betas": [0.9, 0.95],
-                "adam_eps": 1e-8,
-                "weight_decay": 0.0,
-                "warmup_steps": 0,
-                "grad_clip": 0.0,
-                "max_nonfinite_steps": 5,
-                "micro_batch_size": 0,
-                "generations_per_prompt": 4,
-                "share_prompts": share,
-            },
-            "loss": {"name": "cispo", "eps_max": 4.0},
-            "aggregation": {"name": "prompt"},
-        }
+    """The recipe's config (composed: every field is the schema's, as a run has it) with the
+    trainer these tests step: lr 1e-3 from the first step, no weight decay or clipping, G = 4."""
+    return copy.deepcopy(_trainer_cfg(share))
+
+
+@functools.lru_cache(maxsize=2)
+def _trainer_cfg(share: bool):
+    return compose(
+        [
+            "trainer.lr=1e-3",
+            "trainer.weight_decay=0.0",
+            "trainer.warmup_steps=0",
+            "trainer.grad_clip=0.0",
+            "trainer.generations_per_prompt=4",
+            f"trainer.share_prompts={str(share).lower()}",
+            "loss.eps_max=4.0",
+        ]
     )
 
 

@@ -179,16 +179,16 @@ def _prompt_tokens(cfg) -> tuple[int, str]:
     """A prompt's tokens: the addition task's ``aaaa+bbbb=`` (the char tokenizer: one a character),
     else an assumption stated in the output."""
     t = cfg.task
-    if str(t.get("name")) == "addition":
+    if str(t.name) == "addition":
         return 2 * int(t.max_digits) + 2, ""
-    return 64, f"prompts assumed 64 tokens (task={t.get('name')} prompts are not read to estimate)"
+    return 64, f"prompts assumed 64 tokens (task={t.name} prompts are not read to estimate)"
 
 
 def _warmstart_pending(cfg) -> tuple[int, int]:
     """(steps, batch size) of the tiny model's warm-start when neither the cache nor the package
     holds it (the run trains it first), else (0, 0)."""
     m = cfg.model
-    if str(m.get("name")) != "tiny" or int(m.get("warmstart_steps", 0)) <= 0:
+    if str(m.name) != "tiny" or int(m.warmstart_steps) <= 0:
         return 0, 0
     from pathlib import Path
 
@@ -212,17 +212,17 @@ def work(cfg) -> Work:
     steps = int(cfg.trainer.total_steps)
     B = int(cfg.trainer.batch_size)
     gen = cfg.generator
-    kind = str(gen.get("name", "hf"))
+    kind = str(gen.name)
     mode = str(cfg.async_mode.name)
     notes = []
     rows = B  # sync: a batch's samples decode together
     if mode == "ppo_off_policy":  # its minibatches' samples decode together
         rows = B * max(1, min(int(cfg.async_mode.minibatches), steps))
-    if mode == "pipeline_rl" and bool(gen.get("continuous", False)) and int(gen.get("max_running", 0) or 0):
+    if mode == "pipeline_rl" and bool(gen.continuous) and int(gen.max_running):
         rows = int(gen.max_running)
     f = cfg.filter
-    if bool(f.get("dynamic_sampling", False)) and bool(f.get("zero_variance", False)):
-        cap = float(f.get("max_gen_batches", 1))
+    if bool(f.dynamic_sampling) and bool(f.zero_variance):
+        cap = float(f.max_gen_batches)
         batches = tuple(min(cap, b) for b in DYNAMIC_BATCHES)
         notes.append(
             f"dynamic sampling generates 1-{cap:g} batches a step as the policy solves prompts: "
@@ -231,9 +231,11 @@ def work(cfg) -> Work:
     else:
         batches = (1.0, 1.0, 1.0)
     K = int(cfg.eval.samples_per_prompt)
-    n_val = min(int(cfg.eval.num_prompts), int(cfg.task.get("num_val", cfg.eval.num_prompts)))
+    n_val = int(cfg.eval.num_prompts)
+    if "num_val" in cfg.task:  # a task option with the field (champ validates a fraction; multi, its domains)
+        n_val = min(n_val, int(cfg.task.num_val))
     evals = sum(evaluates_at(s, steps, int(cfg.eval.every)) for s in range(steps + 1))
-    bs = int(cfg.eval.get("batch_prompts", 0) or 0) or max(1, B // K)
+    bs = int(cfg.eval.batch_prompts) or max(1, B // K)
     prompt, note = _prompt_tokens(cfg)
     if note:
         notes.append(note)
@@ -260,7 +262,7 @@ def _probe_model(cfg):
     import torch
 
     m = cfg.model
-    name = str(m.get("name"))
+    name = str(m.name)
     if name == "tiny":
         from scalerl.model.build import build_model
         from scalerl.model.tokenizer import build_char_tokenizer
@@ -270,7 +272,7 @@ def _probe_model(cfg):
     if name == "hf":
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        path = str(m.get("name_or_path"))
+        path = str(m.name_or_path)
         if not os.path.isdir(path):
             return f"model.name_or_path={path} is not a local folder this estimate reads"
         try:
@@ -339,6 +341,9 @@ def _decode_step_s(model, rows: int, prompt: int, new: int, n: int) -> float:
     cache of what precedes it (transformers' path); ``n``: the model's non-embedding parameters."""
     import torch
 
+    # the cache keyword by the installed transformers' name for it (``past_key_values`` warns from 5.2x)
+    from scalerl.model.kv_cache import output_cache, with_cache
+
     vocab = model.config.vocab_size
     probe_rows = max(1, min(rows, int(PROBE_FLOPS / (2 * n))))
     ctx = prompt + max(1, new // 2)
@@ -346,11 +351,11 @@ def _decode_step_s(model, rows: int, prompt: int, new: int, n: int) -> float:
     ids = torch.randint(3, vocab, (probe_rows, ctx))
     with torch.inference_mode():
         out = model(input_ids=ids, use_cache=True)
-        past = out.past_key_values
+        past = output_cache(out)
         nxt = torch.randint(3, vocab, (probe_rows, 1))
 
         def step():
-            o = model(input_ids=nxt, past_key_values=past, use_cache=True)
+            o = model(input_ids=nxt, use_cache=True, **with_cache(model, past))
             if hasattr(past, "crop"):  # keep the context where it was: each call times the same step
                 past.crop(-1)
             return o

@@ -206,13 +206,19 @@ def _batch(cfg, trainers: int, launch: Launch, gen_tasks: int) -> tuple[int, int
     )
 
 
+def _generator_tasks(pl) -> int:
+    """Tasks of the job that run an engine each: the option's ``generator_tasks`` where it has the
+    field (placement=split), else none (colocated engines run beside the trainer)."""
+    return int(pl.generator_tasks) if "generator_tasks" in pl else 0
+
+
 def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
     """Every rank's and every engine's plan for ``cfg`` (resolved) launched by ``launch``; a
     :class:`LayoutError` (one line) when it cannot work. ``threads``: the trainer process's thread
     budget when the caller has chosen it (else ``trainer.threads``, else the allotment)."""
     pl, tr = cfg.placement, cfg.trainer
     tasks, per_node = launch.tasks, int(launch.tasks_per_node)
-    gen_tasks = int(pl.get("generator_tasks", 0) or 0)
+    gen_tasks = _generator_tasks(pl)
     pipeline = cfg.async_mode.name == "pipeline_rl"
     split = pl.name == "split"
     tp = int(pl.tensor_parallel_size)
@@ -254,7 +260,8 @@ def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
     trainer_gpus: list[list[int]] = [list(range(on_node[n])) for n in range(launch.nodes)]
     engine_gpus: list[tuple[int, ...]] = [() for _ in range(n_engines)]
     engine_node = [0] * n_engines
-    gen_devices = [int(g) for g in pl.get("generator_devices", []) or []]
+    # devices of the engines' own: an option that has the field (placement=split), else none
+    gen_devices = [int(g) for g in pl.generator_devices] if "generator_devices" in pl else []
     if gen_devices and gen_tasks:
         raise LayoutError(
             "placement.generator_devices",
@@ -460,7 +467,7 @@ def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
         )
         for e in range(n_engines)
     )
-    transport = str(cfg.async_mode.get("transport", "auto")) if pipeline else "gloo"
+    transport = str(cfg.async_mode.transport) if pipeline else "gloo"
     own_gpus = on_gpu and (split or bool(gen_tasks))
     backend = ("nccl" if own_gpus else "gloo") if transport == "auto" else transport
     return Layout(
@@ -512,7 +519,7 @@ def launch_from_env(
     RANK / WORLD_SIZE / LOCAL_WORLD_SIZE / MASTER_PORT, SLURM's CPUs) and the GPUs it is given
     (``gpu_ids``: the node's, as :func:`node_gpu_ids` reads them by default)."""
     env = os.environ if environ is None else environ
-    gen_tasks = int(cfg.placement.get("generator_tasks", 0) or 0)
+    gen_tasks = _generator_tasks(cfg.placement)
     tasks, per_node = _job_tasks(env, gen_tasks, raw)
     if tasks % per_node:
         per_node = tasks
@@ -537,15 +544,15 @@ def launch_from_launcher(cfg, launcher=None, environ: Mapping[str, str] | None =
     tasks on this machine with its GPUs and cores."""
     lc = cfg.launcher if launcher is None else launcher
     env = os.environ if environ is None else environ
-    per_node = int(lc.get("tasks_per_node", 1) or 1)
-    if lc.get("name") == "slurm":
-        gpus = int(lc.get("gpus_per_node") or 0) or per_node * int(lc.get("gpus_per_task") or 0)
+    per_node = int(lc.tasks_per_node)
+    if lc.name == "slurm":
+        gpus = int(lc.gpus_per_node) or per_node * int(lc.gpus_per_task)
         return Launch(
             kind="slurm",
-            nodes=int(lc.get("nodes", 1) or 1),
+            nodes=int(lc.nodes),
             tasks_per_node=per_node,
             gpus_per_node=gpus,
-            cpus_per_task=int(lc.get("cpus_per_task") or 1),
+            cpus_per_task=int(lc.cpus_per_task),
         )
     gpus = 0 if str(cfg.trainer.device) == "cpu" else len(node_gpu_ids(env))
     return Launch(

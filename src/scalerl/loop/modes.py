@@ -67,7 +67,7 @@ class AsyncMode(abc.ABC):
         f = rollouts.cfg.filter
         # filter.dynamic_sampling: zero-variance groups are replaced by groups of more prompts (it
         # acts only with the zero-variance filter, which drops them)
-        self.dynamic_sampling = bool(f.get("dynamic_sampling", False)) and bool(f.zero_variance)
+        self.dynamic_sampling = bool(f.dynamic_sampling) and bool(f.zero_variance)
         self._exclude_truncated = bool(f.exclude_truncated)
 
     @classmethod
@@ -169,7 +169,7 @@ class PipelineRL(AsyncMode):
         self.capacity = int(math.ceil(self.P * (1 + float(cfg.async_mode.max_buffered_batches))))
         self.chunk = max(1, int(cfg.generator.chunk_prompts))
         self.pool = rollouts.engines  # the engines (scalerl.loop.pipeline.EnginePool)
-        if bool(cfg.generator.get("continuous", False)) and self.pool is not None:
+        if bool(cfg.generator.continuous) and self.pool is not None:
             self.capacity = max(
                 self.capacity, self.full_capacity(cfg, self.pool.engines, self.P, self.max_lag)
             )

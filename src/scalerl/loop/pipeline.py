@@ -224,7 +224,7 @@ def engine_concurrency(cfg) -> int:
     ``max_num_seqs`` (its scheduler runs no more), else one training batch of samples (the HF
     engine's decode step costs about the same for 32 rows as for 128 on a CPU)."""
     g = cfg.generator
-    n = int(g.get("max_running", 0) or 0)
+    n = int(g.max_running)
     if n > 0:
         return n
     if str(g.name) == "vllm":
@@ -259,7 +259,7 @@ class _Engine:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         vllm = str(cfg.generator.name) == "vllm"
-        if vllm and "sleep_while_training" in cfg.generator:
+        if vllm:
             # an engine process generates all the time: vLLM's sleep mode (its own allocator, and
             # CUDA graphs offloaded at every sleep) would only cost
             cfg.generator.sleep_while_training = False
@@ -420,7 +420,7 @@ class _Engine:
     def serve(self) -> None:
         """Take work until told to stop: continuously (``generator.continuous``, where the generator
         can), else in waves."""
-        wanted = bool(self.cfg.generator.get("continuous", False))
+        wanted = bool(self.cfg.generator.continuous)
         if wanted and self.gen.continuous:
             self.serve_continuous()
             return

@@ -15,12 +15,17 @@ Exit status: 0 all runs finished, 1 some run failed (the others complete; the re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scalerl.messages import OneLineParser
 from scalerl.sweep.spec import SweepError, display_path
+
+if TYPE_CHECKING:
+    from scalerl.sweep.state import SweepState
 
 EXIT_FAILED_RUNS = 1
 EXIT_USAGE = 2
@@ -124,25 +129,22 @@ def cmd_report(args) -> int:
             raise
         name = target  # a sweep name without a file: its folder is enough
     sdir = _sweep_dir(args, name)
-    state = load_state(sdir)
-    state["sweep_dir"] = str(sdir)
+    state = dataclasses.replace(load_state(sdir), sweep_dir=str(sdir))  # where it is now
     if args.tracking_uri:
         from scalerl.sweep.plan import absolute_uri
 
-        state["tracking_uri"] = absolute_uri(args.tracking_uri)
+        state = dataclasses.replace(state, tracking_uri=absolute_uri(args.tracking_uri))
     from scalerl.config.preflight import PathError, check_tracking_uri
 
     try:
-        check_tracking_uri(state["tracking_uri"], key="tracking URI")
+        check_tracking_uri(state.tracking_uri, key="tracking URI")
     except PathError as e:
         raise SweepError(str(e)) from None
     t0 = time.time()
     try:
         report = build_report(state)
     except Exception as e:  # e.g. the store went away while the report read it: nothing is lost
-        print(
-            f"error: {name}: the report failed ({_report_failure(e, state['tracking_uri'])})", file=sys.stderr
-        )
+        print(f"error: {name}: the report failed ({_report_failure(e, state.tracking_uri)})", file=sys.stderr)
         return EXIT_FAILED_RUNS
     _print_report(report, state, t0)
     return 0  # the report was written; failed runs are marked in it
@@ -168,7 +170,7 @@ def _report_failure(error: Exception, uri: str) -> str:
     return redact(fault_reason(error, detail=True))
 
 
-def _print_report(report, state: dict, t0: float) -> None:
+def _print_report(report, state: SweepState, t0: float) -> None:
     print(report.markdown, flush=True)
     for r in report.failed:
         say(
@@ -179,11 +181,11 @@ def _print_report(report, state: dict, t0: float) -> None:
         written.append("runs/*/scaling_curve.png")
     say(
         f"report: {display_path(report.out_dir)}/ ({', '.join(written)}) and "
-        f"artifacts report/* of MLflow run {report.parent_run_id} (experiment {state['name']!r}, "
-        f"{state['tracking_uri']}) [{time.time() - t0:.1f} s]"
+        f"artifacts report/* of MLflow run {report.parent_run_id} (experiment {state.name!r}, "
+        f"{state.tracking_uri}) [{time.time() - t0:.1f} s]"
     )
     if report.view:
-        uri = state["tracking_uri"]
+        uri = state.tracking_uri
         root = uri.rstrip("/") + "/" if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000/"
         how = (
             ""
@@ -215,7 +217,7 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
     where = (
         f"launcher=local (up to {max_parallel(lc)} at once)"
         if lc["name"] == "local"
-        else f"launcher=slurm (partition {lc.get('partition') or 'default'}, array parallelism {lc['array_parallelism']})"
+        else f"launcher=slurm (partition {lc['partition'] or 'default'}, array parallelism {lc['array_parallelism']})"
     )
     header = (
         f"sweep {spec.name}: {len(plan.runs)} runs"
@@ -301,7 +303,7 @@ def launch(plan, header: str) -> int:
 def _launch(plan, header: str) -> int:
     from scalerl.sweep.launch import Launcher, is_finished
     from scalerl.sweep.report import build_report
-    from scalerl.sweep.state import end_parent, read_json, start_parent
+    from scalerl.sweep.state import end_parent, load_state, start_parent
 
     t0 = time.time()
     say(header)
@@ -325,7 +327,7 @@ def _launch(plan, header: str) -> int:
         else:
             say("interrupted; run the same command again to resume (finished runs are skipped)")
         return 130
-    state = read_json(plan.sweep_dir / "sweep.json")
+    state = load_state(plan.sweep_dir)
     try:
         report = build_report(state)
     except Exception as e:  # the runs are done and on disk: never lose them to a report problem

@@ -119,15 +119,15 @@ def is_finished(run: PlannedRun) -> bool:
 
 
 def num_tasks(launcher: dict) -> int:
-    """Tasks (processes, ranks) of one run's job."""
-    return int(launcher.get("nodes") or 1) * int(launcher.get("tasks_per_node") or 1)
+    """Tasks (processes, ranks) of one run's job (``launcher``: the composed launcher group)."""
+    return int(launcher["nodes"]) * int(launcher["tasks_per_node"])
 
 
 def max_parallel(launcher: dict) -> int:
     """Local runs at once: ``max_parallel``, else the cores divided by a run's tasks (a run's
     processes wait on each other part of the time: on 2 cores two pipeline_rl runs at once, one
     thread a process, finish sooner than one at a time)."""
-    n = int(launcher.get("max_parallel") or 0)
+    n = int(launcher["max_parallel"])
     return n if n > 0 else max(1, (os.cpu_count() or 1) // num_tasks(launcher))
 
 
@@ -145,34 +145,30 @@ def make_executor(plan: Plan):
     lc = plan.launcher
     folder = plan.sweep_dir / "logs"
     if lc["name"] == "local":
-        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=int(lc.get("max_requeue", 3)))
-        ex.update_parameters(
-            timeout_min=int(lc["timeout_min"]), tasks_per_node=int(lc.get("tasks_per_node") or 1)
-        )
+        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=int(lc["max_requeue"]))
+        ex.update_parameters(timeout_min=int(lc["timeout_min"]), tasks_per_node=int(lc["tasks_per_node"]))
         return ex
     if lc["name"] == "slurm":
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=int(lc["max_requeue"]))
         params = {
             "job_name": f"scalerl-{plan.spec.name}",
             "time": int(lc["timeout_min"]),
-            "nodes": int(lc.get("nodes") or 1),
-            "ntasks_per_node": int(lc.get("tasks_per_node") or 1),
+            "nodes": int(lc["nodes"]),
+            "ntasks_per_node": int(lc["tasks_per_node"]),
             "cpus_per_task": int(lc["cpus_per_task"]),
             "mem": f"{int(lc['mem_gb'])}GB",
             "array_parallelism": int(lc["array_parallelism"]),
         }
-        if lc.get("partition"):
+        if lc["partition"]:  # null: the cluster's default partition
             params["partition"] = lc["partition"]
         # GPUs are requested per node, never with --gpus-per-task: that binds each task to its own
         # GPUs (SLURM >= 21.08 implies --gpu-bind=per_task), so task k would see its GPU as cuda:0
         # while DeepSpeed and the loop select cuda:LOCAL_RANK. Per node, every task sees the node's
         # GPUs, as under torchrun.
-        gpus = int(lc.get("gpus_per_node") or 0) or int(lc.get("tasks_per_node") or 1) * int(
-            lc.get("gpus_per_task") or 0
-        )
+        gpus = int(lc["gpus_per_node"]) or int(lc["tasks_per_node"]) * int(lc["gpus_per_task"])
         if gpus > 0:
             params["gpus_per_node"] = gpus
-        if lc.get("additional_parameters"):
+        if lc["additional_parameters"]:
             params["additional_parameters"] = dict(lc["additional_parameters"])
         ex.update_parameters(**params)
         return ex

@@ -255,10 +255,10 @@ def split_cli(args: list[str]) -> tuple[list[str], list[str], str | None]:
 def _cuda_where(cfg: DictConfig, launcher: DictConfig) -> bool:
     """Whether a run of ``cfg`` launched by ``launcher`` gets a CUDA device: a SLURM job that holds
     GPUs, or a local run on a machine with one (unless its trainer is pinned to the CPU)."""
-    if str(cfg.trainer.get("device", "auto")).startswith("cpu"):
+    if str(cfg.trainer.device).startswith("cpu"):
         return False
     if launcher.name == "slurm":
-        return int(launcher.get("gpus_per_node") or 0) > 0 or int(launcher.get("gpus_per_task") or 0) > 0
+        return int(launcher.gpus_per_node) > 0 or int(launcher.gpus_per_task) > 0
     import torch
 
     return torch.cuda.is_available()
@@ -268,8 +268,8 @@ def cannot_act_here(cfg: DictConfig, launcher: DictConfig) -> str:
     """Why a run's component cannot act where ``launcher`` would run it ("" = it can): a reduced-precision LM
     head that would be emulated (fp32 math, rounded: no CUDA there), so the paper's mechanism behind
     the FP32 head, a kernel mismatch between the generator's and the trainer's head, cannot act."""
-    head = str(cfg.precision.get("head", "fp32"))
-    impl = str(cfg.precision.get("impl", "auto"))
+    head = str(cfg.precision.head)
+    impl = str(cfg.precision.impl)
     if head == "fp32" or impl == "native" or (impl == "auto" and _cuda_where(cfg, launcher)):
         return ""
     where = "by precision.impl=emulated" if impl == "emulated" else "without a CUDA device where it would run"
@@ -304,34 +304,8 @@ def make_plan(
     (:func:`cannot_act_here`) is planned with ``skip`` set (not launched) unless ``run_all``."""
     path = spec.path or spec.name
     cli_train, cli_launch, cli_uri = split_cli(list(cli_overrides or []))
-
-    base_train, base_launch, base_uri = [], [], None
-    for ov in spec.base:
-        key = override_key(ov)
-        if key == "tracking.uri":
-            base_uri = ov.split("=", 1)[1]
-        elif _owned(key):
-            raise SweepError(f"{path}: base: {key} is set by the sweep for every run")
-        elif is_launcher(ov):
-            base_launch.append(ov)
-        else:
-            base_train.append(ov)
-    for vname, ovs in spec.variants.items():
-        for ov in ovs:
-            key = override_key(ov)
-            if _owned(key) or key == "tracking.uri":
-                raise SweepError(f"{path}: variant {vname!r}: {key} is set by the sweep for every run")
-            if is_launcher(ov):
-                raise SweepError(
-                    f"{path}: variant {vname!r}: {key} is a launcher setting; put it in base or on the command line"
-                )
-            if spec.seeds is not None and key == "seed":
-                raise SweepError(f"{path}: variant {vname!r}: seed is set by the sweep's seeds list")
-    if spec.seeds is not None:
-        if any(override_key(o) == "seed" for o in base_train):
-            raise SweepError(f"{path}: base: seed is set by the sweep's seeds list")
-        if any(override_key(o) == "seed" for o in cli_train):
-            raise SweepError(f"{COMMAND_LINE}: seed is set by the sweep's seeds list ({path})")
+    base_train, base_launch, base_uri = _split_base(spec.base, path)
+    _refuse_sweep_keys(spec, path, base_train, cli_train)
 
     # sweep level: base alone, then with the command line, so the error names the right place
     launch = merge_overrides(base_launch, cli_launch)
@@ -348,19 +322,10 @@ def make_plan(
     runs: list[PlannedRun] = []
     short: dict[str, list[str]] = {}  # what is too short -> the variants it is said of
     notes: list[str] = []  # settings of a group a variant replaced with another option
-    seeds = spec.seeds
     for vname, vovs in spec.variants.items():
         base_v, base_off = carried(base_train, vovs)
         cli_v, cli_off = carried(cli_train, vovs)
-        for whose, off in (("base", base_off), (COMMAND_LINE, cli_off)):
-            if off:
-                picks = ", ".join(
-                    o for o in vovs if override_key(o) in {override_key(x).split(".")[0] for x in off}
-                )
-                notes.append(
-                    f"variant {vname!r}: the {whose}'s {', '.join(off)} not applied: {picks} has no key "
-                    "of that name (it keeps its own settings)"
-                )
+        notes += _not_applied(vname, vovs, base_off, cli_off)
         overrides = merge_overrides(base_v, vovs, cli_v)
         where = f"{path}: variant {vname!r}"
         composed = _compose_variant(overrides, where)  # once for all its seeds
@@ -369,33 +334,15 @@ def make_plan(
                 f"{where}: scaling.metric={composed.scaling.metric}: the sweep fits "
                 f"scaling.metric={sweep_cfg.scaling.metric} for every run; set it in base or on the command line"
             )
-        steps, every, cut = (
-            int(composed.trainer.total_steps),
-            int(composed.eval.every),
-            int(composed.scaling.min_step),
-        )
-        n = points_past_cut(steps, every, cut)
-        if n < SCORED_POINTS:
-            short.setdefault(
-                f"{n} evaluations a run at or after scaling.min_step={cut} (trainer.total_steps={steps}, "
-                f"eval.every={every}): a sigmoid needs {N_PARAMS} to be fitted and {SCORED_POINTS} to have an "
-                "interval and be scored",
-                [],
-            ).append(vname)
-        for seed in seeds if seeds is not None else [None]:
-            job = vname if seeds is None or len(seeds) == 1 else f"{vname}-seed{seed}"
-            ovs = overrides + ([f"seed={seed}"] if seed is not None else [])
-            run = PlannedRun(
-                name=job, variant=vname, seed=-1, overrides=ovs, out_dir=str(sdir / job), total_steps=0
+        if too_short := _too_short(composed):
+            short.setdefault(too_short, []).append(vname)
+        for seed in spec.seeds if spec.seeds is not None else [None]:
+            judged = not run_all and vname != spec.baseline  # the baseline and --run-all always run
+            runs.append(
+                _plan_run(
+                    spec, vname, seed, overrides, composed, sweep_cfg, sdir=sdir, uri=uri, judged=judged
+                )
             )
-            settings = run_settings(spec.name, run, uri, "0" * 32)
-            cfg = _compose_or_raise(overrides, where, settings, seed, composed)
-            run.seed = int(cfg.seed)
-            run.total_steps = int(cfg.trainer.total_steps)
-            _check_layout(cfg, sweep_cfg.launcher, where)
-            if not run_all and vname != spec.baseline:
-                run.skip = cannot_act_here(cfg, sweep_cfg.launcher)
-            runs.append(run)
     return Plan(
         spec=spec,
         runs=runs,
@@ -417,6 +364,107 @@ def make_plan(
         ]
         + notes,
     )
+
+
+def _split_base(base: list[str], path: str) -> tuple[list[str], list[str], str | None]:
+    """The sweep file's base overrides as (training overrides, launcher overrides, tracking URI);
+    a key the sweep sets for every run is refused."""
+    base_train, base_launch, base_uri = [], [], None
+    for ov in base:
+        key = override_key(ov)
+        if key == "tracking.uri":
+            base_uri = ov.split("=", 1)[1]
+        elif _owned(key):
+            raise SweepError(f"{path}: base: {key} is set by the sweep for every run")
+        elif is_launcher(ov):
+            base_launch.append(ov)
+        else:
+            base_train.append(ov)
+    return base_train, base_launch, base_uri
+
+
+def _refuse_sweep_keys(spec: SweepSpec, path: str, base_train: list[str], cli_train: list[str]) -> None:
+    """A variant may not set what the sweep sets (its own keys, the launcher, the seed of a sweep
+    with a seeds list); nor may base or the command line set the seed such a sweep sets."""
+    for vname, ovs in spec.variants.items():
+        for ov in ovs:
+            key = override_key(ov)
+            if _owned(key) or key == "tracking.uri":
+                raise SweepError(f"{path}: variant {vname!r}: {key} is set by the sweep for every run")
+            if is_launcher(ov):
+                raise SweepError(
+                    f"{path}: variant {vname!r}: {key} is a launcher setting; put it in base or on the command line"
+                )
+            if spec.seeds is not None and key == "seed":
+                raise SweepError(f"{path}: variant {vname!r}: seed is set by the sweep's seeds list")
+    if spec.seeds is not None:
+        if any(override_key(o) == "seed" for o in base_train):
+            raise SweepError(f"{path}: base: seed is set by the sweep's seeds list")
+        if any(override_key(o) == "seed" for o in cli_train):
+            raise SweepError(f"{COMMAND_LINE}: seed is set by the sweep's seeds list ({path})")
+
+
+def _not_applied(vname: str, vovs: list[str], base_off: list[str], cli_off: list[str]) -> list[str]:
+    """The notes on base and command-line settings a variant's option has no key for (:func:`carried`)."""
+    notes = []
+    for whose, off in (("base", base_off), (COMMAND_LINE, cli_off)):
+        if off:
+            picks = ", ".join(
+                o for o in vovs if override_key(o) in {override_key(x).split(".")[0] for x in off}
+            )
+            notes.append(
+                f"variant {vname!r}: the {whose}'s {', '.join(off)} not applied: {picks} has no key "
+                "of that name (it keeps its own settings)"
+            )
+    return notes
+
+
+def _too_short(composed: DictConfig) -> str:
+    """What makes a variant's runs too short to be scored ('' when they are long enough): fewer
+    evaluations past the early cut than a scored fit needs."""
+    steps, every, cut = (
+        int(composed.trainer.total_steps),
+        int(composed.eval.every),
+        int(composed.scaling.min_step),
+    )
+    n = points_past_cut(steps, every, cut)
+    if n >= SCORED_POINTS:
+        return ""
+    return (
+        f"{n} evaluations a run at or after scaling.min_step={cut} (trainer.total_steps={steps}, "
+        f"eval.every={every}): a sigmoid needs {N_PARAMS} to be fitted and {SCORED_POINTS} to have an "
+        "interval and be scored"
+    )
+
+
+def _plan_run(
+    spec: SweepSpec,
+    vname: str,
+    seed: int | None,
+    overrides: list[str],
+    composed: DictConfig,
+    sweep_cfg: DictConfig,
+    *,
+    sdir: Path,
+    uri: str,
+    judged: bool,
+) -> PlannedRun:
+    """One run of variant ``vname`` (its seed ``seed``, None: the config's), composed exactly as its
+    job will compose it and checked against the launcher; ``judged``: ``skip`` says why its
+    component cannot act where it would run (:func:`cannot_act_here`)."""
+    seeds = spec.seeds
+    job = vname if seeds is None or len(seeds) == 1 else f"{vname}-seed{seed}"
+    ovs = overrides + ([f"seed={seed}"] if seed is not None else [])
+    run = PlannedRun(name=job, variant=vname, seed=-1, overrides=ovs, out_dir=str(sdir / job), total_steps=0)
+    where = f"{spec.path or spec.name}: variant {vname!r}"
+    settings = run_settings(spec.name, run, uri, "0" * 32)
+    cfg = _compose_or_raise(overrides, where, settings, seed, composed)
+    run.seed = int(cfg.seed)
+    run.total_steps = int(cfg.trainer.total_steps)
+    _check_layout(cfg, sweep_cfg.launcher, where)
+    if judged:
+        run.skip = cannot_act_here(cfg, sweep_cfg.launcher)
+    return run
 
 
 def plan_lines(plan: Plan) -> list[str]:

@@ -53,7 +53,7 @@ def make_task(fields: Mapping) -> Task:
 
         domains = {}
         for d, sub in fields["domains"].items():
-            option, problem = domain_option(dict(sub), fields.get("verifier_timeout_s", 8.0))
+            option, problem = domain_option(dict(sub), fields["verifier_timeout_s"])
             if problem is not None:
                 raise ConfigError(f"task.domains.{d}.{problem[0]}", problem[1], problem[2])
             domains[d] = dataclasses.asdict(option)

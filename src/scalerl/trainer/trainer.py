@@ -34,10 +34,11 @@ import math
 from dataclasses import dataclass
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from scalerl import algo
-from scalerl.config.groups.trainer import TorchTrainerOption
+from scalerl.config.options import option_class
 from scalerl.distributed import merge_stats
 from scalerl.model.kv_cache import output_cache, with_cache
 from scalerl.model.precision import head_logprobs
@@ -56,17 +57,11 @@ def loss_params(loss_cfg) -> dict:
 
 
 def correction_of(cfg) -> algo.Correction:
-    """The run's off-policy correction (``none`` where the config has no correction group: a
-    config written before it existed)."""
-    c = cfg.get("correction") if hasattr(cfg, "get") else None
-    if c is None:
-        return algo.Correction()
-    return algo.Correction(
-        name=c.name,
-        level=c.get("level", "token"),
-        threshold=float(c.get("threshold", math.inf)),
-        lower=float(c.get("lower", 0.0)),
-    )
+    """The run's off-policy correction: the chosen ``correction`` option's view of it (the option
+    class says what a field it lacks, as ``none``'s threshold, amounts to)."""
+    c = cfg.correction
+    option = option_class("correction", c.name)(**OmegaConf.to_container(c, resolve=True))
+    return option.correction()
 
 
 @dataclass
@@ -99,13 +94,11 @@ class Trainer:
         # rows grouped by length into buckets, each run only up to its own last trained token
         self.bucket_lengths = True
         # the LM head runs over this many positions at a time (0: a micro-batch's all at once)
-        self.logits_chunk_tokens = int(
-            self.tcfg.get("logits_chunk_tokens", TorchTrainerOption.logits_chunk_tokens)
-        )
-        self.activation_checkpointing = bool(self.tcfg.get("activation_checkpointing", False))
+        self.logits_chunk_tokens = int(self.tcfg.logits_chunk_tokens)
+        self.activation_checkpointing = bool(self.tcfg.activation_checkpointing)
         if self.activation_checkpointing:
             enable_activation_checkpointing(self.module)
-        mmap_mb = int(self.tcfg.get("malloc_mmap_threshold_mb", 0))
+        mmap_mb = int(self.tcfg.malloc_mmap_threshold_mb)
         # glibc hands freed memory back: large blocks at once (mmap), the heap after each micro-batch
         self._trim = mmap_mb > 0 and self.device.type == "cpu" and set_malloc_mmap_threshold(mmap_mb)
 
