@@ -61,11 +61,15 @@ def pytest_configure(config):
 
 def pytest_runtest_setup(item):
     """A test marked ``needs_extra(name)`` is skipped with the reason when that extra is missing, and
-    fails instead under SCALERL_REQUIRE_EXTRAS=1 (CI): tests/extras.py."""
+    fails instead under SCALERL_REQUIRE_EXTRAS=1 (CI): tests/extras.py. One marked ``slurm_client``
+    likewise without SLURM's ``srun`` on PATH (SCALERL_REQUIRE_SLURM=1): slurm_fixture.need_client."""
     from extras import need
+    from slurm_fixture import need_client
 
     for mark in item.iter_markers("needs_extra"):
         need(*mark.args)
+    if item.get_closest_marker("slurm_client"):
+        need_client()
 
 
 # Under `pytest -n N --dist loadgroup --no-loadscope-reorder` (CI) a file's tests run on one worker,

@@ -10,6 +10,8 @@ nodes: ``SCALERL_SLURM_NODES=2``), which prints ``export SLURM_CONF=...``. Witho
 the slurm tests are skipped, unless ``SCALERL_REQUIRE_SLURM=1`` (set by CI): then they fail. The
 fixture says which nodes are up (``SlurmCluster.nodes``); a test that needs several calls
 ``require_nodes(n)``: skipped on a smaller cluster, failed there under ``SCALERL_REQUIRE_SLURM=1``.
+Tests that need only SLURM's client commands (``srun`` on PATH), not a cluster, are marked
+``slurm_client`` instead (:func:`need_client`): fast, and skipped or failed the same way.
 """
 
 from __future__ import annotations
@@ -59,6 +61,24 @@ def _unavailable(reason: str) -> None:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"SLURM cluster required ({REQUIRE_ENV}=1) but {reason}", pytrace=False)
     pytest.skip(f"no SLURM cluster: {reason}")
+
+
+CLIENT_WHY = (
+    "needs SLURM's `srun` on PATH (submitit's SlurmExecutor refuses to be built without it, even to "
+    "write a job's script; no cluster needed): apt-get install slurm-client (.ci/install_system.sh)"
+)
+
+
+def need_client() -> None:
+    """For tests marked ``slurm_client`` (tests/conftest.py): they build a real submitit
+    ``SlurmExecutor`` to read the job script scalerl asks for, which needs SLURM's client installed
+    but no running cluster, so they stay in the fast selection where the client is there. Skipped
+    where it is not (a pip-only install), failed instead under ``SCALERL_REQUIRE_SLURM=1`` (CI)."""
+    if shutil.which("srun") is not None:
+        return
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{CLIENT_WHY} ({REQUIRE_ENV}=1)", pytrace=False)
+    pytest.skip(CLIENT_WHY)
 
 
 @pytest.fixture(scope="session")

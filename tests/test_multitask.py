@@ -141,12 +141,15 @@ def _plan(tmp_path, *launcher: str):
 
 
 def _sbatch(tmp_path, *launcher: str) -> list[str]:
+    """The #SBATCH lines of the job script submitit writes for the plan (nothing is submitted; the
+    tests calling this are marked ``slurm_client``)."""
     ex = make_executor(_plan(tmp_path, *launcher))
     return [
         ln for ln in ex._make_submission_file_text("true", "uid").splitlines() if ln.startswith("#SBATCH")
     ]
 
 
+@pytest.mark.slurm_client  # submitit's SlurmExecutor, built to write the job script, needs srun
 def test_slurm_job_of_two_nodes_asks_for_its_tasks_and_gpus(tmp_path):
     lines = _sbatch(
         tmp_path,
@@ -160,12 +163,14 @@ def test_slurm_job_of_two_nodes_asks_for_its_tasks_and_gpus(tmp_path):
     assert not any("gpus-per-task" in ln for ln in lines)
 
 
+@pytest.mark.slurm_client  # submitit's SlurmExecutor, built to write the job script, needs srun
 def test_gpus_per_task_are_held_per_node_so_each_task_sees_the_nodes_gpus(tmp_path):
     lines = _sbatch(tmp_path, "launcher=slurm", "launcher.tasks_per_node=4", "launcher.gpus_per_task=2")
     assert "#SBATCH --ntasks-per-node=4" in lines and "#SBATCH --gpus-per-node=8" in lines
     assert "#SBATCH --nodes=1" in lines and not any("gpus-per-task" in ln for ln in lines)
 
 
+@pytest.mark.slurm_client  # submitit's SlurmExecutor, built to write the job script, needs srun
 def test_default_slurm_job_is_one_task_without_gpus(tmp_path):
     lines = _sbatch(tmp_path, "launcher=slurm")
     assert "#SBATCH --nodes=1" in lines and "#SBATCH --ntasks-per-node=1" in lines
