@@ -133,3 +133,107 @@ def test_conf_readme_lists_every_field_with_its_default():
     for name, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             assert f"{name}.{f.name}=" in readme, (name, f.name)
+
+
+# ---------------------------------------------------------------------------- consumers
+SRC = Path(__file__).resolve().parents[1] / "src" / "scalerl"
+# option classes whose attributes are a generator constructor's keyword defaults (a generator built
+# without a run config): they read the dataclass itself, so they cannot drift from it
+KNOWN_CLASS_READS = {
+    "generator/hf.py": {"HFGeneratorOption"},
+    "generator/vllm_gen.py": {"VLLMGeneratorOption", "PlacementOption"},
+}
+
+
+def _fields_everywhere() -> dict[str, set[str]]:
+    """{group or section: the fields every one of its options has}: a read of one never needs a default."""
+    out = {
+        g: set.intersection(*({f.name for f in dataclasses.fields(c)} for c in options(g).values()))
+        for g in GROUPS
+    }
+    out.update({s: {f.name for f in dataclasses.fields(c)} for s, c in SECTIONS.items()})
+    return out
+
+
+def _option_class_names() -> set[str]:
+    """Every option dataclass and the bases they share (``GeneratorOption``), and the sections'."""
+    from scalerl.config.options import Option
+
+    classes = [*(c for g in GROUPS for c in options(g).values()), *SECTIONS.values()]
+    return {b.__name__ for c in classes for b in c.__mro__ if issubclass(b, Option) and b is not Option}
+
+
+def config_fallbacks(path: Path, root: Path = SRC) -> list[str]:
+    """``<cfg>.<group>.get("field", default)`` (also through a local name bound to ``<cfg>.<group>``)
+    for a field every option of the group has, and reads of an option class's attribute, in ``path``
+    (named relative to ``root``)."""
+    import ast
+    import re
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    name = str(path.relative_to(root))
+    fields = _fields_everywhere()
+    classes = _option_class_names()
+    group_of = re.compile(r"(?:^|\.)cfg\.(\w+)$")
+    found = []
+    alias = {}  # names and attributes bound to a group (g = cfg.generator; self.tcfg = cfg.trainer)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            value = node.value.body if isinstance(node.value, ast.IfExp) else node.value
+            m = group_of.search(ast.unparse(value))
+            if m:
+                alias[ast.unparse(node.targets[0])] = m.group(1)
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+        ):
+            continue
+        if len(node.args) < 2 or not isinstance(node.args[0], ast.Constant):
+            continue
+        receiver = ast.unparse(node.func.value)
+        m = group_of.search(receiver)
+        group = m.group(1) if m else alias.get(receiver)
+        if group in fields and node.args[0].value in fields[group]:
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    known = KNOWN_CLASS_READS.get(name, set())
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in classes - known
+            and not node.attr.startswith("_")
+            and node.attr not in ("check", "correction", "node_gpus", "widest")
+        ):
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_config_fallbacks_finds_a_default_copied_into_a_consumer(tmp_path):
+    """The scan itself, on the forms it must catch and one it must leave (a field only some
+    options have, asked for by presence)."""
+    code = tmp_path / "consumer.py"
+    code.write_text(
+        "def f(cfg):\n"
+        "    a = cfg.trainer.get('logits_chunk_tokens', TorchTrainerOption.logits_chunk_tokens)\n"
+        "    g = cfg.generator\n"
+        "    b = g.get('continuous', False)\n"
+        "    c = cfg.placement.get('generator_tasks', 0)\n"
+    )
+    found = [line.split(": ", 1)[1] for line in config_fallbacks(code, tmp_path)]
+    assert found == [
+        "cfg.trainer.get('logits_chunk_tokens', TorchTrainerOption.logits_chunk_tokens)",
+        "g.get('continuous', False)",
+        "TorchTrainerOption.logits_chunk_tokens",
+    ]
+
+
+def test_no_consumer_carries_a_fallback_for_a_config_field():
+    """The composed config holds every field of the chosen option (the schema guarantees it): a
+    consumer reads ``cfg.trainer.logits_chunk_tokens``, never ``.get(key, <a copy of its default>)``
+    or the dataclass's attribute as a fallback (a second home of the default)."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.is_relative_to(SRC / "config"):  # the defaults' home and the schema's own checks
+            continue
+        found += config_fallbacks(path)
+    assert not found, "config fields read with a fallback default:\n" + "\n".join(found)
