@@ -544,8 +544,15 @@ exit $?
 """
 
 
+def _which(tool: str) -> str | None:
+    """``tool`` on the PATH, else in the system's sbin folders: util-linux installs ``pivot_root`` in
+    /usr/sbin, which a user's PATH other than root's does not hold (Debian's default), and userns was
+    then taken for missing where it works."""
+    return shutil.which(tool) or shutil.which(tool, path=os.pathsep.join(("/usr/sbin", "/sbin")))
+
+
 def _userns_command(tmp: str) -> list[str] | None:
-    tools = {t: shutil.which(t) for t in ("unshare", "setpriv", "mount", "umount", "pivot_root", "sh")}
+    tools = {t: _which(t) for t in ("unshare", "setpriv", "mount", "umount", "pivot_root", "sh")}
     if None in tools.values():
         return None
     links, bound, hidden = _system_binds()
