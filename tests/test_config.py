@@ -158,7 +158,8 @@ def test_every_option_composes_validates_and_round_trips(group, option):
     assert OmegaConf.to_container(OmegaConf.structured(obj), resolve=True) == OmegaConf.to_container(
         node, resolve=True
     )
-    # the dataclass's defaults are the values its YAML states (a subclass inherits them truthfully)
+    # the composed values are the dataclass's defaults (the YAML holds only values that differ: an
+    # interpolation that resolves to the default, or a field without a default)
     for f in option_fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if default is not dataclasses.MISSING and default != "???":

@@ -12,7 +12,8 @@
 
 The dataclass is the option's schema: its fields are the only keys ``conf/<group>/<name>.yaml``
 and the command line may set for that option (Hydra rejects others and wrongly typed values), its
-defaults are the values that YAML file states, and ``check`` holds its value checks.
+defaults are the one home of the option's defaults (the YAML holds only values that differ from
+them: ``tests/test_defaults_home.py``), and ``check`` holds its value checks.
 Validation, ``--help``, the option-matrix tests and the MLflow group params all enumerate
 :func:`options`. Groups whose options the code builds by name keep a factory in step with it (a
 task's class in ``scalerl.task.TASKS``, ``POLICY_LOADERS``, ``GENERATORS``, ``ENGINES``, ``MODES``,
