@@ -218,23 +218,37 @@ def test_cli_errors(store, capsys):
 def test_fit_experiment_rows(store, tmp_path):
     client = store["client"]
     rows = fit_experiment(client, EXPERIMENT, include_running=True, protocol=FitProtocol(bootstrap=50))
-    names = [r["run_name"] for r in rows]
+    names = [r.run_name for r in rows]
     assert set(names) == {"base", "dapo", "bf16", "tiny", "live"}
     assert names[-1] == "tiny"
-    a = [r["A"] for r in rows if r["ok"]]
+    a = [r.fit.A for r in rows if r.fit.ok]
     assert a == sorted(a, reverse=True)
-    by = {r["run_name"]: r for r in rows}
-    assert by["base"]["baseline"] and by["base"]["delta_A"] == 0.0
-    assert by["dapo"]["delta_A"] == pytest.approx(by["dapo"]["A"] - by["base"]["A"])
-    assert "exceeds_margin" not in by["dapo"] and "no seed-to-seed spread" in by["dapo"]["verdict"]
+    by = {r.run_name: r for r in rows}
+    assert by["base"].baseline and by["base"].delta_A == 0.0
+    assert by["dapo"].delta_A == pytest.approx(by["dapo"].fit.A - by["base"].fit.A)
+    assert "no seed-to-seed spread" in by["dapo"].verdict
     for r in rows:
-        if r["ok"]:
-            assert r["A_fixed"] == pytest.approx(by["base"]["A"])  # the baseline's A (its one seed)
-            assert r["B_fixed_A"] > 0
-            assert r["pred_n"] > 0 and r["pred_mae"] < 0.1
-    assert by["tiny"]["ok"] is False and "points" in by["tiny"]["reason"]
-    assert by["bf16"]["compute_axis"] == "device_hours"
-    assert by["dapo"]["variant"] == "loss=dapo, precision=fp32_head"
+        if r.fit.ok:
+            assert r.A_fixed == pytest.approx(by["base"].fit.A)  # the baseline's A (its one seed)
+            assert r.B_fixed_A > 0
+            assert r.check is not None and r.check.pred_n > 0 and r.check.pred_mae < 0.1
+    assert by["tiny"].fit.ok is False and "points" in by["tiny"].fit.reason
+    assert by["bf16"].compute_axis == "device_hours"
+    assert by["dapo"].variant == "loss=dapo, precision=fp32_head"
+    assert by["dapo"].params == {"loss": "dapo", "precision": "fp32_head"}
+    # the table form: the fixed keys in their order, the differing params after the variant
+    table = by["dapo"].as_dict()
+    assert list(table)[:7] == ["run_id", "run_name", "status", "variant", "loss", "precision", "compute_axis"]
+    assert list(table)[-7:] == [
+        "baseline",
+        "delta_A",
+        "delta_B",
+        "A_fixed",
+        "B_fixed_A",
+        "C_mid_fixed_A",
+        "verdict",
+    ]
+    assert table["pred_n"] == by["dapo"].check.pred_n and "exceeds_margin" not in table
 
     md = rows_to_markdown(rows)
     assert (
@@ -244,14 +258,14 @@ def test_fit_experiment_rows(store, tmp_path):
     path = rows_to_csv(rows, tmp_path / "rows.csv")
     with path.open() as fh:
         back = list(csv.DictReader(fh))
-    assert [r["run_id"] for r in back] == [r["run_id"] for r in rows]
-    assert float(back[0]["A"]) == pytest.approx(rows[0]["A"])
+    assert [r["run_id"] for r in back] == [r.run_id for r in rows]
+    assert float(back[0]["A"]) == pytest.approx(rows[0].fit.A)
 
     # Explicit run ids, any status; a chosen baseline.
     ids = [store["ids"]["dapo"], store["ids"]["bf16"]]
     rows2 = fit_experiment(client, ids, baseline="bf16", protocol=FitProtocol(bootstrap=0))
-    assert [r["run_name"] for r in rows2] == ["dapo", "bf16"]
-    assert rows2[0]["delta_A"] == pytest.approx(rows2[0]["A"] - rows2[1]["A"])
+    assert [r.run_name for r in rows2] == ["dapo", "bf16"]
+    assert rows2[0].delta_A == pytest.approx(rows2[0].fit.A - rows2[1].fit.A)
 
 
 def test_load_runs_pairs_by_step(store):
@@ -550,7 +564,7 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
     shows equal to it at the table's rounding, the verdict label from the vocabulary with the table's
     verdict text beside it, each seed's own fit the run table's, and no temporary file left behind
     (written by rename)."""
-    from scalerl.analysis import report
+    from scalerl.analysis import ReportInput, report
     from scalerl.analysis.verdicts import LABELS
 
     client = store["client"]
@@ -569,7 +583,9 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
             client.set_tag(rid, "variant", loss)
     runs = load_runs(client, "report-json")
     out = store["tmp"] / "report-json-out"
-    rep = report(runs, out, baseline="cispo", protocol=FitProtocol(bootstrap=20), comparison=False)
+    rep = report(
+        runs, out, ReportInput(baseline="cispo", protocol=FitProtocol(bootstrap=20), comparison=False)
+    )
 
     path = out / "report.json"
     assert path in rep.files and path.parent == (out / "fits.md").parent

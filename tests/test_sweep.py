@@ -845,3 +845,35 @@ def test_a_sweep_killed_before_it_wrote_sweep_json_keeps_its_parent_run(tmp_path
     assert again.info.status == "RUNNING" and again.data.params == params
     assert json.loads((plan.sweep_dir / SWEEP_FILE).read_text())["parent_run_id"] == left.info.run_id
     assert [r.info.run_id for r in client.search_runs([exp_id])] == [left.info.run_id]
+
+
+def test_a_sweep_json_written_before_the_typed_state_still_loads(tmp_path):
+    """``sweep.json`` is read once into a SweepState. A file the code before the typed state wrote
+    (tests/data, from ``start_parent``) loads into the same values and writes back key for key in
+    its order; a key this code does not know is kept; a run planned before ``skip`` existed was
+    launched; a folder without a launch is one line."""
+    from scalerl.scaling import FitProtocol
+    from scalerl.sweep.plan import PlannedRun
+    from scalerl.sweep.state import SWEEP_FILE, SweepState, load_state
+
+    old = json.loads((REPO / "tests" / "data" / "sweep_json_before_typed_state.json").read_text())
+    (tmp_path / SWEEP_FILE).write_text(json.dumps(old))
+    state = load_state(tmp_path)
+    assert isinstance(state, SweepState) and state.name == "typed-state" and state.baseline == "base"
+    assert (
+        state.seeds == [0, 1] and state.parent_run_id == old["parent_run_id"] and state.experiment_id == "1"
+    )
+    assert [r.name for r in state.runs] == ["base-seed0", "base-seed1", "dapo-seed0", "dapo-seed1"]
+    assert all(isinstance(r, PlannedRun) and r.total_steps == 300 and r.skip == "" for r in state.runs)
+    assert state.runs[2].variant == "dapo" and state.runs[2].overrides == old["runs"][2]["overrides"]
+    assert FitProtocol.from_config(state.scaling).bootstrap == old["scaling"]["bootstrap"]
+    assert state.to_dict() == old and list(state.to_dict()) == list(old)
+
+    older = {k: v for k, v in old.items() if k != "sweep_dir"}
+    older["runs"] = [{k: v for k, v in r.items() if k != "skip"} for r in old["runs"]]
+    older["by_hand"] = "a note"
+    again = SweepState.from_dict(older)
+    assert again.sweep_dir == str(Path(old["runs"][0]["out_dir"]).parent)
+    assert [r.skip for r in again.runs] == [""] * 4 and again.to_dict()["by_hand"] == "a note"
+    with pytest.raises(SweepError, match="no sweep launched here"):
+        load_state(tmp_path / "empty")

@@ -22,7 +22,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from scalerl.analysis import FitProtocol, load_runs, report  # noqa: E402
+from scalerl.analysis import FitProtocol, ReportInput, load_runs, report  # noqa: E402
 from scalerl.analysis.synthetic import (  # noqa: E402
     BASELINE,
     MEASURED_NOISY,
@@ -65,7 +65,11 @@ def test_the_mlflow_path_and_the_in_memory_path_give_the_same_verdicts(tmp_path)
         if deltas:
             dapo = next(v for v in logged if v.variant == "dapo")
             assert dapo.called.get("A") == -1, dapo.verdict
-            rep = report(loaded, tmp_path / "report", baseline=BASELINE, protocol=FitProtocol(bootstrap=20))
+            rep = report(
+                loaded,
+                tmp_path / "report",
+                ReportInput(baseline=BASELINE, protocol=FitProtocol(bootstrap=20)),
+            )
             names = {f.name for f in rep.files}
             assert {"variants.png", "forest.png", "calibration.png", "linearised.png"} <= names, names
             assert "scaling_curves.png" not in names and not list((tmp_path / "report").glob("*.error.txt"))

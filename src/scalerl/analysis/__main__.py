@@ -32,7 +32,7 @@ from scalerl.analysis.experiment import (
     rows_to_markdown,
 )
 from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
-from scalerl.analysis.reporting import report, safe_name
+from scalerl.analysis.reporting import ReportInput, report, safe_name
 from scalerl.messages import OneLineParser
 from scalerl.scaling.pass_at_k import DEFAULT_METRIC, METRIC_ALLOWED, metric_k
 from scalerl.scaling.protocol import FitProtocol, FitProtocolError, bootstrap_problem
@@ -222,14 +222,14 @@ def _triple(value: str | None) -> tuple[float, float, float] | None:
     return parts
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    bad = _bad_argument(args)
-    if bad:
-        print(f"error: {bad}", file=sys.stderr)
-        return 2
-    try:  # the one object every fit of the report is made with
-        protocol = FitProtocol(
+class _Refused(Exception):
+    """A run of the CLI that stops before any report: one ``error:`` line and exit status 2."""
+
+
+def _protocol(args) -> FitProtocol:
+    """The one object every fit of the report is made with, from the command line."""
+    try:
+        return FitProtocol(
             method=args.method,
             min_step=args.min_step,
             min_compute=args.min_compute,
@@ -242,11 +242,12 @@ def main(argv: list[str] | None = None) -> int:
             metric=args.metric,
         )
     except FitProtocolError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
-    uri = resolve_tracking_uri(args.tracking_uri)
-    run_ids = [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs is not None else None
+        raise _Refused(str(e)) from None
+
+
+def _load(args, protocol: FitProtocol, uri: str, run_ids: list[str] | None):
+    """(client, runs, left-out runs): the runs to fit, refused where none is there or none has
+    enough evaluations to fit."""
     left_out: list = []
     try:
         check_uri(uri)
@@ -260,58 +261,51 @@ def main(argv: list[str] | None = None) -> int:
             reward_key=protocol.reward_key,
         )
     except AnalysisError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise _Refused(str(e)) from None
     if not runs:
         status = "finished or running" if args.include_running else "finished"
         others = f" (left out: {left_out_summary(left_out)})" if left_out else ""
-        print(
-            f"error: no {status} runs with {protocol.reward_key} in experiment {args.experiment!r} at {uri}{others}",
-            file=sys.stderr,
+        raise _Refused(
+            f"no {status} runs with {protocol.reward_key} in experiment {args.experiment!r} at {uri}{others}"
         )
-        return 2
-    where = f"runs {','.join(run_ids)}" if run_ids else f"experiment {args.experiment!r}"
     if all(r.steps.size < MIN_POINTS for r in runs):
         counts = ", ".join(f"{r.run_name}: {r.steps.size}" for r in runs[:5]) + (
             ", ..." if len(runs) > 5 else ""
         )
-        print(
-            f"error: too few points to fit in {where}: every run has fewer than {MIN_POINTS} evaluations "
-            f"with compute ({counts}); a fit needs at least {MIN_POINTS}",
-            file=sys.stderr,
+        raise _Refused(
+            f"too few points to fit in {_where(args, run_ids)}: every run has fewer than {MIN_POINTS} "
+            f"evaluations with compute ({counts}); a fit needs at least {MIN_POINTS}"
         )
-        return 2
-    out = Path(args.out) if args.out else Path("outputs") / "analysis" / safe_name(args.experiment)
-    unwritable = _probe_out(out)
-    if unwritable:
-        print(f"error: {unwritable}", file=sys.stderr)
-        return 2
+    return client, runs, left_out
+
+
+def _where(args, run_ids: list[str] | None) -> str:
+    return f"runs {','.join(run_ids)}" if run_ids else f"experiment {args.experiment!r}"
+
+
+def _asked(args, client, runs, left_out, protocol: FitProtocol, title: str, *, selected: bool) -> ReportInput:
+    """The report's input: the baseline (given, else the one the runs' sweep declared; a left-out
+    run named as the baseline stands for its variant) and the left-out runs as unfitted rows."""
     baseline, given_by = baseline_argument(client, runs, args.baseline)
     pending = left_out_rows(runs, left_out)
     if baseline and not any(baseline in (r.run_id, r.run_name) for r in runs):
         # a left-out run named as the baseline: its variant (kept, with empty deltas)
         baseline = next((p["variant"] for p in pending if baseline in (p["run_id"], p["run_name"])), baseline)
-    counted = f"{len(runs)} runs" + (f", {len(left_out)} left out" if left_out else "")
-    try:
-        rep = report(
-            runs,
-            out,
-            baseline=baseline,
-            baseline_given_by=given_by,
-            protocol=protocol,
-            pool_seeds=args.pool_seeds,
-            client=None if args.no_write_back else client,
-            comparison=args.command == "compare",
-            name=args.experiment if not run_ids else "Selected runs",
-            title=f"# Scaling fits: {where} ({counted}, tracking {uri})",
-            pending=pending,
-        )
-    except AnalysisError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # the disk filled up, the folder went away: one line, not a traceback
-        print(f"error: --out={str(out)!r}: writing the report failed ({e})", file=sys.stderr)
-        return 1
+    return ReportInput(
+        baseline=baseline,
+        baseline_given_by=given_by,
+        protocol=protocol,
+        pool_seeds=args.pool_seeds,
+        comparison=args.command == "compare",
+        name="Selected runs" if selected else args.experiment,
+        title=title,
+        pending=pending,
+    )
+
+
+def _say_done(args, rep, runs, left_out, out: Path, t0: float, *, metric: str) -> None:
+    """What the run says after the report: how the baseline was chosen, the runs left out, mixed
+    compute axes (stderr); the report, the notes, the pooled table and the files written (stdout)."""
     if not args.baseline:
         print(rep.baseline.describe(), file=sys.stderr)
     if left_out:
@@ -324,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {r.run_name}: {note}")
     if rep.result.pooled_rows:
         print("\n## Seeds pooled per recipe\n")
-        print(rows_to_markdown(rep.result.pooled_rows, level=args.level, metric=protocol.reward_key))
+        print(rows_to_markdown(rep.result.pooled_rows, level=args.level, metric=metric))
     print(
         f"\nwrote {out}/ (fits.csv, fits.md, fits.json, report.json, runs/*/scaling_curve.png"
         + (
@@ -337,6 +331,42 @@ def main(argv: list[str] | None = None) -> int:
     if rep.written_back:
         print(f"wrote fit/* metrics and scaling_curve.png back to {rep.written_back} runs")
     print(f"done in {time.perf_counter() - t0:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except _Refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    """Load the runs, write the report, say what was written (:class:`_Refused` before any report)."""
+    bad = _bad_argument(args)
+    if bad:
+        raise _Refused(bad)
+    protocol = _protocol(args)
+    t0 = time.perf_counter()
+    uri = resolve_tracking_uri(args.tracking_uri)
+    run_ids = [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs is not None else None
+    client, runs, left_out = _load(args, protocol, uri, run_ids)
+    out = Path(args.out) if args.out else Path("outputs") / "analysis" / safe_name(args.experiment)
+    unwritable = _probe_out(out)
+    if unwritable:
+        raise _Refused(unwritable)
+    counted = f"{len(runs)} runs" + (f", {len(left_out)} left out" if left_out else "")
+    title = f"# Scaling fits: {_where(args, run_ids)} ({counted}, tracking {uri})"
+    asked = _asked(args, client, runs, left_out, protocol, title, selected=bool(run_ids))
+    try:
+        rep = report(runs, out, asked, client=None if args.no_write_back else client)
+    except AnalysisError as e:
+        raise _Refused(str(e)) from None
+    except OSError as e:  # the disk filled up, the folder went away: one line, not a traceback
+        print(f"error: --out={str(out)!r}: writing the report failed ({e})", file=sys.stderr)
+        return 1
+    _say_done(args, rep, runs, left_out, out, t0, metric=protocol.reward_key)
     return 0
 
 

@@ -1,11 +1,12 @@
 """Fit every run of an experiment, compare recipes, build report rows.
 
-Row keys (one dict per run, sorted by A, unfittable runs last):
-``run_id, run_name, status, variant, <each recipe param that differs between runs>, compute_axis,
-ok, reason, A, A_lo, A_hi, B, B_lo, B_hi, C_mid, C_mid_lo, C_mid_hi, R0, n_points, n_excluded,
-n_evals, budget, pass_rate_start, pass_rate_final, baseline, delta_A, delta_B,
-A_fixed, B_fixed_A, C_mid_fixed_A, pred_n, pred_mae, pred_err_last, verdict``
-(``pass_rate_start`` and ``_final``: the fitted metric's, ``FitProtocol.metric``).
+One :class:`RunRow` per run (sorted by A, unfittable runs last), its fit's cells a :class:`FitCells`
+and its half-budget prediction check a :class:`HalfCheck`; :meth:`RunRow.as_dict` is the row as the
+table, ``fits.csv`` and ``fits.json`` hold it (keys ``run_id, run_name, status, variant, <each recipe
+param that differs between runs>, compute_axis, ok, reason, A, A_lo, A_hi, B, B_lo, B_hi, C_mid,
+C_mid_lo, C_mid_hi, R0, n_points, n_excluded, n_evals, budget, pass_rate_start, pass_rate_final,
+pred_n, pred_mae, pred_err_last, baseline, delta_A, delta_B, A_fixed, B_fixed_A, C_mid_fixed_A,
+verdict``; ``pass_rate_start`` and ``_final``: the fitted metric's, ``FitProtocol.metric``).
 
 The baseline is a variant (all its runs, i.e. its seeds): ``delta_A = A - mean A`` and
 ``delta_B = B - mean B`` over its fitted runs (:func:`choose_baseline`). These per-run deltas are
@@ -21,7 +22,7 @@ import csv
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +59,174 @@ SAME_RECIPE = "(one recipe)"
 """The variant name of runs that name no variant when no recipe param differs between them."""
 
 
+_NAN_CI = (math.nan, math.nan)
+
+
+@dataclass(frozen=True)
+class FitCells:
+    """A fit's cells in a report row (a run's own fit, or a recipe's seeds pooled)."""
+
+    ok: bool
+    """Whether the fit succeeded (its values are meaningful)."""
+    reason: str
+    """Why the fit failed ('' when it did not)."""
+    A: float
+    """The fitted ceiling of the pass rate."""
+    A_lo: float
+    """The lower end of A's bootstrap interval (NaN without a bootstrap)."""
+    A_hi: float
+    """The upper end of A's bootstrap interval."""
+    B: float
+    """The fitted efficiency exponent."""
+    B_lo: float
+    """The lower end of B's bootstrap interval."""
+    B_hi: float
+    """The upper end of B's bootstrap interval."""
+    C_mid: float
+    """The compute at which the curve is half way from R0 to A (compute-axis units)."""
+    C_mid_lo: float
+    """The lower end of C_mid's bootstrap interval."""
+    C_mid_hi: float
+    """The upper end of C_mid's bootstrap interval."""
+    R0: float
+    """The pass rate at compute 0 (the curve's start)."""
+    n_points: int
+    """Evaluations the fit used."""
+    n_excluded: int
+    """Evaluations the fit left out (the early cut, non-finite values)."""
+
+    @classmethod
+    def of(cls, fit: SigmoidFit) -> FitCells:
+        ci = fit.ci
+        return cls(
+            ok=bool(fit.ok),
+            reason=fit.reason,
+            A=fit.A,
+            A_lo=ci.get("A", _NAN_CI)[0],
+            A_hi=ci.get("A", _NAN_CI)[1],
+            B=fit.B,
+            B_lo=ci.get("B", _NAN_CI)[0],
+            B_hi=ci.get("B", _NAN_CI)[1],
+            C_mid=fit.C_mid,
+            C_mid_lo=ci.get("C_mid", _NAN_CI)[0],
+            C_mid_hi=ci.get("C_mid", _NAN_CI)[1],
+            R0=fit.R0,
+            n_points=int(fit.n_points),
+            n_excluded=len(fit.excluded),
+        )
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class HalfCheck:
+    """The prediction check of a run: a fit on its first half of the compute against its second half."""
+
+    pred_n: int
+    """Evaluations in the second half that were predicted (0: no check could be made)."""
+    pred_mae: float
+    """The prediction's mean absolute error over those evaluations (NaN without a check)."""
+    pred_err_last: float
+    """The prediction's signed error (predicted - observed) at the last evaluation."""
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+NO_CHECK = HalfCheck(pred_n=0, pred_mae=math.nan, pred_err_last=math.nan)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run's row of the comparison table (:func:`analyse_runs`); :meth:`as_dict` is its table
+    form, the columns of ``fits.csv`` and ``fits.json``."""
+
+    run_id: str
+    """The MLflow run id."""
+    run_name: str
+    """The MLflow run name."""
+    status: str
+    """The run's MLflow status, lower case (``finished``, ``running``, ``failed`` ...)."""
+    variant: str
+    """The run's variant: its ``scalerl.variant`` tag or param, else its differing recipe params."""
+    params: dict[str, str]
+    """The recipe params that differ between the analysed runs (:func:`differing_params`), this
+    run's values ('' for one it did not log): each a column of its own in the table form."""
+    compute_axis: str
+    """What the run's compute is measured in (``device_hours``, ``flops``)."""
+    fit: FitCells
+    """The run's own fit."""
+    n_evals: int
+    """Evaluations of the fitted metric paired with compute."""
+    budget: float
+    """The run's largest compute (NaN without any)."""
+    pass_rate_start: float
+    """The fitted metric's first evaluation (by step; NaN without any)."""
+    pass_rate_final: float
+    """The fitted metric's last evaluation."""
+    check: HalfCheck | None
+    """The half-budget prediction check; None when it was not asked for (then no ``pred_*`` keys)."""
+    baseline: bool
+    """Whether the run belongs to the baseline variant."""
+    delta_A: float
+    """A minus the baseline's A (the mean over its fitted seeds); NaN without both."""
+    delta_B: float
+    """B minus the baseline's B; NaN without both."""
+    A_fixed: float
+    """The baseline's A at which every run's B is refitted (:func:`~scalerl.analysis.verdicts.baseline_A`)."""
+    B_fixed_A: float
+    """B refitted with A fixed to ``A_fixed`` (NaN where that fit failed or was not made)."""
+    C_mid_fixed_A: float
+    """C_mid of that refit."""
+    verdict: str
+    """The verdict of the run's variant (:mod:`scalerl.analysis.verdicts`; '' without one)."""
+
+    def as_dict(self) -> dict:
+        """The row's table form: the keys of the module docstring, in that order."""
+        return {
+            "run_id": self.run_id,
+            "run_name": self.run_name,
+            "status": self.status,
+            "variant": self.variant,
+            **self.params,
+            "compute_axis": self.compute_axis,
+            **self.fit.as_dict(),
+            "n_evals": self.n_evals,
+            "budget": self.budget,
+            "pass_rate_start": self.pass_rate_start,
+            "pass_rate_final": self.pass_rate_final,
+            **(self.check.as_dict() if self.check is not None else {}),
+            "baseline": self.baseline,
+            "delta_A": self.delta_A,
+            "delta_B": self.delta_B,
+            "A_fixed": self.A_fixed,
+            "B_fixed_A": self.B_fixed_A,
+            "C_mid_fixed_A": self.C_mid_fixed_A,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class PooledRow:
+    """One recipe's seeds fitted together (``analyse_runs(pool_seeds=True)``)."""
+
+    variant: str
+    """The recipe: its differing params as ``key=value, ...`` ("all runs" when none differs)."""
+    n_runs: int
+    """The seeds pooled."""
+    run_ids: str
+    """Their run ids, comma-separated."""
+    fit: FitCells
+    """The pooled fit."""
+
+    def as_dict(self) -> dict:
+        return {"variant": self.variant, "n_runs": self.n_runs, "run_ids": self.run_ids, **self.fit.as_dict()}
+
+
 @dataclass
 class ExperimentResult:
-    rows: list[dict]
+    rows: list[RunRow]
     runs: list[RunData]
     fits: dict[str, SigmoidFit]
     """run_id -> full fit."""
@@ -73,7 +239,7 @@ class ExperimentResult:
     A_mean: float = math.nan
     A_fixed: float = math.nan
     """The baseline's A (mean over its seeds), at which every run's B is refitted."""
-    pooled_rows: list[dict] = field(default_factory=list)
+    pooled_rows: list[PooledRow] = field(default_factory=list)
     pooled_fits: dict[str, SigmoidFit] = field(default_factory=dict)
     verdicts: list[VariantVerdict] = field(default_factory=list)
     """One per variant, the baseline first (:func:`scalerl.analysis.verdicts.verdicts`)."""
@@ -229,10 +395,10 @@ def choose_baseline(
     )
 
 
-def _half_check(run: RunData, protocol: FitProtocol, *, cut) -> tuple[SigmoidFit | None, dict]:
+def _half_check(run: RunData, protocol: FitProtocol, *, cut) -> tuple[SigmoidFit | None, HalfCheck]:
     """Fit on compute <= budget/2 (with the run's early cut ``cut``, the same as its full fit's),
     compare with the observed second half."""
-    out = {"pred_n": 0, "pred_mae": math.nan, "pred_err_last": math.nan}
+    out = NO_CHECK
     c, y = run.compute, run.reward
     fin = np.isfinite(c) & np.isfinite(y)
     if not fin.any():
@@ -248,33 +414,12 @@ def _half_check(run: RunData, protocol: FitProtocol, *, cut) -> tuple[SigmoidFit
     pred = fit.predict(c[second])
     err = pred - y[second]
     last = int(np.argmax(c[second]))
-    out.update(pred_n=int(second.sum()), pred_mae=float(np.mean(np.abs(err))), pred_err_last=float(err[last]))
-    return fit, out
+    return fit, HalfCheck(int(second.sum()), float(np.mean(np.abs(err))), float(err[last]))
 
 
-def _fit_row(fit: SigmoidFit) -> dict:
-    row = {
-        "ok": bool(fit.ok),
-        "reason": fit.reason,
-        "A": fit.A,
-        "A_lo": fit.ci.get("A", (math.nan, math.nan))[0],
-        "A_hi": fit.ci.get("A", (math.nan, math.nan))[1],
-        "B": fit.B,
-        "B_lo": fit.ci.get("B", (math.nan, math.nan))[0],
-        "B_hi": fit.ci.get("B", (math.nan, math.nan))[1],
-        "C_mid": fit.C_mid,
-        "C_mid_lo": fit.ci.get("C_mid", (math.nan, math.nan))[0],
-        "C_mid_hi": fit.ci.get("C_mid", (math.nan, math.nan))[1],
-        "R0": fit.R0,
-        "n_points": int(fit.n_points),
-        "n_excluded": len(fit.excluded),
-    }
-    return row
-
-
-def _sort_key(row):
-    a = row.get("A", math.nan)
-    return (0, -a) if isinstance(a, float) and math.isfinite(a) else (1, 0.0)
+def _sort_key(row: RunRow | PooledRow):
+    a = row.fit.A
+    return (0, -a) if math.isfinite(a) else (1, 0.0)
 
 
 def analyse_runs(
@@ -304,70 +449,24 @@ def analyse_runs(
     verdicts list the baseline first, then ``variant_order``."""
     protocol = protocol or FitProtocol()
     runs = list(runs)
-    other = next((r for r in runs if r.reward_key != protocol.reward_key), None)
-    if other is not None:  # a curve of another metric than the one the protocol says it fits
-        raise AnalysisError(
-            f"run {other.run_name}: its curve is {other.reward_key}, the fit protocol's metric is "
-            f"{protocol.reward_key} (load the runs with reward_key=protocol.reward_key)"
-        )
+    _check_metric(runs, protocol)
     differing = differing_params(runs)
     names = {r.run_id: _variant_name(r, differing) for r in runs}
-    fits: dict[str, SigmoidFit] = {}
-    rows: list[dict] = []
+    fits = {r.run_id: _fit_run(r, protocol) for r in runs}
+    checks: dict[str, HalfCheck] = {}
     half_fits: dict[str, SigmoidFit] = {}
-    for r in runs:
-        c = r.compute
-        fin = c[np.isfinite(c)]
-        budget = float(fin.max()) if fin.size else math.nan
-        cut = protocol.cut_of(r)
-        fit = protocol.fit(c, r.reward, min_compute=cut)
-        if r.compute.size == 0:
-            fit.reason = f"no {r.reward_key} evaluations paired with compute"
-        if not fit.ok and r.notes:  # say which evaluations were skipped, and why
-            fit.reason = f"{fit.reason} ({'; '.join(r.notes)})"
-        fits[r.run_id] = fit
-        order = np.argsort(r.steps, kind="stable")
-        row = {
-            "run_id": r.run_id,
-            "run_name": r.run_name,
-            "status": r.status.lower(),
-            "variant": names[r.run_id],
-            **{k: r.params.get(k, "") for k in differing},
-            "compute_axis": r.compute_axis,
-            **_fit_row(fit),
-            "n_evals": int(r.compute.size),
-            "budget": budget,
-            "pass_rate_start": float(r.reward[order[0]]) if r.reward.size else math.nan,
-            "pass_rate_final": float(r.reward[order[-1]]) if r.reward.size else math.nan,
-        }
-        if predict_check:
-            hf, pred = _half_check(r, protocol, cut=cut)
+    if predict_check:
+        for r in runs:
+            hf, checks[r.run_id] = _half_check(r, protocol, cut=protocol.cut_of(r))
             if hf is not None:
                 half_fits[r.run_id] = hf
-            row.update(pred)
-        rows.append(row)
 
     base = choose_baseline(
         runs, fits, names, differing, baseline, given_by=baseline_given_by, other_variants=other_variants
     )
     ok_a = [f.A for f in fits.values() if f.ok]
-    a_mean = float(np.mean(ok_a)) if ok_a else math.nan
-    base_fits = [fits[i] for i in base.run_ids] if base.variant is not None else []
-    a_fix = baseline_A(base_fits)[0]
+    a_fix = baseline_A([fits[i] for i in base.run_ids] if base.variant is not None else [])[0]
     fixed_fits = fixed_A_fits(runs, fits, a_fix) if fixed_A else {}
-    for row in rows:
-        rid = row["run_id"]
-        row["baseline"] = base.variant is not None and row["variant"] == base.variant
-        if base.ok and row["ok"]:
-            row["delta_A"] = row["A"] - base.A
-            row["delta_B"] = row["B"] - base.B
-        else:
-            row["delta_A"] = math.nan
-            row["delta_B"] = math.nan
-        row["A_fixed"] = a_fix
-        ff = fixed_fits.get(rid)
-        row["B_fixed_A"] = ff.B if ff is not None and ff.ok else math.nan
-        row["C_mid_fixed_A"] = ff.C_mid if ff is not None and ff.ok else math.nan
     vs = verdicts(
         runs,
         names,
@@ -378,9 +477,21 @@ def analyse_runs(
         fixed_fits=fixed_fits if fixed_A else None,
         predict=predict_check,
     )
-    by_variant = {v.variant: v.verdict for v in vs}
-    for row in rows:
-        row["verdict"] = by_variant.get(row["variant"], "")
+    said = {v.variant: v.verdict for v in vs}
+    rows = [
+        _run_row(
+            r,
+            differing,
+            FitCells.of(fits[r.run_id]),
+            checks.get(r.run_id),
+            variant=names[r.run_id],
+            base=base,
+            A_fixed=a_fix,
+            refit=fixed_fits.get(r.run_id),
+            verdict=said.get(names[r.run_id], ""),
+        )
+        for r in runs
+    ]
     if sort:
         rows.sort(key=_sort_key)
     res = ExperimentResult(
@@ -391,13 +502,73 @@ def analyse_runs(
         half_fits=half_fits,
         differing=differing,
         baseline=base,
-        A_mean=a_mean,
+        A_mean=float(np.mean(ok_a)) if ok_a else math.nan,
         A_fixed=a_fix,
         verdicts=vs,
     )
     if pool_seeds:
         _pool(res, protocol)
     return res
+
+
+def _check_metric(runs: Sequence[RunData], protocol: FitProtocol) -> None:
+    """Refuse a run whose curve is another metric than the one the protocol says it fits."""
+    other = next((r for r in runs if r.reward_key != protocol.reward_key), None)
+    if other is not None:
+        raise AnalysisError(
+            f"run {other.run_name}: its curve is {other.reward_key}, the fit protocol's metric is "
+            f"{protocol.reward_key} (load the runs with reward_key=protocol.reward_key)"
+        )
+
+
+def _fit_run(r: RunData, protocol: FitProtocol) -> SigmoidFit:
+    """The run's own fit, its failure reason naming the evaluations the loading skipped."""
+    fit = protocol.fit(r.compute, r.reward, min_compute=protocol.cut_of(r))
+    if r.compute.size == 0:
+        fit.reason = f"no {r.reward_key} evaluations paired with compute"
+    if not fit.ok and r.notes:  # say which evaluations were skipped, and why
+        fit.reason = f"{fit.reason} ({'; '.join(r.notes)})"
+    return fit
+
+
+def _run_row(
+    r: RunData,
+    differing: Sequence[str],
+    fit: FitCells,
+    check: HalfCheck | None,
+    *,
+    variant: str,
+    base: Baseline,
+    A_fixed: float,
+    refit: SigmoidFit | None,
+    verdict: str,
+) -> RunRow:
+    """The run's row: its fit, its curve's ends, and how it compares with the baseline ``base``."""
+    fin = r.compute[np.isfinite(r.compute)]
+    order = np.argsort(r.steps, kind="stable")
+    compared = base.ok and fit.ok
+    refitted = refit is not None and refit.ok
+    return RunRow(
+        run_id=r.run_id,
+        run_name=r.run_name,
+        status=r.status.lower(),
+        variant=variant,
+        params={k: r.params.get(k, "") for k in differing},
+        compute_axis=r.compute_axis,
+        fit=fit,
+        n_evals=int(r.compute.size),
+        budget=float(fin.max()) if fin.size else math.nan,
+        pass_rate_start=float(r.reward[order[0]]) if r.reward.size else math.nan,
+        pass_rate_final=float(r.reward[order[-1]]) if r.reward.size else math.nan,
+        check=check,
+        baseline=base.variant is not None and variant == base.variant,
+        delta_A=fit.A - base.A if compared else math.nan,
+        delta_B=fit.B - base.B if compared else math.nan,
+        A_fixed=A_fixed,
+        B_fixed_A=refit.B if refitted else math.nan,
+        C_mid_fixed_A=refit.C_mid if refitted else math.nan,
+        verdict=verdict,
+    )
 
 
 def _pool(res: ExperimentResult, p: FitProtocol) -> None:
@@ -413,12 +584,9 @@ def _pool(res: ExperimentResult, p: FitProtocol) -> None:
         name = ", ".join(f"{k}={v}" for k, v in zip(recipe_keys, key)) or "all runs"
         res.pooled_fits[name] = fit
         res.pooled_rows.append(
-            {
-                "variant": name,
-                "n_runs": len(members),
-                "run_ids": ",".join(m.run_id for m in members),
-                **_fit_row(fit),
-            }
+            PooledRow(
+                name, n_runs=len(members), run_ids=",".join(m.run_id for m in members), fit=FitCells.of(fit)
+            )
         )
     res.pooled_rows.sort(key=_sort_key)
 
@@ -432,7 +600,7 @@ def fit_experiment(
     baseline: str | None = None,
     fixed_A: bool = True,
     predict_check: bool = True,
-) -> list[dict]:
+) -> list[RunRow]:
     """Fit the runs of an MLflow experiment (by name) or a list of run ids / loaded runs and
     return the report rows, sorted by A (see the module docstring).  ``baseline``: run id, run
     name or variant name; its variant is the reference of ``delta_A``/``delta_B`` (default: the
@@ -691,8 +859,18 @@ def _cell(row: dict, col: str) -> str:
     return _fmt(col, row.get(col, ""))
 
 
+TableRow = dict | RunRow | PooledRow
+"""A row as the table takes it: an analysed run's or a pooled recipe's, or a dict in the table form
+(the runs :func:`left_out_rows` and a sweep's failed jobs, which have no fit)."""
+
+
+def table_form(rows: Sequence[TableRow]) -> list[dict]:
+    """The rows as dicts: :meth:`RunRow.as_dict` for an analysed one, a dict as it is."""
+    return [r if isinstance(r, dict) else r.as_dict() for r in rows]
+
+
 def rows_to_markdown(
-    rows: Sequence[dict],
+    rows: Sequence[TableRow],
     columns: Sequence[str] | None = None,
     *,
     level: float = 0.9,
@@ -700,7 +878,7 @@ def rows_to_markdown(
 ) -> str:
     """A Markdown table of the rows (default columns: :func:`default_columns`; ``metric``: what the
     rows' ``pass_rate_start`` and ``pass_rate_final`` hold, the fitted metric)."""
-    rows = list(rows)
+    rows = table_form(rows)
     if not rows:
         return "(no runs)\n"
     cols = list(columns) if columns else default_columns(rows, level=level, metric=metric)
@@ -711,8 +889,9 @@ def rows_to_markdown(
     return "\n".join(lines) + "\n"
 
 
-def rows_to_csv(rows: Sequence[dict], path) -> Path:
-    """All scalar keys of the rows as CSV (union of keys, first-seen order)."""
+def rows_to_csv(rows: Sequence[TableRow], path) -> Path:
+    """All scalar keys of the rows' table form as CSV (union of keys, first-seen order)."""
+    rows = table_form(rows)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     keys: list[str] = []

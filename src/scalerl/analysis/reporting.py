@@ -369,7 +369,7 @@ def _axis_label(runs: Sequence[RunData]) -> str:
 def _labels(res: ExperimentResult) -> dict[str, str]:
     out = {}
     for r in res.runs:
-        v = next(row["variant"] for row in res.rows if row["run_id"] == r.run_id)
+        v = next(row.variant for row in res.rows if row.run_id == r.run_id)
         # runs of one recipe (no variants) need no variant in their label
         out[r.run_id] = r.run_name if v in ("", r.run_name, SAME_RECIPE) else f"{r.run_name} ({v})"
     return out
@@ -392,7 +392,7 @@ def _legend(res: ExperimentResult, opts: FitProtocol) -> list[str]:
             f"B @ A={res.A_fixed:.3f}: B refitted with A fixed to the baseline's A (the mean over its "
             "seeds, or 1 where half or more of its seeds' ceilings reach 1; the paper's way to compare efficiency)."
         )
-    if any("pred_mae" in r for r in res.rows):
+    if any(r.check is not None for r in res.rows):
         lines.append(
             "pred_mae, pred_err_last: fit on the first half of the compute, its prediction's mean absolute "
             "error on the observed second half and signed error at the last evaluation."
@@ -437,7 +437,7 @@ def _plots(res: ExperimentResult, opts: FitProtocol, out: Path, *, name: str, co
     files: list[Path] = []
     if not comparison or not res.runs:
         return files, run_plots
-    order = [row["run_id"] for row in res.rows if row.get("run_id") in res.fits]
+    order = [row.run_id for row in res.rows if row.run_id in res.fits]
     if len(order) <= MAX_LINES:
         files.append(
             _draw(
@@ -549,82 +549,128 @@ def _write_back(client, res: ExperimentResult, rows: dict[str, dict], plots, opt
     return n
 
 
-def report(
-    runs: Sequence[RunData],
-    out_dir,
-    *,
-    baseline: str | None = None,
-    baseline_given_by: str = "--baseline",
-    protocol: FitProtocol | None = None,
-    pool_seeds: bool = False,
-    client=None,
-    comparison: bool = True,
-    name: str = "All runs",
-    title: str = "",
-    pending: Sequence[dict] = (),
-    extra: dict[str, dict] | None = None,
-    order: Sequence[str] | None = None,
-    variant_order: Sequence[str] | None = None,
-    tags: dict[str, str] | None = None,
-    not_run: dict[str, str] | None = None,
-    wall_s: float | None = None,
-) -> Report:
-    """Fit ``runs``, compare them with the baseline variant, write the files, write ``fit/*`` back.
+@dataclass(frozen=True)
+class ReportInput:
+    """What :func:`report` is asked for besides the runs, the folder and the MLflow client. The
+    analysis CLI sets the first group; a sweep's report sets them all."""
 
-    - ``baseline``: a run id, run name or variant name, given by ``baseline_given_by`` (a CLI
-      flag, a sweep file); its variant (all its seeds) is the reference of ΔA and ΔB. None: chosen
-      among the fitted runs, and :attr:`Report.baseline` says which and why
-      (:func:`scalerl.analysis.experiment.choose_baseline`).
-    - ``protocol``: how the runs are fitted (:class:`~scalerl.scaling.FitProtocol`: the analysis
-      CLI's options, a sweep's ``scaling``); ``pool_seeds``: also one pooled fit per recipe.
-    - ``client``: an MLflow client to write ``fit/*`` metrics, ``fit.*`` tags (plus ``tags``) and
-      the run's ``scaling_curve.png`` back to every run; None writes nothing back.
-    - ``comparison``: also draw the all-runs and linearised plots.
-    - ``name``: plot titles; ``title``: the first line(s) of ``fits.md``.
-    - ``pending``: rows of runs that have no curve to fit (a sweep's jobs that failed or did not
-      finish), shown in the table unfitted; ``extra``: run id -> more row keys (a sweep's job,
-      status, log); ``order``: run names in table order (default: sorted by A, unfittable last);
-      ``variant_order``: variants in the verdict table's order after the baseline (default: by name).
-    - ``not_run``: variant -> why a sweep did not launch it (its component cannot act on the
-      hardware it would run on): a row of the verdict table, in no figure.
-    - ``wall_s``: the study's wall time, for ``report.json`` (None: unknown, written as null).
-    """
-    opts = protocol or FitProtocol()
+    baseline: str | None = None
+    """A run id, run name or variant name: its variant (all its seeds) is the reference of ΔA and
+    ΔB. None: chosen among the fitted runs, and :attr:`Report.baseline` says which and why
+    (:func:`scalerl.analysis.experiment.choose_baseline`)."""
+    baseline_given_by: str = "--baseline"
+    """Who gave ``baseline`` (a CLI flag, a sweep file), for its error and its legend."""
+    protocol: FitProtocol = field(default_factory=FitProtocol)
+    """How the runs are fitted (the analysis CLI's options, a sweep's ``scaling``)."""
+    pool_seeds: bool = False
+    """Also one pooled fit per recipe (``pooled_fits.csv``, ``pooled_curves.png``)."""
+    comparison: bool = True
+    """Also draw the all-runs, linearised and verdict figures (not only one plot per run)."""
+    name: str = "All runs"
+    """The figures' titles."""
+    title: str = ""
+    """The first line(s) of ``fits.md``."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """More tags written back to every run (with a client)."""
+    pending: Sequence[dict] = ()
+    """Table-form rows of runs that have no curve to fit (a sweep's jobs that failed or did not
+    finish, the runs the CLI left out), shown in the table unfitted."""
+    extra: dict[str, dict] = field(default_factory=dict)
+    """run id -> more table keys for its row (a sweep's job, status, log)."""
+    order: Sequence[str] | None = None
+    """Run names in table order (None: sorted by A, unfittable last)."""
+    variant_order: Sequence[str] = ()
+    """Variants in the verdict table's order after the baseline (empty: by name)."""
+    not_run: dict[str, str] = field(default_factory=dict)
+    """variant -> why a sweep did not launch it (its component cannot act on the hardware it would
+    run on): a row of the verdict table, in no figure."""
+    wall_s: float | None = None
+    """The study's wall time, for ``report.json`` (None: unknown, written as null)."""
+
+
+def report(runs: Sequence[RunData], out_dir, inputs: ReportInput | None = None, *, client=None) -> Report:
+    """Fit ``runs``, compare them with the baseline variant, write the files into ``out_dir``
+    (the module docstring lists them) and, given an MLflow ``client``, write ``fit/*`` metrics,
+    ``fit.*`` tags (plus ``inputs.tags``) and each run's ``scaling_curve.png`` back to every run.
+    ``inputs``: what else is asked (:class:`ReportInput`; default: its defaults)."""
+    inputs = inputs or ReportInput()
+    opts = inputs.protocol
     out = Path(out_dir)
     res = analyse_runs(
         runs,
         opts,
-        baseline=baseline,
-        baseline_given_by=baseline_given_by,
-        other_variants=[p["variant"] for p in pending if p.get("variant")],
-        pool_seeds=pool_seeds,
-        sort=order is None,
-        variant_order=variant_order or [],
+        baseline=inputs.baseline,
+        baseline_given_by=inputs.baseline_given_by,
+        other_variants=[p["variant"] for p in inputs.pending if p.get("variant")],
+        pool_seeds=inputs.pool_seeds,
+        sort=inputs.order is None,
+        variant_order=list(inputs.variant_order),
     )
+    analysed = {r.run_id: {**r.as_dict(), **inputs.extra.get(r.run_id, {})} for r in res.rows}
+    rows = _table_rows(res, analysed, inputs)
+    table = rows_to_markdown(rows, level=opts.level, metric=opts.reward_key)
+    legend = _legend(res, opts)
+    listed = _listed_verdicts(res.verdicts, inputs.not_run)
+    vtable = verdict_table(listed, level=opts.level) if listed else ""
+    markdown = _markdown(res, inputs, table, legend, vtable)
+
+    out.mkdir(parents=True, exist_ok=True)  # after the analysis: a refused baseline writes nothing
+    files = _write_tables(out, res, rows, listed, markdown, wall_s=inputs.wall_s)
+    plot_files, run_plots = _plots(res, opts, out, name=inputs.name, comparison=inputs.comparison)
+    files += plot_files
+    n_back = 0
+    if client is not None:
+        n_back = _write_back(client, res, analysed, run_plots, opts, inputs.tags)
+    return Report(
+        rows=rows,
+        markdown=markdown,
+        table=table,
+        legend=legend,
+        baseline=res.baseline,
+        result=res,
+        verdicts=listed,
+        verdict_table=vtable,
+        out_dir=out,
+        files=files,
+        run_plots=run_plots,
+        written_back=n_back,
+    )
+
+
+def _table_rows(res: ExperimentResult, analysed: dict[str, dict], inputs: ReportInput) -> list[dict]:
+    """The table's rows in its order: the analysed runs' (with their extra keys), then the pending
+    ones, unfitted (a pending row of the baseline variant is marked as such)."""
     base = res.baseline
-    for row in res.rows:
-        row.update((extra or {}).get(row["run_id"], {}))
-    rows = list(res.rows)
-    for p in pending:
+    rows = [analysed[r.run_id] for r in res.rows]
+    for p in inputs.pending:
         row = {"run_id": "", "ok": False, "reason": "", **p}
         row["baseline"] = base is not None and base.variant is not None and row.get("variant") == base.variant
         rows.append(row)
-    if order is not None:
-        rank = {n: i for i, n in enumerate(order)}
+    if inputs.order is not None:
+        rank = {n: i for i, n in enumerate(inputs.order)}
         rows.sort(key=lambda r: rank.get(r.get("run_name", ""), len(rank)))
+    return rows
 
-    table = rows_to_markdown(rows, level=opts.level, metric=opts.reward_key)
-    legend = _legend(res, opts)
-    listed = list(res.verdicts)
+
+def _listed_verdicts(vs: list[VariantVerdict], not_run: dict[str, str]) -> list[VariantVerdict]:
+    """The verdict table's variants: the analysed ones, then each variant a sweep did not run
+    because its component cannot act there (when there is a table to add it to)."""
+    listed = list(vs)
     if listed:
-        for variant, why in (not_run or {}).items():
+        for variant, why in not_run.items():
             if all(v.variant != variant for v in listed):
                 v = VariantVerdict(variant, [], cannot_act=why, family=listed[0].family)
                 v.verdict = f"cannot act here: {why} (not run)"
                 listed.append(v)
-    vtable = verdict_table(listed, level=opts.level) if listed else ""
+    return listed
+
+
+def _markdown(res: ExperimentResult, inputs: ReportInput, table: str, legend: list[str], vtable: str) -> str:
+    """``fits.md``: the title, the fit settings, the verdict section and its legend, then the
+    per-run table and its legend."""
+    opts = inputs.protocol
     axes = sorted({r.compute_axis for r in res.runs}) or ["device_hours"]
-    parts = [title.rstrip("\n") + "\n"] if title else []
+    parts = [inputs.title.rstrip("\n") + "\n"] if inputs.title else []
     parts.append(opts.describe(", ".join(axes)) + "\n")
     markdown = "\n".join(parts) + "\n"
     if vtable:
@@ -633,9 +679,20 @@ def report(
             + "".join(line + "\n" for line in verdict_legend(opts.level))
             + "\n## Runs\n\n"
         )
-    markdown += table + "\n" + "".join(line + "\n" for line in legend)
+    return markdown + table + "\n" + "".join(line + "\n" for line in legend)
 
-    out.mkdir(parents=True, exist_ok=True)  # after the analysis: a refused baseline writes nothing
+
+def _write_tables(
+    out: Path,
+    res: ExperimentResult,
+    rows: list[dict],
+    listed: list[VariantVerdict],
+    markdown: str,
+    *,
+    wall_s: float | None,
+) -> list[Path]:
+    """``fits.csv``, ``verdicts.csv``, ``fits.md``, ``fits.json``, ``report.json`` and
+    ``pooled_fits.csv`` (each where there is something to write)."""
     files = [rows_to_csv(rows, out / "fits.csv")]
     if res.verdicts:
         files.append(rows_to_csv([verdict_row(v) for v in listed], out / "verdicts.csv"))
@@ -646,22 +703,4 @@ def report(
     files.append(write_report_json(out / "report.json", doc))
     if res.pooled_rows:
         files.append(rows_to_csv(res.pooled_rows, out / "pooled_fits.csv"))
-    plot_files, run_plots = _plots(res, opts, out, name=name, comparison=comparison)
-    files += plot_files
-    n_back = 0
-    if client is not None:
-        n_back = _write_back(client, res, {r["run_id"]: r for r in res.rows}, run_plots, opts, tags)
-    return Report(
-        rows=rows,
-        markdown=markdown,
-        table=table,
-        legend=legend,
-        baseline=base,
-        result=res,
-        verdicts=listed,
-        verdict_table=vtable,
-        out_dir=out,
-        files=files,
-        run_plots=run_plots,
-        written_back=n_back,
-    )
+    return files

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalerl.sweep.state import STATUS_FILE, client_for, read_json
+from scalerl.sweep.plan import PlannedRun
+from scalerl.sweep.state import STATUS_FILE, SweepState, client_for, read_json
 
 
 @dataclass
@@ -38,11 +39,11 @@ def _num(v) -> float:
     return f
 
 
-def _run_status(run: dict, status: dict, mlflow_run) -> str:
-    s = read_json(Path(run["out_dir"]) / "summary.json")
-    if s and int(s.get("steps", 0)) >= int(run["total_steps"]):
+def _run_status(run: PlannedRun, status: dict, mlflow_run) -> str:
+    s = read_json(Path(run.out_dir) / "summary.json")
+    if s and int(s.get("steps", 0)) >= int(run.total_steps):
         return "finished"
-    st = (status.get(run["name"]) or {}).get("status")
+    st = (status.get(run.name) or {}).get("status")
     if st and st not in ("finished", "skipped"):
         return st
     if mlflow_run is not None:
@@ -70,11 +71,11 @@ def _children(client, exp_id: str, parent: str) -> dict[str, object]:
     return by_name
 
 
-def _run_id(run: dict, uri: str, children: dict) -> str | None:
-    info = read_json(Path(run["out_dir"]) / "run_info.json")
+def _run_id(run: PlannedRun, uri: str, children: dict) -> str | None:
+    info = read_json(Path(run.out_dir) / "run_info.json")
     if info.get("run_id") and info.get("uri", uri) == uri:
         return info["run_id"]
-    child = children.get(run["name"])
+    child = children.get(run.name)
     return child.info.run_id if child is not None else None
 
 
@@ -86,31 +87,27 @@ def study_wall_s(spans: list[tuple[int, int]]) -> float | None:
     return max(0.0, (max(e for _, e in spans) - min(s for s, _ in spans)) / 1000.0)
 
 
-def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
-    """Fit the runs of a launched sweep (``state`` = its ``sweep.json``) and write the report: the
-    finished runs go through :func:`scalerl.analysis.report` (ΔA, ΔB against the sweep's declared
-    baseline variant), the others are listed with their status and log; the files and the table
-    are attached to the parent run."""
-    from scalerl.analysis import FitProtocol, report
+@dataclass
+class _Collected:
+    """The sweep's runs as the report takes them: the finished ones' curves, with the sweep's keys
+    for their rows; the others' rows, unfitted; the finished ones' MLflow start and end (ms)."""
+
+    runs: list = field(default_factory=list)
+    extra: dict[str, dict] = field(default_factory=dict)
+    pending: list[dict] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _collect(state: SweepState, client, protocol) -> _Collected:
+    """Which planned runs exist and their status: the finished ones are loaded to be fitted, the
+    others listed with their status, error, log and the fitted metric's ends from their summary."""
     from scalerl.analysis.mlflow_io import load_run
-    from scalerl.analysis.reporting import write_parent
-    from scalerl.scaling.sigmoid import round_to
 
-    uri, parent, exp_id = state["tracking_uri"], state["parent_run_id"], state["experiment_id"]
-    sweep_dir = Path(state["runs"][0]["out_dir"]).parent if state.get("runs") else Path(".")
-    sweep_dir = Path(state.get("sweep_dir", sweep_dir))
-    status = read_json(sweep_dir / STATUS_FILE)
-    client = client_for(uri)
-    children = _children(client, exp_id, parent)
-    scaling = state.get("scaling") or {}
-    protocol = FitProtocol.from_config(scaling)  # its metric: the curves loaded and fitted
-    metric = protocol.metric
-
-    # ---- which runs exist, their status; the finished ones are fitted, the others listed
-    runs, extra, pending = [], {}, []
-    spans: list[tuple[int, int]] = []  # the finished runs' MLflow start and end (ms)
-    for run in state["runs"]:
-        rid = _run_id(run, uri, children)
+    status = read_json(Path(state.sweep_dir) / STATUS_FILE)
+    children = _children(client, state.experiment_id, state.parent_run_id)
+    got = _Collected()
+    for run in state.runs:
+        rid = _run_id(run, state.tracking_uri, children)
         mrun = None
         if rid:
             try:
@@ -118,73 +115,66 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
             except Exception:
                 mrun = None
         st = _run_status(run, status, mrun)
-        summ = read_json(Path(run["out_dir"]) / "summary.json")
-        entry = status.get(run["name"]) or {}
+        summ = read_json(Path(run.out_dir) / "summary.json")
+        entry = status.get(run.name) or {}
         info = {
-            "run_name": run["name"],
-            "job": run["name"],
-            "variant": run["variant"],
-            "seed": run["seed"],
+            "run_name": run.name,
+            "job": run.name,
+            "variant": run.variant,
+            "seed": run.seed,
             "status": st,
-            "overrides": " ".join(run["overrides"]),
+            "overrides": " ".join(run.overrides),
             "steps": summ.get("steps", 0) if summ else 0,
             "log": entry.get("log", ""),
             "error": entry.get("error", "") if st != "finished" else "",
         }
         if st == "finished" and mrun is not None:
             if mrun.info.start_time and mrun.info.end_time:
-                spans.append((int(mrun.info.start_time), int(mrun.info.end_time)))
+                got.spans.append((int(mrun.info.start_time), int(mrun.info.end_time)))
             data = load_run(client, mrun, reward_key=protocol.reward_key)
-            data.run_name = run["name"]
-            data.tags.setdefault("variant", run["variant"])
-            runs.append(data)
-            extra[data.run_id] = info
+            data.run_name = run.name
+            data.tags.setdefault("variant", run.variant)
+            got.runs.append(data)
+            got.extra[data.run_id] = info
         else:
             info.update(
                 run_id=mrun.info.run_id if mrun is not None else "",
                 # the fitted metric's (the summary's <metric>_start, _final)
-                pass_rate_start=_num(summ.get(f"{metric}_start")) if summ else math.nan,
-                pass_rate_final=_num(summ.get(f"{metric}_final")) if summ else math.nan,
+                pass_rate_start=_num(summ.get(f"{protocol.metric}_start")) if summ else math.nan,
+                pass_rate_final=_num(summ.get(f"{protocol.metric}_final")) if summ else math.nan,
             )
-            pending.append(info)
+            got.pending.append(info)
+    return got
 
-    # variants none of whose runs were launched: their component cannot act where they would run
-    runs_of: dict[str, list[dict]] = {}
-    for r in state["runs"]:
-        runs_of.setdefault(r["variant"], []).append(r)
-    not_run = {v: rs[0]["skip"] for v, rs in runs_of.items() if all(r.get("skip") for r in rs)}
+
+def _title(state: SweepState, got: _Collected) -> str:
+    """``fits.md``'s first lines: the sweep, its runs counted by status, where it tracks."""
     counts: dict[str, int] = {}
-    for r in [*extra.values(), *pending]:
+    for r in [*got.extra.values(), *got.pending]:
         key = r["status"].split(" (")[0]
         counts[key] = counts.get(key, 0) + 1
-    n = len(state["runs"])
-    title = (
-        f"# Sweep {state['name']}: {n} runs ({', '.join(f'{v} {k}' for k, v in counts.items())})\n\n"
-        f"MLflow: experiment `{state['name']}`, parent run `{parent}`, tracking `{uri}`."
-    )
-    rep = report(
-        runs,
-        sweep_dir / "report",
-        baseline=state.get("baseline"),
-        baseline_given_by=f"the sweep file {state.get('file') or state['name']!r}",
-        protocol=protocol,
-        client=client if write_back else None,
-        name=f"Sweep {state['name']}",
-        title=title,
-        pending=pending,
-        extra=extra,
-        order=[r["name"] for r in state["runs"]],
-        variant_order=list(dict.fromkeys(r["variant"] for r in state["runs"])),
-        tags={"fit.report": f"parent run {parent}"},
-        not_run=not_run,
-        wall_s=study_wall_s(spans),
+    return (
+        f"# Sweep {state.name}: {len(state.runs)} runs ({', '.join(f'{v} {k}' for k, v in counts.items())})\n\n"
+        f"MLflow: experiment `{state.name}`, parent run `{state.parent_run_id}`, tracking `{state.tracking_uri}`."
     )
 
-    # ---- the parent run: counts, the table as its description, the files as artifacts
+
+def _not_run(state: SweepState) -> dict[str, str]:
+    """variant -> why: the variants none of whose runs were launched (their component cannot act
+    where they would run)."""
+    runs_of: dict[str, list[PlannedRun]] = {}
+    for r in state.runs:
+        runs_of.setdefault(r.variant, []).append(r)
+    return {v: rs[0].skip for v, rs in runs_of.items() if all(r.skip for r in rs)}
+
+
+def _parent_metrics(rows: list[dict], A_mean: float) -> list:
+    """The parent run's counts (``sweep/runs*``) and the mean fitted A over the runs."""
     from mlflow.entities import Metric
 
+    from scalerl.scaling.sigmoid import round_to
+
     ts = int(time.time() * 1000)
-    rows = rep.rows
     pm = [
         Metric("sweep/runs", float(len(rows)), ts, 0),
         Metric("sweep/runs_finished", float(sum(r["status"] == "finished" for r in rows)), ts, 0),
@@ -196,10 +186,42 @@ def build_report(state: dict, *, write_back: bool = True, say=print) -> Report:
         ),
         Metric("sweep/runs_fitted", float(sum(bool(r.get("ok")) for r in rows)), ts, 0),
     ]
-    if math.isfinite(rep.result.A_mean):
-        pm.append(Metric("fit/A_mean", round_to(rep.result.A_mean), ts, 0))
-    client.log_batch(parent, metrics=pm)
-    view = write_parent(client, parent, rep, description=state.get("description") or "")
+    if math.isfinite(A_mean):
+        pm.append(Metric("fit/A_mean", round_to(A_mean), ts, 0))
+    return pm
+
+
+def build_report(state: SweepState, *, write_back: bool = True, say=print) -> Report:
+    """Fit the runs of a launched sweep (``state``: its ``sweep.json``) and write the report: the
+    finished runs go through :func:`scalerl.analysis.report` (ΔA, ΔB against the sweep's declared
+    baseline variant), the others are listed with their status and log; the files and the table
+    are attached to the parent run."""
+    from scalerl.analysis import FitProtocol, ReportInput, report
+    from scalerl.analysis.reporting import write_parent
+
+    client = client_for(state.tracking_uri)
+    protocol = FitProtocol.from_config(state.scaling)  # its metric: the curves loaded and fitted
+    got = _collect(state, client, protocol)
+    asked = ReportInput(
+        baseline=state.baseline,
+        baseline_given_by=f"the sweep file {state.file or state.name!r}",
+        protocol=protocol,
+        name=f"Sweep {state.name}",
+        title=_title(state, got),
+        tags={"fit.report": f"parent run {state.parent_run_id}"},
+        pending=got.pending,
+        extra=got.extra,
+        order=[r.name for r in state.runs],
+        variant_order=list(dict.fromkeys(r.variant for r in state.runs)),
+        not_run=_not_run(state),
+        wall_s=study_wall_s(got.spans),
+    )
+    rep = report(got.runs, Path(state.sweep_dir) / "report", asked, client=client if write_back else None)
+
+    # ---- the parent run: counts, the table as its description, the files as artifacts
+    parent, rows = state.parent_run_id, rep.rows
+    client.log_batch(parent, metrics=_parent_metrics(rows, rep.result.A_mean))
+    view = write_parent(client, parent, rep, description=state.description or "")
     for f in rep.files:
         client.log_artifact(parent, str(f), "report")
     failed = [r for r in rows if r["status"] in ("failed", "cancelled", "timeout", "interrupted")]

@@ -1,20 +1,24 @@
 """The sweep folder and the MLflow parent run.
 
 ``<sweep dir>/sweep.json`` holds the plan of the last launch and the MLflow parent run id, so a
-re-run (or ``--report``) reuses the same experiment and parent run; ``status.json`` holds the
-outcome of every job (status, job id, log path, error line).
+re-run (or ``--report``) reuses the same experiment and parent run; it is read once into a
+:class:`SweepState` (:func:`load_state`). ``status.json`` holds the outcome of every job (status,
+job id, log path, error line).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from scalerl.storage import write_json
-from scalerl.sweep.plan import Plan
+from scalerl.sweep.plan import Plan, PlannedRun
 from scalerl.sweep.spec import SweepError
 from scalerl.tracking.secrets import redact
 
@@ -27,6 +31,104 @@ def read_json(path: Path) -> dict:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
+
+
+@dataclass(frozen=True)
+class SweepState:
+    """``sweep.json``: what the last launch planned and where it tracks. :meth:`to_dict` is the file's
+    form (its keys and their order); :meth:`from_dict` reads that file as every version of this
+    code wrote it."""
+
+    name: str
+    """The sweep's name: its MLflow experiment and its parent run's name."""
+    file: str | None
+    """The sweep file it was launched from."""
+    description: str | None
+    """The sweep file's description (the parent run's description opens with it)."""
+    baseline: str | None
+    """The baseline variant the sweep file declared (None: the report chooses one)."""
+    seeds: list[int] | None
+    """The sweep file's seeds (None: the config's one seed)."""
+    sweep_dir: str
+    """The sweep's folder (the runs' ``out_dir`` are inside it)."""
+    tracking_uri: str
+    """The MLflow tracking URI the runs log to."""
+    experiment_id: str
+    """The MLflow experiment's id."""
+    parent_run_id: str
+    """The MLflow parent run of the sweep's runs."""
+    launcher: dict[str, Any]
+    """The composed launcher group."""
+    cli_overrides: list[str]
+    """The command line's own overrides, applied to every run after the file's."""
+    scaling: dict[str, Any]
+    """The composed ``scaling`` settings (how the report fits: :meth:`FitProtocol.from_config`)."""
+    updated: str
+    """When the launch wrote the file (local time, ISO 8601)."""
+    runs: list[PlannedRun]
+    """The planned runs, in the plan's (and the report table's) order."""
+    other: dict[str, Any] = field(default_factory=dict)
+    """Keys of the file this code does not know (kept, and written back as they were)."""
+
+    @classmethod
+    def of_plan(cls, plan: Plan, *, experiment_id: str, parent_run_id: str) -> SweepState:
+        spec = plan.spec
+        return cls(
+            name=spec.name,
+            file=spec.path,
+            description=spec.description,
+            baseline=spec.baseline,
+            seeds=spec.seeds,
+            sweep_dir=str(plan.sweep_dir),
+            tracking_uri=plan.tracking_uri,
+            experiment_id=experiment_id,
+            parent_run_id=parent_run_id,
+            launcher=plan.launcher,
+            cli_overrides=plan.cli_overrides,
+            scaling=plan.scaling,
+            updated=time.strftime("%Y-%m-%dT%H:%M:%S"),
+            runs=list(plan.runs),
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SweepState:
+        """The state ``sweep.json`` holds. Keys a file may lack: ``sweep_dir`` (the folder of its
+        first run's ``out_dir``), ``scaling`` (the fit protocol's defaults), and those the report
+        does not need; a run without ``skip`` was launched."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"other"}
+        run_keys = {f.name for f in dataclasses.fields(PlannedRun)}
+        runs = [PlannedRun(**{k: v for k, v in r.items() if k in run_keys}) for r in d.get("runs") or []]
+        default_dir = str(Path(runs[0].out_dir).parent) if runs else "."
+        return cls(
+            name=d["name"],
+            file=d.get("file"),
+            description=d.get("description"),
+            baseline=d.get("baseline"),
+            seeds=d.get("seeds"),
+            sweep_dir=d.get("sweep_dir") or default_dir,
+            tracking_uri=d["tracking_uri"],
+            experiment_id=str(d["experiment_id"]),
+            parent_run_id=d["parent_run_id"],
+            launcher=d.get("launcher") or {},
+            cli_overrides=list(d.get("cli_overrides") or []),
+            scaling=d.get("scaling") or {},
+            updated=d.get("updated", ""),
+            runs=runs,
+            other={k: v for k, v in d.items() if k not in known},
+        )
+
+    def to_dict(self) -> dict:
+        """The file's form: the unknown keys first (a file's own, kept where they were), then the
+        known ones in the order the launch writes them."""
+        return {
+            **self.other,
+            **{
+                f.name: getattr(self, f.name)
+                for f in dataclasses.fields(self)
+                if f.name not in ("other", "runs")
+            },
+            "runs": [r.to_dict() for r in self.runs],
+        }
 
 
 def client_for(uri: str):
@@ -123,25 +225,9 @@ def start_parent(plan: Plan) -> tuple[str, str]:
             tags["mlflow.note.content"] = spec.description
         parent = client.create_run(exp_id, run_name=spec.name, tags=tags).info.run_id
     client.log_batch(parent, params=[Param(k, v) for k, v in params.items()], tags=launch_tags)
-    state.update(
-        {
-            "name": spec.name,
-            "file": spec.path,
-            "description": spec.description,
-            "baseline": spec.baseline,
-            "seeds": spec.seeds,
-            "sweep_dir": str(plan.sweep_dir),
-            "tracking_uri": plan.tracking_uri,
-            "experiment_id": exp_id,
-            "parent_run_id": parent,
-            "launcher": plan.launcher,
-            "cli_overrides": plan.cli_overrides,
-            "scaling": plan.scaling,
-            "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "runs": [r.to_dict() for r in plan.runs],
-        }
-    )
-    write_json(plan.sweep_dir / SWEEP_FILE, state)
+    # a key of the last launch's file this code does not write is kept, where it was
+    launched = SweepState.of_plan(plan, experiment_id=exp_id, parent_run_id=parent).to_dict()
+    write_json(plan.sweep_dir / SWEEP_FILE, {**state, **launched})
     return exp_id, parent
 
 
@@ -157,8 +243,9 @@ def end_parent(uri: str, parent_run_id: str, status: str = "FINISHED") -> None:
         )
 
 
-def load_state(sweep_dir: Path) -> dict:
+def load_state(sweep_dir: Path) -> SweepState:
+    """The sweep folder's ``sweep.json``, read once."""
     state = read_json(Path(sweep_dir) / SWEEP_FILE)
     if not state.get("parent_run_id") or not state.get("runs"):
         raise SweepError(f"{sweep_dir}: no sweep launched here ({SWEEP_FILE} missing); run the sweep first")
-    return state
+    return SweepState.from_dict(state)
