@@ -799,34 +799,8 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
     if sup:
         text += f"; {ok} of {len(sup)} supported within {PRED_TOLERANCE:g}; {cov_txt}"
     if uns:
-        reach = float(np.median([v.prediction.reach for v in uns]))
-        more = float(np.median([v.prediction.more_compute for v in uns]))
-        bias = float(np.median([v.prediction.bias for v in uns]))  # NaN where any is unmeasured
-        k = sum(bool(v.pred_ok) for v in uns)
-        text += (
-            f". Not supported: {len(uns)} of {len(scored)}, not counted toward the goal (their half "
-            f"window ends at {reach:.1f}x C_mid, median; predictions need >= {HORIZON:g}x: about "
-            f"{more:.1f}x the budget would make them supported; "
-            + (
-                f"measured bias at that reach {bias:+.3f}"
-                if math.isfinite(bias)
-                else "bias not measured that early"
-            )
-            + f"); for reference {k} of {len(uns)} within {PRED_TOLERANCE:g}"
-        )
-    skills = [v.prediction.skill for v in scored if math.isfinite(v.prediction.skill)]
-    if skills:
-        beat = sum(x > 0 for x in skills)
-        per = [v.prediction for v in scored if math.isfinite(v.prediction.skill)]
-        mae, mae_p = (
-            float(np.mean([abs(x) for x in xs]))
-            for xs in zip(*((p.err, p.persistence - p.observed) for p in per))
-        )
-        text += (
-            f". Skill against persistence (the first half's last value as the forecast; 1 - |error| / "
-            f"|persistence's error|): median {float(np.median(skills)):+.2f}, the fit beats it on {beat} "
-            f"of {len(skills)} (mean abs error {mae:.3f} against persistence's {mae_p:.3f})"
-        )
+        text += _unsupported_text(uns, len(scored))
+    text += _skill_text(scored)
     text += (
         f". Goal: {need} of {len(scored)} supported and within {PRED_TOLERANCE:g}, and coverage >= "
         f"{PRED_GOAL_COVERAGE:.0%}"
@@ -842,6 +816,50 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
         return text + ": met."
     errs = sorted(abs(v.pred_err) for v in scored)
     text += f": missed by {' and '.join(missed)} (abs errors: median {float(np.median(errs)):.3f}, max {errs[-1]:.3f})"
+    return text + ". Why: " + "; ".join(_why_missed(scored, uns)) + "."
+
+
+def _unsupported_text(uns: Sequence[VariantVerdict], n_scored: int) -> str:
+    """The prediction summary's sentence on the predictions the horizon rule does not support: how
+    far their half window reached, the compute that would support them, the bias measured there."""
+    reach = float(np.median([v.prediction.reach for v in uns]))
+    more = float(np.median([v.prediction.more_compute for v in uns]))
+    bias = float(np.median([v.prediction.bias for v in uns]))  # NaN where any is unmeasured
+    k = sum(bool(v.pred_ok) for v in uns)
+    return (
+        f". Not supported: {len(uns)} of {n_scored}, not counted toward the goal (their half "
+        f"window ends at {reach:.1f}x C_mid, median; predictions need >= {HORIZON:g}x: about "
+        f"{more:.1f}x the budget would make them supported; "
+        + (
+            f"measured bias at that reach {bias:+.3f}"
+            if math.isfinite(bias)
+            else "bias not measured that early"
+        )
+        + f"); for reference {k} of {len(uns)} within {PRED_TOLERANCE:g}"
+    )
+
+
+def _skill_text(scored: Sequence[VariantVerdict]) -> str:
+    """The prediction summary's sentence on the skill against persistence ('' where none is finite)."""
+    skills = [v.prediction.skill for v in scored if math.isfinite(v.prediction.skill)]
+    if not skills:
+        return ""
+    beat = sum(x > 0 for x in skills)
+    per = [v.prediction for v in scored if math.isfinite(v.prediction.skill)]
+    mae, mae_p = (
+        float(np.mean([abs(x) for x in xs]))
+        for xs in zip(*((p.err, p.persistence - p.observed) for p in per))
+    )
+    return (
+        f". Skill against persistence (the first half's last value as the forecast; 1 - |error| / "
+        f"|persistence's error|): median {float(np.median(skills)):+.2f}, the fit beats it on {beat} "
+        f"of {len(skills)} (mean abs error {mae:.3f} against persistence's {mae_p:.3f})"
+    )
+
+
+def _why_missed(scored: Sequence[VariantVerdict], uns: Sequence[VariantVerdict]) -> list[str]:
+    """What in the data stands in the way of a missed prediction goal: an unsupported half window,
+    the final evaluation's noise, the seeds' spread, too few points, a one-sided bias."""
     why = []
     if uns:
         why.append(
@@ -877,7 +895,7 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
             why.append(shape)
     if not why:
         why.append("no single cause stands out in the data")
-    return text + ". Why: " + "; ".join(why) + "."
+    return why
 
 
 # ------------------------------------------------------------------------------------------------

@@ -695,58 +695,14 @@ def fit_sigmoid_runs(
         )
     preps = [_prepare(c, y, r0, cut, drop_nonfinite) for (c, y), cut in zip(runs, cuts)]
     # A run is only unusable for bad data, not for having few points of its own.
-    cs, ys, used, run_index, excluded = [], [], [], [], {}
-    offset = 0
-    r0s = []
     for j, p in enumerate(preps):
         if p.fatal:
             return _failed(p, method, min_compute, level, reason=f"run {j}: {p.reason}")
-        cs.append(p.compute)
-        ys.append(p.reward)
-        used.append(p.used)
-        run_index.append(np.full(p.compute.size, j))
-        for i, why in p.excluded.items():
-            excluded[offset + i] = f"run {j}: {why}"
-        offset += p.compute.size
-        if r0 is None:
-            r0s.append(p.r0)
-    c_all = np.concatenate(cs)
-    y_all = np.concatenate(ys)
-    used_all = np.concatenate(used)
-    ri = np.concatenate(run_index)
-    r0_val = float(r0) if r0 is not None else float(np.mean(r0s))
-    pooled = _Prepared(c_all, y_all, used_all, excluded, r0_val, 0)
-    # Re-run the pooled sanity checks (enough points, rising curve).
-    n = int(used_all.sum())
-    if n < N_PARAMS:
-        return _failed(
-            pooled,
-            method,
-            min_compute,
-            level,
-            reason=f"only {n} points to fit after exclusions (need at least {N_PARAMS}, one per parameter)",
-            run_index=ri,
-        )
-    if np.unique(c_all[used_all]).size < N_PARAMS:
-        return _failed(
-            pooled,
-            method,
-            min_compute,
-            level,
-            reason="fewer than 3 distinct compute values to fit",
-            run_index=ri,
-        )
-    late = y_all[used_all][c_all[used_all] >= np.median(c_all[used_all])]
-    gain = float(late.mean() - r0_val)
-    if gain < MIN_GAIN:
-        return _failed(
-            pooled,
-            method,
-            min_compute,
-            level,
-            reason=f"flat or falling curve: late rewards rise {gain:+.3f} above R0 (need >= {MIN_GAIN})",
-            run_index=ri,
-        )
+    pooled, ri, r0s = _pool(preps, r0)
+    problem = _pooled_problem(pooled)
+    if problem:
+        return _failed(pooled, method, min_compute, level, reason=problem, run_index=ri)
+    c_all, y_all, used_all, r0_val = pooled.compute, pooled.reward, pooled.used, pooled.r0
     x = np.log(c_all[used_all])
     y = y_all[used_all]
     theta, sse = _fit(x, y, r0_val, method, grid_A, grid_C_mid)
@@ -766,6 +722,44 @@ def fit_sigmoid_runs(
         x=x,
         y=y,
     )
+
+
+def _pool(preps: Sequence[_Prepared], r0: float | None) -> tuple[_Prepared, np.ndarray, list[float]]:
+    """The runs' prepared points as one: (the pooled points, which run each point came from, the
+    runs' own R0s). The pooled R0 is ``r0`` when given, else the mean of the runs' (then listed)."""
+    excluded: dict[int, str] = {}
+    offset = 0
+    for j, p in enumerate(preps):
+        for i, why in p.excluded.items():
+            excluded[offset + i] = f"run {j}: {why}"
+        offset += p.compute.size
+    r0s = [p.r0 for p in preps] if r0 is None else []
+    pooled = _Prepared(
+        np.concatenate([p.compute for p in preps]),
+        np.concatenate([p.reward for p in preps]),
+        np.concatenate([p.used for p in preps]),
+        excluded,
+        float(r0) if r0 is not None else float(np.mean(r0s)),
+        0,
+    )
+    ri = np.concatenate([np.full(p.compute.size, j) for j, p in enumerate(preps)])
+    return pooled, ri, r0s
+
+
+def _pooled_problem(p: _Prepared) -> str:
+    """Why the pooled points cannot be fitted ('' when they can): the sanity checks of one run's
+    points (enough points, distinct compute values, a rising curve), made again on the pool."""
+    c, y, used = p.compute, p.reward, p.used
+    n = int(used.sum())
+    if n < N_PARAMS:
+        return f"only {n} points to fit after exclusions (need at least {N_PARAMS}, one per parameter)"
+    if np.unique(c[used]).size < N_PARAMS:
+        return "fewer than 3 distinct compute values to fit"
+    late = y[used][c[used] >= np.median(c[used])]
+    gain = float(late.mean() - p.r0)
+    if gain < MIN_GAIN:
+        return f"flat or falling curve: late rewards rise {gain:+.3f} above R0 (need >= {MIN_GAIN})"
+    return ""
 
 
 def fit_fixed_A(
