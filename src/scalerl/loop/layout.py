@@ -215,17 +215,101 @@ def _generator_tasks(pl) -> int:
 def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
     """Every rank's and every engine's plan for ``cfg`` (resolved) launched by ``launch``; a
     :class:`LayoutError` (one line) when it cannot work. ``threads``: the trainer process's thread
-    budget when the caller has chosen it (else ``trainer.threads``, else the allotment)."""
+    budget when the caller has chosen it (else ``trainer.threads``, else the allotment). In steps:
+    the tasks and trainer ranks, the devices, the threads, the ports, then the plans."""
     pl, tr = cfg.placement, cfg.trainer
     tasks, per_node = launch.tasks, int(launch.tasks_per_node)
     gen_tasks = _generator_tasks(pl)
     pipeline = cfg.async_mode.name == "pipeline_rl"
-    split = pl.name == "split"
-    tp = int(pl.tensor_parallel_size)
     n_engines = int(pl.engines) if pipeline else 0
     local_engines = 0 if gen_tasks else n_engines
 
-    # ---- tasks and trainer ranks
+    _check_tasks(launch, gen_tasks)
+    trainers = tasks - gen_tasks  # (several need trainer=deepspeed: validate() and preflight say so)
+    prompts, samples = _batch(cfg, trainers, launch, gen_tasks)
+    node_of = [r // per_node for r in range(tasks)]
+    on_node = [sum(1 for r in range(trainers) if node_of[r] == n) for n in range(launch.nodes)]
+    dev = _devices(cfg, launch, trainers, node_of, on_node, n_engines, local_engines)
+
+    allot = max(1, int(launch.cpus_per_task))
+    base = max(1, int(threads) if threads else (int(tr.threads) or allot))
+    gen_total = max(1, base // 2) if local_engines else 0
+    trainer_threads0 = max(1, base - gen_total) if local_engines else base
+    engine_threads = max(1, gen_total // max(1, local_engines)) if local_engines else 0
+    master, store = _ports(int(pl.port), launch)
+
+    ranks: list[RankPlan] = []
+    for r in range(tasks):
+        n, local = node_of[r], r % per_node
+        common = dict(rank=r, node=n, local_rank=local, allotment=allot, local_world_size=on_node[n])
+        if r < trainers:
+            hosts = tuple(range(local_engines)) if r == 0 else ()
+            ranks.append(
+                RankPlan(
+                    **common,
+                    role="trainer",
+                    trainer_rank=r,
+                    engine=None,
+                    local_engines=hosts,
+                    visible=tuple(dev.trainer_gpus[n]) if dev.on_gpu else None,
+                    device=f"cuda:{local}" if dev.on_gpu else "cpu",
+                    threads=trainer_threads0 if hosts else base,
+                    engine_threads=engine_threads if hosts else 0,
+                    prompts=prompts,
+                    samples=samples,
+                )
+            )
+        else:
+            e = r - trainers
+            ranks.append(
+                RankPlan(
+                    **common,
+                    role="engine",
+                    trainer_rank=None,
+                    engine=e,
+                    local_engines=(),
+                    visible=dev.engine_gpus[e] if dev.on_gpu else None,
+                    device="cuda:0" if dev.on_gpu else "cpu",
+                    threads=max(1, int(tr.threads) or allot),
+                    engine_threads=0,
+                    prompts=0,
+                    samples=0,
+                )
+            )
+
+    tp = int(pl.tensor_parallel_size)
+    engines = tuple(
+        EnginePlan(
+            index=e,
+            node=dev.engine_node[e],
+            gpus=dev.engine_gpus[e] if dev.on_gpu else (),
+            tensor_parallel_size=tp,
+            group_ranks=tuple(1 + e * tp + s for s in range(tp)),
+            host="rank 0" if e < local_engines else f"task {trainers + e}",
+            memory=float(cfg.generator.gpu_memory_utilization)
+            if dev.on_gpu and cfg.generator.name == "vllm"
+            else None,
+        )
+        for e in range(n_engines)
+    )
+    transport = str(cfg.async_mode.transport) if pipeline else "gloo"
+    own_gpus = dev.on_gpu and (pl.name == "split" or bool(gen_tasks))
+    backend = ("nccl" if own_gpus else "gloo") if transport == "auto" else transport
+    return Layout(
+        launch=launch,
+        ranks=tuple(ranks),
+        engines=engines,
+        trainers=trainers,
+        on_gpu=dev.on_gpu,
+        backend=backend,
+        weight_world=1 + n_engines * tp if n_engines else 0,
+        master_port=master,
+        store_port=store,
+    )
+
+
+def _check_tasks(launch: Launch, gen_tasks: int) -> None:
+    """Engine tasks need a multi-task job, and one task more than the engines (a trainer)."""
     if gen_tasks and launch.kind == "process":
         raise LayoutError(
             "placement.generator_tasks",
@@ -234,20 +318,34 @@ def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
             "launcher=slurm and launcher.tasks_per_node / launcher.nodes (or torchrun), which set "
             "MASTER_ADDR and MASTER_PORT",
         )
-    if gen_tasks and tasks <= gen_tasks:
+    if gen_tasks and launch.tasks <= gen_tasks:
         raise LayoutError(
             "placement.generator_tasks",
             gen_tasks,
-            f"placement.generator_tasks={gen_tasks}: the job has {tasks} task(s); it needs at least "
+            f"placement.generator_tasks={gen_tasks}: the job has {launch.tasks} task(s); it needs at least "
             f"{gen_tasks + 1} (the trainer ranks first, then one task per engine)",
         )
-    trainers = tasks - gen_tasks  # (several need trainer=deepspeed: validate() and preflight say so)
-    prompts, samples = _batch(cfg, trainers, launch, gen_tasks)
-    node_of = [r // per_node for r in range(tasks)]
-    on_node = [sum(1 for r in range(trainers) if node_of[r] == n) for n in range(launch.nodes)]
 
-    # ---- devices
-    device = str(tr.device)
+
+@dataclass
+class _Devices:
+    """Which GPUs each node's trainer ranks and each engine see, and each engine's node."""
+
+    on_gpu: bool
+    trainer_gpus: list[list[int]]
+    engine_gpus: list[tuple[int, ...]]
+    engine_node: list[int]
+
+
+def _devices(
+    cfg, launch: Launch, trainers: int, node_of, on_node, n_engines: int, local_engines: int
+) -> _Devices:
+    """The devices step of :func:`plan`: trainer ranks on their node's first GPUs; engines on GPUs
+    of their own (placement=split), beside rank 0 (colocated) or on the GPUs an engine task's node
+    leaves."""
+    pl = cfg.placement
+    gen_tasks = _generator_tasks(pl)
+    device = str(cfg.trainer.device)
     gpus = int(launch.gpus_per_node)
     if device == "cuda" and gpus == 0:
         raise LayoutError(
@@ -256,10 +354,12 @@ def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
             f"trainer.device=cuda but the launch gives no GPUs ({launch.kind}): ask for them "
             "(launcher.gpus_per_node) or use trainer.device=auto/cpu",
         )
-    on_gpu = device != "cpu" and gpus > 0
-    trainer_gpus: list[list[int]] = [list(range(on_node[n])) for n in range(launch.nodes)]
-    engine_gpus: list[tuple[int, ...]] = [() for _ in range(n_engines)]
-    engine_node = [0] * n_engines
+    dev = _Devices(
+        on_gpu=device != "cpu" and gpus > 0,
+        trainer_gpus=[list(range(on_node[n])) for n in range(launch.nodes)],
+        engine_gpus=[() for _ in range(n_engines)],
+        engine_node=[0] * n_engines,
+    )
     # devices of the engines' own: an option that has the field (placement=split), else none
     gen_devices = [int(g) for g in pl.generator_devices] if "generator_devices" in pl else []
     if gen_devices and gen_tasks:
@@ -269,119 +369,144 @@ def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
             f"placement.generator_devices={gen_devices} with placement.generator_tasks={gen_tasks}: engine "
             "tasks take the GPUs their node's trainer ranks leave; leave generator_devices empty",
         )
-    if on_gpu:
-        if pipeline and split and local_engines:
-            if launch.nodes > 1:
-                # only the trainer's rank 0 starts local engines; every other node would hold the same
-                # GPUs idle (a job asks for the same tasks on every node). Engines on other nodes are
-                # what generator_tasks is for: the same engine code, reached through the store.
-                raise LayoutError(
-                    "placement.generator_devices",
-                    gen_devices or "[]",
-                    f"placement=split with placement.engines={local_engines} started by the trainer's rank 0 "
-                    f"on a job of {launch.nodes} nodes: only rank 0's node runs them, and every other node "
-                    "would hold the same GPUs idle; run the engines as tasks of the job instead "
-                    f"(placement.generator_tasks={local_engines}, the job's last tasks, each with "
-                    f"{tp} GPU(s) its node's trainer ranks leave)",
-                )
-            need = local_engines * tp
-            if not gen_devices and need + on_node[0] > gpus:
-                raise LayoutError(
-                    "placement.engines",
-                    local_engines,
-                    f"placement=split: placement.engines={local_engines} x placement.tensor_parallel_size={tp} "
-                    f"= {need} GPU(s) for the engines and {on_node[0]} trainer rank(s) on a node of {gpus} GPU(s): "
-                    f"start at most {max(0, gpus - need)} trainer rank(s) there, or give the engines fewer GPUs",
-                )
-            gens = gen_devices or list(range(gpus - need, gpus))
-            if len(gens) != need or len(set(gens)) != need:
-                raise LayoutError(
-                    "placement.generator_devices",
-                    gens,
-                    f"placement.generator_devices={gens}: must be {need} distinct GPUs "
-                    f"(placement.engines={local_engines} x placement.tensor_parallel_size={tp})",
-                )
-            if any(g < 0 or g >= gpus for g in gens):
-                raise LayoutError(
-                    "placement.generator_devices",
-                    gens,
-                    f"placement.generator_devices={gens}: the node has GPUs 0-{gpus - 1}",
-                )
-            left = [g for g in range(gpus) if g not in gens]
-            if on_node[0] > len(left):
-                raise LayoutError(
-                    "placement.generator_devices",
-                    gens,
-                    f"placement=split: {on_node[0]} trainer rank(s) on the node and {len(left)} GPU(s) left for "
-                    f"them after placement.generator_devices={gens} (the node has {gpus}); start at most "
-                    f"{len(left)} trainer rank(s) there, or give the engines fewer GPUs",
-                )
-            trainer_gpus[0] = left[: on_node[0]]
-            for e in range(local_engines):
-                engine_gpus[e] = tuple(gens[e * tp : (e + 1) * tp])
-        elif pipeline and local_engines:  # colocated: on rank 0's GPU, beside it
-            if tp > 1:
-                raise LayoutError(
-                    "placement.tensor_parallel_size",
-                    tp,
-                    f"placement.tensor_parallel_size={tp} with placement=colocated: an engine over {tp} GPUs "
-                    "needs GPUs of its own (placement=split)",
-                )
-            engine_gpus = [(0,)] * local_engines
-            if cfg.generator.name == "vllm":
-                util = float(cfg.generator.gpu_memory_utilization)
-                if local_engines * util >= 1.0:
-                    share = int(100 * util / local_engines) / 100
-                    raise LayoutError(
-                        "generator.gpu_memory_utilization",
-                        util,
-                        f"placement.engines={local_engines} x generator.gpu_memory_utilization={util} = "
-                        f"{local_engines * util:g} of rank 0's GPU: colocated pipeline_rl engines never sleep "
-                        "(they generate while the trainer trains on the same GPU), and vLLM takes that share "
-                        f"of it for each; use generator.gpu_memory_utilization={share} (the same share split "
-                        "over the engines), placement.engines=1, or placement=split",
-                    )
-        for n in range(launch.nodes):
-            if on_node[n] > gpus:
-                raise LayoutError(
-                    "launcher.tasks_per_node",
-                    per_node,
-                    f"{on_node[n]} trainer ranks on node {n} and {gpus} GPU(s) a node: each trainer rank needs a "
-                    f"GPU of its own; start at most {gpus} trainer ranks a node, or use trainer.device=cpu",
-                )
+    if not dev.on_gpu:
         if gen_tasks:
-            used = [on_node[n] for n in range(launch.nodes)]
-            for e in range(gen_tasks):
-                r = trainers + e
-                n = node_of[r]
-                block = tuple(range(used[n], used[n] + tp))
-                if block[-1] >= gpus:
-                    here = [x for x in range(trainers, tasks) if node_of[x] == n]
-                    first_engine_rank, k = here[0], len(here)
-                    raise LayoutError(
-                        "placement.generator_tasks",
-                        gen_tasks,
-                        f"placement.generator_tasks={gen_tasks} x placement.tensor_parallel_size={tp}: node {n} "
-                        f"runs {on_node[n]} trainer rank(s) and {k} engine task(s) (ranks {first_engine_rank}-"
-                        f"{first_engine_rank + k - 1}), {on_node[n]} + {k} x {tp} = {on_node[n] + k * tp} GPUs, "
-                        f"and the job gives it {gpus}: use fewer tasks a node (launcher.tasks_per_node), "
-                        "fewer engines, or a smaller tensor_parallel_size",
-                    )
-                engine_gpus[e] = block
-                engine_node[e] = n
-                used[n] += tp
-    elif gen_tasks:
-        engine_node = [node_of[trainers + e] for e in range(gen_tasks)]
+            dev.engine_node = [node_of[trainers + e] for e in range(gen_tasks)]
+        return dev
+    pipeline = cfg.async_mode.name == "pipeline_rl"
+    if pipeline and pl.name == "split" and local_engines:
+        _split_gpus(pl, launch, on_node, local_engines, gen_devices, dev)
+    elif pipeline and local_engines:  # colocated: on rank 0's GPU, beside it
+        _colocated_gpus(cfg, local_engines, dev)
+    per_node = int(launch.tasks_per_node)
+    for n in range(launch.nodes):
+        if on_node[n] > gpus:
+            raise LayoutError(
+                "launcher.tasks_per_node",
+                per_node,
+                f"{on_node[n]} trainer ranks on node {n} and {gpus} GPU(s) a node: each trainer rank needs a "
+                f"GPU of its own; start at most {gpus} trainer ranks a node, or use trainer.device=cpu",
+            )
+    if gen_tasks:
+        _engine_task_gpus(pl, launch, trainers, node_of, on_node, gen_tasks, dev)
+    return dev
 
-    # ---- threads
-    allot = max(1, int(launch.cpus_per_task))
-    base = max(1, int(threads) if threads else (int(tr.threads) or allot))
-    gen_total = max(1, base // 2) if local_engines else 0
-    trainer_threads0 = max(1, base - gen_total) if local_engines else base
-    engine_threads = max(1, gen_total // max(1, local_engines)) if local_engines else 0
 
-    # ---- ports
-    explicit = int(pl.port)
+def _split_gpus(
+    pl, launch: Launch, on_node, local_engines: int, gen_devices: list[int], dev: _Devices
+) -> None:
+    """placement=split with engines started by rank 0: the engines' GPUs (``generator_devices``,
+    else the node's last ones) and the trainer ranks' (those left)."""
+    gpus, tp = int(launch.gpus_per_node), int(pl.tensor_parallel_size)
+    if launch.nodes > 1:
+        # only the trainer's rank 0 starts local engines; every other node would hold the same
+        # GPUs idle (a job asks for the same tasks on every node). Engines on other nodes are
+        # what generator_tasks is for: the same engine code, reached through the store.
+        raise LayoutError(
+            "placement.generator_devices",
+            gen_devices or "[]",
+            f"placement=split with placement.engines={local_engines} started by the trainer's rank 0 "
+            f"on a job of {launch.nodes} nodes: only rank 0's node runs them, and every other node "
+            "would hold the same GPUs idle; run the engines as tasks of the job instead "
+            f"(placement.generator_tasks={local_engines}, the job's last tasks, each with "
+            f"{tp} GPU(s) its node's trainer ranks leave)",
+        )
+    need = local_engines * tp
+    if not gen_devices and need + on_node[0] > gpus:
+        raise LayoutError(
+            "placement.engines",
+            local_engines,
+            f"placement=split: placement.engines={local_engines} x placement.tensor_parallel_size={tp} "
+            f"= {need} GPU(s) for the engines and {on_node[0]} trainer rank(s) on a node of {gpus} GPU(s): "
+            f"start at most {max(0, gpus - need)} trainer rank(s) there, or give the engines fewer GPUs",
+        )
+    gens = gen_devices or list(range(gpus - need, gpus))
+    if len(gens) != need or len(set(gens)) != need:
+        raise LayoutError(
+            "placement.generator_devices",
+            gens,
+            f"placement.generator_devices={gens}: must be {need} distinct GPUs "
+            f"(placement.engines={local_engines} x placement.tensor_parallel_size={tp})",
+        )
+    if any(g < 0 or g >= gpus for g in gens):
+        raise LayoutError(
+            "placement.generator_devices",
+            gens,
+            f"placement.generator_devices={gens}: the node has GPUs 0-{gpus - 1}",
+        )
+    left = [g for g in range(gpus) if g not in gens]
+    if on_node[0] > len(left):
+        raise LayoutError(
+            "placement.generator_devices",
+            gens,
+            f"placement=split: {on_node[0]} trainer rank(s) on the node and {len(left)} GPU(s) left for "
+            f"them after placement.generator_devices={gens} (the node has {gpus}); start at most "
+            f"{len(left)} trainer rank(s) there, or give the engines fewer GPUs",
+        )
+    dev.trainer_gpus[0] = left[: on_node[0]]
+    for e in range(local_engines):
+        dev.engine_gpus[e] = tuple(gens[e * tp : (e + 1) * tp])
+
+
+def _colocated_gpus(cfg, local_engines: int, dev: _Devices) -> None:
+    """placement=colocated: every engine on rank 0's GPU, beside the trainer (vLLM's memory share
+    split over them)."""
+    tp = int(cfg.placement.tensor_parallel_size)
+    if tp > 1:
+        raise LayoutError(
+            "placement.tensor_parallel_size",
+            tp,
+            f"placement.tensor_parallel_size={tp} with placement=colocated: an engine over {tp} GPUs "
+            "needs GPUs of its own (placement=split)",
+        )
+    dev.engine_gpus = [(0,)] * local_engines
+    if cfg.generator.name == "vllm":
+        util = float(cfg.generator.gpu_memory_utilization)
+        if local_engines * util >= 1.0:
+            share = int(100 * util / local_engines) / 100
+            raise LayoutError(
+                "generator.gpu_memory_utilization",
+                util,
+                f"placement.engines={local_engines} x generator.gpu_memory_utilization={util} = "
+                f"{local_engines * util:g} of rank 0's GPU: colocated pipeline_rl engines never sleep "
+                "(they generate while the trainer trains on the same GPU), and vLLM takes that share "
+                f"of it for each; use generator.gpu_memory_utilization={share} (the same share split "
+                "over the engines), placement.engines=1, or placement=split",
+            )
+
+
+def _engine_task_gpus(
+    pl, launch: Launch, trainers: int, node_of, on_node, gen_tasks: int, dev: _Devices
+) -> None:
+    """Engine tasks (placement.generator_tasks): each takes the next ``tensor_parallel_size`` GPUs
+    its node's trainer ranks (and earlier engine tasks there) leave."""
+    gpus, tp = int(launch.gpus_per_node), int(pl.tensor_parallel_size)
+    used = [on_node[n] for n in range(launch.nodes)]
+    for e in range(gen_tasks):
+        r = trainers + e
+        n = node_of[r]
+        block = tuple(range(used[n], used[n] + tp))
+        if block[-1] >= gpus:
+            here = [x for x in range(trainers, launch.tasks) if node_of[x] == n]
+            first_engine_rank, k = here[0], len(here)
+            raise LayoutError(
+                "placement.generator_tasks",
+                gen_tasks,
+                f"placement.generator_tasks={gen_tasks} x placement.tensor_parallel_size={tp}: node {n} "
+                f"runs {on_node[n]} trainer rank(s) and {k} engine task(s) (ranks {first_engine_rank}-"
+                f"{first_engine_rank + k - 1}), {on_node[n]} + {k} x {tp} = {on_node[n] + k * tp} GPUs, "
+                f"and the job gives it {gpus}: use fewer tasks a node (launcher.tasks_per_node), "
+                "fewer engines, or a smaller tensor_parallel_size",
+            )
+        dev.engine_gpus[e] = block
+        dev.engine_node[e] = n
+        used[n] += tp
+
+
+def _ports(explicit: int, launch: Launch) -> tuple[int | None, int | None]:
+    """(the rendezvous port, the run's store port): a job's own pair under SLURM or a local
+    launch, ``placement.port`` when set (refused inside the sweeps' rendezvous range or on the
+    rendezvous port itself), else the port above the rendezvous."""
     master: int | None = launch.master_port
     if launch.kind in ("slurm", "local"):
         master = job_ports(launch.job_id)[0] if launch.job_id is not None else None
@@ -400,87 +525,10 @@ def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
             f"placement.port={explicit} is the rendezvous port (MASTER_PORT): leave it 0 (MASTER_PORT + 1)",
         )
     if explicit:
-        store: int | None = explicit
-    elif master is not None:
-        store = master + 1
-    else:
-        store = None if launch.kind in ("slurm", "local") else 0
-
-    # ---- ranks
-    ranks: list[RankPlan] = []
-    for r in range(tasks):
-        n, local = node_of[r], r % per_node
-        if r < trainers:
-            hosts = tuple(range(local_engines)) if r == 0 else ()
-            ranks.append(
-                RankPlan(
-                    rank=r,
-                    node=n,
-                    local_rank=local,
-                    role="trainer",
-                    trainer_rank=r,
-                    engine=None,
-                    local_engines=hosts,
-                    visible=tuple(trainer_gpus[n]) if on_gpu else None,
-                    device=f"cuda:{local}" if on_gpu else "cpu",
-                    allotment=allot,
-                    threads=trainer_threads0 if hosts else base,
-                    engine_threads=engine_threads if hosts else 0,
-                    local_world_size=on_node[n],
-                    prompts=prompts,
-                    samples=samples,
-                )
-            )
-        else:
-            e = r - trainers
-            ranks.append(
-                RankPlan(
-                    rank=r,
-                    node=n,
-                    local_rank=local,
-                    role="engine",
-                    trainer_rank=None,
-                    engine=e,
-                    local_engines=(),
-                    visible=engine_gpus[e] if on_gpu else None,
-                    device="cuda:0" if on_gpu else "cpu",
-                    allotment=allot,
-                    threads=max(1, int(tr.threads) or allot),
-                    engine_threads=0,
-                    local_world_size=on_node[n],
-                    prompts=0,
-                    samples=0,
-                )
-            )
-
-    engines = tuple(
-        EnginePlan(
-            index=e,
-            node=engine_node[e],
-            gpus=engine_gpus[e] if on_gpu else (),
-            tensor_parallel_size=tp,
-            group_ranks=tuple(1 + e * tp + s for s in range(tp)),
-            host="rank 0" if e < local_engines else f"task {trainers + e}",
-            memory=float(cfg.generator.gpu_memory_utilization)
-            if on_gpu and cfg.generator.name == "vllm"
-            else None,
-        )
-        for e in range(n_engines)
-    )
-    transport = str(cfg.async_mode.transport) if pipeline else "gloo"
-    own_gpus = on_gpu and (split or bool(gen_tasks))
-    backend = ("nccl" if own_gpus else "gloo") if transport == "auto" else transport
-    return Layout(
-        launch=launch,
-        ranks=tuple(ranks),
-        engines=engines,
-        trainers=trainers,
-        on_gpu=on_gpu,
-        backend=backend,
-        weight_world=1 + n_engines * tp if n_engines else 0,
-        master_port=master,
-        store_port=store,
-    )
+        return master, explicit
+    if master is not None:
+        return master, master + 1
+    return master, (None if launch.kind in ("slurm", "local") else 0)
 
 
 # ----------------------------------------------------------------------------- the environment
