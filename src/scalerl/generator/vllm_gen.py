@@ -309,6 +309,40 @@ class _Row:
     generated: int = 0
 
 
+def _start_llm(vllm, kwargs: dict, tensor_parallel_size: int, *, on_cuda: bool):
+    """``vllm.LLM(**kwargs)``, started with what its start needs from this process: the CPU
+    workers' environment (tensor parallelism on a CPU), the daemon flag lifted, and this process's
+    torch threads given back afterwards."""
+    threads = torch.get_num_threads()  # vLLM's CPU worker drops this process to one thread
+    # tensor-parallel workers on a CPU: read by vLLM as it starts them, so set only meanwhile
+    workers = cpu_worker_env(tensor_parallel_size, threads) if not on_cuda else {}
+    saved = {k: os.environ.get(k) for k in workers}
+    os.environ.update(workers)
+    if workers:
+        # vLLM caches its environment once an engine has started in this process (an earlier
+        # engine, e.g. in a test run): the cached binding would be the default ``auto``
+        import vllm.envs as vllm_envs
+
+        getattr(vllm_envs, "disable_envs_cache", lambda: None)()
+    # a pipeline_rl engine is a daemonic process, and Python refuses children to those (lest they
+    # outlive it); vLLM's workers watch their parent through a pipe and exit when it ends, so the
+    # flag is lifted while vLLM starts them
+    me = multiprocessing.current_process()
+    daemon = me.daemon
+    if tensor_parallel_size > 1 and daemon:
+        me.daemon = False
+    try:
+        return vllm.LLM(**kwargs)
+    finally:
+        me.daemon = daemon
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        torch.set_num_threads(threads)
+
+
 class VLLMGenerator(Generator):
     def __init__(
         self,
@@ -383,34 +417,9 @@ class VLLMGenerator(Generator):
             bucket_bytes=self.bucket_bytes,
             gpu_bytes=gpu_bytes,
         )
-        threads = torch.get_num_threads()  # vLLM's CPU worker drops this process to one thread
-        # tensor-parallel workers on a CPU: read by vLLM as it starts them, so set only meanwhile
-        workers = cpu_worker_env(tensor_parallel_size, threads) if device.type != "cuda" else {}
-        saved = {k: os.environ.get(k) for k in workers}
-        os.environ.update(workers)
-        if workers:
-            # vLLM caches its environment once an engine has started in this process (an earlier
-            # engine, e.g. in a test run): the cached binding would be the default ``auto``
-            import vllm.envs as vllm_envs
-
-            getattr(vllm_envs, "disable_envs_cache", lambda: None)()
-        # a pipeline_rl engine is a daemonic process, and Python refuses children to those (lest they
-        # outlive it); vLLM's workers watch their parent through a pipe and exit when it ends, so the
-        # flag is lifted while vLLM starts them
-        me = multiprocessing.current_process()
-        daemon = me.daemon
-        if int(tensor_parallel_size) > 1 and daemon:
-            me.daemon = False
         try:
-            self.llm = vllm.LLM(**kwargs)
+            self.llm = _start_llm(vllm, kwargs, int(tensor_parallel_size), on_cuda=device.type == "cuda")
         finally:
-            me.daemon = daemon
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            torch.set_num_threads(threads)
             folder.cleanup()
         self.engine = self.llm.llm_engine
         # worker processes (tensor parallelism) are stopped by the engine when it goes, and at exit
