@@ -282,6 +282,33 @@ def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k
     assert history(uri, summary["run_id"], "data/stale_dropped")[-1][1] == 0  # no work wasted
 
 
+def test_pipeline_engines_hold_the_next_steps_work_while_the_trainer_evaluates(tiny_overrides):
+    """Once a step's weights are handed over (before the evaluation or checkpoint that may follow),
+    the engines hold the mode's whole capacity of work, assigned at that step: they generate while
+    this process evaluates. Before, the batch a step took left a hole of that size until the next
+    step began, and the engine (the default run's bottleneck) waited out every evaluation."""
+    from scalerl.loop.run import hand_over_weights
+
+    overrides = [*tiny_overrides, "async_mode=pipeline_rl", "trainer.total_steps=8", "eval.every=100"]
+    cfg, run = make_run(overrides)
+    src = run.source
+    try:
+
+        def ahead() -> int:
+            return len(src.buffer) + sum(n for _, n in src.outstanding.values())
+
+        hand_over_weights(run)  # the first weights: the step-0 evaluation comes next
+        assert ahead() == src.capacity
+        assert {v for v, _ in src.outstanding.values()} == {0}
+        for step in (1, 2):
+            train_step(run)
+            assert ahead() == src.capacity, (step, ahead(), src.capacity)
+            # the work given after this step is assigned at its version, as the next step would
+            assert max(v for v, _ in src.outstanding.values()) == step
+    finally:
+        src.close()
+
+
 @pytest.mark.slow
 def test_generator_process_is_forked_with_its_imports_done():
     """pipeline_rl's generator process comes from a fork server that imported torch, transformers

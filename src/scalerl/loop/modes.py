@@ -86,6 +86,11 @@ class AsyncMode(abc.ABC):
     def close(self) -> None:  # noqa: B027 - most modes start nothing
         """Stop whatever the mode started."""
 
+    def feed(self) -> None:  # noqa: B027 - a mode that generates when asked has nothing to start early
+        """The trainer's new weights are announced and it turns to other work (evaluating,
+        checkpointing, logging) before it asks for the next step's groups: start now what that
+        step would start, so that generators of their own keep generating meanwhile."""
+
     def signal(self, group: list[Sample]) -> bool:
         """Whether ``group`` survives the zero-variance filter (always, without dynamic sampling)."""
         return not self.dynamic_sampling or carries_signal(group, self._exclude_truncated)
@@ -212,7 +217,9 @@ class PipelineRL(AsyncMode):
         st, pool = self.r.state, self.pool
         if self._busy0 is None:
             pool.wait_ready()
-            self._busy0 = (st.gen_busy, pool.busy_seconds)
+            # the engines are this run's (their busy seconds count from 0): what they generated
+            # for work fed before this first step (feed, during the first evaluation) counts too
+            self._busy0 = (st.gen_busy, 0.0)
         self._feed()
         # the trainer at version `step` may train only on data at most max_lag versions old: wait
         # for outstanding work given at that version or before (this step is its last chance: a
@@ -230,6 +237,14 @@ class PipelineRL(AsyncMode):
             shares[0] = [g for g in batch if not self.signal(g)] + shares[0]
             return collective.scatter_objects(shares)
         return batch
+
+    def feed(self) -> None:
+        """Top the engines' work up to the capacity now (rank 0), not when the next step starts:
+        the work is assigned at the same step (the trainer's version does not change in between),
+        so the same prompts go out at the same version and the staleness bound is unchanged; the
+        engines just do not wait out the evaluation or the checkpoint without work."""
+        if self.pool.placement.main:
+            self._feed()
 
     def _limit(self) -> int:
         """The most groups one step takes from the buffer."""

@@ -189,8 +189,9 @@ def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
 
 # ---------------------------------------------------------------------- the steps of the loop
 def hand_over_weights(run: Components) -> None:
-    """The trainer's weights at ``state.step`` to the async mode (and so to every generator); a
-    generator whose version does not follow stops the run."""
+    """The trainer's weights at ``state.step`` to the async mode (and so to every generator; a
+    generator whose version does not follow stops the run), then the next steps' work to engines of
+    their own (:meth:`~scalerl.loop.modes.AsyncMode.feed`), before this process evaluates."""
     step = run.state.step
     run.source.load_weights(run.trainer.policy_weights(), step)
     if run.generator.version != step:
@@ -198,6 +199,7 @@ def hand_over_weights(run: Components) -> None:
             f"{type(run.generator).__name__}.load_weights did not take the trainer's weights of step {step} "
             f"(its version is {run.generator.version}): it would generate from other weights than the trainer's"
         )
+    run.source.feed()  # engines of their own generate the next steps' work while this process evaluates
 
 
 def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, float]:
