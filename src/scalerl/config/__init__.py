@@ -10,10 +10,20 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from scalerl.config.help import register_help_resolver
 from scalerl.config.options import GROUPS, option_class, options, register_option
-from scalerl.config.schema import Config, evaluates_at, register_configs
+from scalerl.config.schema import Config, evaluates_at
+from scalerl.config.schema import register_configs as _register_schemas
 from scalerl.config.validate import ConfigError, check_overrides, option_of, validate
 from scalerl.config.variants import group_variants
+
+
+def register_configs() -> None:
+    """The structured schemas in Hydra's ConfigStore (:func:`scalerl.config.schema.register_configs`)
+    and the ``scalerl_help`` resolver that ``--help`` lists the options with (the help describes the
+    schema, so it is registered here, above both)."""
+    _register_schemas()
+    register_help_resolver()
 
 
 def conf_dir() -> str:

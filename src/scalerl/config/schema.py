@@ -192,9 +192,9 @@ def register_configs() -> None:
     """Store the top-level schema and every option's schema in Hydra's ConfigStore.
 
     ``conf/config.yaml`` lists ``scalerl_schema`` first in its defaults; each option's YAML lists
-    ``/scalerl_schema/<group>/<name>@_here_`` first in its own. Also registers the ``scalerl_help``
-    resolver that ``--help`` uses to list the options. Stores again only when an option was
-    registered or changed since (storing every schema costs an eighth of a compose).
+    ``/scalerl_schema/<group>/<name>@_here_`` first in its own. Stores again only when an option
+    was registered or changed since (storing every schema costs an eighth of a compose).
+    :func:`scalerl.config.register_configs` also registers the ``scalerl_help`` resolver.
     """
     global _stored
     cs = ConfigStore.instance()
@@ -204,6 +204,3 @@ def register_configs() -> None:
         for group, name, cls in schemas:
             cs.store(group=f"{SCHEMA_ROOT}/{group}", name=name, node=cls)
         _stored = schemas
-    from scalerl.config.help import register_help_resolver
-
-    register_help_resolver()
