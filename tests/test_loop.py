@@ -651,7 +651,19 @@ class IgnoresWeights(HFGenerator):
 def test_a_generator_that_ignores_new_weights_stops_the_run(tiny_overrides, monkeypatch):
     """generator=hf implemented by a class that ignores new weights: the run stops at the first
     step, naming it, instead of generating from stale weights."""
-    monkeypatch.setitem(GENERATORS, "hf", IgnoresWeights)
+
+    def build_ignoring(options, length_control, model, tokenizer, precision, *, device, seed, placement):
+        return IgnoresWeights(
+            model,
+            tokenizer,
+            precision,
+            length_control,
+            temperature=options.temperature,
+            device=device,
+            seed=seed,
+        )
+
+    monkeypatch.setitem(GENERATORS, "hf", build_ignoring)  # generator=hf's factory builds it
     with pytest.raises(
         RunError, match=r"IgnoresWeights\.load_weights did not take the trainer's weights of step 1"
     ):
