@@ -287,8 +287,6 @@ def test_pipeline_engines_hold_the_next_steps_work_while_the_trainer_evaluates(t
     the engines hold the mode's whole capacity of work, assigned at that step: they generate while
     this process evaluates. Before, the batch a step took left a hole of that size until the next
     step began, and the engine (the default run's bottleneck) waited out every evaluation."""
-    from scalerl.loop.run import hand_over_weights
-
     overrides = [*tiny_overrides, "async_mode=pipeline_rl", "trainer.total_steps=8", "eval.every=100"]
     cfg, run = make_run(overrides)
     src = run.source
