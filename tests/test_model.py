@@ -153,6 +153,7 @@ def test_building_and_sampling_the_model_imports_no_scikit_learn():
     import importlib.util
     import subprocess
     import sys
+    from pathlib import Path
 
     if importlib.util.find_spec("sklearn") is None:
         pytest.skip("scikit-learn is not installed (MLflow brings it): nothing to keep out")
@@ -166,7 +167,7 @@ def test_building_and_sampling_the_model_imports_no_scikit_learn():
         "import transformers.utils as u\n"
         "print('sklearn' in sys.modules, u.is_sklearn_available())\n"
     )
-    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "True"], out.stdout

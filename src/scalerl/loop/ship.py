@@ -4,9 +4,9 @@ default ``model`` and ``task`` settings, ``python train.py``) and the leave-one-
 ``base`` of ``sweeps/loo.yaml``, ``python sweep.py --loo``, and of ``sweeps/loo_ceiling.yaml``), so
 that none trains a warm-start first and every machine starts from the same base. A base already in
 the warm-start cache (``model.cache_dir``) under the same key is shipped as it is: the key covers
-every setting and the procedure's version, so the cache holds what this would make again. Run it after changing what the warm-start key covers
-(the default model or task settings, the study's task settings, the warm-start procedure);
-test_model says when a shipped one no longer matches."""
+every setting and the procedure's version, so the cache holds what this would make again. Run it
+after changing what the warm-start key covers (the default model or task settings, the studies'
+task settings, the warm-start procedure); test_model says when a shipped one no longer matches."""
 
 from __future__ import annotations
 
