@@ -73,7 +73,7 @@ def one_run(seed: int, overrides: list[str], keep_cache: str | None) -> dict:
     return {
         "seed": seed,
         "wall_seconds": wall,
-        # the default's base model ships with the package ("made" by scalerl.loop.ship): not trained here
+        # the default's base model ships with the package ("made" by scalerl.ship): not trained here
         "warmstart_seconds": None if "made" in ws else ws.get("warmstart_seconds"),
         "warmstart_shipped": "made" in ws,
         "steps": summary["steps"],

@@ -152,9 +152,9 @@ def components(a) -> None:
     from scalerl import algo
     from scalerl.config import compose
     from scalerl.generator import HFGenerator
-    from scalerl.loop.data import PromptSampler
     from scalerl.model.build import load_policy
     from scalerl.model.precision import Precision
+    from scalerl.rollout.prompts import PromptSampler
     from scalerl.task import build_task
     from scalerl.trainer import collate, make_trainer
 

@@ -63,8 +63,8 @@ def main() -> None:
 
     from scalerl.config import compose
     from scalerl.generator import make_generator
-    from scalerl.loop.data import PromptSampler
     from scalerl.model.build import build_policy, num_params
+    from scalerl.rollout.prompts import PromptSampler
     from scalerl.task import build_task
 
     cfg = compose([*a.override, "out_dir=/tmp/scalerl-bench-speed"])

@@ -497,8 +497,8 @@ def child_trl(a, defaults: bool) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from scalerl.config import compose
-    from scalerl.loop.data import PromptSampler
     from scalerl.model.build import load_policy, num_params
+    from scalerl.rollout.prompts import PromptSampler
     from scalerl.task import Prompt, build_task
 
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ each model shape, its bf16 weights (no optimizer) are built partitioned by ZeRO-
 (``deepspeed.zero.Init``), and:
 
 * **first gather, bucketed vs whole**: the extra memory of gathering the model one bucket at a time
-  (``placement.bucket_mb``, as :class:`~scalerl.loop.pipeline.EnginePool` does from its first update
+  (``placement.bucket_mb``, as :class:`~scalerl.rollout.pool.EnginePool` does from its first update
   on) against gathering every parameter at once (what ``EnginePool._first`` did before), after the
   layout was learnt from ``ds_shape`` without a gather;
 * **publish**: the weight-update group as a world of one (only the trainer's rank 0: every collective
@@ -102,8 +102,8 @@ class Meter:
 def measure(shape: str, device: torch.device, bucket_mb: float) -> dict:
     import deepspeed
 
-    from scalerl.loop.pipeline import weight_shapes
     from scalerl.model.weights import PolicyWeights
+    from scalerl.rollout.pool import weight_shapes
     from scalerl.transport import Layout, TransportSpec, WeightSender, connect
 
     out: dict = {"shape": shape, "bucket_mb": bucket_mb}

@@ -255,7 +255,7 @@ class GpuProcesses:
 # ---------------------------------------------------------------------- train.py runs
 def train_wrapper(record: str, overrides: list[str]) -> None:
     """``train.py`` in this process (the same entry point, arguments and code), with three looks at
-    pipeline_rl's :class:`~scalerl.loop.pipeline.EnginePool` that change nothing it does: the engine
+    pipeline_rl's :class:`~scalerl.rollout.pool.EnginePool` that change nothing it does: the engine
     processes' pids once they are ready, the digest (SHA-256 per tensor) of the weights the trainer
     published last (taken after ``load_weights`` returned, outside what ``perf/weight_update_s``
     times), and before the pool closes each engine's :meth:`fingerprints` of what it samples with.
@@ -268,7 +268,7 @@ def train_wrapper(record: str, overrides: list[str]) -> None:
 
     try:
         from scalerl.generator.base import digests
-        from scalerl.loop.pipeline import EnginePool
+        from scalerl.rollout.pool import EnginePool
 
         orig_ready, orig_load, orig_close = EnginePool.wait_ready, EnginePool.load_weights, EnginePool.close
 

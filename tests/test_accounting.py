@@ -7,14 +7,14 @@ from types import SimpleNamespace
 import torch
 
 from scalerl.loop.accounting import count_step
-from scalerl.loop.state import RunState
+from scalerl.state import RunState
 
 
 def test_devices_held_count_every_device_of_the_run():
     """compute/device_hours = wall clock x devices held: on CPU a device is one CPU thread (the
     trainer's plus a pipeline generator process's own), on GPU a GPU."""
     from scalerl.loop.accounting import devices_held
-    from scalerl.loop.modes import Placement
+    from scalerl.rollout.modes import Placement
 
     cpu, gpu0, gpu1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
     # sync / ppo_off_policy on CPU: the generator shares the trainer's threads

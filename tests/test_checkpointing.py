@@ -53,7 +53,7 @@ def test_weights_that_stop_being_finite_never_reach_a_checkpoint(tiny_overrides)
     """Weights that are no longer finite are never checkpointed: the last good checkpoint stays the
     last one, and the run stops in one line."""
     from scalerl.loop.checkpointing import checkpoint
-    from scalerl.loop.state import Clock
+    from scalerl.state import Clock
 
     cfg, run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=2"])
     train(cfg, components=run)

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from scalerl.config import compose
 from scalerl.generator.sample import Sample
-from scalerl.loop.data import MixedSampler, make_sampler
+from scalerl.rollout.prompts import MixedSampler, make_sampler
 from scalerl.task import CodeTask, MultiTask, Prompt, make_task
 from scalerl.task.base import score_counted
 from scalerl.task.code import _humaneval_problems, extract_program

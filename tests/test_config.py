@@ -186,8 +186,8 @@ def test_the_factories_cover_every_option():
     refused only when a run builds it."""
     from scalerl.algo.advantages import NORMS
     from scalerl.generator import GENERATORS
-    from scalerl.loop.modes import MODES
     from scalerl.model.build import POLICY_LOADERS
+    from scalerl.rollout.modes import MODES
     from scalerl.task import TASKS
     from scalerl.trainer import ENGINES
 

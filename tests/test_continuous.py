@@ -28,9 +28,9 @@ from vllm_cache import kept
 
 from scalerl.config import compose
 from scalerl.generator import HFGenerator
-from scalerl.loop.pipeline import EngineSpec, _Engine, _pop, _push
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
+from scalerl.rollout.engine import EngineSpec, _Engine, _pop, _push
 from scalerl.task import build_task
 from scalerl.transport import TransportSpec, connect
 

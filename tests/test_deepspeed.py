@@ -639,7 +639,7 @@ def test_a_run_ends_the_process_group_its_trainer_started(tmp_path):
         import torch.distributed as dist
         from scalerl.config import compose
         from scalerl.loop import run as loop_run
-        from scalerl.loop.errors import RunError
+        from scalerl.messages import RunError
         from scalerl.trainer.deepspeed_engine import init_distributed
 
         def build(cfg, tracker=None):  # what a DeepSpeed trainer starts, and one collective

@@ -19,11 +19,11 @@ from scalerl.config.validate import ConfigError
 from scalerl.generator.base import digests
 from scalerl.loop import train
 from scalerl.loop.accounting import devices_held
-from scalerl.loop.errors import RunError
-from scalerl.loop.pipeline import EnginePool
-from scalerl.loop.placement import engine_task, place_engines, store_address
+from scalerl.messages import RunError
 from scalerl.model.build import build_policy
 from scalerl.model.weights import PolicyWeights
+from scalerl.rollout.placement import engine_task, place_engines, store_address
+from scalerl.rollout.pool import EnginePool
 from scalerl.task import build_task
 
 CPU = torch.device("cpu")

@@ -111,19 +111,21 @@ def test_no_subprocess_goes_through_a_shell():
 # The package's layers, lowest first: a subpackage imports (anywhere, lazy imports included) only from
 # its own layer's leaves below it, never upwards. config holds the options and their checks, and
 # knows no task, model or tracking store; tracking (MLflow, checkpoints) and scaling (the sigmoid
-# fits) know no config; the loop puts the pieces together; analysis reads what runs logged; sweeps
-# and the CLI sit on top.
+# fits) know no config; the layout plans a run's processes from its config; the rollout side (async
+# modes, engines) and the trainer know nothing of each other; the loop puts the pieces together;
+# analysis reads what runs logged; sweeps and the CLI sit on top.
 LAYERS = [
-    {"messages", "lock", "distributed", "transport", "algo"},  # leaves: pure tensor functions, helpers
+    # leaves: pure tensor functions, helpers, the run's counters
+    {"messages", "lock", "distributed", "transport", "algo", "state"},
     {"storage"},
     {"tracking", "scaling"},
     {"config"},
-    {"task", "model"},
+    {"task", "model", "layout"},
     {"generator"},
-    {"trainer"},
+    {"trainer", "rollout"},
     {"loop"},
     {"analysis"},
-    {"sweep", "cli"},
+    {"sweep", "cli", "ship"},  # what users run: studies, the CLI, shipping warm-started bases
 ]
 
 
@@ -158,4 +160,4 @@ def test_the_layer_check_finds_an_upward_import():
     assert upward_imports({"scalerl.tracking.tracker": {"scalerl.config"}}) == [
         "scalerl.tracking.tracker -> scalerl.config"
     ]
-    assert upward_imports({"scalerl.loop.run": {"scalerl.config", "scalerl.loop.state"}}) == []
+    assert upward_imports({"scalerl.loop.run": {"scalerl.config", "scalerl.state"}}) == []

@@ -1,4 +1,4 @@
-"""The run's layout (scalerl.loop.layout), computed by pure functions before anything starts: the docs'
+"""The run's layout (scalerl.layout), computed by pure functions before anything starts: the docs'
 examples (read from docs/cluster.md itself, so the page cannot drift from what the code accepts), a
 grid of layouts checked rank by rank, and each placement defect of issue 56 that a CPU can show
 (the batch that does not split, engine tasks over TP GPUs, local engines on several nodes, the ports of
@@ -20,11 +20,11 @@ import pytest
 import yaml
 from conftest import TINY
 
+from scalerl import layout
 from scalerl.config import compose
 from scalerl.config.validate import ConfigError
-from scalerl.loop import layout
-from scalerl.loop.errors import RunError
-from scalerl.loop.layout import Launch, LayoutError, job_ports, plan
+from scalerl.layout import Launch, LayoutError, job_ports, plan
+from scalerl.messages import RunError
 from scalerl.sweep.job import task_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,7 +328,7 @@ def test_layout_plan_threads_come_from_the_allotment_not_the_machine():
 def test_layout_plan_local_world_size_counts_the_trainer_ranks_of_the_node(monkeypatch):
     """Defect 12: a node of 8 tasks of which 4 are engines has 4 trainer ranks (LOCAL_WORLD_SIZE was
     left at min(8, trainers) = 8)."""
-    from scalerl.loop.placement import engine_task
+    from scalerl.rollout.placement import engine_task
 
     base, launcher = _docs_sweep()
     cfg = compose([*base, *launcher])

@@ -22,8 +22,8 @@ from scalerl.config.groups.model import ARCHS
 from scalerl.generator import GENERATORS, HFGenerator, Sample
 from scalerl.loop import RunError, build, train
 from scalerl.loop.batch import prepare_batch
-from scalerl.loop.data import PromptSampler
 from scalerl.loop.run import hand_over_weights, train_step
+from scalerl.rollout.prompts import PromptSampler
 from scalerl.task import build_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,7 +252,7 @@ def test_pipeline_generator_runs_ahead_until_the_lag_reaches_k(tiny_overrides, k
     """The generator may run max_lag batches ahead (max_buffered_batches set to max_lag), so the
     trained data reach k versions old: PipelineRL-k and PipelineRL-1 differ. It would stay at 1 if
     the generator only ever held one batch beyond the trainer's."""
-    from scalerl.loop.modes import PipelineRL
+    from scalerl.rollout.modes import PipelineRL
 
     take = PipelineRL.next_groups
 
@@ -311,10 +311,10 @@ def test_pipeline_engines_hold_the_next_steps_work_while_the_trainer_evaluates(t
 def test_generator_process_is_forked_with_its_imports_done():
     """pipeline_rl's generator process comes from a fork server that imported torch, transformers
     and scalerl while the trainer was still building (a spawned process would import them anew)."""
-    from scalerl.loop import pipeline
+    from scalerl.rollout import engine
 
-    pipeline.prestart()
-    ctx = pipeline.process_context()
+    engine.prestart()
+    ctx = engine.process_context()
     assert ctx.get_start_method() == "forkserver"
     check = "import sys; sys.exit(0 if {'transformers', 'scalerl.task.score'} <= set(sys.modules) else 3)"
     proc = ctx.Process(target=exec, args=(check,))
@@ -475,7 +475,7 @@ def test_policy_lag_statistics_of_a_batch():
     assert st["train/policy_lag_p90"] == 3.0  # 3 of 12 tokens at lag 3: above the 90th percentile's 1
     # tokens per lag (every group's, the zero-variance ones included): the run's lag distribution
     assert {k: v for k, v in prepared.counts.items() if k.startswith("lag/")} == {"lag/3": 3.0, "lag/1": 9.0}
-    from scalerl.loop.state import RunState
+    from scalerl.state import RunState
 
     run = RunState(lag_tokens={1: 9, 3: 3})
     assert run.lag_summary() == {"mean": pytest.approx(1.5), "p90": 3.0, "max": 3.0}
@@ -905,7 +905,7 @@ def test_a_saved_model_loads_by_path_on_the_same_code_path(tiny_overrides, tmp_p
 
 # ---------------------------------------------------------------------- run state and async modes
 def test_run_state_round_trips_through_a_checkpoint(tmp_path):
-    from scalerl.loop.state import RunState
+    from scalerl.state import RunState
 
     st = RunState(step=7, flops=1.5e9, gen_tokens=123, zero_variance_dropped=4, stale_dropped=2)
     st.evals.append({"step": 4, "pass_rate": 0.5, "flops": 1e9, "device_hours": 0.01})
@@ -924,7 +924,7 @@ def test_run_state_round_trips_through_a_checkpoint(tmp_path):
 
 
 def test_every_async_mode_option_has_its_class():
-    from scalerl.loop.modes import MODES
+    from scalerl.rollout.modes import MODES
 
     options = {p.stem for p in (ROOT / "conf" / "async_mode").glob("*.yaml")}
     assert set(MODES) == options
@@ -974,7 +974,7 @@ def test_pipeline_trains_on_the_oldest_buffered_groups_first():
     trainer takes the groups of the oldest weights first (in arrival order among equals), so a late
     piece of an early step is trained on within its lag bound instead of waiting behind newer groups
     until it is too old (dropped unused: data/stale_dropped)."""
-    from scalerl.loop.modes import PipelineRL
+    from scalerl.rollout.modes import PipelineRL
 
     mode = PipelineRL.__new__(PipelineRL)  # the buffer logic alone: no engines
     mode.P, mode.dynamic_sampling = 2, False

@@ -99,23 +99,21 @@ def _completion_loss(model, tokenizer, task, n: int = 64) -> float:
 
 def test_the_default_base_model_ships_with_the_package(tmp_path, caplog):
     """The embedded default's warm-started base model is in the package, named by its warm-start key
-    (after a change of the default model or task settings, `python -m scalerl.loop.ship` makes it
+    (after a change of the default model or task settings, `python -m scalerl.ship` makes it
     again): a run of the default on an empty cache takes it without training, and it is trained for
     the task; any other settings warm-start as before."""
     import logging
 
     from scalerl.config import compose
-    from scalerl.loop.ship import shipped_keys, shipped_settings
     from scalerl.model.build import SHIPPED_BASE, _warmstart_key, load_tiny
+    from scalerl.ship import shipped_keys, shipped_settings
     from scalerl.task import build_task
 
     cfg = compose([f"model.cache_dir={tmp_path}"])
     key = _warmstart_key(cfg)
     shipped = sorted(p.name for p in SHIPPED_BASE.iterdir())
     expected = sorted({f"warmstart-{k}" for k in shipped_keys().values()})
-    assert shipped == expected, (
-        f"{shipped}: not the default's and the study's; run python -m scalerl.loop.ship"
-    )
+    assert shipped == expected, f"{shipped}: not the default's and the study's; run python -m scalerl.ship"
     assert f"warmstart-{key}" in shipped
     # the leave-one-out study (sweeps/loo.yaml: 2-digit sums) starts from its own shipped base too
     study = compose([*shipped_settings()["loo study"], f"model.cache_dir={tmp_path / 'study'}"])

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from test_sweep import write_sweep
 
 from scalerl.loop.accounting import devices_held, job_cpus, job_gpus
-from scalerl.loop.modes import Placement
+from scalerl.rollout.modes import Placement
 from scalerl.sweep import load_spec, make_plan
 from scalerl.sweep.job import export_task_env, finished_elsewhere, job_ports, task_env
 from scalerl.sweep.launch import Launcher, local_threads, make_executor, max_parallel, num_tasks

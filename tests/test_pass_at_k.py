@@ -164,7 +164,7 @@ class _Task:
 
 def _evaluate(correct: dict[int, list[int]], domains: dict[int, str], pass_at_k_list, k: int):
     from scalerl.loop.evaluate import evaluate
-    from scalerl.loop.state import RunState
+    from scalerl.state import RunState
     from scalerl.task.base import Prompt
 
     cfg = compose([f"eval.samples_per_prompt={k}", f"eval.pass_at_k={pass_at_k_list}", "eval.log_samples=0"])

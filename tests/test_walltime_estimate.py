@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalerl import layout
 from scalerl.config import compose
 from scalerl.loop import estimate as est
-from scalerl.loop import layout
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"estimated wall time: about (\d+(?:\.\d+)?) (s|min|h) \((\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)\)")

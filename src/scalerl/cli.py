@@ -28,9 +28,9 @@ def preflight(cfg: DictConfig) -> None:
 def check_layout(cfg: DictConfig, env=None):
     """The run's layout for the launch this process belongs to (torchrun's or a job's variables, else
     one process) is one that can work: every rank's devices, threads, ports and batch share
-    (:func:`scalerl.loop.layout.plan`; a :class:`~scalerl.loop.layout.LayoutError` in one line
+    (:func:`scalerl.layout.plan`; a :class:`~scalerl.layout.LayoutError` in one line
     otherwise). Returns the layout and this process's rank plan."""
-    from scalerl.loop import layout
+    from scalerl import layout
 
     return layout.current(cfg, env, raw=True)
 
@@ -53,10 +53,11 @@ def _main(cfg: DictConfig) -> None:
     from scalerl.loop import RunError, train
     from scalerl.loop.run import Stopped
     from scalerl.loop.signals import Interrupted, exit_code
+    from scalerl.rollout.engine import engine_role
     from scalerl.storage import CheckpointError
 
-    try:
-        train(cfg)
+    try:  # a generator task of a multi-task job serves as its engine; every other process trains
+        engine_role(cfg) or train(cfg)
     except (UserError, CheckpointError) as e:  # found while building the run: a data file, a checkpoint
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -209,7 +210,7 @@ def _composed_or_exit(overrides: list[str], *, with_hydra: bool = False, check: 
 
 def _print_layout(args: list[str]) -> None:
     """After ``--cfg job`` (or ``--cfg all``) has printed the recipe: the run's layout
-    (:mod:`scalerl.loop.layout`) as YAML comments, every rank's node, role, devices, threads and
+    (:mod:`scalerl.layout`) as YAML comments, every rank's node, role, devices, threads and
     batch share, the engines and the ports; for the launch this process belongs to (torchrun's
     variables), else the one the ``launcher`` group asks for (``launcher=slurm launcher.nodes=2
     launcher.tasks_per_node=8 launcher.gpus_per_node=8``; ``launcher.tasks_per_node=6`` for torchrun's
@@ -221,8 +222,8 @@ def _print_layout(args: list[str]) -> None:
         return
     import os
 
+    from scalerl import layout
     from scalerl.config.errors import override_key
-    from scalerl.loop import layout
     from scalerl.messages import UserError
 
     overrides = [a for a in _without_flag_values(args) if not override_key(a).startswith("hydra")]

@@ -41,3 +41,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+class RunError(RuntimeError):
+    """A run that cannot continue; the message is for the user."""

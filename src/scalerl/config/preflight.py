@@ -299,7 +299,7 @@ def check_ranks(cfg: DictConfig, env: Mapping[str, str] | None = None) -> None:
 
 
 # what the environment of a trainer rank records about the job once its layout is applied: the
-# job's own GPUs, before the process narrowed its CUDA_VISIBLE_DEVICES (scalerl.loop.layout)
+# job's own GPUs, before the process narrowed its CUDA_VISIBLE_DEVICES (scalerl.layout)
 NODE_GPUS_VAR = "SCALERL_NODE_GPUS"
 
 
@@ -337,7 +337,7 @@ def check_trainer_device(cfg: DictConfig) -> None:
     if device != "cuda" and not nccl:
         return
     # the GPUs the driver lists, not torch.cuda.is_available(): that starts CUDA, after which this
-    # process could no longer narrow the GPUs it sees (scalerl.loop.layout.narrow_devices)
+    # process could no longer narrow the GPUs it sees (scalerl.layout.narrow_devices)
     cuda = bool(node_gpu_ids())
     if device == "cuda" and not cuda:
         raise ConfigError("trainer.device", device, "auto or cpu: torch sees no CUDA device on this machine")

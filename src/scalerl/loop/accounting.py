@@ -12,8 +12,8 @@ import torch
 
 from scalerl import algo
 from scalerl.loop import collective
-from scalerl.loop.modes import Placement
-from scalerl.loop.state import Clock
+from scalerl.rollout.modes import Placement
+from scalerl.state import Clock
 
 if TYPE_CHECKING:
     from scalerl.loop.components import Components

@@ -8,7 +8,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from scalerl import algo
@@ -48,15 +47,6 @@ def quantile(xs, q: float) -> float:
     """The smallest value with at least a share ``q`` of ``xs`` at or below it (``xs`` not empty)."""
     xs = sorted(xs)
     return xs[max(0, math.ceil(q * len(xs)) - 1)]
-
-
-def carries_signal(group: list[Sample], exclude_truncated: bool = False) -> bool:
-    """Whether ``group`` (scored) survives the zero-variance filter: the rewards of its samples
-    (those not cut off at the token budget, with ``exclude_truncated``) are not all equal. The same
-    test as :func:`algo.zero_variance_mask` on the float32 rewards :func:`prepare_batch` builds
-    (exact equality), without a tensor per group: the async modes ask it of every buffered group."""
-    rewards = {float(np.float32(s.reward)) for s in group if not (exclude_truncated and s.truncated)}
-    return len(rewards) > 1
 
 
 def prepare_batch(

@@ -12,9 +12,8 @@ from omegaconf import OmegaConf
 
 from scalerl.config import ConfigError
 from scalerl.config.schema import ADDED_KEYS, RESUMABLE_CHANGES
-from scalerl.loop.errors import RunError
-from scalerl.loop.state import Clock
-from scalerl.messages import first_line
+from scalerl.messages import RunError, first_line
+from scalerl.state import Clock
 from scalerl.storage import write_json
 from scalerl.tracking import rng_state, set_rng_state
 from scalerl.tracking.secrets import redact

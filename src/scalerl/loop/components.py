@@ -12,10 +12,10 @@ from omegaconf import DictConfig
 
 from scalerl import algo
 from scalerl.generator import Generator
-from scalerl.loop.data import MixedSampler, PromptSampler
-from scalerl.loop.modes import AsyncMode, Placement
-from scalerl.loop.state import RunState
+from scalerl.rollout.modes import AsyncMode, Placement
+from scalerl.rollout.prompts import MixedSampler, PromptSampler
 from scalerl.scaling import FitProtocol
+from scalerl.state import RunState
 from scalerl.tracking import Checkpointer, Tracker
 
 

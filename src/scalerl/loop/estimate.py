@@ -561,7 +561,7 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
     would run it here), at the machine's present load (``load=False``: a quiet machine's, as a sweep
     wants its runs' to stretch them for its own concurrency). ``probes``: a cache of probe results
     shared by the runs of a sweep (one probe per architecture, shapes and threads)."""
-    from scalerl.loop import layout as layout_mod
+    from scalerl import layout as layout_mod
 
     if layout is None:
         layout = layout_mod.plan(cfg, layout_mod.launch_from_launcher(cfg))

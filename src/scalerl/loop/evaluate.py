@@ -10,8 +10,8 @@ from collections import defaultdict
 import torch
 
 from scalerl.loop.batch import mean
-from scalerl.loop.state import RunState
 from scalerl.scaling.pass_at_k import metric_name, pass_at_k
+from scalerl.state import RunState
 from scalerl.task.score import score_groups
 
 

@@ -8,7 +8,7 @@
 What is not the loop lives in rooms named for it: checkpoints and resume in
 :mod:`~scalerl.loop.checkpointing`, counts and compute in :mod:`~scalerl.loop.accounting`, the
 run's summary in :mod:`~scalerl.loop.summary`, live fits in :mod:`scalerl.scaling.live`. Everything
-a run counts is one :class:`~scalerl.loop.state.RunState`, saved in every checkpoint.
+a run counts is one :class:`~scalerl.state.RunState`, saved in every checkpoint.
 """
 
 from __future__ import annotations
@@ -31,14 +31,10 @@ from scalerl.loop.accounting import compute_metrics, count_step, device_hours, r
 from scalerl.loop.batch import prepare_batch, step_statistics
 from scalerl.loop.checkpointing import check_same_recipe, checkpoint, checkpoint_safe, restore
 from scalerl.loop.components import Components
-from scalerl.loop.errors import RunError
 from scalerl.loop.evaluate import evaluate
-from scalerl.loop.pipeline import serve_task
-from scalerl.loop.placement import engine_task, store_address
 from scalerl.loop.progress import Progress
 from scalerl.loop.setup import build
 from scalerl.loop.signals import Interrupted, StopSignals
-from scalerl.loop.state import Clock
 from scalerl.loop.summary import (
     MetricsUnflushed,
     finished_summary,
@@ -46,9 +42,10 @@ from scalerl.loop.summary import (
     unflushed_message,
     write_summary,
 )
-from scalerl.messages import first_line
+from scalerl.messages import RunError, first_line
 from scalerl.scaling import live
 from scalerl.scaling.pass_at_k import metric_name
+from scalerl.state import Clock
 from scalerl.tracking import Tracker, tracking_uri
 from scalerl.tracking.secrets import redact
 from scalerl.trainer import NonFiniteError
@@ -82,12 +79,6 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     when it ends, normally or on error (:func:`_own_distributed`)."""
     _quiet_logging()
     OmegaConf.resolve(cfg)
-    # this rank's layout, applied before anything starts CUDA (a trainer sees only its node's trainer
-    # GPUs); an engine number for one of a multi-task job's generator tasks (placement.generator_tasks)
-    engine = engine_task(cfg)
-    if engine is not None:
-        serve_task(cfg, engine, *store_address(cfg))
-        return {"role": "generator", "engine": engine}
     main = int(os.environ.get("RANK", "0")) == 0
     with StopSignals() as stop, _out_dir_lock(cfg, main):
         check_same_recipe(cfg)
@@ -191,7 +182,7 @@ def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
 def hand_over_weights(run: Components) -> None:
     """The trainer's weights at ``state.step`` to the async mode (and so to every generator; a
     generator whose version does not follow stops the run), then the next steps' work to engines of
-    their own (:meth:`~scalerl.loop.modes.AsyncMode.feed`), before this process evaluates."""
+    their own (:meth:`~scalerl.rollout.modes.AsyncMode.feed`), before this process evaluates."""
     step = run.state.step
     run.source.load_weights(run.trainer.policy_weights(), step)
     if run.generator.version != step:

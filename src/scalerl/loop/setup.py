@@ -9,17 +9,16 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from scalerl import algo
+from scalerl import algo, layout
 from scalerl.generator import make_generator
-from scalerl.loop import layout
 from scalerl.loop.accounting import devices_held
 from scalerl.loop.components import Components
-from scalerl.loop.data import make_sampler
-from scalerl.loop.errors import RunError
-from scalerl.loop.modes import MODES, Rollouts
-from scalerl.loop.state import RunState
+from scalerl.messages import RunError
 from scalerl.model.build import build_policy, num_params
+from scalerl.rollout.modes import MODES, Rollouts
+from scalerl.rollout.prompts import make_sampler
 from scalerl.scaling import FitProtocol
+from scalerl.state import RunState
 from scalerl.task import build_task
 from scalerl.tracking import Checkpointer, Tracker
 from scalerl.trainer import make_trainer
@@ -39,7 +38,7 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = MODES[cfg.async_mode.name]
-    # this rank's plan (scalerl.loop.layout): its share of the batch, its device (cuda:LOCAL_RANK,
+    # this rank's plan (scalerl.layout): its share of the batch, its device (cuda:LOCAL_RANK,
     # within the trainer GPUs it was narrowed to before CUDA started), its threads from what the
     # process holds (SLURM's cpus_per_task, its CPU affinity), never the machine's core count
     plan, me = layout.current(cfg)
@@ -74,7 +73,7 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None) -> Components:
     trainer = make_trainer(cfg, model, precision, temperature=cfg.generator.temperature, device=device)
     engines = None
     if mode.name == "pipeline_rl":  # started by the first weights
-        from scalerl.loop.pipeline import EnginePool
+        from scalerl.rollout.pool import EnginePool
 
         engines = EnginePool(cfg, placement, tokenizer, trainer_device=device, seed=cfg.seed + 7919 * rank)
     if engines is not None and (cfg.generator.name != "hf" or cfg.placement.name == "split"):

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scalerl.loop.errors import RunError
+from scalerl.messages import RunError
 from scalerl.scaling.live import FIT_LEVEL, horizon_line
 from scalerl.storage import write_json
 from scalerl.tracking import Checkpointer, Tracker

@@ -257,7 +257,7 @@ def _no_progress_bars():
 WAIT_NOTICE_S = float(os.environ.get("SCALERL_WAIT_NOTICE_S", "30"))
 # the embedded default's warm-started base model ships in the package, in a folder named by its
 # warm-start key (a run of the default needs no warm-start; any other model or task settings
-# warm-start once): `python -m scalerl.loop.ship` makes it again
+# warm-start once): `python -m scalerl.ship` makes it again
 SHIPPED_BASE = Path(__file__).parent / "base"
 
 

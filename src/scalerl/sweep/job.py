@@ -18,9 +18,9 @@ from collections.abc import Mapping, MutableMapping
 
 import submitit
 
-from scalerl.loop.layout import MASTER_PORT_BASE, MASTER_PORT_SPAN, job_ports
+from scalerl.layout import MASTER_PORT_BASE, MASTER_PORT_SPAN, job_ports
 
-# the job's rendezvous port and, above it, its store's (scalerl.loop.layout.job_ports): a pair per job
+# the job's rendezvous port and, above it, its store's (scalerl.layout.job_ports): a pair per job
 # id, the same in every task and after a requeue; the next job id of an array takes the next pair
 __all__ = [
     "MASTER_PORT_BASE",
@@ -51,7 +51,7 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
     (the launcher asks for the same tasks on every node), MASTER_ADDR = the first host of
     SLURM_JOB_NODELIST (where rank 0 runs). The local executor (``SUBMITIT_EXECUTOR=local``): its
     SUBMITIT_LOCAL_* variables, MASTER_ADDR = 127.0.0.1. MASTER_PORT: the even port of the job id's
-    pair (:func:`~scalerl.loop.layout.job_ports`: ``MASTER_PORT_BASE + 2 x (job id mod
+    pair (:func:`~scalerl.layout.job_ports`: ``MASTER_PORT_BASE + 2 x (job id mod
     MASTER_PORT_SPAN / 2)``; the run's store takes the odd one above it), the same in every task and
     after a requeue (a port the job's environment sets is not used: the sweep's own environment
     reaches every job of it)."""
@@ -133,6 +133,7 @@ class TrainJob(submitit.helpers.Checkpointable):
 
     def __call__(self, overrides: list[str], settings: dict, seed: int | None = None) -> dict:
         from scalerl.loop import train
+        from scalerl.rollout.engine import engine_role
         from scalerl.sweep.plan import build_config
 
         env = export_task_env()
@@ -151,7 +152,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         cfg = build_config(list(overrides), dict(settings), seed)
         if finished_elsewhere(cfg, env):
             return {}  # rank 0's result is the run's
-        return train(cfg)
+        return engine_role(cfg) or train(cfg)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
         # Nothing to save here: the run checkpoints itself every `checkpoint_every` steps and

@@ -218,10 +218,10 @@ def _compose_variant(overrides: list[str], where: str) -> DictConfig:
 
 def _check_layout(cfg: DictConfig, launcher: DictConfig, where: str) -> None:
     """The run laid out on the job ``launcher`` asks for (its nodes x tasks, GPUs and CPUs): every
-    rank's devices, threads, ports and batch share can work (:func:`scalerl.loop.layout.plan`), before
+    rank's devices, threads, ports and batch share can work (:func:`scalerl.layout.plan`), before
     anything is submitted."""
+    from scalerl import layout
     from scalerl.config.validate import ConfigError
-    from scalerl.loop import layout
 
     try:
         layout.plan(cfg, layout.launch_from_launcher(cfg, launcher))

@@ -4,7 +4,7 @@ Every domain is a task of its own (``addition``, ``code``, ``jsonl`` ...), built
 under ``task.domains.<domain>``. Its prompts keep their text, answer and difficulty and get the
 domain's name and a uid unique across domains (``uid * number of domains + domain index``; each
 task's train and validation uids are disjoint, so these are too). Each training batch takes
-``task.ratio`` of its prompts from each domain (:class:`scalerl.loop.data.MixedSampler`); the
+``task.ratio`` of its prompts from each domain (:class:`scalerl.rollout.prompts.MixedSampler`); the
 validation prompts alternate between domains, so ``eval.num_prompts`` takes an equal share of
 each, and are reported per domain (``val/pass_rate/<domain>``) and for the mix.
 """

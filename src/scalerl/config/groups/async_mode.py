@@ -1,4 +1,4 @@
-"""``async_mode``: where each optimiser step's groups come from (the modes: :mod:`scalerl.loop.modes`)."""
+"""``async_mode``: where each optimiser step's groups come from (the modes: :mod:`scalerl.rollout.modes`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Placing pipeline_rl's generator engines: how many on this machine or on tasks of their own,
 which GPUs each may see, which threads the trainer keeps and how weights reach the engines. The
-numbers come from the run's layout (:mod:`scalerl.loop.layout`), which also refuses, in one line, a
+numbers come from the run's layout (:mod:`scalerl.layout`), which also refuses, in one line, a
 request that does not fit the job."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scalerl.loop import layout
+from scalerl import layout
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Placement:
 def engine_task(cfg) -> int | None:
     """This process's engine number when it is one of a multi-task job's generator tasks (the last
     ``placement.generator_tasks`` ranks), else None. A trainer rank's plan is then applied
-    (:func:`scalerl.loop.layout.apply`): its ``WORLD_SIZE`` becomes the trainer ranks' alone and its
+    (:func:`scalerl.layout.apply`): its ``WORLD_SIZE`` becomes the trainer ranks' alone and its
     ``LOCAL_WORLD_SIZE`` the trainer ranks of its node; a trainer on GPUs sees only its node's
     trainer GPUs (``cuda:LOCAL_RANK`` is its device)."""
     plan, me = layout.current(cfg, raw=True)

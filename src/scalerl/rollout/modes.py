@@ -6,7 +6,7 @@ reach the policy that generates them. Each mode owns its staleness rule and its 
 * ``ppo_off_policy`` (``minibatches``): generate that many batches with the current weights, then
   one optimiser step on each in turn; the last is ``minibatches - 1`` versions old.
 * ``pipeline_rl`` (``max_lag``, ``max_buffered_batches``): generator engines in processes of their
-  own (:mod:`scalerl.loop.pipeline`, placed by ``cfg.placement``) stream groups while the trainer
+  own (:mod:`scalerl.rollout.engine`, placed by ``cfg.placement``) stream groups while the trainer
   trains; new weights reach them in flight after every step; the trainer waits when it would be
   more than ``max_lag`` versions ahead of the oldest policy that produced data it has still to
   train on, and drops buffered groups older than that. The engines may run up to
@@ -29,16 +29,25 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
+from scalerl import distributed
 from scalerl.generator import Generator, Sample
-from scalerl.loop import collective
-from scalerl.loop.batch import carries_signal
-from scalerl.loop.data import PromptSampler
-from scalerl.loop.placement import Placement, place_engines
-from scalerl.loop.state import RunState
 from scalerl.model.weights import PolicyWeights
+from scalerl.rollout.placement import Placement, place_engines
+from scalerl.rollout.prompts import PromptSampler
+from scalerl.state import RunState
 from scalerl.task.score import score_groups
+
+
+def carries_signal(group: list[Sample], exclude_truncated: bool = False) -> bool:
+    """Whether ``group`` (scored) survives the zero-variance filter: the rewards of its samples
+    (those not cut off at the token budget, with ``exclude_truncated``) are not all equal. The same
+    test as :func:`algo.zero_variance_mask` on the float32 rewards :func:`prepare_batch` builds
+    (exact equality), without a tensor per group: the async modes ask it of every buffered group."""
+    rewards = {float(np.float32(s.reward)) for s in group if not (exclude_truncated and s.truncated)}
+    return len(rewards) > 1
 
 
 @dataclass
@@ -56,7 +65,7 @@ class Rollouts:
     total_steps: int
     placement: Placement
     world: int = 1  # trainer processes
-    engines: Any = None  # pipeline_rl: the engine pool (scalerl.loop.pipeline.EnginePool)
+    engines: Any = None  # pipeline_rl: the engine pool (scalerl.rollout.pool.EnginePool)
 
 
 class AsyncMode(abc.ABC):
@@ -173,7 +182,7 @@ class PipelineRL(AsyncMode):
         self.P = rollouts.prompts_per_step * self.world  # every rank's groups come through rank 0
         self.capacity = int(math.ceil(self.P * (1 + float(cfg.async_mode.max_buffered_batches))))
         self.chunk = max(1, int(cfg.generator.chunk_prompts))
-        self.pool = rollouts.engines  # the engines (scalerl.loop.pipeline.EnginePool)
+        self.pool = rollouts.engines  # the engines (scalerl.rollout.pool.EnginePool)
         if bool(cfg.generator.continuous) and self.pool is not None:
             self.capacity = max(
                 self.capacity, self.full_capacity(cfg, self.pool.engines, self.P, self.max_lag)
@@ -190,7 +199,7 @@ class PipelineRL(AsyncMode):
         than the staleness bound allows, (1 + max_lag) batches (work given at step s is trained on
         by step s + max_lag at the latest). ``max_buffered_batches`` asks for less only where it
         would leave the engines short, so it is raised to this."""
-        from scalerl.loop.pipeline import engine_concurrency
+        from scalerl.rollout.engine import engine_concurrency
 
         G = max(1, int(cfg.trainer.generations_per_prompt))
         per_engine = -(-engine_concurrency(cfg) // G) + max(1, int(cfg.generator.chunk_prompts))
@@ -198,9 +207,9 @@ class PipelineRL(AsyncMode):
 
     @classmethod
     def place(cls, cfg, device: torch.device, world: int, threads: int) -> Placement:
-        from scalerl.loop import pipeline
+        from scalerl.rollout import engine
 
-        pipeline.prestart()  # the engine processes' imports overlap with the model build
+        engine.prestart()  # the engine processes' imports overlap with the model build
         return place_engines(cfg, device, world, threads)
 
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
@@ -213,7 +222,7 @@ class PipelineRL(AsyncMode):
     def next_groups(self) -> list[list[Sample]]:
         """This rank's groups: rank 0 receives every rank's from the engines and scatters them."""
         if not self.pool.placement.main:
-            return collective.scatter_objects(None)
+            return distributed.scatter_objects(None)
         st, pool = self.r.state, self.pool
         if self._busy0 is None:
             pool.wait_ready()
@@ -235,7 +244,7 @@ class PipelineRL(AsyncMode):
             useful = [g for g in batch if self.signal(g)]  # every group, without dynamic sampling
             shares = [useful[i * n : (i + 1) * n] for i in range(self.world)]
             shares[0] = [g for g in batch if not self.signal(g)] + shares[0]
-            return collective.scatter_objects(shares)
+            return distributed.scatter_objects(shares)
         return batch
 
     def feed(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from scalerl.loop.errors import RunError
+from scalerl.messages import RunError
 from scalerl.task.base import Prompt
 
 

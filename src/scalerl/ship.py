@@ -1,4 +1,4 @@
-"""``python -m scalerl.loop.ship``: warm-start the embedded base models a user runs first and put them
+"""``python -m scalerl.ship``: warm-start the embedded base models a user runs first and put them
 in the package, ``scalerl/model/base/warmstart-<key>``, in place of those there: the default's (the
 default ``model`` and ``task`` settings, ``python train.py``) and the leave-one-out studies' (the
 ``base`` of ``sweeps/loo.yaml``, ``python sweep.py --loo``, and of ``sweeps/loo_ceiling.yaml``), so

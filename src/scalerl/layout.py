@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from scalerl.config.preflight import NODE_GPUS_VAR, listed_gpu_ids, node_gpu_ids
 from scalerl.config.validate import ConfigError
-from scalerl.loop.errors import RunError
+from scalerl.messages import RunError
 
 # the rendezvous port of a submitit job: derived from the job id (the same in every task and after a
 # requeue), below Linux's ephemeral ports (32768-60999) so that no outgoing connection holds it; the

@@ -1,0 +1,403 @@
+"""The trainer's side of PipelineRL's engines (paper Sec. 3.1): :class:`EnginePool` hosts the run's
+store, starts the local engine processes (:mod:`scalerl.rollout.engine`), hands out work, collects
+groups, broadcasts every weight update to all engines' workers (:mod:`scalerl.transport`), and
+generates for evaluation through the engines (it is a :class:`~scalerl.generator.Generator`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+from scalerl.generator.base import Generator
+from scalerl.messages import RunError
+from scalerl.rollout.engine import (
+    JOIN_BARRIER_MARGIN_S,
+    REMOTE_TIMEOUT_S,
+    EngineSpec,
+    _pop,
+    _push,
+    process_context,
+    serve_engine,
+)
+from scalerl.transport import DEFAULT_TIMEOUT_S, SharedMemoryTransport, TransportSpec, WeightSender, connect
+
+log = logging.getLogger(__name__)
+
+
+def _in_engine_dtype(source, cfg, checkpoint: bool):
+    """A vLLM engine computes in ``precision.body``: its floating weights travel in that dtype
+    (the trainer's are rounded to it already, so nothing is lost, and half the bytes move)."""
+    body = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(cfg.precision.body))
+    if not checkpoint or body is None:
+        return source
+
+    @contextlib.contextmanager
+    def cast(names):
+        with source(names) as tensors:
+            yield {k: v.to(body) if v.is_floating_point() else v for k, v in tensors.items()}
+
+    return cast
+
+
+def weight_shapes(weights, checkpoint: bool, cfg) -> dict[str, torch.Tensor]:
+    """What each update holds, as meta tensors (name -> dtype and full shape), from the policy's
+    parameters without gathering any: under ZeRO-3 a partitioned parameter keeps its full shape in
+    ``ds_shape``; buffers are never partitioned. Checkpoint names (vLLM) map to their parameter, or
+    to the ``original`` of a parametrized weight (the rounding parametrization keeps shape and
+    dtype); floating weights take the engine's dtype as :func:`_in_engine_dtype` casts them."""
+    from scalerl.model.weights import checkpoint_names
+
+    module = weights.module
+    # every name, tied ones too: a tied head is a state-dict name that named_parameters() would
+    # list once, under the embedding
+    own = {
+        **dict(module.named_buffers(remove_duplicate=False)),
+        **dict(module.named_parameters(remove_duplicate=False)),
+    }
+
+    def meta(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+        return tuple(getattr(t, "ds_shape", None) or t.shape), t.dtype
+
+    if checkpoint:
+        where = {}
+        for name, (owner, attr) in checkpoint_names(module).items():
+            full = f"{owner}.{attr}" if owner else attr
+            original = (
+                f"{owner}.parametrizations.{attr}.original" if owner else f"parametrizations.{attr}.original"
+            )
+            where[name] = own[full] if full in own else own[original]
+    else:
+        where = {name: own[name] for name in module.state_dict()}
+    body = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(cfg.precision.body))
+    out = {}
+    for name, t in where.items():
+        shape, dtype = meta(t)
+        if checkpoint and body is not None and dtype.is_floating_point:
+            dtype = body
+        out[name] = torch.empty(shape, dtype=dtype, device="meta")
+    return out
+
+
+class EnginePool(Generator):
+    """The trainer's side of the engines: a :class:`Generator` whose :meth:`generate` (evaluation)
+    runs on the engines, plus :meth:`submit` / :meth:`receive` for the streamed training work.
+
+    Started by the first :meth:`load_weights`, before training: the engines start, the
+    weight-update group forms (every engine joined, or a clear error), then the first weights go
+    out bucket by bucket (the engines start from the trainer's weights)."""
+
+    samples_from_trainer_module = False
+    splits_work = True  # generate() spreads one call's prompts over the engines itself
+
+    def __init__(self, cfg, placement, tokenizer, *, trainer_device: torch.device, seed: int = 0):
+        self.cfg, self.placement, self.tokenizer = cfg, placement, tokenizer
+        self.trainer_device = trainer_device
+        self.rng = torch.Generator().manual_seed(seed)
+        self.version = 0
+        self.started = False
+        self.ready = False
+        self.sender = None
+        self.layout = None  # what each update holds, in buckets (every rank)
+        self.procs: list = []
+        self.outstanding: dict[int, int] = {}  # engine -> work items given, not yet returned
+        self._owner: dict[int, int] = {}  # work id -> engine
+        self._eval_id = 0
+        self._early: list = []  # training results that came while waiting for evaluation
+        self.weight_seconds = 0.0  # spent handing weights over (packing, waiting for the last update)
+        self.updates = 0
+        # how long rank 0 waits at start for every engine to build its engine and join the
+        # weight-update group (the other ranks wait JOIN_BARRIER_MARGIN_S longer)
+        self.join_timeout_s = DEFAULT_TIMEOUT_S
+
+    # ------------------------------------------------------------------ start
+    @property
+    def engines(self) -> int:
+        return int(self.placement.engines) + int(self.placement.remote_engines)
+
+    def _first(self, weights) -> None:
+        """Every rank: the update's layout from the parameters' metadata (no gather: under ZeRO-3
+        a parameter's full shape is its ``ds_shape``), the same buckets on every rank, so each
+        update gathers bucket by bucket in step."""
+        from scalerl.transport import Layout
+
+        cfg = self.cfg
+        checkpoint = bool(cfg.generator.name == "vllm")  # vLLM loads checkpoint names
+        self.source_of = lambda w: _in_engine_dtype(w.source(checkpoint), cfg, checkpoint)
+        shapes = weight_shapes(weights, checkpoint, cfg)
+        self.layout = Layout.of(shapes, float(cfg.placement.bucket_mb))
+
+    def _start(self) -> None:
+        from omegaconf import OmegaConf
+
+        p, cfg = self.placement, self.cfg
+        world = 1 + self.engines * int(p.tensor_parallel_size)
+        spec = TransportSpec(p.backend, p.host, int(p.port), world)
+        ctx = process_context()
+        # shared memory: zeros until the first publish fills it (bucket by bucket)
+        shm = SharedMemoryTransport(self.layout, ctx) if p.backend == "shm" else None
+        self.store = connect(spec, master=True)
+        spec = TransportSpec(p.backend, p.host, int(self.store.port), world)
+        self.spec = spec
+        self.store.set(
+            "engines/spec", json.dumps({"backend": p.backend, "world": world, "timeout_s": spec.timeout_s})
+        )
+        if shm is None:
+            self.sender = WeightSender(
+                self.store, spec, self.layout, device=self.trainer_device, alive=self.alive
+            )
+        else:
+            self.sender = shm
+        cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        tp = int(p.tensor_parallel_size)
+        for e in range(int(p.engines)):
+            es = EngineSpec(
+                cfg_yaml, e, 1 + e * tp, spec, p.generator_threads, tuple(p.engine_gpus[e]), os.getpid(), shm
+            )
+            proc = ctx.Process(target=serve_engine, args=(es,), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+        self.outstanding = dict.fromkeys(range(self.engines), 0)
+        self.started = True
+
+    def _join(self) -> None:
+        """Rank 0: until every engine joined the weight-update group (it builds its engine first),
+        or a RunError naming the engines that did not, where they should have joined, and after
+        how long."""
+        from scalerl.transport import JoinTimeout
+
+        if not isinstance(self.sender, WeightSender):
+            return
+        timeout = float(self.join_timeout_s)
+        try:
+            self.sender.wait_joined(timeout)
+        except JoinTimeout as e:
+            tp = int(self.placement.tensor_parallel_size)
+            engines = sorted({(r - 1) // tp for r in e.missing})
+            who = (
+                f"generator engine(s) {', '.join(map(str, engines))}" if engines else "the generator engines"
+            )
+            raise RunError(
+                f"{who} did not join the weight-update group at {self.spec.host}:{self.spec.port} "
+                f"({self.spec.backend}) within {timeout:g} s: the engine's log says "
+                "why (building the engine, or reaching that address from its node)"
+            ) from e
+        except RuntimeError as e:
+            if (why := self.gone()) is not None:
+                raise RunError(why) from e
+            raise
+
+    def _group_at_start(self, weights) -> None:
+        """Every rank, at the first weights (before training): rank 0 starts the engines and waits
+        until the weight-update group formed; the other ranks wait for it in a barrier of a gloo
+        group made for that, whose timeout is longer than the join's. They must not wait inside a
+        ZeRO-3 gather instead: that collective runs under the default group's timeout (NCCL's: 10
+        min), shorter than an engine may take to load a large model, and it would hold rank 0's
+        first bucket gather hostage. The barrier group is formed before rank 0 starts waiting (all
+        ranks are there) and destroyed after."""
+        import datetime
+
+        import torch.distributed as dist
+
+        self._first(weights)
+        many = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        barrier = None
+        if many:
+            wait_s = float(self.join_timeout_s) + JOIN_BARRIER_MARGIN_S
+            barrier = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=wait_s))
+        try:
+            if self.placement.main:
+                self._start()
+                self._join()
+            if barrier is not None:
+                dist.barrier(group=barrier)
+        finally:
+            if barrier is not None:
+                dist.destroy_process_group(barrier)
+
+    def load_weights(self, weights, version: int) -> None:
+        """Every rank calls it: under ZeRO-3 each bucket's parameters are gathered in turn (a
+        collective; never the whole model, the first update included); rank 0 sends each bucket."""
+        t0 = time.perf_counter()
+        if self.layout is None:
+            self._group_at_start(weights)
+        source = self.source_of(weights)
+        if self.placement.main:
+            try:
+                self.sender.publish(source, version)
+            except RuntimeError as e:  # the transport saw an engine gone: say which, and how
+                if (why := self.gone()) is not None:
+                    raise RunError(why) from e
+                raise
+        else:  # the same gathers as rank 0, bucket by bucket
+            for b in range(len(self.layout.buckets)):
+                with source(self.layout.names(b)):
+                    pass
+        self.weight_seconds += time.perf_counter() - t0
+        self.updates += 1
+        self.version = int(version)
+
+    def wait_ready(self) -> None:
+        """Until every engine has built its model and taken the first weights."""
+        if self.ready:
+            return
+        ready: set[int] = set()
+        while len(ready) < self.engines:
+            kind, e, _, payload = self._get(timeout=900)
+            if kind == "ready":
+                ready.add(e)
+            elif kind == "error":
+                raise RunError(f"generator engine {e} failed to start:\n{payload}")
+            else:
+                self._early.append((kind, e, _, payload))
+        self.ready = True
+
+    # ------------------------------------------------------------------ liveness
+    def alive(self) -> bool:
+        return self.gone() is None
+
+    def gone(self) -> str | None:
+        """Why an engine can no longer answer (a local process that ended, a remote one whose
+        heartbeat stopped), or None while every engine is up."""
+        for i, p in enumerate(self.procs):
+            if not p.is_alive():
+                if p.exitcode is not None and p.exitcode < 0:  # a signal: the process printed nothing
+                    return f"generator engine {i} was killed by signal {-p.exitcode} ({_signal_name(-p.exitcode)})"
+                return f"generator engine {i} died (exit code {p.exitcode}); its output above says why"
+        for e in range(int(self.placement.engines), self.engines):  # engines on other tasks
+            beat = self.store.get(f"engines/beat/{e}") if self.store.check([f"engines/beat/{e}"]) else None
+            if beat is not None and time.time() - float(beat.decode()) > REMOTE_TIMEOUT_S:
+                return f"generator engine {e} on another task stopped answering"
+        return None
+
+    def _get(self, timeout: float):
+        deadline = time.time() + timeout
+        last_check = time.time()
+        while True:
+            item = _pop(self.store, "results")
+            if item is not None:
+                return item
+            time.sleep(0.001)
+            if time.time() - last_check > 1.0:
+                last_check = time.time()
+                if (why := self.gone()) is not None:
+                    raise RunError(why)
+                if time.time() > deadline:
+                    raise TimeoutError("no answer from the generator engines")
+
+    # ------------------------------------------------------------------ training work
+    def submit(self, work_id: int, prompts, group_ids: list[int]) -> None:
+        """Give training work to the engine with the least outstanding."""
+        e = min(self.outstanding, key=lambda k: (self.outstanding[k], k))
+        self.outstanding[e] += 1
+        self._owner[work_id] = e
+        _push(self.store, f"engines/work/{e}", ("train", work_id, prompts, list(group_ids)))
+
+    def receive(self, timeout: float = 900):
+        """(work id, groups, verifier counts) of the next finished piece of training work."""
+        while True:
+            if self._early:
+                kind, e, work_id, payload = self._early.pop(0)
+            else:
+                kind, e, work_id, payload = self._get(timeout)
+            if kind == "error":
+                raise RuntimeError(f"generator engine {e} failed:\n{payload}")
+            if kind == "groups":
+                self.outstanding[self._owner.pop(work_id, e)] -= 1
+                groups, errors = payload
+                return work_id, groups, errors
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds the engines spent generating, summed over engines."""
+        total = 0.0
+        for e in range(self.engines):
+            key = f"engines/status/{e}"
+            if self.started and self.store.check([key]):
+                total += float(json.loads(self.store.get(key).decode())[0])
+        return total
+
+    def _ask(self, requests: dict[int, tuple], kind: str) -> dict[int, Any]:
+        """Send one request per engine (engine -> item without its id); their answers by engine."""
+        ids = {}
+        for e, item in requests.items():
+            self._eval_id += 1
+            ids[self._eval_id] = e
+            _push(self.store, f"engines/work/{e}", (item[0], self._eval_id, *item[1:]))
+        got: dict[int, Any] = {}
+        while len(got) < len(ids):
+            k, e, work_id, payload = self._get(timeout=900)
+            if k == "error":
+                raise RuntimeError(f"generator engine {e} failed:\n{payload}")
+            if k == kind and work_id in ids:
+                got[ids[work_id]] = payload
+            else:
+                self._early.append((k, e, work_id, payload))
+        return got
+
+    def fingerprints(self) -> list[dict[str, str]]:
+        """Each engine's digest of the weights it samples with, once it holds the current version."""
+        self.wait_ready()
+        got = self._ask({e: ("fingerprint", self.version) for e in range(self.engines)}, "fingerprint")
+        return [got[e] for e in range(self.engines)]
+
+    # ------------------------------------------------------------------ evaluation
+    def _generate(self, prompts, prompt_ids, n, *, version, group_ids, weight_update, on_step):
+        """Evaluation: the prompts split over the engines, each part from its own seeded stream,
+        generated from exactly ``version``'s weights."""
+        if weight_update is not None:
+            raise ValueError("the engine pool takes weights through load_weights only")
+        self.wait_ready()
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.rng))
+        size = -(-len(prompts) // self.engines)
+        requests = {
+            e: ("eval", list(prompts[e * size : (e + 1) * size]), n, seed + e, int(version))
+            for e in range(self.engines)
+            if prompts[e * size : (e + 1) * size]
+        }
+        got = self._ask(requests, "eval")
+        groups: list = []
+        for e in sorted(got):
+            groups.extend(got[e])
+        for g, gid in zip(groups, group_ids):  # Generator.generate gave one id per prompt
+            for s in g:
+                s.group_id = gid
+        return groups
+
+    # ------------------------------------------------------------------ stop
+    def close(self) -> None:
+        """Stop the engines (local ones are joined, then killed if they do not stop)."""
+        if not self.started:
+            return
+        try:
+            for e in range(self.engines):
+                _push(self.store, f"engines/work/{e}", "stop")
+            deadline = time.time() + 10
+            for p in self.procs:
+                p.join(timeout=max(0.1, deadline - time.time()))
+        except Exception:  # noqa: BLE001 - the store may be gone with a failed run
+            pass
+        finally:
+            for p in self.procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+            if self.sender is not None:
+                self.sender.close()  # the weight-update group torn down (the engines left it)
+                self.sender = None
+            self.started = False
+
+
+def _signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9 (the out-of-memory killer's, or a user's ``kill -9``)."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown"
