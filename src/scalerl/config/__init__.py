@@ -75,6 +75,25 @@ def compose(
     return cfg
 
 
+def typed(cfg: DictConfig) -> Config:
+    """The config read once: a :class:`~scalerl.config.schema.Config` whose group fields are the
+    chosen options' dataclasses (``config/groups``) and whose sections are ``EvalConfig``,
+    ``TrackingConfig`` and ``ScalingConfig``, interpolations resolved. Setup turns the composed
+    config into this and hands each part only its own options. A config without the schema's types
+    (one read back from a run's ``config.yaml``) is typed by its options' names first."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.get_type(cfg) is not Config:
+        node = OmegaConf.structured(Config)
+        for group in GROUPS:
+            if group in cfg:
+                cls = option_class(group, cfg[group].name)
+                node[group] = OmegaConf.merge(OmegaConf.structured(cls), cfg[group])
+        rest = {k: v for k, v in cfg.items() if k not in GROUPS}
+        cfg = OmegaConf.merge(node, rest)
+    return OmegaConf.to_object(cfg)
+
+
 def preflight(cfg: DictConfig) -> None:
     """Checks on the folders and servers ``cfg`` points at (:mod:`scalerl.config.preflight`); the task's
     data is checked by :func:`scalerl.task.checks.check_task` (both: :func:`scalerl.cli.preflight`)."""
@@ -98,5 +117,6 @@ __all__ = [
     "preflight",
     "register_configs",
     "register_option",
+    "typed",
     "validate",
 ]
