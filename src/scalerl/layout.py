@@ -1,7 +1,8 @@
 """The layout of a run: which process does what, on which node, with which devices, threads, ports
 and share of each step's batch, computed before anything starts.
 
-:func:`plan` is pure: from the resolved config and a :class:`Launch` (what the launcher gives the
+:func:`plan` is pure: from the run's :class:`LayoutOptions` (its trainer, generator, placement and
+async-mode options) and a :class:`Launch` (what the launcher gives the
 run: torchrun's processes on one node, a SLURM job's ``nodes x tasks_per_node`` tasks with their GPUs
 and CPUs, or one plain process) it computes every rank's :class:`RankPlan` and every engine's
 :class:`EnginePlan`, and refuses a layout that cannot work with one line (:class:`LayoutError`)
@@ -36,10 +37,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
+from scalerl.config.groups.generator import generator_option_class
 from scalerl.config.preflight import NODE_GPUS_VAR, listed_gpu_ids, node_gpu_ids
 from scalerl.config.validate import ConfigError
 from scalerl.messages import RunError
+
+if TYPE_CHECKING:
+    from scalerl.config.groups.async_mode import PipelineRLOptions, PPOOffPolicyOptions, SyncOptions
+    from scalerl.config.groups.generator import GeneratorOption
+    from scalerl.config.groups.launcher import Local, Slurm
+    from scalerl.config.groups.placement import PlacementOption
+    from scalerl.config.groups.trainer import TorchTrainerOption
 
 # the rendezvous port of a submitit job: derived from the job id (the same in every task and after a
 # requeue), below Linux's ephemeral ports (32768-60999) so that no outgoing connection holds it; the
@@ -65,6 +75,24 @@ def job_ports(job_id: int) -> tuple[int, int]:
     """(rendezvous port, store port) of submitit job ``job_id``: an even/odd pair, a pair per job id."""
     master = MASTER_PORT_BASE + 2 * (int(job_id) % (MASTER_PORT_SPAN // 2))
     return master, master + 1
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    """What a layout is planned from: the run's trainer, generator, placement and async-mode options
+    (the typed options of :func:`scalerl.config.typed`; the layout reads nothing else of the config).
+    Whoever holds the typed config builds it: ``LayoutOptions(o.trainer, o.generator, o.placement,
+    o.async_mode)``."""
+
+    trainer: TorchTrainerOption
+    generator: GeneratorOption
+    placement: PlacementOption
+    async_mode: Union[SyncOptions, PPOOffPolicyOptions, PipelineRLOptions]
+
+    @property
+    def pipeline(self) -> bool:
+        """Whether the run generates on engines of their own (async_mode=pipeline_rl)."""
+        return self.async_mode.name == "pipeline_rl"
 
 
 @dataclass(frozen=True)
@@ -175,9 +203,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _batch(cfg, trainers: int, launch: Launch, gen_tasks: int) -> tuple[int, int]:
+def _batch(trainer: TorchTrainerOption, trainers: int, launch: Launch, gen_tasks: int) -> tuple[int, int]:
     """(prompts, samples) of each trainer rank's share, or the one line saying what would divide."""
-    B, G = int(cfg.trainer.batch_size), int(cfg.trainer.generations_per_prompt)
+    B, G = int(trainer.batch_size), int(trainer.generations_per_prompt)
     unit = G * trainers
     if B % unit == 0:
         return B // unit, B // trainers
@@ -206,30 +234,30 @@ def _batch(cfg, trainers: int, launch: Launch, gen_tasks: int) -> tuple[int, int
     )
 
 
-def _generator_tasks(pl) -> int:
+def _generator_tasks(pl: PlacementOption) -> int:
     """Tasks of the job that run an engine each: the option's ``generator_tasks`` where it has the
     field (placement=split), else none (colocated engines run beside the trainer)."""
-    return int(pl.generator_tasks) if "generator_tasks" in pl else 0
+    return int(getattr(pl, "generator_tasks", 0))
 
 
-def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
-    """Every rank's and every engine's plan for ``cfg`` (resolved) launched by ``launch``; a
+def plan(options: LayoutOptions, launch: Launch, *, threads: int | None = None) -> Layout:
+    """Every rank's and every engine's plan for a run of ``options`` launched by ``launch``; a
     :class:`LayoutError` (one line) when it cannot work. ``threads``: the trainer process's thread
     budget when the caller has chosen it (else ``trainer.threads``, else the allotment). In steps:
     the tasks and trainer ranks, the devices, the threads, the ports, then the plans."""
-    pl, tr = cfg.placement, cfg.trainer
+    pl, tr = options.placement, options.trainer
     tasks, per_node = launch.tasks, int(launch.tasks_per_node)
     gen_tasks = _generator_tasks(pl)
-    pipeline = cfg.async_mode.name == "pipeline_rl"
+    pipeline = options.pipeline
     n_engines = int(pl.engines) if pipeline else 0
     local_engines = 0 if gen_tasks else n_engines
 
     _check_tasks(launch, gen_tasks)
     trainers = tasks - gen_tasks  # (several need trainer=deepspeed: validate() and preflight say so)
-    prompts, samples = _batch(cfg, trainers, launch, gen_tasks)
+    prompts, samples = _batch(tr, trainers, launch, gen_tasks)
     node_of = [r // per_node for r in range(tasks)]
     on_node = [sum(1 for r in range(trainers) if node_of[r] == n) for n in range(launch.nodes)]
-    dev = _devices(cfg, launch, trainers, node_of, on_node, n_engines, local_engines)
+    dev = _devices(options, launch, trainers, node_of, on_node, n_engines, local_engines)
 
     allot = max(1, int(launch.cpus_per_task))
     base = max(1, int(threads) if threads else (int(tr.threads) or allot))
@@ -286,13 +314,13 @@ def plan(cfg, launch: Launch, *, threads: int | None = None) -> Layout:
             tensor_parallel_size=tp,
             group_ranks=tuple(1 + e * tp + s for s in range(tp)),
             host="rank 0" if e < local_engines else f"task {trainers + e}",
-            memory=float(cfg.generator.gpu_memory_utilization)
-            if dev.on_gpu and cfg.generator.name == "vllm"
+            memory=generator_option_class(options.generator).gpu_memory_share(options.generator)
+            if dev.on_gpu
             else None,
         )
         for e in range(n_engines)
     )
-    transport = str(cfg.async_mode.transport) if pipeline else "gloo"
+    transport = str(options.async_mode.transport) if pipeline else "gloo"
     own_gpus = dev.on_gpu and (pl.name == "split" or bool(gen_tasks))
     backend = ("nccl" if own_gpus else "gloo") if transport == "auto" else transport
     return Layout(
@@ -338,14 +366,20 @@ class _Devices:
 
 
 def _devices(
-    cfg, launch: Launch, trainers: int, node_of, on_node, n_engines: int, local_engines: int
+    options: LayoutOptions,
+    launch: Launch,
+    trainers: int,
+    node_of,
+    on_node,
+    n_engines: int,
+    local_engines: int,
 ) -> _Devices:
     """The devices step of :func:`plan`: trainer ranks on their node's first GPUs; engines on GPUs
     of their own (placement=split), beside rank 0 (colocated) or on the GPUs an engine task's node
     leaves."""
-    pl = cfg.placement
+    pl = options.placement
     gen_tasks = _generator_tasks(pl)
-    device = str(cfg.trainer.device)
+    device = str(options.trainer.device)
     gpus = int(launch.gpus_per_node)
     if device == "cuda" and gpus == 0:
         raise LayoutError(
@@ -361,7 +395,7 @@ def _devices(
         engine_node=[0] * n_engines,
     )
     # devices of the engines' own: an option that has the field (placement=split), else none
-    gen_devices = [int(g) for g in pl.generator_devices] if "generator_devices" in pl else []
+    gen_devices = [int(g) for g in getattr(pl, "generator_devices", [])]
     if gen_devices and gen_tasks:
         raise LayoutError(
             "placement.generator_devices",
@@ -373,11 +407,11 @@ def _devices(
         if gen_tasks:
             dev.engine_node = [node_of[trainers + e] for e in range(gen_tasks)]
         return dev
-    pipeline = cfg.async_mode.name == "pipeline_rl"
+    pipeline = options.pipeline
     if pipeline and pl.name == "split" and local_engines:
         _split_gpus(pl, launch, on_node, local_engines, gen_devices, dev)
     elif pipeline and local_engines:  # colocated: on rank 0's GPU, beside it
-        _colocated_gpus(cfg, local_engines, dev)
+        _colocated_gpus(pl, options.generator, local_engines, dev)
     per_node = int(launch.tasks_per_node)
     for n in range(launch.nodes):
         if on_node[n] > gpus:
@@ -393,7 +427,12 @@ def _devices(
 
 
 def _split_gpus(
-    pl, launch: Launch, on_node, local_engines: int, gen_devices: list[int], dev: _Devices
+    pl: PlacementOption,
+    launch: Launch,
+    on_node,
+    local_engines: int,
+    gen_devices: list[int],
+    dev: _Devices,
 ) -> None:
     """placement=split with engines started by rank 0: the engines' GPUs (``generator_devices``,
     else the node's last ones) and the trainer ranks' (those left)."""
@@ -448,10 +487,12 @@ def _split_gpus(
         dev.engine_gpus[e] = tuple(gens[e * tp : (e + 1) * tp])
 
 
-def _colocated_gpus(cfg, local_engines: int, dev: _Devices) -> None:
+def _colocated_gpus(
+    pl: PlacementOption, generator: GeneratorOption, local_engines: int, dev: _Devices
+) -> None:
     """placement=colocated: every engine on rank 0's GPU, beside the trainer (vLLM's memory share
     split over them)."""
-    tp = int(cfg.placement.tensor_parallel_size)
+    tp = int(pl.tensor_parallel_size)
     if tp > 1:
         raise LayoutError(
             "placement.tensor_parallel_size",
@@ -460,8 +501,8 @@ def _colocated_gpus(cfg, local_engines: int, dev: _Devices) -> None:
             "needs GPUs of its own (placement=split)",
         )
     dev.engine_gpus = [(0,)] * local_engines
-    if cfg.generator.name == "vllm":
-        util = float(cfg.generator.gpu_memory_utilization)
+    util = generator_option_class(generator).gpu_memory_share(generator)
+    if util is not None:
         if local_engines * util >= 1.0:
             share = int(100 * util / local_engines) / 100
             raise LayoutError(
@@ -476,7 +517,7 @@ def _colocated_gpus(cfg, local_engines: int, dev: _Devices) -> None:
 
 
 def _engine_task_gpus(
-    pl, launch: Launch, trainers: int, node_of, on_node, gen_tasks: int, dev: _Devices
+    pl: PlacementOption, launch: Launch, trainers: int, node_of, on_node, gen_tasks: int, dev: _Devices
 ) -> None:
     """Engine tasks (placement.generator_tasks): each takes the next ``tensor_parallel_size`` GPUs
     its node's trainer ranks (and earlier engine tasks there) leave."""
@@ -561,20 +602,24 @@ def _job_tasks(env: Mapping[str, str], gen_tasks: int, raw: bool) -> tuple[int, 
 
 
 def launch_from_env(
-    cfg, environ: Mapping[str, str] | None = None, *, raw: bool = False, gpu_ids: list[str] | None = None
+    options: LayoutOptions,
+    environ: Mapping[str, str] | None = None,
+    *,
+    raw: bool = False,
+    gpu_ids: list[str] | None = None,
 ) -> Launch:
     """This process's :class:`Launch`, from its launcher's variables (torchrun's and a submitit task's
     RANK / WORLD_SIZE / LOCAL_WORLD_SIZE / MASTER_PORT, SLURM's CPUs) and the GPUs it is given
     (``gpu_ids``: the node's, as :func:`node_gpu_ids` reads them by default)."""
     env = os.environ if environ is None else environ
-    gen_tasks = _generator_tasks(cfg.placement)
+    gen_tasks = _generator_tasks(options.placement)
     tasks, per_node = _job_tasks(env, gen_tasks, raw)
     if tasks % per_node:
         per_node = tasks
     # a submitit task has exported its rendezvous already (scalerl.sweep.job): as torchrun's
     kind = "torchrun" if "WORLD_SIZE" in env or "MASTER_PORT" in env else "process"
     ids = node_gpu_ids(env) if gpu_ids is None else gpu_ids
-    gpus = 0 if str(cfg.trainer.device) == "cpu" else len(ids)
+    gpus = 0 if str(options.trainer.device) == "cpu" else len(ids)
     port = env.get("MASTER_PORT", "")
     return Launch(
         kind=kind,
@@ -586,23 +631,24 @@ def launch_from_env(
     )
 
 
-def launch_from_launcher(cfg, launcher=None, environ: Mapping[str, str] | None = None) -> Launch:
-    """The :class:`Launch` a sweep's ``launcher`` group (default ``cfg.launcher``) asks for: SLURM's
+def launch_from_launcher(
+    launcher: Local | Slurm, trainer: TorchTrainerOption, environ: Mapping[str, str] | None = None
+) -> Launch:
+    """The :class:`Launch` a ``launcher`` option (the run's, or a sweep's) asks for: SLURM's
     ``nodes x tasks_per_node`` with ``gpus_per_node`` and ``cpus_per_task``; the local executor's
-    tasks on this machine with its GPUs and cores."""
-    lc = cfg.launcher if launcher is None else launcher
+    tasks on this machine with its GPUs (none with ``trainer.device=cpu``) and cores."""
     env = os.environ if environ is None else environ
-    per_node = int(lc.tasks_per_node)
-    if lc.name == "slurm":
-        gpus = int(lc.gpus_per_node) or per_node * int(lc.gpus_per_task)
+    per_node = int(launcher.tasks_per_node)
+    if launcher.name == "slurm":
+        gpus = int(launcher.gpus_per_node) or per_node * int(launcher.gpus_per_task)
         return Launch(
             kind="slurm",
-            nodes=int(lc.nodes),
+            nodes=int(launcher.nodes),
             tasks_per_node=per_node,
             gpus_per_node=gpus,
-            cpus_per_task=int(lc.cpus_per_task),
+            cpus_per_task=int(launcher.cpus_per_task),
         )
-    gpus = 0 if str(cfg.trainer.device) == "cpu" else len(node_gpu_ids(env))
+    gpus = 0 if str(trainer.device) == "cpu" else len(node_gpu_ids(env))
     return Launch(
         kind="local" if per_node > 1 else "process",
         nodes=1,
@@ -613,7 +659,7 @@ def launch_from_launcher(cfg, launcher=None, environ: Mapping[str, str] | None =
 
 
 def current(
-    cfg,
+    options: LayoutOptions,
     environ: Mapping[str, str] | None = None,
     *,
     threads: int | None = None,
@@ -623,7 +669,7 @@ def current(
     """This process's layout and its own rank's plan (``RANK`` of the launcher, 0 alone). ``raw``:
     from the launcher's variables as they are (the process's start, before :func:`apply`)."""
     env = os.environ if environ is None else environ
-    layout = plan(cfg, launch_from_env(cfg, env, raw=raw, gpu_ids=gpu_ids), threads=threads)
+    layout = plan(options, launch_from_env(options, env, raw=raw, gpu_ids=gpu_ids), threads=threads)
     rank = int(env.get("RANK", "0") or 0)
     if rank >= len(layout.ranks):
         raise LayoutError("RANK", rank, f"RANK={rank} (environment): the job has {len(layout.ranks)} task(s)")
@@ -689,6 +735,7 @@ __all__ = [
     "Launch",
     "Layout",
     "LayoutError",
+    "LayoutOptions",
     "RankPlan",
     "apply",
     "current",
