@@ -5,7 +5,8 @@ fitted scaling-curve parameters A and B.
 ``python sweep.py --loo`` (see :mod:`scalerl.sweep.cli` and ``sweeps/README.md``).
 """
 
-from scalerl.sweep.plan import Plan, PlannedRun, build_config, make_plan, plan_lines
+from scalerl.config.settings import build_config  # what every job runs (config composition)
+from scalerl.sweep.plan import Plan, PlannedRun, make_plan, plan_lines
 from scalerl.sweep.spec import SweepError, SweepSpec, load_spec, parse_spec
 
 __all__ = [

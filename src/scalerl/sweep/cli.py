@@ -250,9 +250,9 @@ def estimate_line(plan) -> str:
     probed once per model shape, then its runs scheduled as many at once as the launcher starts,
     each slowed by the cores the runs at once and the machine's present load share. A SLURM sweep
     runs on nodes and behind a queue this machine does not know: said, not guessed."""
+    from scalerl.config.settings import build_config
     from scalerl.loop import estimate
     from scalerl.sweep.launch import local_threads, max_parallel
-    from scalerl.sweep.plan import build_config
 
     lc = plan.launcher
     if lc["name"] != "local":

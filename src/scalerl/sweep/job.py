@@ -112,29 +112,29 @@ def _drop_stale_result() -> None:
         pass
 
 
-def finished_elsewhere(cfg, env: Mapping[str, str]) -> bool:
-    """Whether this task, a rank other than 0, has nothing to do: the run in ``cfg.out_dir`` has
-    finished (a job requeued after its last step). Rank 0 then returns the run's summary without
-    starting torch.distributed, so this rank must not wait for it there."""
+def finished_elsewhere(out_dir: str, total_steps: int, env: Mapping[str, str]) -> bool:
+    """Whether this task, a rank other than 0, has nothing to do: the run in ``out_dir`` has
+    finished its ``total_steps`` (a job requeued after its last step). Rank 0 then returns the run's
+    summary without starting torch.distributed, so this rank must not wait for it there."""
     if not env or env.get("RANK") == "0":
         return False
     import json
     from pathlib import Path
 
     try:
-        summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text())
+        summary = json.loads((Path(out_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return False
-    return int(summary.get("steps", 0)) >= int(cfg.trainer.total_steps)
+    return int(summary.get("steps", 0)) >= int(total_steps)
 
 
 class TrainJob(submitit.helpers.Checkpointable):
     """``TrainJob()(overrides, settings, seed)`` -> the training summary (a dict)."""
 
     def __call__(self, overrides: list[str], settings: dict, seed: int | None = None) -> dict:
+        from scalerl.config.settings import build_config
         from scalerl.loop import train
         from scalerl.rollout.engine import engine_role
-        from scalerl.sweep.plan import build_config
 
         env = export_task_env()
         _drop_stale_result()
@@ -150,7 +150,7 @@ class TrainJob(submitit.helpers.Checkpointable):
                 flush=True,
             )
         cfg = build_config(list(overrides), dict(settings), seed)
-        if finished_elsewhere(cfg, env):
+        if finished_elsewhere(cfg.out_dir, cfg.trainer.total_steps, env):
             return {}  # rank 0's result is the run's
         return engine_role(cfg) or train(cfg)
 

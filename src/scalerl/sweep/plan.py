@@ -7,7 +7,6 @@ group, option or key, a bad value) becomes one line naming the file, the variant
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import os
@@ -15,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from scalerl.config import evaluates_at
+from scalerl.config import evaluates_at, typed
 from scalerl.config.errors import explain, override_key
+from scalerl.config.settings import build_config
 from scalerl.scaling.sigmoid import N_PARAMS
 from scalerl.sweep.spec import SweepError, SweepSpec
 
@@ -161,31 +161,6 @@ def run_settings(plan_name: str, run: PlannedRun, tracking_uri: str, parent_run_
     }
 
 
-def apply_settings(cfg: DictConfig, settings: dict) -> DictConfig:
-    with open_dict(cfg):
-        for key, value in settings.items():
-            OmegaConf.update(cfg, key, value, merge=False)
-    return cfg
-
-
-def build_config(
-    overrides: list[str], settings: dict, seed: int | None = None, *, composed: DictConfig | None = None
-) -> DictConfig:
-    """Compose ``overrides`` like ``python train.py`` would, set the sweep's keys, validate.
-    This is what every job runs (and what planning checks). Keys added with ``+key=value`` that no
-    schema declares are refused by :func:`~scalerl.config.validate`, as for a single run.
-    ``composed``: ``overrides`` composed already (planning composes a variant once for all its
-    seeds: a composition takes about a third of a second); a copy of it is set and checked."""
-    from scalerl.config import compose, validate
-
-    cfg = copy.deepcopy(composed) if composed is not None else compose(overrides, check=False)
-    if seed is not None:
-        cfg.seed = int(seed)
-    apply_settings(cfg, settings)
-    validate(cfg)
-    return cfg
-
-
 def _check_places(uri: str, sweep_dir: Path) -> None:
     """The tracking store answers and the sweep folder can be written, before any run is planned."""
     from scalerl.config.preflight import PathError, check_out_dir, check_tracking_uri
@@ -216,15 +191,15 @@ def _compose_variant(overrides: list[str], where: str) -> DictConfig:
         raise SweepError(f"{where}: {explain(e, overrides)}") from None
 
 
-def _check_layout(cfg: DictConfig, launcher: DictConfig, where: str) -> None:
-    """The run laid out on the job ``launcher`` asks for (its nodes x tasks, GPUs and CPUs): every
-    rank's devices, threads, ports and batch share can work (:func:`scalerl.layout.plan`), before
-    anything is submitted."""
+def _check_layout(options, launcher, where: str) -> None:
+    """The run of ``options`` (its :class:`~scalerl.layout.LayoutOptions`) laid out on the job the
+    ``launcher`` option asks for (its nodes x tasks, GPUs and CPUs): every rank's devices, threads,
+    ports and batch share can work (:func:`scalerl.layout.plan`), before anything is submitted."""
     from scalerl import layout
     from scalerl.config.validate import ConfigError
 
     try:
-        layout.plan(cfg, layout.launch_from_launcher(cfg, launcher))
+        layout.plan(options, layout.launch_from_launcher(launcher, options.trainer))
     except ConfigError as e:
         raise SweepError(f"{where}: {e}") from None
 
@@ -252,10 +227,11 @@ def split_cli(args: list[str]) -> tuple[list[str], list[str], str | None]:
     return train, launch, uri
 
 
-def _cuda_where(cfg: DictConfig, launcher: DictConfig) -> bool:
-    """Whether a run of ``cfg`` launched by ``launcher`` gets a CUDA device: a SLURM job that holds
-    GPUs, or a local run on a machine with one (unless its trainer is pinned to the CPU)."""
-    if str(cfg.trainer.device).startswith("cpu"):
+def _cuda_where(trainer, launcher) -> bool:
+    """Whether a run whose trainer option is ``trainer``, launched by ``launcher`` (the launcher
+    option), gets a CUDA device: a SLURM job that holds GPUs, or a local run on a machine with one
+    (unless its trainer is pinned to the CPU)."""
+    if str(trainer.device).startswith("cpu"):
         return False
     if launcher.name == "slurm":
         return int(launcher.gpus_per_node) > 0 or int(launcher.gpus_per_task) > 0
@@ -264,13 +240,14 @@ def _cuda_where(cfg: DictConfig, launcher: DictConfig) -> bool:
     return torch.cuda.is_available()
 
 
-def cannot_act_here(cfg: DictConfig, launcher: DictConfig) -> str:
-    """Why a run's component cannot act where ``launcher`` would run it ("" = it can): a reduced-precision LM
-    head that would be emulated (fp32 math, rounded: no CUDA there), so the paper's mechanism behind
-    the FP32 head, a kernel mismatch between the generator's and the trainer's head, cannot act."""
-    head = str(cfg.precision.head)
-    impl = str(cfg.precision.impl)
-    if head == "fp32" or impl == "native" or (impl == "auto" and _cuda_where(cfg, launcher)):
+def cannot_act_here(precision, trainer, launcher) -> str:
+    """Why a run's component cannot act where ``launcher`` would run it ("" = it can), from its
+    precision and trainer options: a reduced-precision LM head that would be emulated (fp32 math,
+    rounded: no CUDA there), so the paper's mechanism behind the FP32 head, a kernel mismatch between
+    the generator's and the trainer's head, cannot act."""
+    head = str(precision.head)
+    impl = str(precision.impl)
+    if head == "fp32" or impl == "native" or (impl == "auto" and _cuda_where(trainer, launcher)):
         return ""
     where = "by precision.impl=emulated" if impl == "emulated" else "without a CUDA device where it would run"
     return (
@@ -310,7 +287,7 @@ def make_plan(
     # sweep level: base alone, then with the command line, so the error names the right place
     launch = merge_overrides(base_launch, cli_launch)
     _compose_or_raise(merge_overrides(base_train, base_launch), f"{path}: base")
-    sweep_cfg = _compose_or_raise(merge_overrides(base_train, cli_train, launch), COMMAND_LINE)
+    sweep = typed(_compose_or_raise(merge_overrides(base_train, cli_train, launch), COMMAND_LINE))
 
     # --tracking-uri, then tracking.uri= on the command line or in base, then the sweep folder's
     # (a re-run continues in the same store), then $MLFLOW_TRACKING_URI / sqlite:///mlflow.db
@@ -329,10 +306,10 @@ def make_plan(
         overrides = merge_overrides(base_v, vovs, cli_v)
         where = f"{path}: variant {vname!r}"
         composed = _compose_variant(overrides, where)  # once for all its seeds
-        if composed.scaling.metric != sweep_cfg.scaling.metric:  # the report fits one metric
+        if composed.scaling.metric != sweep.scaling.metric:  # the report fits one metric
             raise SweepError(
                 f"{where}: scaling.metric={composed.scaling.metric}: the sweep fits "
-                f"scaling.metric={sweep_cfg.scaling.metric} for every run; set it in base or on the command line"
+                f"scaling.metric={sweep.scaling.metric} for every run; set it in base or on the command line"
             )
         if too_short := _too_short(composed):
             short.setdefault(too_short, []).append(vname)
@@ -340,7 +317,7 @@ def make_plan(
             judged = not run_all and vname != spec.baseline  # the baseline and --run-all always run
             runs.append(
                 _plan_run(
-                    spec, vname, seed, overrides, composed, sweep_cfg, sdir=sdir, uri=uri, judged=judged
+                    spec, vname, seed, overrides, composed, sweep.launcher, sdir=sdir, uri=uri, judged=judged
                 )
             )
     return Plan(
@@ -348,10 +325,10 @@ def make_plan(
         runs=runs,
         sweep_dir=sdir,
         tracking_uri=uri,
-        launcher=OmegaConf.to_container(sweep_cfg.launcher, resolve=True),
+        launcher=dataclasses.asdict(sweep.launcher),
         launcher_overrides=launch,
         cli_overrides=list(cli_overrides or []),
-        scaling=OmegaConf.to_container(sweep_cfg.scaling, resolve=True),
+        scaling=dataclasses.asdict(sweep.scaling),
         warnings=[
             (
                 "every variant"
@@ -443,27 +420,30 @@ def _plan_run(
     seed: int | None,
     overrides: list[str],
     composed: DictConfig,
-    sweep_cfg: DictConfig,
+    launcher,
     *,
     sdir: Path,
     uri: str,
     judged: bool,
 ) -> PlannedRun:
     """One run of variant ``vname`` (its seed ``seed``, None: the config's), composed exactly as its
-    job will compose it and checked against the launcher; ``judged``: ``skip`` says why its
-    component cannot act where it would run (:func:`cannot_act_here`)."""
+    job will compose it and checked against ``launcher`` (the sweep's launcher option); ``judged``:
+    ``skip`` says why its component cannot act where it would run (:func:`cannot_act_here`)."""
     seeds = spec.seeds
     job = vname if seeds is None or len(seeds) == 1 else f"{vname}-seed{seed}"
     ovs = overrides + ([f"seed={seed}"] if seed is not None else [])
     run = PlannedRun(name=job, variant=vname, seed=-1, overrides=ovs, out_dir=str(sdir / job), total_steps=0)
     where = f"{spec.path or spec.name}: variant {vname!r}"
     settings = run_settings(spec.name, run, uri, "0" * 32)
-    cfg = _compose_or_raise(overrides, where, settings, seed, composed)
-    run.seed = int(cfg.seed)
-    run.total_steps = int(cfg.trainer.total_steps)
-    _check_layout(cfg, sweep_cfg.launcher, where)
+    config = typed(_compose_or_raise(overrides, where, settings, seed, composed))
+    run.seed = config.seed
+    run.total_steps = int(config.trainer.total_steps)
+    from scalerl.layout import LayoutOptions
+
+    options = LayoutOptions(config.trainer, config.generator, config.placement, config.async_mode)
+    _check_layout(options, launcher, where)
     if judged:
-        run.skip = cannot_act_here(cfg, sweep_cfg.launcher)
+        run.skip = cannot_act_here(config.precision, config.trainer, launcher)
     return run
 
 
