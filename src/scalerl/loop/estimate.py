@@ -33,6 +33,7 @@ GPU this machine does not have, a SLURM queue's wait, vLLM's engine start.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -175,19 +176,19 @@ def span(total: float, lo: float, hi: float) -> str:
 
 
 # ---------------------------------------------------------------------------- the work
-def _prompt_tokens(cfg) -> tuple[int, str]:
-    """A prompt's tokens: the addition task's ``aaaa+bbbb=`` (the char tokenizer: one a character),
-    else an assumption stated in the output."""
-    t = cfg.task
-    if str(t.name) == "addition":
-        return 2 * int(t.max_digits) + 2, ""
-    return 64, f"prompts assumed 64 tokens (task={t.name} prompts are not read to estimate)"
+def _prompt_tokens(task) -> tuple[int, str]:
+    """A prompt's tokens (``task``: the task option): the addition task's ``aaaa+bbbb=`` (the char
+    tokenizer: one a character), else an assumption stated in the output."""
+    if str(task.name) == "addition":
+        return 2 * int(task.max_digits) + 2, ""
+    return 64, f"prompts assumed 64 tokens (task={task.name} prompts are not read to estimate)"
 
 
-def _warmstart_pending(cfg) -> tuple[int, int]:
-    """(steps, batch size) of the tiny model's warm-start when neither the cache nor the package
-    holds it (the run trains it first), else (0, 0)."""
-    m = cfg.model
+def _warmstart_pending(model, task) -> tuple[int, int]:
+    """(steps, batch size) of the tiny model's warm-start (``model``, ``task``: the options its
+    cache key is made of) when neither the cache nor the package holds it (the run trains it
+    first), else (0, 0)."""
+    m = model
     if str(m.name) != "tiny" or int(m.warmstart_steps) <= 0:
         return 0, 0
     from pathlib import Path
@@ -195,8 +196,8 @@ def _warmstart_pending(cfg) -> tuple[int, int]:
     from scalerl.model.build import SHIPPED_BASE, _warmstart_key
 
     try:
-        key = _warmstart_key(cfg)
-    except Exception:  # an unresolvable interpolation: say nothing rather than guess
+        key = _warmstart_key(model, task)
+    except Exception:  # a key that cannot be made: say nothing rather than guess
         return 0, 0
     name = f"warmstart-{key}"
     cached = Path(str(m.cache_dir)).expanduser() / name / "meta.json"
@@ -205,22 +206,23 @@ def _warmstart_pending(cfg) -> tuple[int, int]:
     return int(m.warmstart_steps), int(m.warmstart_batch_size)
 
 
-def work(cfg) -> Work:
-    """What the run of ``cfg`` will do (:class:`Work`), from the config alone."""
+def work(*, trainer, generator, async_mode, filter, eval, length_control, task, model) -> Work:
+    """What a run will do (:class:`Work`), from its options alone (each the typed option of its
+    group: :func:`scalerl.config.typed`)."""
     from scalerl.config import evaluates_at
 
-    steps = int(cfg.trainer.total_steps)
-    B = int(cfg.trainer.batch_size)
-    gen = cfg.generator
+    steps = int(trainer.total_steps)
+    B = int(trainer.batch_size)
+    gen = generator
     kind = str(gen.name)
-    mode = str(cfg.async_mode.name)
+    mode = str(async_mode.name)
     notes = []
     rows = B  # sync: a batch's samples decode together
     if mode == "ppo_off_policy":  # its minibatches' samples decode together
-        rows = B * max(1, min(int(cfg.async_mode.minibatches), steps))
+        rows = B * max(1, min(int(async_mode.minibatches), steps))
     if mode == "pipeline_rl" and bool(gen.continuous) and int(gen.max_running):
         rows = int(gen.max_running)
-    f = cfg.filter
+    f = filter
     if bool(f.dynamic_sampling) and bool(f.zero_variance):
         cap = float(f.max_gen_batches)
         batches = tuple(min(cap, b) for b in DYNAMIC_BATCHES)
@@ -230,13 +232,15 @@ def work(cfg) -> Work:
         )
     else:
         batches = (1.0, 1.0, 1.0)
-    K = int(cfg.eval.samples_per_prompt)
-    n_val = int(cfg.eval.num_prompts)
-    if "num_val" in cfg.task:  # a task option with the field (champ validates a fraction; multi, its domains)
-        n_val = min(n_val, int(cfg.task.num_val))
-    evals = sum(evaluates_at(s, steps, int(cfg.eval.every)) for s in range(steps + 1))
-    bs = int(cfg.eval.batch_prompts) or max(1, B // K)
-    prompt, note = _prompt_tokens(cfg)
+    K = int(eval.samples_per_prompt)
+    n_val = int(eval.num_prompts)
+    if hasattr(
+        task, "num_val"
+    ):  # a task option with the field (champ validates a fraction; multi, its domains)
+        n_val = min(n_val, int(task.num_val))
+    evals = sum(evaluates_at(s, steps, int(eval.every)) for s in range(steps + 1))
+    bs = int(eval.batch_prompts) or max(1, B // K)
+    prompt, note = _prompt_tokens(task)
     if note:
         notes.append(note)
     return Work(
@@ -244,24 +248,25 @@ def work(cfg) -> Work:
         samples=B,
         gen_rows=rows,
         prompt_tokens=prompt,
-        new_tokens=int(cfg.length_control.max_new_tokens),
+        new_tokens=int(length_control.max_new_tokens),
         gen_batches=batches,
         evals=evals,
         eval_samples=n_val * K,
         eval_rows=min(n_val, bs) * K,
         async_mode=mode,
         generator=kind,
-        warmstart=_warmstart_pending(cfg),
+        warmstart=_warmstart_pending(model, task),
         notes=tuple(notes),
     )
 
 
 # ---------------------------------------------------------------------------- the probe
-def _probe_model(cfg):
-    """The run's architecture with random weights (fp32, CPU), or a reason it cannot be built here."""
+def _probe_model(model):
+    """The run's architecture (``model``: its model option) with random weights (fp32, CPU), or a
+    reason it cannot be built here."""
     import torch
 
-    m = cfg.model
+    m = model
     name = str(m.name)
     if name == "tiny":
         from scalerl.model.build import build_model
@@ -391,30 +396,30 @@ def _train_sample_s(model, samples: int, seq: int, n: int) -> float:
     return t / rows * seq / probe_seq
 
 
-def probe(cfg, w: Work) -> Probe | str:
-    """Time the run's unit operations on one thread of this machine (about a second), or say why it
-    cannot."""
+def probe(model, w: Work) -> Probe | str:
+    """Time the unit operations of ``w`` on the architecture of ``model`` (the run's model option)
+    on one thread of this machine (about a second), or say why it cannot."""
     import torch
 
     t0 = time.perf_counter()
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = _probe_model(cfg)
-        if isinstance(model, str):
-            return model
+        net = _probe_model(model)
+        if isinstance(net, str):
+            return net
         from scalerl.model.build import num_params
 
-        n = max(1, num_params(model, exclude_embeddings=True))
+        n = max(1, num_params(net, exclude_embeddings=True))
         mid = max(1, round(w.new_tokens * LENGTH_FRACTION[1]))
-        seq = min(w.prompt_tokens + mid, int(getattr(model.config, "max_position_embeddings", 1 << 20)))
-        decode = _decode_step_s(model, w.gen_rows, w.prompt_tokens, w.new_tokens, n)
+        seq = min(w.prompt_tokens + mid, int(getattr(net.config, "max_position_embeddings", 1 << 20)))
+        decode = _decode_step_s(net, w.gen_rows, w.prompt_tokens, w.new_tokens, n)
         eval_decode = (
             decode
             if w.eval_rows == w.gen_rows
-            else _decode_step_s(model, w.eval_rows, w.prompt_tokens, w.new_tokens, n)
+            else _decode_step_s(net, w.eval_rows, w.prompt_tokens, w.new_tokens, n)
         )
-        train = _train_sample_s(model, w.samples, seq, n)
+        train = _train_sample_s(net, w.samples, seq, n)
     finally:
         torch.set_num_threads(before)
     return Probe(
@@ -463,8 +468,10 @@ def combine(
     notes = list(w.notes)
     if w.warmstart[0]:
         notes.append(f"includes the warm-start's {w.warmstart[0]} steps (not cached yet)")
-    if w.generator == "vllm":
-        notes.append("vLLM's generation timed as transformers' path; its engine start is not counted")
+    from scalerl.generator.registry import generator_class
+
+    if note := generator_class(w.generator).estimate_note:  # vLLM's: timed as transformers' path
+        notes.append(note)
     if max(gen_threads, train_threads) > 1:
         notes.append(
             f"{max(gen_threads, train_threads)} threads assumed {thread_speedup(max(gen_threads, train_threads)):.1f}x "
@@ -562,9 +569,14 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
     wants its runs' to stretch them for its own concurrency). ``probes``: a cache of probe results
     shared by the runs of a sweep (one probe per architecture, shapes and threads)."""
     from scalerl import layout as layout_mod
+    from scalerl.config import typed
 
+    config = typed(cfg)  # read once; each step below gets its own options
     if layout is None:
-        layout = layout_mod.plan(cfg, layout_mod.launch_from_launcher(cfg))
+        options = layout_mod.LayoutOptions(
+            config.trainer, config.generator, config.placement, config.async_mode
+        )
+        layout = layout_mod.plan(options, layout_mod.launch_from_launcher(config.launcher, config.trainer))
     if _on_gpu(layout):
         return Unknown(
             "the run would compute on GPUs, whose speed a probe on this machine's CPU does not tell"
@@ -573,12 +585,19 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
         return Unknown("a SLURM job runs on its nodes, whose speed and queue this machine does not know")
     if layout.trainers > 1:
         return Unknown(f"{layout.trainers} trainer ranks: only a single trainer's step is probed")
-    w = work(cfg)
+    w = work(
+        trainer=config.trainer,
+        generator=config.generator,
+        async_mode=config.async_mode,
+        filter=config.filter,
+        eval=config.eval,
+        length_control=config.length_control,
+        task=config.task,
+        model=config.model,
+    )
     gen_threads, train_threads, apart, _ = _threads(layout)
-    from omegaconf import OmegaConf
-
     key = (
-        repr(OmegaConf.to_container(cfg.model, resolve=True)),
+        repr(dataclasses.asdict(config.model)),
         w.gen_rows,
         w.eval_rows,
         w.prompt_tokens,
@@ -587,7 +606,7 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
     )
     cache = probes if probes is not None else {}
     if key not in cache:
-        cache[key] = probe(cfg, w)
+        cache[key] = probe(config.model, w)
     p = cache[key]
     if isinstance(p, str):
         return Unknown(p)
