@@ -311,7 +311,8 @@ def make_plan(
                 f"{where}: scaling.metric={composed.scaling.metric}: the sweep fits "
                 f"scaling.metric={sweep.scaling.metric} for every run; set it in base or on the command line"
             )
-        if too_short := _too_short(composed):
+        c = composed
+        if too_short := _too_short(c.trainer.total_steps, c.eval.every, c.scaling.min_step):
             short.setdefault(too_short, []).append(vname)
         for seed in spec.seeds if spec.seeds is not None else [None]:
             judged = not run_all and vname != spec.baseline  # the baseline and --run-all always run
@@ -396,14 +397,10 @@ def _not_applied(vname: str, vovs: list[str], base_off: list[str], cli_off: list
     return notes
 
 
-def _too_short(composed: DictConfig) -> str:
+def _too_short(steps: int, every: int, cut: int) -> str:
     """What makes a variant's runs too short to be scored ('' when they are long enough): fewer
-    evaluations past the early cut than a scored fit needs."""
-    steps, every, cut = (
-        int(composed.trainer.total_steps),
-        int(composed.eval.every),
-        int(composed.scaling.min_step),
-    )
+    evaluations past the early cut than a scored fit needs (``steps``: trainer.total_steps,
+    ``every``: eval.every, ``cut``: scaling.min_step)."""
     n = points_past_cut(steps, every, cut)
     if n >= SCORED_POINTS:
         return ""
