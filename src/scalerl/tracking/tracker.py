@@ -26,12 +26,16 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
 from scalerl.messages import fault_reason
 from scalerl.storage import write_text_atomic
 from scalerl.tracking.secrets import redact
+
+if TYPE_CHECKING:
+    from scalerl.config.schema import TrackingConfig
 
 log = logging.getLogger(__name__)
 SENTINEL = "progress/step"
@@ -50,8 +54,10 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its table-creati
 logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
-def tracking_uri(cfg: DictConfig) -> str:
-    return cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+def tracking_uri(tracking: TrackingConfig) -> str:
+    """Where the ``tracking`` section sends a run: its ``uri``, else ``$MLFLOW_TRACKING_URI``, else
+    ``mlflow.db`` in the working directory."""
+    return tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
 def _git_commit() -> str:
@@ -80,7 +86,8 @@ def flatten(d, prefix: str = "") -> dict[str, str]:
 def run_params(cfg: DictConfig, variants: dict[str, str] | None = None) -> dict[str, str]:
     """The flat resolved config, plus ``variants``: under each group's name the variant that ran (the
     option's name and the fields that differ from its YAML, e.g. ``filter=scalerl(zero_variance=false)``,
-    :func:`scalerl.config.group_variants`; the caller passes them, tracking knows no config groups)."""
+    :func:`scalerl.config.group_variants`; the caller passes them, tracking knows no config groups).
+    A new MLflow run gets these (and the caller's own, :meth:`Tracker.start`) as its params."""
     container = OmegaConf.to_container(cfg, resolve=True)
     params = flatten(container)
     params.update(variants or {})
@@ -120,8 +127,8 @@ def _client(uri: str):
 
 
 class Tracker:
-    def __init__(self, cfg: DictConfig, out_dir: Path, *, enabled: bool = True):
-        self.cfg = cfg
+    def __init__(self, tracking: TrackingConfig, out_dir: Path, *, enabled: bool = True):
+        self.tracking = tracking  # the run's tracking section: the store, experiment, run name, tags
         self.out_dir = Path(out_dir)
         self.enabled = enabled
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, step, timestamp ms)
@@ -129,34 +136,32 @@ class Tracker:
         # (the latest was corrupt) redoes those steps without logging them twice
         self.logged_through = -1
         self.run_id: str | None = None
-        self.uri = tracking_uri(cfg)
+        self.uri = tracking_uri(tracking)
         self.client = _client(self.uri) if enabled else None
         self.flush_failures = 0
         self.failing = False  # the store's last write failed: the next failures are not warned again
         self.status = "RUNNING"  # as this tracker last set it in MLflow (UNKNOWN: could not)
 
     # ------------------------------------------------------------------ run lifecycle
-    def start(
-        self, run_id: str | None, extra_params: dict[str, str], *, variants: dict[str, str] | None = None
-    ) -> str:
+    def start(self, run_id: str | None, params: dict[str, str], *, config_yaml: str) -> str:
         """Open the MLflow run (a new one, or ``run_id``/the one ``run_info.json`` names when resuming);
-        a new one gets the config, ``variants`` and ``extra_params`` as params."""
+        a new one is described by ``params`` (:func:`run_params` of the config, with the caller's
+        own) and the resolved config as ``config.yaml`` (a resumed one gets those it lacks)."""
         if not self.enabled:
             self.run_id = run_id or "disabled"
             return self.run_id
         info = self.out_dir / "run_info.json"
         known = json.loads(info.read_text()) if info.is_file() else {}
         run_id = run_id or known.get("run_id")
-        params = {**run_params(self.cfg, variants), **extra_params}
         if run_id is not None:
             self.run_id = run_id
             self._retry(lambda: self.client.update_run(run_id, status="RUNNING"))
             # a run stopped while it described itself (after run_info.json) has the rest written now
             have = self._retry(lambda: self.client.get_run(run_id)).data.params
             if missing := {k: v for k, v in params.items() if k not in have}:
-                self._describe(missing)
+                self._describe(missing, config_yaml)
             return run_id
-        exp_name = self.cfg.tracking.experiment
+        exp_name = self.tracking.experiment
         exp = self._retry(lambda: self.client.get_experiment_by_name(exp_name))
         exp_id = exp.experiment_id if exp is not None else self._create_experiment(exp_name)
         # The run's key is on disk before the run exists: a process killed between creating the run
@@ -168,7 +173,7 @@ class Tracker:
                 info, json.dumps({"run_key": key, "experiment_id": exp_id, "uri": redact(self.uri)})
             )
         run = self._run_with_key(exp_id, key) or self._retry(
-            lambda: self.client.create_run(exp_id, run_name=self.cfg.tracking.run_name, tags=self._tags(key))
+            lambda: self.client.create_run(exp_id, run_name=self.tracking.run_name, tags=self._tags(key))
         )
         self.run_id = run.info.run_id
         record = {"run_id": self.run_id, "run_key": key, "experiment_id": exp_id, "uri": redact(self.uri)}
@@ -177,7 +182,7 @@ class Tracker:
         except OSError:  # a full disk: the run is FAILED until a start that can write finds it by key
             self.end("FAILED")
             raise
-        self._describe({k: v for k, v in params.items() if k not in run.data.params})
+        self._describe({k: v for k, v in params.items() if k not in run.data.params}, config_yaml)
         return self.run_id
 
     def _tags(self, key: str) -> dict[str, str]:
@@ -187,9 +192,9 @@ class Tracker:
             "out_dir": str(self.out_dir.resolve()),
             RUN_KEY_TAG: key,
         }
-        tags.update({k: str(v) for k, v in (self.cfg.tracking.tags or {}).items()})
-        if self.cfg.tracking.parent_run_id:
-            tags["mlflow.parentRunId"] = self.cfg.tracking.parent_run_id
+        tags.update({k: str(v) for k, v in (self.tracking.tags or {}).items()})
+        if self.tracking.parent_run_id:
+            tags["mlflow.parentRunId"] = self.tracking.parent_run_id
         return tags
 
     def _run_with_key(self, exp_id: str, key: str):
@@ -199,9 +204,9 @@ class Tracker:
             self._retry(lambda: self.client.update_run(found.info.run_id, status="RUNNING"))
         return found
 
-    def _describe(self, params: dict[str, str]) -> None:
+    def _describe(self, params: dict[str, str], config_yaml: str) -> None:
         """The run's config.yaml, then its params: a run that has all its params has its config.yaml."""
-        self.log_artifact_text("config.yaml", redact(OmegaConf.to_yaml(self.cfg, resolve=True)))
+        self.log_artifact_text("config.yaml", redact(config_yaml))
         self._log_params(params)
 
     def _create_experiment(self, name: str) -> str:
