@@ -181,6 +181,19 @@ ADDED_KEYS = {
     "eval.pass_at_k": "[]",  # issue 57: no pass@k logged, as before
 }
 
+
+def recipe(cfg) -> dict[str, str]:
+    """The resolved config, flat, without what may change on resume (:data:`RESUMABLE_CHANGES`): what
+    a resumed run must match (``scalerl.loop.checkpointing`` keeps it beside the first checkpoint)."""
+    from omegaconf import OmegaConf
+
+    from scalerl.tracking.secrets import redact
+    from scalerl.tracking.tracker import flatten
+
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
+    return {k: redact(v) for k, v in flat.items() if not k.startswith(RESUMABLE_CHANGES)}
+
+
 # the run-wide sections, checked like options
 SECTIONS = {"eval": EvalConfig, "tracking": TrackingConfig, "scaling": ScalingConfig}
 

@@ -8,16 +8,12 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omegaconf import OmegaConf
-
 from scalerl.config import ConfigError
-from scalerl.config.schema import ADDED_KEYS, RESUMABLE_CHANGES
+from scalerl.config.schema import ADDED_KEYS, RESUMABLE_CHANGES, recipe
 from scalerl.messages import RunError, first_line
 from scalerl.state import Clock
 from scalerl.storage import write_json
 from scalerl.tracking import rng_state, set_rng_state
-from scalerl.tracking.secrets import redact
-from scalerl.tracking.tracker import flatten
 
 if TYPE_CHECKING:
     from scalerl.loop.components import Components
@@ -28,12 +24,6 @@ log = logging.getLogger("scalerl")
 def engine_dir(run: Components) -> str:
     """Where each rank writes its part of the trainer's engine (DeepSpeed's ZeRO state)."""
     return str(run.out_dir / "checkpoint" / "engine")
-
-
-def recipe(cfg) -> dict[str, str]:
-    """The resolved config, flat, without what may change on resume: what a resumed run must match."""
-    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
-    return {k: redact(v) for k, v in flat.items() if not k.startswith(RESUMABLE_CHANGES)}
 
 
 def recipe_path(out_dir) -> Path:
