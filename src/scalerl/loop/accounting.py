@@ -129,7 +129,9 @@ def compute_metrics(run: Components, clock: Clock) -> dict[str, float]:
         "perf/tokens_per_s": st.gen_tokens / wall,
         # prompts whose pass rate reached the threshold; retired (never drawn again) only under NPR
         "data/prompts_at_threshold": float(len(run.pass_rates)),
-        "data/prompts_retired": float(len(run.pass_rates)) if run.cfg.filter.no_positive_resampling else 0.0,
+        "data/prompts_retired": float(len(run.pass_rates))
+        if run.config.filter.no_positive_resampling
+        else 0.0,
         "data/epochs": float(run.sampler.epochs),  # passes over the train split so far (fractional)
         "data/zero_variance_dropped": float(st.zero_variance_dropped),
         "data/stale_dropped": float(st.stale_dropped),

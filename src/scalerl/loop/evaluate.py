@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,39 +15,69 @@ from scalerl.scaling.pass_at_k import metric_name, pass_at_k
 from scalerl.state import RunState
 from scalerl.task.score import score_groups
 
+if TYPE_CHECKING:
+    from scalerl.config.groups.reward import RewardScale
+    from scalerl.config.options import Option
+    from scalerl.config.schema import EvalConfig
+
 
 @torch.no_grad()
 def evaluate(
-    cfg, task, val, generator, gathered, state: RunState, tracker, *, main: bool
+    task,
+    val,
+    generator,
+    gathered,
+    state: RunState,
+    tracker,
+    *,
+    options: EvalConfig,
+    seed: int,
+    batch_size: int,
+    reward: RewardScale,
+    length_control: Option,
+    verifier_timeout_s: float,
+    main: bool,
 ) -> dict[str, float]:
-    """``val/*`` metrics at ``state.step`` (rank 0; other ranks return {}). Draws its own seeded
-    samples and leaves the generator's training stream where it was."""
-    K = int(cfg.eval.samples_per_prompt)
+    """``val/*`` metrics at ``state.step`` (rank 0; other ranks return {}), as the ``eval`` section
+    (``options``) asks. Draws its own samples, seeded by the run's ``seed`` and the step, and leaves
+    the generator's training stream where it was; ``batch_size``: the trainer's (a training batch's
+    rows per decode unless ``options.batch_prompts`` says); ``reward``, ``length_control`` and
+    ``verifier_timeout_s``: how the samples are scored (:func:`~scalerl.task.score.score_groups`)."""
+    K = int(options.samples_per_prompt)
     if not main:  # several trainer processes: rank 0 evaluates; under ZeRO-3 the gather is
         if generator.samples_from_trainer_module:  # collective, so every rank enters it
             with gathered():
                 pass
         return {}
     rng = generator.rng_state()
-    generator.manual_seed(cfg.seed * 1_000_003 + state.step)
+    generator.manual_seed(seed * 1_000_003 + state.step)
     # a generator over the trainer's module needs it whole (ZeRO-3); engines elsewhere do not
     whole = gathered() if generator.samples_from_trainer_module else contextlib.nullcontext()
     with whole:
         groups = []
         # as many rows per decode as a training batch unless eval.batch_prompts says: a decode step
         # costs little more for 128 rows than for 32 (engines in other processes split the prompts)
-        bs = int(cfg.eval.batch_prompts) or max(1, int(cfg.trainer.batch_size) // K)
+        bs = int(options.batch_prompts) or max(1, int(batch_size) // K)
         if getattr(generator, "splits_work", False):
             bs = len(val)
         for i in range(0, len(val), bs):
             groups.extend(generator.generate(val[i : i + bs], K, version=state.step))
     generator.set_rng_state(rng)
-    state.count_verifier(score_groups(task, val, groups, cfg))
+    state.count_verifier(
+        score_groups(
+            task,
+            val,
+            groups,
+            reward=reward,
+            length_control=length_control,
+            verifier_timeout_s=verifier_timeout_s,
+        )
+    )
     per_prompt = {p.uid: sum(s.correct for s in g) / K for p, g in zip(val, groups)}
     out = {"val/pass_rate": sum(per_prompt.values()) / len(per_prompt)}
     # pass@k: a sample counts as solved as the verifier's "pass" does (score > 0; scores are 1/0)
     solved = {p.uid: sum(s.correct > 0 for s in g) for p, g in zip(val, groups)}
-    at_k = {k: {u: pass_at_k(K, c, k) for u, c in solved.items()} for k in sorted(set(cfg.eval.pass_at_k))}
+    at_k = {k: {u: pass_at_k(K, c, k) for u, c in solved.items()} for k in sorted(set(options.pass_at_k))}
     for k, est in at_k.items():  # summed as val/pass_rate is: pass@1 is it bit for bit
         out[f"val/{metric_name(k)}"] = sum(est.values()) / len(est)
     by_domain: dict[str, list] = defaultdict(list)
@@ -72,11 +103,11 @@ def evaluate(
         out["val/pass_rate_unsolved_at_start"] = sum(per_prompt.get(u, 0.0) for u in unsolved) / len(unsolved)
     out["val/truncation_rate"] = mean(s.truncated for g in groups for s in g)
     out["val/response_length"] = mean(s.num_tokens for g in groups for s in g)
-    if cfg.eval.log_samples:
+    if options.log_samples:
         lines = []
         for p, g in zip(val, groups):
             for s in g:
-                if len(lines) >= cfg.eval.log_samples:
+                if len(lines) >= options.log_samples:
                     break
                 sample = {
                     "prompt": p.text,

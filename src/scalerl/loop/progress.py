@@ -8,15 +8,16 @@ import sys
 class Progress:
     """A tqdm bar on an interactive terminal, plain log lines otherwise."""
 
-    def __init__(self, cfg, total: int, initial: int, enabled: bool = True):
-        mode = cfg.progress
+    def __init__(self, mode: str, every: int, total: int, initial: int, enabled: bool = True):
+        """``mode``: the run's ``progress`` setting (auto, bar or log); log lines every ``every``
+        steps (the evaluation cadence); ``total`` steps, ``initial`` already done."""
         self.enabled = enabled
         self.bar = None
         if enabled and (mode == "bar" or (mode == "auto" and sys.stderr.isatty())):
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="scalerl", unit="step", dynamic_ncols=True)
-        self.every = max(1, int(cfg.eval.every))
+        self.every = max(1, int(every))
 
     def update(self, step: int, stats: dict, pass_rate: float) -> None:
         if not self.enabled:

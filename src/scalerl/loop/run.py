@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from scalerl.config import evaluates_at
+from scalerl.config import evaluates_at, typed
 from scalerl.config.variants import group_variants
 from scalerl.lock import hold, out_dir_lock
 from scalerl.loop import health
@@ -46,7 +46,7 @@ from scalerl.messages import RunError, first_line
 from scalerl.scaling import live
 from scalerl.scaling.pass_at_k import metric_name
 from scalerl.state import Clock
-from scalerl.tracking import Tracker, tracking_uri
+from scalerl.tracking import Tracker, run_params, tracking_uri
 from scalerl.tracking.secrets import redact
 from scalerl.trainer import NonFiniteError
 
@@ -79,18 +79,20 @@ def train(cfg: DictConfig, *, tracker: Tracker | None = None, components: Compon
     when it ends, normally or on error (:func:`_own_distributed`)."""
     _quiet_logging()
     OmegaConf.resolve(cfg)
+    config = typed(cfg)  # the options, read once: what the parts get (scalerl.loop.setup.build)
     main = int(os.environ.get("RANK", "0")) == 0
-    with StopSignals() as stop, _out_dir_lock(cfg, main):
+    out_dir = Path(config.out_dir)
+    with StopSignals() as stop, _out_dir_lock(out_dir, main):
         check_same_recipe(cfg)
-        finished = finished_summary(cfg) if main else None
+        finished = finished_summary(out_dir, config.trainer.total_steps, config.tracking) if main else None
         if finished is not None:
-            finished.setdefault("tracking_uri", redact(tracking_uri(cfg)))
+            finished.setdefault("tracking_uri", redact(tracking_uri(config.tracking)))
             print_summary(finished)
             return finished
         if components is not None:  # the caller's, and so is any process group their trainer started
             return _recipe(components, stop)
         with _own_distributed():
-            return _recipe(build(cfg, tracker=tracker), stop)
+            return _recipe(build(cfg, tracker=tracker, config=config), stop)
 
 
 def _recipe(run: Components, stop: StopSignals) -> dict:
@@ -98,7 +100,8 @@ def _recipe(run: Components, stop: StopSignals) -> dict:
     # ---- setup (the components are built)
     start_tracking(run, restore(run))
     clock, status = Clock(run.state), "FAILED"
-    progress = Progress(run.cfg, int(run.cfg.trainer.total_steps), run.state.step, enabled=run.is_main)
+    c = run.config
+    progress = Progress(c.progress, c.eval.every, c.trainer.total_steps, run.state.step, enabled=run.is_main)
     run.checkpointed = run.state.step
     try:
         # ---- train
@@ -128,7 +131,7 @@ def _recipe(run: Components, stop: StopSignals) -> dict:
 
 def _train(run: Components, stop: StopSignals, clock: Clock, progress: Progress) -> None:
     """The loop: every step trains; evaluations, the final fit and checkpoints at their cadences."""
-    cfg, st, total = run.cfg, run.state, int(run.cfg.trainer.total_steps)
+    c, st, total = run.config, run.state, int(run.config.trainer.total_steps)
     hand_over_weights(run)
     if not st.evals:  # step 0, before any update
         log_step(run, 0, {**evaluation(run, clock, progress), **compute_metrics(run, clock)})
@@ -136,14 +139,14 @@ def _train(run: Components, stop: StopSignals, clock: Clock, progress: Progress)
     while st.step < total:
         _, stats = train_step(run)
         last = st.step == total
-        if evaluates_at(st.step, total, int(cfg.eval.every)):
+        if evaluates_at(st.step, total, int(c.eval.every)):
             stats.update(evaluation(run, clock, progress))
         if last:  # logged with the last step, so that its flush is whole
             stats.update(final_fit(run))
         stats.update(compute_metrics(run, clock))
         log_step(run, st.step, stats)
         progress.update(st.step, stats, run.last_pass_rate)
-        if st.step % cfg.checkpoint_every == 0 or last:
+        if st.step % c.checkpoint_every == 0 or last:
             checkpoint(run, clock)
             run.checkpointed = st.step
         if _stop_agreed(run, stop.signum is not None) and not last:
@@ -155,17 +158,17 @@ def train_step(run: Components) -> tuple[list[list], dict[str, float]]:
     """One optimiser step: the next groups from the async mode -> :func:`prepare_batch` -> the
     trainer's step -> the new weights to the generator. Returns (the groups, the step's statistics
     over all ranks)."""
-    st, cfg = run.state, run.cfg
+    st, c = run.state, run.config
     groups = run.source.next_groups()
     record_pass_rates(run.pass_rates, groups)
     t0 = time.perf_counter()
     prepared = prepare_batch(
         groups,
         version=st.step,
-        zero_variance=bool(cfg.filter.zero_variance),
-        norm=cfg.norm.name,
+        zero_variance=bool(c.filter.zero_variance),
+        norm=c.norm.name,
         pad_id=run.tokenizer.pad_token_id,
-        exclude_truncated=bool(cfg.filter.exclude_truncated),
+        exclude_truncated=bool(c.filter.exclude_truncated),
     )
     trainer_stats = run.trainer.step(prepared.batch) if prepared.train else {}
     st.train_busy += time.perf_counter() - t0
@@ -196,10 +199,22 @@ def hand_over_weights(run: Components) -> None:
 def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, float]:
     """Evaluate, record the point (compute, pass rate, each logged pass@k) and refit every
     ``scaling.refit_every`` evaluations."""
-    cfg, st = run.cfg, run.state
+    c, st = run.config, run.state
     clock.tick()
     metrics = evaluate(
-        cfg, run.task, run.val, run.generator, run.trainer.gathered, st, run.tracker, main=run.is_main
+        run.task,
+        run.val,
+        run.generator,
+        run.trainer.gathered,
+        st,
+        run.tracker,
+        options=c.eval,
+        seed=c.seed,
+        batch_size=c.trainer.batch_size,
+        reward=c.reward,
+        length_control=c.length_control,
+        verifier_timeout_s=c.task.verifier_timeout_s,
+        main=run.is_main,
     )
     clock.tick()
     if not metrics:  # not rank 0 (which evaluates)
@@ -208,7 +223,7 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     point["device_hours"] = device_hours(run)
     # the pass rate and every logged pass@k (val/pass_at_<k>): scaling.metric fits one of them (and
     # may name another on a resume, whose points are then all here)
-    fittable = ["pass_rate", *(metric_name(k) for k in sorted(set(cfg.eval.pass_at_k)))]
+    fittable = ["pass_rate", *(metric_name(k) for k in sorted(set(c.eval.pass_at_k)))]
     for m in fittable:
         if f"val/{m}" in metrics:
             point[m] = metrics[f"val/{m}"]
@@ -218,13 +233,13 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     st.evals.append(point)
     metrics.update(health.hacking_metrics(st.train_correct, st.evals))
     n_evals = len(st.evals)
-    if n_evals >= 4 and n_evals % cfg.scaling.refit_every == 0:
+    if n_evals >= 4 and n_evals % c.scaling.refit_every == 0:
         metrics.update(live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains)[0])
     run.last_pass_rate = metrics["val/pass_rate"]
     fit_a = metrics.get("fit/A", float("nan"))
     key = run.fit_protocol.reward_key
     progress.write(
-        f"step {st.step}/{cfg.trainer.total_steps}: val/pass_rate={metrics['val/pass_rate']:.3f}"
+        f"step {st.step}/{c.trainer.total_steps}: val/pass_rate={metrics['val/pass_rate']:.3f}"
         + (f" {key}={metrics[key]:.3f}" if key != "val/pass_rate" and key in metrics else "")
         + (f" fit/A={fit_a:.3f}" if fit_a == fit_a else "")
     )
@@ -256,7 +271,7 @@ def _stop_at_boundary(run: Components, clock: Clock, signum: int) -> None:
         checkpoint(run, clock)
     raise Stopped(
         signum,
-        f"stopped by {signal.Signals(signum).name} at step {run.state.step}/{run.cfg.trainer.total_steps}; "
+        f"stopped by {signal.Signals(signum).name} at step {run.state.step}/{run.config.trainer.total_steps}; "
         f"checkpoint in {run.ckpt.path}. Resume with the same command (out_dir={run.out_dir})",
     )
 
@@ -272,7 +287,7 @@ def _after_nonfinite(run: Components, clock: Clock, e: NonFiniteError) -> RunErr
 
 
 def _interrupted_detail(run: Components, signum: int) -> str:
-    total = run.cfg.trainer.total_steps
+    total = run.config.trainer.total_steps
     return f"interrupted by {signal.Signals(signum).name} at step {run.state.step}/{total}; " + (
         f"the last checkpoint (step {run.checkpointed}) is in {run.ckpt.path}. "
         f"Resume with the same command (out_dir={run.out_dir})"
@@ -311,7 +326,10 @@ def start_tracking(run: Components, resumed: tuple[str, list] | None) -> None:
         "device": str(run.device),
     }
     try:
-        run.tracker.start(resumed[0] if resumed else None, extra, variants=group_variants(run.cfg))
+        # a new MLflow run's params: the flat config and each group's variant, then this run's own
+        params = {**run_params(run.cfg, group_variants(run.cfg)), **extra}
+        config_yaml = OmegaConf.to_yaml(run.cfg, resolve=True)
+        run.tracker.start(resumed[0] if resumed else None, params, config_yaml=config_yaml)
         if resumed:
             run.tracker.restore_pending(resumed[1])
     except Exception as e:  # a tracking server that stopped answering after the preflight reached it
@@ -340,12 +358,12 @@ def end_tracking(run: Components, status: str) -> None:
 
 # ---------------------------------------------------------------------- processes and signals
 @contextlib.contextmanager
-def _out_dir_lock(cfg, main: bool):
+def _out_dir_lock(out_dir: Path, main: bool):
     """One process runs in an out_dir at a time (rank 0 holds its lock)."""
     if not main:
         yield
         return
-    with hold(*out_dir_lock(Path(cfg.out_dir)), wait=False):
+    with hold(*out_dir_lock(out_dir), wait=False):
         yield
 
 

@@ -16,6 +16,7 @@ from scalerl.tracking import Checkpointer, Tracker
 from scalerl.tracking.secrets import redact
 
 if TYPE_CHECKING:
+    from scalerl.config.schema import TrackingConfig
     from scalerl.loop.components import Components
 
 log = logging.getLogger("scalerl")
@@ -125,16 +126,17 @@ def print_summary(summary: dict) -> None:
         print(f"[scalerl] {line}", flush=True)
 
 
-def finished_summary(cfg) -> dict | None:
-    """The summary of the finished run in ``cfg.out_dir``, or None if it has not finished. Metrics its
-    checkpoint holds that the tracking store lacks are written first, and its MLflow run is marked
-    FINISHED (the store was unreachable when it ended)."""
-    out_dir = Path(cfg.out_dir)
+def finished_summary(out_dir: Path, total_steps: int, tracking: TrackingConfig) -> dict | None:
+    """The summary of the run in ``out_dir`` that finished its ``total_steps``, or None if it has
+    not. Metrics its checkpoint holds that the tracking store (the ``tracking`` section's) lacks
+    are written first, and its MLflow run is marked FINISHED (the store was unreachable when it
+    ended)."""
+    out_dir = Path(out_dir)
     done = out_dir / "summary.json"
     if not done.is_file():
         return None
     summary = json.loads(done.read_text())
-    if summary.get("steps", 0) < cfg.trainer.total_steps:
+    if summary.get("steps", 0) < total_steps:
         return None
     if (
         summary.get("metrics_unflushed")
@@ -147,7 +149,7 @@ def finished_summary(cfg) -> dict | None:
             run_id, pending = state["run_id"], state["pending_metrics"]
         else:  # nothing kept to write: only the run's status to set
             run_id, pending = summary["run_id"], []
-        tracker = Tracker(cfg, out_dir)
+        tracker = Tracker(tracking, out_dir)
         try:
             written = tracker.catch_up(run_id, pending)
         except Exception as e:
@@ -173,5 +175,5 @@ def finished_summary(cfg) -> dict | None:
             written,
             summary["run_id"],
         )
-    log.info("run in %s already finished (%d steps); nothing to do", cfg.out_dir, summary["steps"])
+    log.info("run in %s already finished (%d steps); nothing to do", out_dir, summary["steps"])
     return summary
