@@ -26,16 +26,13 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Optional, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
 from scalerl.messages import fault_reason
 from scalerl.storage import write_text_atomic
 from scalerl.tracking.secrets import redact
-
-if TYPE_CHECKING:
-    from scalerl.config.schema import TrackingConfig
 
 log = logging.getLogger(__name__)
 SENTINEL = "progress/step"
@@ -54,7 +51,18 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its table-creati
 logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
-def tracking_uri(tracking: TrackingConfig) -> str:
+class TrackingOptions(Protocol):
+    """What the tracker reads of a run's ``tracking`` section (``scalerl.config.schema.TrackingConfig``;
+    tracking knows no config, so it names only these)."""
+
+    uri: Optional[str]  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the cwd
+    experiment: str
+    run_name: Optional[str]
+    parent_run_id: Optional[str]
+    tags: dict[str, str]
+
+
+def tracking_uri(tracking: TrackingOptions) -> str:
     """Where the ``tracking`` section sends a run: its ``uri``, else ``$MLFLOW_TRACKING_URI``, else
     ``mlflow.db`` in the working directory."""
     return tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
@@ -127,7 +135,7 @@ def _client(uri: str):
 
 
 class Tracker:
-    def __init__(self, tracking: TrackingConfig, out_dir: Path, *, enabled: bool = True):
+    def __init__(self, tracking: TrackingOptions, out_dir: Path, *, enabled: bool = True):
         self.tracking = tracking  # the run's tracking section: the store, experiment, run name, tags
         self.out_dir = Path(out_dir)
         self.enabled = enabled
