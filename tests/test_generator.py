@@ -417,7 +417,7 @@ def test_stale_kv_from_the_config_and_its_check():
     assert compose([]).generator.stale_kv == "keep"
     cfg = _cfg("hf")
     cfg.generator.stale_kv = "recompute"
-    assert make_generator(cfg, make_model(), TOK, Precision()).stale_kv == "recompute"
+    assert _made(cfg, make_model()).stale_kv == "recompute"
     with pytest.raises(Exception, match="stale_kv"):
         compose(["generator.stale_kv=drop"])
     with pytest.raises(ValueError, match="stale_kv must be one of keep, recompute"):
@@ -469,9 +469,20 @@ def _cfg(name: str):
     return cfg
 
 
+def _made(cfg, model, *args):
+    """:func:`make_generator` over ``model`` from the typed options of the composed ``cfg``: its
+    generator option, its length control and its placement (what the run's setup hands it)."""
+    from scalerl.config import typed
+
+    o = typed(cfg)
+    return make_generator(
+        o.generator, o.length_control, model, TOK, Precision(), *args, placement=o.placement
+    )
+
+
 def test_make_generator():
     model = make_model()
-    gen = make_generator(_cfg("hf"), model, TOK, Precision(), "cpu", 0)
+    gen = _made(_cfg("hf"), model, "cpu", 0)
     assert isinstance(gen, HFGenerator) and list(gen.lc.phrase_ids) == PHRASE_IDS
     assert len(flat(gen.generate(SAME_LEN[:1], 2, version=0))) == 2
 
@@ -480,7 +491,7 @@ def test_make_generator_vllm_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without vLLM: import fails
     cfg = _cfg("vllm")
     with pytest.raises(RuntimeError, match=r"launch/install_vllm_cpu.sh.*pip install -e \"\.\[vllm\]\""):
-        make_generator(cfg, make_model(), TOK, Precision(), "cpu", 0)
+        _made(cfg, make_model(), "cpu", 0)
 
 
 @pytest.mark.parametrize("temperature", [0.6, 1.0, 1.5])
@@ -596,7 +607,7 @@ def test_static_cache_with_emulated_bf16_and_inflight_updates():
 def test_static_cache_from_the_config_and_its_limits():
     cfg = _cfg("hf")
     cfg.generator.static_cache = True
-    gen = make_generator(cfg, make_model(), TOK, Precision())
+    gen = _made(cfg, make_model())
     assert gen.static_cache
     model = make_model()
     model.config._attn_implementation = "eager"

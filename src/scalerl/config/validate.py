@@ -242,9 +242,12 @@ def _placement_relations(cfg: DictConfig) -> None:
             mode,
             f"pipeline_rl with {what}: generator processes stream to the trainer only in pipeline_rl",
         )
+    from scalerl.config.groups.generator import generator_option_class
+
+    caps = generator_option_class(cfg.generator)
     if int(pl.tensor_parallel_size) > 1:
         _check(
-            gen == "vllm",
+            caps.tensor_parallel,
             "placement.tensor_parallel_size",
             pl.tensor_parallel_size,
             f"1 with generator={gen} (tensor parallelism is vLLM's)",
@@ -259,7 +262,7 @@ def _placement_relations(cfg: DictConfig) -> None:
         )
     if mode == "pipeline_rl" and cfg.async_mode.transport == "shm":
         _check(
-            gen == "hf" and not tasks,
+            caps.shared_memory_weights and not tasks,
             "async_mode.transport",
             "shm",
             "auto, gloo or nccl: shared memory feeds HF engines on the trainer's machine only",

@@ -14,12 +14,14 @@ from typing import Any
 
 import torch
 
+from scalerl.config.groups.generator import GeneratorOption
+from scalerl.config.groups.placement import Colocated, PlacementOption
 from scalerl.generator.base import Generator
 
 # the built-in generators register themselves on import
 from scalerl.generator.hf import HFGenerator
 from scalerl.generator.length import LengthControl
-from scalerl.generator.registry import GENERATORS, get_generator, register_generator
+from scalerl.generator.registry import GENERATORS, generator_class, get_generator, register_generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.vllm_gen import VLLMGenerator
 from scalerl.model.precision import Precision
@@ -31,6 +33,7 @@ __all__ = [
     "LengthControl",
     "Sample",
     "VLLMGenerator",
+    "generator_class",
     "get_generator",
     "make_generator",
     "register_generator",
@@ -38,25 +41,28 @@ __all__ = [
 
 
 def make_generator(
-    cfg: Any,
+    generator: GeneratorOption,
+    length_control: Any,
     model: torch.nn.Module,
     tokenizer: Any,
     precision: Precision,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    *,
+    placement: PlacementOption | None = None,
 ) -> Generator:
-    """The generator registered as ``cfg.generator.name``, over ``model``: its factory gets the
-    ``generator`` option, one :class:`LengthControl` built from ``cfg.length_control`` and the
-    tokenizer, and the ``placement`` option (a composed config has all three)."""
-    factory = get_generator(cfg.generator.name)
-    length_control = LengthControl.build(cfg.length_control, tokenizer)
+    """The generator registered as ``generator.name`` (its option), over ``model``: its factory gets
+    that option, one :class:`LengthControl` (``length_control``: the ``length_control`` option,
+    built here with the tokenizer, or a LengthControl already built) and the ``placement`` option
+    (where engines run; the default placement, colocated, when not given)."""
+    factory = get_generator(generator.name)
     return factory(
-        cfg.generator,
-        length_control,
+        generator,
+        LengthControl.build(length_control, tokenizer),
         model,
         tokenizer,
         precision,
         device=device,
         seed=seed,
-        placement=cfg.placement,
+        placement=Colocated() if placement is None else placement,
     )

@@ -128,6 +128,25 @@ class Generator(abc.ABC):
     samples_from_trainer_module: bool = True
     # the names of the weights it receives: checkpoint names (vLLM) or the model's state_dict names
     checkpoint_names: bool = False
+    # what a run's estimate adds about this generator's timing (it times transformers' decode path)
+    estimate_note: str = ""
+
+    # What the run asks of a generator's class before one exists (scalerl.generator.registry.
+    # generator_class): the defaults are the hf generator's answers, so a generator that declares
+    # nothing is treated as that one is.
+    @classmethod
+    def default_running(cls, options: Any, batch_size: int) -> int:
+        """The sequences a continuous engine keeps running when ``generator.max_running`` is 0:
+        one training batch of samples (``batch_size``; a decode step over the transformers model
+        costs about the same for 32 rows as for 128 on a CPU)."""
+        return int(batch_size)
+
+    @classmethod
+    def engine_options(cls, options: Any) -> Any:
+        """The options a pipeline_rl engine process builds it with: ``options`` unchanged here. An
+        engine of its own generates all the time, so a generator with a sleep mode (freeing the GPU
+        while the trainer steps) turns it off here."""
+        return options
 
     def join_weight_group(self, spec: Any, rank: int, store: Any = None) -> None:
         """Join the run's weight-update group (:mod:`scalerl.transport`) as ``rank``: from now

@@ -440,7 +440,7 @@ class HFGenerator(Generator):
         return groups
 
 
-@register_generator("hf")
+@register_generator("hf", generator=HFGenerator)
 def build_hf(options, length_control, model, tokenizer, precision, *, device, seed, placement) -> HFGenerator:
     """``generator=hf`` from its option (:class:`~scalerl.config.groups.generator.HFGeneratorOption`);
     the placement does not change how it samples."""

@@ -36,6 +36,7 @@ follow from its state (saved in checkpoints) as the HF generator's do.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import multiprocessing.util
 import os
@@ -468,6 +469,18 @@ class VLLMGenerator(Generator):
 
     samples_from_trainer_module = False
     checkpoint_names = True  # the weights it loads are named as in a checkpoint (vLLM's loader)
+    estimate_note = "vLLM's generation timed as transformers' path; its engine start is not counted"
+
+    @classmethod
+    def default_running(cls, options, batch_size: int) -> int:
+        """``generator.max_num_seqs``: vLLM's scheduler runs no more."""
+        return int(options.max_num_seqs)
+
+    @classmethod
+    def engine_options(cls, options):
+        """Without the sleep mode: vLLM's (its own allocator, CUDA graphs offloaded at every sleep)
+        would only cost in an engine that generates all the time."""
+        return dataclasses.replace(options, sleep_while_training=False)
 
     def join_weight_group(self, spec, rank: int, store=None) -> None:
         """Every worker of the engine joins the weight-update group (ranks ``rank`` + its own)."""
@@ -701,7 +714,7 @@ class VLLMGenerator(Generator):
         return groups
 
 
-@register_generator("vllm")
+@register_generator("vllm", generator=VLLMGenerator)
 def build_vllm(
     options, length_control, model, tokenizer, precision, *, device, seed, placement
 ) -> VLLMGenerator:

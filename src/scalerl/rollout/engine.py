@@ -24,7 +24,10 @@ import pickle
 import signal
 import time
 import traceback
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +38,10 @@ from scalerl.transport import (
     announced,
     connect,
 )
+
+if TYPE_CHECKING:
+    from scalerl.config.groups.generator import GeneratorOption
+    from scalerl.config.schema import Config
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +120,9 @@ def _alive(pid: int) -> bool:
 class EngineSpec:
     """What an engine process needs (picklable)."""
 
-    cfg_yaml: str
+    # the run's typed config (scalerl.config.typed), pickled to the engine process: its setup
+    # (_Engine.build) hands each of the engine's parts its own options
+    config: Config
     index: int  # engine number
     rank: int  # its first rank in the weight-update group
     store: TransportSpec  # where the store is (and the weight-update group's backend and size)
@@ -140,8 +149,6 @@ def _isolate(spec: EngineSpec) -> torch.device:
 def serve_engine(spec: EngineSpec) -> None:
     """An engine's process: build the engine, join the weight-update group, take work until told
     to stop (or the trainer is gone). Errors go back to the trainer as text."""
-    from omegaconf import OmegaConf
-
     device = _isolate(spec)
     if spec.owner is not None:
         # Ctrl-C reaches the whole process group: the trainer stops the run and this process with it
@@ -151,7 +158,7 @@ def serve_engine(spec: EngineSpec) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, spec.threads)))
     store = connect(spec.store)
     try:
-        engine = _Engine.build(OmegaConf.create(spec.cfg_yaml), spec, store, device)
+        engine = _Engine.build(spec.config, spec, store, device)
         if engine is None:  # the trainer's process ended before it sent the first weights
             return
         _push(store, "results", ("ready", spec.index, None, None))
@@ -179,26 +186,32 @@ def engine_role(cfg) -> dict | None:
     tasks (the last ``placement.generator_tasks`` ranks) serves as its engine until the run ends
     and returns ``{"role": "generator", "engine": n}``; any other process gets None, with its
     trainer layout applied (:func:`scalerl.rollout.placement.engine_task`), and goes on to train.
-    ``train.py`` and a sweep's job call it before :func:`scalerl.loop.train`."""
+    ``train.py`` and a sweep's job call it with the composed config (or its typed
+    :class:`~scalerl.config.schema.Config`) before :func:`scalerl.loop.train`."""
+    from scalerl import layout
+    from scalerl.config import Config, typed
     from scalerl.rollout.placement import engine_task, store_address
 
-    engine = engine_task(cfg)
+    config = cfg if isinstance(cfg, Config) else typed(cfg)
+    engine = engine_task(
+        layout.LayoutOptions(config.trainer, config.generator, config.placement, config.async_mode)
+    )
     if engine is None:
         return None
-    serve_task(cfg, engine, *store_address(cfg))
+    serve_task(config, engine, *store_address(config.placement))
     return {"role": "generator", "engine": engine}
 
 
-def serve_task(cfg, index: int, host: str, port: int) -> None:
+def serve_task(config: Config, index: int, host: str, port: int) -> None:
     """An engine as a task of a multi-task job (``placement.generator_tasks``): reach the trainer's
-    store at ``host:port`` and serve as engine ``index``."""
-    from omegaconf import OmegaConf
-
+    store at ``host:port`` and serve as engine ``index`` of the run ``config`` (typed) describes."""
     from scalerl import layout
 
     # this task's GPUs and cores from the run's layout: its own tensor_parallel_size GPUs of those its
     # node's trainer ranks leave (as CUDA_VISIBLE_DEVICES names them), the cores the task holds
-    plan, me = layout.current(cfg, raw=True)
+    plan, me = layout.current(
+        layout.LayoutOptions(config.trainer, config.generator, config.placement, config.async_mode), raw=True
+    )
     gpus = tuple(int(g) if g.isdigit() else g for g in layout.physical_gpus(me.visible)) if me.visible else ()
     threads, first_rank = me.threads, plan.engines[int(index)].group_ranks[0]
     probe = TransportSpec("gloo", host, int(port), 1, timeout_s=600.0)
@@ -210,9 +223,7 @@ def serve_task(cfg, index: int, host: str, port: int) -> None:
         f"[scalerl] generator task: engine {index}, weights over {weights.backend} from {host}:{port}",
         flush=True,
     )
-    serve_engine(
-        EngineSpec(OmegaConf.to_yaml(cfg, resolve=True), int(index), first_rank, weights, threads, gpus)
-    )
+    serve_engine(EngineSpec(config, int(index), first_rank, weights, threads, gpus))
 
 
 def _push(store, key: str, obj) -> None:
@@ -229,26 +240,45 @@ def _pop(store, key: str):
         return None
 
 
-def engine_concurrency(cfg) -> int:
-    """The sequences a continuous engine keeps running: ``generator.max_running``, else vLLM's
-    ``max_num_seqs`` (its scheduler runs no more), else one training batch of samples (the HF
-    engine's decode step costs about the same for 32 rows as for 128 on a CPU)."""
-    g = cfg.generator
-    n = int(g.max_running)
+def engine_concurrency(generator: GeneratorOption, batch_size: int) -> int:
+    """The sequences a continuous engine keeps running: ``generator.max_running``, else what the
+    generator's class runs by default (:meth:`~scalerl.generator.base.Generator.default_running`:
+    vLLM's ``max_num_seqs``, its scheduler runs no more; else one training batch of ``batch_size``
+    samples: the HF engine's decode step costs about the same for 32 rows as for 128 on a CPU)."""
+    from scalerl.generator.registry import generator_class
+
+    n = int(generator.max_running)
     if n > 0:
         return n
-    if str(g.name) == "vllm":
-        return int(g.max_num_seqs)
-    return int(cfg.trainer.batch_size)
+    return generator_class(generator.name).default_running(generator, int(batch_size))
 
 
 class _Engine:
     """An engine process's parts: the generator (its own model, or a vLLM engine whose workers hold
-    the weights), the task that scores the groups; :meth:`serve` is its loop."""
+    the weights), the task and how its groups are scored; :meth:`serve` is its loop. Each part gets
+    its own settings: ``group_size`` (samples per prompt), ``batch_prompts`` (the most prompts a
+    wave decodes together: one training batch's), ``continuous`` (``generator.continuous``),
+    ``concurrency`` (the sequences a continuous engine keeps running: :func:`engine_concurrency`),
+    ``score`` ((prompts, groups) -> verifier counts, rewards set on the samples)."""
 
-    def __init__(self, cfg, spec: EngineSpec, store, task, gen: Generator, poll_shm):
-        self.cfg, self.spec, self.store, self.task, self.gen = cfg, spec, store, task, gen
+    def __init__(
+        self,
+        spec: EngineSpec,
+        store,
+        task,
+        gen: Generator,
+        poll_shm,
+        *,
+        group_size: int,
+        batch_prompts: int,
+        continuous: bool,
+        concurrency: int,
+        score: Callable[[list, list], Counter[str]],
+    ):
+        self.spec, self.store, self.task, self.gen = spec, store, task, gen
         self.poll_shm = poll_shm  # shared-memory weights: () -> new version or None
+        self.group_size, self.batch_prompts = int(group_size), int(batch_prompts)
+        self.continuous, self.limit, self.score = bool(continuous), int(concurrency), score
         self.busy = 0.0
         self.tokens = 0
         self._beat = 0.0
@@ -260,26 +290,79 @@ class _Engine:
         self.trace: list | None = None
 
     @classmethod
-    def build(cls, cfg, spec: EngineSpec, store, device: torch.device) -> _Engine | None:
+    def over(cls, config: Config, spec: EngineSpec, store, task, gen: Generator, poll_shm) -> _Engine:
+        """The engine of the run ``config`` (typed) describes, over the built ``task`` and ``gen``:
+        each part's settings read from the config here."""
+        from scalerl.task.score import score_groups
+
+        tr, g = config.trainer, config.generator
+        G = int(tr.generations_per_prompt)
+
+        def score(prompts, groups) -> Counter[str]:
+            return score_groups(
+                task,
+                prompts,
+                groups,
+                reward=config.reward,
+                length_control=config.length_control,
+                verifier_timeout_s=config.task.verifier_timeout_s,
+            )
+
+        return cls(
+            spec,
+            store,
+            task,
+            gen,
+            poll_shm,
+            group_size=G,
+            batch_prompts=max(1, int(tr.batch_size) // G),
+            continuous=bool(g.continuous),
+            concurrency=engine_concurrency(g, int(tr.batch_size)),
+            score=score,
+        )
+
+    @classmethod
+    def build(cls, config: Config, spec: EngineSpec, store, device: torch.device) -> _Engine | None:
+        """The engine process's setup: its task, its own copy of the policy and its generator from
+        the run's typed ``config``; joins the weight-update group (or shared-memory weights) and
+        waits for the first weights. None when the trainer's process ended before sending them."""
         from scalerl.generator import make_generator
+        from scalerl.generator.registry import generator_class
         from scalerl.model.build import build_policy
         from scalerl.task import build_task
 
-        task = build_task(cfg)
+        task = build_task(config.task)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        vllm = str(cfg.generator.name) == "vllm"
-        if vllm:
-            # an engine process generates all the time: vLLM's sleep mode (its own allocator, and
-            # CUDA graphs offloaded at every sleep) would only cost
-            cfg.generator.sleep_while_training = False
-        # a vLLM engine loads its weights from a folder the policy is saved to: built on the CPU,
-        # that copy never takes GPU memory beside vLLM's (whose memory profile would not see it)
-        model_device = torch.device("cpu") if vllm else device
-        model, tokenizer, precision = build_policy(cfg, task, model_device, trained=False)
+        kind = generator_class(config.generator.name)
+        # an engine process generates all the time: a sleep mode would only cost (vLLM's: its own
+        # allocator, and CUDA graphs offloaded at every sleep)
+        options = kind.engine_options(config.generator)
+        # a generator that does not sample from the module it is built from (vLLM: it loads its
+        # weights from a folder the policy is saved to) gets it built on the CPU, where that copy
+        # never takes GPU memory beside the engine's (whose memory profile would not see it)
+        model_device = device if kind.samples_from_trainer_module else torch.device("cpu")
+        model, tokenizer, precision = build_policy(
+            config.model,
+            task,
+            model_device,
+            precision=config.precision,
+            task_option=config.task,
+            seed=config.seed,
+            trained=False,
+        )
         model.eval()
-        seed = cfg.seed * 7919 + 17 + 104729 * spec.index
-        gen = make_generator(cfg, model, tokenizer, precision, device, seed=seed)
+        seed = config.seed * 7919 + 17 + 104729 * spec.index
+        gen = make_generator(
+            options,
+            config.length_control,
+            model,
+            tokenizer,
+            precision,
+            device,
+            seed=seed,
+            placement=config.placement,
+        )
         gen.sleeps = False  # an engine of its own generates all the time: no sleep mode
         poll_shm = None
         if spec.shm is not None:
@@ -298,7 +381,7 @@ class _Engine:
             if hasattr(gen, "drop_model"):  # the weights live in the engine's workers from now on
                 gen.drop_model()
                 del model
-        engine = cls(cfg, spec, store, task, gen, poll_shm)
+        engine = cls.over(config, spec, store, task, gen, poll_shm)
         gen.version = -1
         while engine.weight_update() is None:  # the first weights (sent once the trainer has them)
             if not engine.trainer_alive():
@@ -355,7 +438,7 @@ class _Engine:
             return [], True
         if item[0] in ("eval", "fingerprint"):
             return [item], False
-        max_prompts = max(1, int(self.cfg.trainer.batch_size) // int(self.cfg.trainer.generations_per_prompt))
+        max_prompts = self.batch_prompts
         items = [item]
         while sum(len(it[2]) for it in items) < max_prompts:
             nxt = _pop(self.store, f"engines/work/{self.spec.index}")
@@ -395,8 +478,6 @@ class _Engine:
     def train_items(self, items) -> None:
         """Generate the groups of all ``items`` together (weights updated in flight), score each
         item's groups, send them back one item at a time."""
-        from scalerl.task.score import score_groups
-
         prompts = [p for it in items for p in it[2]]
         group_ids = [g for it in items for g in it[3]]
         if self.trace is not None:
@@ -404,7 +485,7 @@ class _Engine:
         t0 = time.perf_counter()
         groups = self.gen.generate(
             prompts,
-            self.cfg.trainer.generations_per_prompt,
+            self.group_size,
             version=self.gen.version,
             group_ids=group_ids,
             weight_update=self.weight_update,
@@ -414,7 +495,7 @@ class _Engine:
         done = []
         for _, work_id, part, _ in items:
             hi = lo + len(part)
-            done.append((work_id, groups[lo:hi], score_groups(self.task, part, groups[lo:hi], self.cfg)))
+            done.append((work_id, groups[lo:hi], self.score(part, groups[lo:hi])))
             lo = hi
         self.busy += time.perf_counter() - t0
         self.tokens += sum(len(s.completion_ids) for g in groups for s in g)
@@ -430,7 +511,7 @@ class _Engine:
     def serve(self) -> None:
         """Take work until told to stop: continuously (``generator.continuous``, where the generator
         can), else in waves."""
-        wanted = bool(self.cfg.generator.continuous)
+        wanted = self.continuous
         if wanted and self.gen.continuous:
             self.serve_continuous()
             return
@@ -461,7 +542,7 @@ class _Engine:
 
     # ------------------------------------------------------------------ continuous
     def concurrency(self) -> int:
-        return engine_concurrency(self.cfg)
+        return self.limit
 
     def serve_continuous(self) -> None:
         """Keep up to :meth:`concurrency` sequences running: between decode steps take training
@@ -476,7 +557,7 @@ class _Engine:
         the running rows wait, and their next tokens carry whatever version the engine then holds);
         on a vLLM engine the running work is finished first (drained: another generate() on the
         engine would step its requests), then the evaluation runs alone."""
-        G = int(self.cfg.trainer.generations_per_prompt)
+        G = self.group_size
         limit = self.concurrency()
         session = self.gen.session(weight_update=self.weight_update, rows=limit)
         held = None  # work taken from the queue, waiting for room
@@ -548,11 +629,9 @@ class _Engine:
 
     def _send(self, work_id: int, groups) -> None:
         """One piece of work's groups, scored, to the trainer."""
-        from scalerl.task.score import score_groups
-
         prompts = self._parts.pop(work_id)
         t0 = time.perf_counter()
-        errors = score_groups(self.task, prompts, groups, self.cfg)
+        errors = self.score(prompts, groups)
         self.busy += time.perf_counter() - t0
         self.tokens += sum(len(s.completion_ids) for g in groups for s in g)
         self.store.set(f"engines/status/{self.spec.index}", json.dumps([self.busy, self.tokens]))

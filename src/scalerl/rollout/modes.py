@@ -1,12 +1,12 @@
 """Async modes (paper Sec. 3.1): where each optimiser step's groups come from, and how new weights
 reach the policy that generates them. Each mode owns its staleness rule and its parameters
-(``cfg.async_mode``):
+(the ``async_mode`` option):
 
 * ``sync``: generate one batch with the current weights, one optimiser step, repeat.
 * ``ppo_off_policy`` (``minibatches``): generate that many batches with the current weights, then
   one optimiser step on each in turn; the last is ``minibatches - 1`` versions old.
 * ``pipeline_rl`` (``max_lag``, ``max_buffered_batches``): generator engines in processes of their
-  own (:mod:`scalerl.rollout.engine`, placed by ``cfg.placement``) stream groups while the trainer
+  own (:mod:`scalerl.rollout.engine`, placed by the ``placement`` option) stream groups while the trainer
   trains; new weights reach them in flight after every step; the trainer waits when it would be
   more than ``max_lag`` versions ahead of the oldest policy that produced data it has still to
   train on, and drops buffered groups older than that. The engines may run up to
@@ -24,21 +24,28 @@ import abc
 import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Union
 
 import numpy as np
 import torch
 
-from scalerl import distributed
+from scalerl import distributed, layout
+from scalerl.config.groups.async_mode import PipelineRLOptions, PPOOffPolicyOptions, SyncOptions
+from scalerl.config.groups.filter import FilterOption
+from scalerl.config.groups.generator import GeneratorOption
 from scalerl.generator import Generator, Sample
 from scalerl.model.weights import PolicyWeights
 from scalerl.rollout.placement import Placement, place_engines
 from scalerl.rollout.prompts import PromptSampler
 from scalerl.state import RunState
-from scalerl.task.score import score_groups
+from scalerl.task.base import Task
+
+if TYPE_CHECKING:
+    from scalerl.rollout.pool import EnginePool
 
 
 def carries_signal(group: list[Sample], exclude_truncated: bool = False) -> bool:
@@ -52,10 +59,18 @@ def carries_signal(group: list[Sample], exclude_truncated: bool = False) -> bool
 
 @dataclass
 class Rollouts:
-    """What a mode generates with: built once by the loop."""
+    """What a mode generates with: built once by the loop. Of the run's options a mode reads its
+    own (``async_mode``), the ``filter`` option and, for pipeline_rl's engines, the ``generator``
+    option (its ``chunk_prompts``, ``continuous`` and concurrency) and the trainer's ``batch_size``."""
 
-    cfg: Any
-    task: Any
+    async_mode: Union[SyncOptions, PPOOffPolicyOptions, PipelineRLOptions]
+    filter: FilterOption
+    generator_option: GeneratorOption
+    task: Task
+    # (prompts, groups) -> the verifier's counts; sets each sample's correct and reward
+    # (scalerl.task.score.score_groups over the task with the run's reward, length control and
+    # verifier time limit)
+    score: Callable[[list, list], Counter[str]]
     sampler: PromptSampler
     generator: Generator  # in this process, over the trainer's module (rollouts, evaluation)
     gathered: Callable[[], AbstractContextManager]  # the trainer's whole-weights context (ZeRO-3)
@@ -63,9 +78,10 @@ class Rollouts:
     prompts_per_step: int  # this rank's groups per optimiser step
     group_size: int  # samples per prompt
     total_steps: int
+    batch_size: int  # trainer.batch_size: samples per optimiser step, every rank's together
     placement: Placement
     world: int = 1  # trainer processes
-    engines: Any = None  # pipeline_rl: the engine pool (scalerl.rollout.pool.EnginePool)
+    engines: EnginePool | None = None  # pipeline_rl: the engine pool
 
 
 class AsyncMode(abc.ABC):
@@ -73,14 +89,16 @@ class AsyncMode(abc.ABC):
 
     def __init__(self, rollouts: Rollouts):
         self.r = rollouts
-        f = rollouts.cfg.filter
+        f = rollouts.filter
         # filter.dynamic_sampling: zero-variance groups are replaced by groups of more prompts (it
         # acts only with the zero-variance filter, which drops them)
         self.dynamic_sampling = bool(f.dynamic_sampling) and bool(f.zero_variance)
         self._exclude_truncated = bool(f.exclude_truncated)
 
     @classmethod
-    def place(cls, cfg, device: torch.device, world: int, threads: int) -> Placement:
+    def place(
+        cls, options: layout.LayoutOptions, device: torch.device, world: int, threads: int
+    ) -> Placement:
         """Called before the model is built: the generator shares the trainer's threads and device."""
         return Placement(threads, threads, device)
 
@@ -110,7 +128,7 @@ class PPOOffPolicy(AsyncMode):
 
     def __init__(self, rollouts: Rollouts, minibatches: int | None = None):
         super().__init__(rollouts)
-        self.minibatches = int(rollouts.cfg.async_mode.minibatches if minibatches is None else minibatches)
+        self.minibatches = int(rollouts.async_mode.minibatches if minibatches is None else minibatches)
         self.queue: list[list[list[Sample]]] = []  # generated, not yet trained on
 
     def next_groups(self) -> list[list[Sample]]:
@@ -129,7 +147,7 @@ class PPOOffPolicy(AsyncMode):
         if not self.dynamic_sampling:
             self.queue = [groups[j * P : (j + 1) * P] for j in range(n_batches)]
             return
-        limit = int(self.r.cfg.filter.max_gen_batches) * want
+        limit = int(self.r.filter.max_gen_batches) * want
         useful: list[list[Sample]] = []
         dropped: list[list[Sample]] = []
         generated = 0
@@ -155,7 +173,7 @@ class PPOOffPolicy(AsyncMode):
             groups = r.generator.generate(
                 prompts, r.group_size, version=st.step, group_ids=st.new_group_ids(len(prompts))
             )
-        st.count_verifier(score_groups(r.task, prompts, groups, r.cfg))
+        st.count_verifier(r.score(prompts, groups))
         st.gen_busy += time.perf_counter() - t0
         st.gen_tokens += sum(len(s.completion_ids) for g in groups for s in g)
         return groups
@@ -176,41 +194,47 @@ class PipelineRL(AsyncMode):
 
     def __init__(self, rollouts: Rollouts):
         super().__init__(rollouts)
-        cfg = rollouts.cfg
-        self.max_lag = int(cfg.async_mode.max_lag)
+        mode, g = rollouts.async_mode, rollouts.generator_option
+        self.max_lag = int(mode.max_lag)
         self.world = max(1, int(rollouts.world))
         self.P = rollouts.prompts_per_step * self.world  # every rank's groups come through rank 0
-        self.capacity = int(math.ceil(self.P * (1 + float(cfg.async_mode.max_buffered_batches))))
-        self.chunk = max(1, int(cfg.generator.chunk_prompts))
+        self.capacity = int(math.ceil(self.P * (1 + float(mode.max_buffered_batches))))
+        self.chunk = max(1, int(g.chunk_prompts))
         self.pool = rollouts.engines  # the engines (scalerl.rollout.pool.EnginePool)
-        if bool(cfg.generator.continuous) and self.pool is not None:
-            self.capacity = max(
-                self.capacity, self.full_capacity(cfg, self.pool.engines, self.P, self.max_lag)
+        if bool(g.continuous) and self.pool is not None:
+            full = self.full_capacity(
+                g, rollouts.batch_size, rollouts.group_size, self.pool.engines, self.P, self.max_lag
             )
+            self.capacity = max(self.capacity, full)
         self.buffer: list[list[Sample]] = []  # finished groups, FIFO
         self.outstanding: dict[int, tuple[int, int]] = {}  # work id -> (version when assigned, groups)
         self.work_id = 0
         self._busy0: tuple[float, float] | None = None  # (run state's, engines') busy seconds at start
 
     @staticmethod
-    def full_capacity(cfg, engines: int, P: int, max_lag: int) -> int:
+    def full_capacity(
+        generator: GeneratorOption, batch_size: int, group_size: int, engines: int, P: int, max_lag: int
+    ) -> int:
         """The groups to keep ahead (buffered or outstanding) so that continuous engines stay full:
         each engine's concurrency in prompts, plus a chunk to start as sequences finish; never more
         than the staleness bound allows, (1 + max_lag) batches (work given at step s is trained on
         by step s + max_lag at the latest). ``max_buffered_batches`` asks for less only where it
-        would leave the engines short, so it is raised to this."""
+        would leave the engines short, so it is raised to this. ``generator``: the generator option;
+        ``batch_size`` and ``group_size``: the trainer's batch (samples) and samples per prompt."""
         from scalerl.rollout.engine import engine_concurrency
 
-        G = max(1, int(cfg.trainer.generations_per_prompt))
-        per_engine = -(-engine_concurrency(cfg) // G) + max(1, int(cfg.generator.chunk_prompts))
+        G = max(1, int(group_size))
+        per_engine = -(-engine_concurrency(generator, batch_size) // G) + max(1, int(generator.chunk_prompts))
         return min(engines * per_engine, P * (1 + max_lag))
 
     @classmethod
-    def place(cls, cfg, device: torch.device, world: int, threads: int) -> Placement:
+    def place(
+        cls, options: layout.LayoutOptions, device: torch.device, world: int, threads: int
+    ) -> Placement:
         from scalerl.rollout import engine
 
         engine.prestart()  # the engine processes' imports overlap with the model build
-        return place_engines(cfg, device, world, threads)
+        return place_engines(options, device, world, threads)
 
     def load_weights(self, weights: PolicyWeights, version: int) -> None:
         """To every engine (the pool broadcasts them; under ZeRO-3 every rank gathers each bucket
@@ -257,7 +281,7 @@ class PipelineRL(AsyncMode):
 
     def _limit(self) -> int:
         """The most groups one step takes from the buffer."""
-        return self.P * (int(self.r.cfg.filter.max_gen_batches) if self.dynamic_sampling else 1)
+        return self.P * (int(self.r.filter.max_gen_batches) if self.dynamic_sampling else 1)
 
     def _short(self) -> bool:
         """Whether the buffer lacks the next step's groups: ``P`` of them (with dynamic sampling,

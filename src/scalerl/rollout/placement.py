@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from scalerl import layout
+from scalerl.config.groups.placement import PlacementOption
 
 
 @dataclass
@@ -35,39 +36,40 @@ class Placement:
     generator_gpus: int = 0  # GPUs the engines hold that no trainer rank uses (devices_held)
 
 
-def engine_task(cfg) -> int | None:
+def engine_task(options: layout.LayoutOptions) -> int | None:
     """This process's engine number when it is one of a multi-task job's generator tasks (the last
-    ``placement.generator_tasks`` ranks), else None. A trainer rank's plan is then applied
+    ``placement.generator_tasks`` ranks) in the layout of ``options``, else None. A trainer rank's plan is then applied
     (:func:`scalerl.layout.apply`): its ``WORLD_SIZE`` becomes the trainer ranks' alone and its
     ``LOCAL_WORLD_SIZE`` the trainer ranks of its node; a trainer on GPUs sees only its node's
     trainer GPUs (``cuda:LOCAL_RANK`` is its device)."""
-    plan, me = layout.current(cfg, raw=True)
+    plan, me = layout.current(options, raw=True)
     layout.apply(me, plan)
     return me.engine
 
 
-def store_address(cfg) -> tuple[str, int]:
-    """Where the trainer's rank 0 hosts the run's store: the launcher's ``MASTER_ADDR`` and
-    ``placement.port`` (0: ``MASTER_PORT`` + 1, the odd port of the job's pair), else this machine
+def store_address(placement: PlacementOption) -> tuple[str, int]:
+    """Where the trainer's rank 0 hosts the run's store: the launcher's ``MASTER_ADDR`` and the
+    ``placement`` option's ``port`` (0: ``MASTER_PORT`` + 1, the odd port of the job's pair), else this machine
     and any free port."""
     env = os.environ
     if "MASTER_ADDR" in env and "MASTER_PORT" in env:
-        return env["MASTER_ADDR"], int(cfg.placement.port) or int(env["MASTER_PORT"]) + 1
-    return "127.0.0.1", int(cfg.placement.port)
+        return env["MASTER_ADDR"], int(placement.port) or int(env["MASTER_PORT"]) + 1
+    return "127.0.0.1", int(placement.port)
 
 
-def place_engines(cfg, device: torch.device, world: int, threads: int) -> Placement:
-    """The placement of a pipeline_rl run's engines, from this rank's layout (``cfg.placement`` and
-    the launcher's environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+def place_engines(options: layout.LayoutOptions, device: torch.device, world: int, threads: int) -> Placement:
+    """The placement of a pipeline_rl run's engines, from this rank's layout (``options``: the run's
+    trainer, generator, placement and async-mode options, and the launcher's environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``, the GPUs and cores the job gives). ``threads``: the process's thread budget."""
-    plan, me = layout.current(cfg, threads=threads)
-    host, port = store_address(cfg)
+    plan, me = layout.current(options, threads=threads)
+    pl = options.placement
+    host, port = store_address(pl)
     local = sum(1 for e in plan.engines if e.host == "rank 0")
     gpu = device.type == "cuda" and plan.on_gpu
     engine_gpus = tuple(
         layout.physical_gpus(e.gpus) if gpu else () for e in plan.engines if e.host == "rank 0"
     )
-    own = sum(len(g) for g in engine_gpus) if cfg.placement.name == "split" else 0
+    own = sum(len(g) for g in engine_gpus) if pl.name == "split" else 0
     return Placement(
         me.threads,
         me.engine_threads or me.threads,
@@ -75,7 +77,7 @@ def place_engines(cfg, device: torch.device, world: int, threads: int) -> Placem
         engines=local,
         remote_engines=len(plan.engines) - local,
         engine_gpus=tuple(tuple(_id(g) for g in gs) for gs in engine_gpus),
-        tensor_parallel_size=int(cfg.placement.tensor_parallel_size),
+        tensor_parallel_size=int(pl.tensor_parallel_size),
         backend=plan.backend,
         host=host,
         port=port,

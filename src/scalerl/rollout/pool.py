@@ -10,11 +10,15 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from scalerl.config.groups.generator import GeneratorOption
+from scalerl.config.groups.precision import PrecisionOption
 from scalerl.generator.base import Generator
+from scalerl.generator.registry import generator_class
 from scalerl.messages import RunError
 from scalerl.rollout.engine import (
     JOIN_BARRIER_MARGIN_S,
@@ -25,15 +29,17 @@ from scalerl.rollout.engine import (
     process_context,
     serve_engine,
 )
+from scalerl.rollout.placement import Placement
 from scalerl.transport import DEFAULT_TIMEOUT_S, SharedMemoryTransport, TransportSpec, WeightSender, connect
 
 log = logging.getLogger(__name__)
 
 
-def _in_engine_dtype(source, cfg, checkpoint: bool):
-    """A vLLM engine computes in ``precision.body``: its floating weights travel in that dtype
-    (the trainer's are rounded to it already, so nothing is lost, and half the bytes move)."""
-    body = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(cfg.precision.body))
+def _in_engine_dtype(source, precision: PrecisionOption, checkpoint: bool):
+    """An engine whose weights travel under checkpoint names (vLLM) computes in the ``precision``
+    option's ``body``: its floating weights travel in that dtype (the trainer's are rounded to it
+    already, so nothing is lost, and half the bytes move)."""
+    body = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(precision.body))
     if not checkpoint or body is None:
         return source
 
@@ -45,12 +51,13 @@ def _in_engine_dtype(source, cfg, checkpoint: bool):
     return cast
 
 
-def weight_shapes(weights, checkpoint: bool, cfg) -> dict[str, torch.Tensor]:
+def weight_shapes(weights, checkpoint: bool, precision: PrecisionOption) -> dict[str, torch.Tensor]:
     """What each update holds, as meta tensors (name -> dtype and full shape), from the policy's
     parameters without gathering any: under ZeRO-3 a partitioned parameter keeps its full shape in
     ``ds_shape``; buffers are never partitioned. Checkpoint names (vLLM) map to their parameter, or
     to the ``original`` of a parametrized weight (the rounding parametrization keeps shape and
-    dtype); floating weights take the engine's dtype as :func:`_in_engine_dtype` casts them."""
+    dtype); floating weights take the engine's dtype (the ``precision`` option's body) as
+    :func:`_in_engine_dtype` casts them."""
     from scalerl.model.weights import checkpoint_names
 
     module = weights.module
@@ -74,7 +81,7 @@ def weight_shapes(weights, checkpoint: bool, cfg) -> dict[str, torch.Tensor]:
             where[name] = own[full] if full in own else own[original]
     else:
         where = {name: own[name] for name in module.state_dict()}
-    body = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(cfg.precision.body))
+    body = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(precision.body))
     out = {}
     for name, t in where.items():
         shape, dtype = meta(t)
@@ -90,13 +97,33 @@ class EnginePool(Generator):
 
     Started by the first :meth:`load_weights`, before training: the engines start, the
     weight-update group forms (every engine joined, or a clear error), then the first weights go
-    out bucket by bucket (the engines start from the trainer's weights)."""
+    out bucket by bucket (the engines start from the trainer's weights).
+
+    ``placement``: where the engines run (this rank's :class:`~scalerl.rollout.placement.Placement`);
+    ``generator`` and ``precision``: those options (the names and dtype the weights travel in);
+    ``bucket_mb``: the most each broadcast bucket holds (``placement.bucket_mb``);
+    ``engine_spec``: (index, first rank, store spec, threads, GPUs, owner pid, shared memory) ->
+    the :class:`~scalerl.rollout.engine.EngineSpec` an engine process is started with (the setup
+    binds the run's typed config to it: the engine's own setup reads it, the pool never does)."""
 
     samples_from_trainer_module = False
     splits_work = True  # generate() spreads one call's prompts over the engines itself
 
-    def __init__(self, cfg, placement, tokenizer, *, trainer_device: torch.device, seed: int = 0):
-        self.cfg, self.placement, self.tokenizer = cfg, placement, tokenizer
+    def __init__(
+        self,
+        placement: Placement,
+        tokenizer,
+        *,
+        generator: GeneratorOption,
+        precision: PrecisionOption,
+        bucket_mb: float,
+        engine_spec: Callable[..., EngineSpec],
+        trainer_device: torch.device,
+        seed: int = 0,
+    ):
+        self.placement, self.tokenizer = placement, tokenizer
+        self.generator, self.precision, self.bucket_mb = generator, precision, float(bucket_mb)
+        self.engine_spec = engine_spec
         self.trainer_device = trainer_device
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
@@ -126,16 +153,15 @@ class EnginePool(Generator):
         update gathers bucket by bucket in step."""
         from scalerl.transport import Layout
 
-        cfg = self.cfg
-        checkpoint = bool(cfg.generator.name == "vllm")  # vLLM loads checkpoint names
-        self.source_of = lambda w: _in_engine_dtype(w.source(checkpoint), cfg, checkpoint)
-        shapes = weight_shapes(weights, checkpoint, cfg)
-        self.layout = Layout.of(shapes, float(cfg.placement.bucket_mb))
+        # the names the engines load weights under (vLLM: a checkpoint's), from the generator's class
+        checkpoint = bool(generator_class(self.generator.name).checkpoint_names)
+        precision = self.precision
+        self.source_of = lambda w: _in_engine_dtype(w.source(checkpoint), precision, checkpoint)
+        shapes = weight_shapes(weights, checkpoint, precision)
+        self.layout = Layout.of(shapes, self.bucket_mb)
 
     def _start(self) -> None:
-        from omegaconf import OmegaConf
-
-        p, cfg = self.placement, self.cfg
+        p = self.placement
         world = 1 + self.engines * int(p.tensor_parallel_size)
         spec = TransportSpec(p.backend, p.host, int(p.port), world)
         ctx = process_context()
@@ -153,11 +179,10 @@ class EnginePool(Generator):
             )
         else:
             self.sender = shm
-        cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
         tp = int(p.tensor_parallel_size)
         for e in range(int(p.engines)):
-            es = EngineSpec(
-                cfg_yaml, e, 1 + e * tp, spec, p.generator_threads, tuple(p.engine_gpus[e]), os.getpid(), shm
+            es = self.engine_spec(
+                e, 1 + e * tp, spec, p.generator_threads, tuple(p.engine_gpus[e]), os.getpid(), shm
             )
             proc = ctx.Process(target=serve_engine, args=(es,), daemon=True)
             proc.start()

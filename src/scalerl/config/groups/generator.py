@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from scalerl.config.checks import at_least, in_unit, one_of, positive, problems
-from scalerl.config.options import Option, register_option
+from scalerl.config.options import Option, option_class, register_option
 
 STALE_KV = ("keep", "recompute")  # generator.stale_kv
 
@@ -30,6 +31,22 @@ class GeneratorOption(Option):
     # sequences an engine keeps running with continuous=true; 0: vLLM's max_num_seqs, and one
     # training batch of samples (trainer.batch_size) for the HF engine
     max_running: int = 0
+
+    # What the config's checks and the layout know of a generator (they come before the generator
+    # package, and ask its option class; the rollout side asks the generator class:
+    # scalerl.generator.registry.generator_class). The defaults are the hf generator's, so an option
+    # of a user's generator that declares nothing is treated as hf's is.
+    # an engine may span several devices (placement.tensor_parallel_size > 1)
+    tensor_parallel: ClassVar[bool] = False
+    # engines on the trainer's machine may take their weights through shared memory, written into
+    # the module they sample from (async_mode.transport=shm)
+    shared_memory_weights: ClassVar[bool] = True
+
+    @classmethod
+    def gpu_memory_share(cls, options: Any) -> float | None:
+        """The share of a GPU one engine reserves on a GPU it shares with others (the layout sums
+        them over colocated engines), or None: it takes what its model and cache need."""
+        return None
 
     def check(self):
         return problems(
@@ -72,9 +89,23 @@ class VLLMGeneratorOption(GeneratorOption):
     # while the trainer steps
     sleep_while_training: bool = True
 
+    tensor_parallel: ClassVar[bool] = True
+    shared_memory_weights: ClassVar[bool] = False  # the weights live in vLLM's workers
+
+    @classmethod
+    def gpu_memory_share(cls, options: Any) -> float | None:
+        """``gpu_memory_utilization``: vLLM reserves that share of the GPU at its start."""
+        return float(options.gpu_memory_utilization)
+
     def check(self):
         return super().check() + problems(
             positive("kv_cache_gib", self.kv_cache_gib),
             in_unit("gpu_memory_utilization", self.gpu_memory_utilization, low_open=True),
             at_least("max_num_seqs", self.max_num_seqs, 1),
         )
+
+
+def generator_option_class(generator: Any) -> type[GeneratorOption]:
+    """The option class of ``generator`` (its option: the dataclass or the composed config's node),
+    whose class attributes answer what the config and the layout ask of a generator."""
+    return option_class("generator", str(generator.name))
