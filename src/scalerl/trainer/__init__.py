@@ -14,12 +14,25 @@ from scalerl.trainer.trainer import NonFiniteError, Trainer
 ENGINES: dict[str, type[Engine]] = {"torch": TorchEngine, "deepspeed": DeepSpeedEngine}
 
 
-def make_trainer(cfg, model, precision, *, temperature: float, device) -> Trainer:
-    name = cfg.trainer.name
+def make_trainer(
+    model, precision, *, trainer, loss, aggregation, correction, temperature: float, device
+) -> Trainer:
+    """The run's trainer over ``model``: the engine ``trainer.name`` names, built from the ``trainer``
+    option, and the step's ``loss``, ``aggregation`` and ``correction`` options (each the chosen
+    option's dataclass, ``scalerl.config.groups``)."""
+    name = trainer.name
     if name not in ENGINES:
         raise ValueError(f"trainer.name={name!r}: one of {', '.join(sorted(ENGINES))}")
-    engine = ENGINES[name](model, cfg.trainer, device)
-    return Trainer(engine, precision, cfg, temperature=temperature)
+    engine = ENGINES[name](model, trainer, device)
+    return Trainer(
+        engine,
+        precision,
+        trainer=trainer,
+        loss=loss,
+        aggregation=aggregation,
+        correction=correction,
+        temperature=temperature,
+    )
 
 
 __all__ = [

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scalerl.config.groups.trainer import DeepSpeedTrainerOption
 from scalerl.storage import check_no_code, load_safe, save_atomic
 from scalerl.trainer.engine import Engine, build_optimizer
 
@@ -285,14 +286,14 @@ class _EngineForward(nn.Module):
 class DeepSpeedEngine(Engine):
     name = "deepspeed"
 
-    def __init__(self, model: nn.Module, tcfg, device: torch.device):
+    def __init__(self, model: nn.Module, trainer: DeepSpeedTrainerOption, device: torch.device):
         deepspeed = import_deepspeed(device)
         init_distributed(device)
         self.device = device
-        self.zero_stage = int(tcfg.zero_stage)
+        self.zero_stage = int(trainer.zero_stage)
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
-        optimizer, scheduler = build_optimizer(model.parameters(), tcfg)
+        optimizer, scheduler = build_optimizer(model.parameters(), trainer)
         zero: dict = {"stage": self.zero_stage}
         if self.zero_stage > 0:
             # DeepSpeed's default buckets hold 5e8 elements (2 GB in fp32, allocated and cleared on
@@ -309,7 +310,7 @@ class DeepSpeedEngine(Engine):
             # one optimiser step per engine.step(); micro-batching is the trainer's
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
-            "gradient_clipping": float(tcfg.grad_clip) if tcfg.grad_clip > 0 else 0.0,
+            "gradient_clipping": float(trainer.grad_clip) if trainer.grad_clip > 0 else 0.0,
             "zero_optimization": zero,
             "zero_allow_untested_optimizer": True,
             "bf16": {"enabled": False},  # precision is applied by scalerl.model.precision

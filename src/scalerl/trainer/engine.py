@@ -20,16 +20,16 @@ from torch import nn
 from scalerl import distributed
 
 
-def build_optimizer(params: Iterable[nn.Parameter], tcfg):
-    """(AdamW, its linear warm-up scheduler) from the ``trainer`` config."""
+def build_optimizer(params: Iterable[nn.Parameter], trainer):
+    """(AdamW, its linear warm-up scheduler) from the ``trainer`` option (``TorchTrainerOption``)."""
     optimizer = torch.optim.AdamW(
         params,
-        lr=tcfg.lr,
-        betas=tuple(tcfg.betas),
-        eps=tcfg.adam_eps,
-        weight_decay=tcfg.weight_decay,
+        lr=trainer.lr,
+        betas=tuple(trainer.betas),
+        eps=trainer.adam_eps,
+        weight_decay=trainer.weight_decay,
     )
-    warm = max(0, tcfg.warmup_steps)
+    warm = max(0, trainer.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
     )

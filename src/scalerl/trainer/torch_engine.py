@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from scalerl.config.groups.trainer import TorchTrainerOption
 from scalerl.model.precision import has_rounded_weights, weights_rounded_once
 from scalerl.trainer.engine import Engine, build_optimizer
 
@@ -14,11 +15,11 @@ from scalerl.trainer.engine import Engine, build_optimizer
 class TorchEngine(Engine):
     name = "torch"
 
-    def __init__(self, model: nn.Module, tcfg, device: torch.device):
+    def __init__(self, model: nn.Module, trainer: TorchTrainerOption, device: torch.device):
         self.module = model
         self.device = device
-        self.grad_clip = float(tcfg.grad_clip)
-        self.optimizer, self.scheduler = build_optimizer(model.parameters(), tcfg)
+        self.grad_clip = float(trainer.grad_clip)
+        self.optimizer, self.scheduler = build_optimizer(model.parameters(), trainer)
         # emulated low precision rounds each weight at every read: a micro-batch's forward passes
         # (length buckets, shared prompts) read it once per body call; rounded once per forward here
         self.round_weights_once = True

@@ -34,11 +34,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from scalerl import algo
-from scalerl.config.options import option_class
+from scalerl.config.groups.correction import CorrectionOption
+from scalerl.config.groups.loss import LossOption
+from scalerl.config.groups.trainer import TorchTrainerOption
 from scalerl.distributed import merge_stats
 from scalerl.model.kv_cache import output_cache, with_cache
 from scalerl.model.precision import head_logprobs
@@ -51,17 +52,10 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive optimiser steps had a non-finite loss or gradient."""
 
 
-def loss_params(loss_cfg) -> dict:
-    spec = algo.LOSSES[loss_cfg.name]
-    return {k: loss_cfg[k] for k in spec.params}
-
-
-def correction_of(cfg) -> algo.Correction:
-    """The run's off-policy correction: the chosen ``correction`` option's view of it (the option
-    class says what a field it lacks, as ``none``'s threshold, amounts to)."""
-    c = cfg.correction
-    option = option_class("correction", c.name)(**OmegaConf.to_container(c, resolve=True))
-    return option.correction()
+def loss_params(loss) -> dict:
+    """The loss function's keyword parameters from its ``loss`` option (the registry names them)."""
+    spec = algo.LOSSES[loss.name]
+    return {k: getattr(loss, k) for k in spec.params}
 
 
 @dataclass
@@ -79,26 +73,37 @@ class Trainer:
     bucket_overhead_tokens = 256
     max_buckets = 4
 
-    def __init__(self, engine: Engine, precision, cfg, *, temperature: float):
+    def __init__(
+        self,
+        engine: Engine,
+        precision,
+        *,
+        trainer: TorchTrainerOption,
+        loss: LossOption,
+        aggregation,
+        correction: CorrectionOption,
+        temperature: float,
+    ):
+        """``trainer``, ``loss``, ``aggregation``, ``correction``: the run's options of those groups;
+        the correction option says what a field it lacks (``none``'s threshold) amounts to."""
         self.engine = engine
         self.precision = engine.adapt_precision(precision)
-        self.cfg = cfg
-        self.tcfg = cfg.trainer
-        self.loss_name = cfg.loss.name
-        self.loss_kwargs = loss_params(cfg.loss)
-        self.correction = correction_of(cfg)
-        self.aggregation = cfg.aggregation.name
+        self.options = trainer
+        self.loss_name = loss.name
+        self.loss_kwargs = loss_params(loss)
+        self.correction = correction.correction()
+        self.aggregation = aggregation.name
         self.temperature = temperature
         self.nonfinite_total = 0
         self.nonfinite_consecutive = 0
         # rows grouped by length into buckets, each run only up to its own last trained token
         self.bucket_lengths = True
         # the LM head runs over this many positions at a time (0: a micro-batch's all at once)
-        self.logits_chunk_tokens = int(self.tcfg.logits_chunk_tokens)
-        self.activation_checkpointing = bool(self.tcfg.activation_checkpointing)
+        self.logits_chunk_tokens = int(self.options.logits_chunk_tokens)
+        self.activation_checkpointing = bool(self.options.activation_checkpointing)
         if self.activation_checkpointing:
             enable_activation_checkpointing(self.module)
-        mmap_mb = int(self.tcfg.malloc_mmap_threshold_mb)
+        mmap_mb = int(self.options.malloc_mmap_threshold_mb)
         # glibc hands freed memory back: large blocks at once (mmap), the heap after each micro-batch
         self._trim = mmap_mb > 0 and self.device.type == "cpu" and set_malloc_mmap_threshold(mmap_mb)
 
@@ -168,7 +173,7 @@ class Trainer:
         ``trainer.share_prompts`` is on and some rows share them; else None."""
         ids, s = batch.input_ids, batch.start
         # a checkpointed layer would write the prefix's KV cache again when the backward replays it
-        share = self.tcfg.share_prompts and not self.activation_checkpointing
+        share = self.options.share_prompts and not self.activation_checkpointing
         if not (share and 0 < s < ids.shape[1] - 1 and ids.shape[0] > 1):
             return None
         prefixes, rows = torch.unique(ids[:, :s], dim=0, return_inverse=True)
@@ -303,11 +308,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
-        mbs = self.tcfg.micro_batch_size
+        mbs = self.options.micro_batch_size
         G = batch.num_groups
         if not mbs or mbs >= batch.num_sequences:
             return [batch]
-        gpm = max(1, mbs // self.tcfg.generations_per_prompt)
+        gpm = max(1, mbs // self.options.generations_per_prompt)
         return [batch.slice_groups(lo, min(G, lo + gpm)) for lo in range(0, G, gpm)]
 
     def step(self, batch: TrainBatch | None) -> dict[str, float]:
@@ -417,10 +422,10 @@ class Trainer:
         if not ok:
             self.nonfinite_total += 1
             self.nonfinite_consecutive += 1
-            if self.nonfinite_consecutive >= self.tcfg.max_nonfinite_steps:
+            if self.nonfinite_consecutive >= self.options.max_nonfinite_steps:
                 raise NonFiniteError(
                     f"{self.nonfinite_consecutive} consecutive optimiser steps had a non-finite loss or "
-                    f"gradient (trainer.max_nonfinite_steps={self.tcfg.max_nonfinite_steps}); stopping"
+                    f"gradient (trainer.max_nonfinite_steps={self.options.max_nonfinite_steps}); stopping"
                 )
             return {"train/nonfinite_skipped": float(self.nonfinite_total), "train/step_skipped": 1.0}
         self.nonfinite_consecutive = 0
