@@ -24,12 +24,10 @@ TASKS: dict[str, type[Task]] = {
 _LOOP_FIELDS = ("name", "verifier_timeout_s")
 
 
-def build_task(cfg) -> Task:
-    """The task chosen by ``cfg.task`` (``cfg`` is the whole run config), built from its fields."""
-    from omegaconf import DictConfig, OmegaConf
-
-    t = cfg.task
-    fields = OmegaConf.to_container(t, resolve=True) if isinstance(t, DictConfig) else dict(t)
+def build_task(task) -> Task:
+    """The task the ``task`` option chooses (its dataclass, :mod:`scalerl.config.groups.task`), built
+    from its fields."""
+    fields = dataclasses.asdict(task)
     if "verifier_timeout_s" not in fields:  # read by the loop (scalerl.task.score), not by the task
         raise TypeError(
             f"task option {fields.get('name')!r} has no verifier_timeout_s field: every task option "

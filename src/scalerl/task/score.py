@@ -9,19 +9,23 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from scalerl import algo
+from scalerl.config.groups.reward import RewardScale
 from scalerl.task.base import score_counted
 
 
-def score_groups(task, prompts, groups, cfg) -> Counter[str]:
+def score_groups(
+    task, prompts, groups, *, reward: RewardScale, length_control, verifier_timeout_s: float
+) -> Counter[str]:
     """Set ``correct`` (the verifier's score, 1/0: pass rates stay fractions correct) and
-    ``reward`` (that score on ``cfg.reward``'s scale, plus the length penalty if configured) on
-    every sample. Returns counts: ``"errors"``, the verifier calls that failed (raised or timed
-    out), and per kind the programs that failed in a counted way (``task=code``: ``"timeout"``,
-    ``"network"`` ...); all of those score 0."""
+    ``reward`` (that score on the ``reward`` option's scale, plus the ``length_control`` option's
+    length penalty if it is one) on every sample; each verifier call is limited to
+    ``verifier_timeout_s`` (the task option's). Returns counts: ``"errors"``, the verifier calls that
+    failed (raised or timed out), and per kind the programs that failed in a counted way
+    (``task=code``: ``"timeout"``, ``"network"`` ...); all of those score 0."""
     counts: Counter[str] = Counter()
-    lc = cfg.length_control
-    lo, hi = float(cfg.reward.incorrect), float(cfg.reward.correct)
-    results = iter(_verify(task, prompts, groups, cfg.task.verifier_timeout_s))
+    lc = length_control
+    lo, hi = float(reward.incorrect), float(reward.correct)
+    results = iter(_verify(task, prompts, groups, verifier_timeout_s))
     for group in groups:
         for s in group:
             r, err, kind = next(results)
