@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from scalerl.config import compose
+from scalerl.config import Config, compose, typed
 from scalerl.model.build import SHIPPED_BASE, _warmstart_key, warmstart_into
 from scalerl.model.tokenizer import build_char_tokenizer
 from scalerl.task import build_task
@@ -45,14 +45,14 @@ def shipped_settings() -> dict[str, list[str]]:
     return out
 
 
-def shipped_configs() -> dict[str, object]:
-    """name -> the composed config of the runs its base is shipped for."""
-    return {name: compose(ovs) for name, ovs in shipped_settings().items()}
+def shipped_configs() -> dict[str, Config]:
+    """name -> the config (typed: :func:`scalerl.config.typed`) of the runs its base is shipped for."""
+    return {name: typed(compose(ovs)) for name, ovs in shipped_settings().items()}
 
 
 def shipped_keys() -> dict[str, str]:
     """name -> the warm-start key of the base shipped for it."""
-    return {name: _warmstart_key(cfg) for name, cfg in shipped_configs().items()}
+    return {name: _warmstart_key(c.model, c.task) for name, c in shipped_configs().items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,27 +67,29 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     configs = shipped_configs()
-    targets = {name: SHIPPED_BASE / f"warmstart-{_warmstart_key(cfg)}" for name, cfg in configs.items()}
+    targets = {
+        name: SHIPPED_BASE / f"warmstart-{_warmstart_key(c.model, c.task)}" for name, c in configs.items()
+    }
     SHIPPED_BASE.mkdir(parents=True, exist_ok=True)
     for old in SHIPPED_BASE.iterdir():  # a base for settings no longer shipped
         if old not in targets.values():
             shutil.rmtree(old)
             print(f"removed {old} (no longer the settings of a shipped base)")
     with tempfile.TemporaryDirectory() as d:
-        for name, cfg in configs.items():
+        for name, config in configs.items():
             target = targets[name]
             if (target / "meta.json").is_file() and not args.force:
                 print(f"kept {target} for the {name} (the same settings; --force makes it again)")
                 continue
             folder = Path(d) / target.name
-            cached = Path(str(cfg.model.cache_dir)) / target.name
+            cached = Path(str(config.model.cache_dir)) / target.name
             if (cached / "meta.json").is_file() and not args.force:
                 shutil.copytree(cached, folder)
                 info = json.loads((cached / "meta.json").read_text())
                 info.setdefault("made", {"for": name, "on": str(date.fromtimestamp(cached.stat().st_mtime))})
                 print(f"{name}: the base in the warm-start cache ({cached}) has these settings: shipping it")
             else:
-                info = warmstart_into(folder, cfg, build_task(cfg), build_char_tokenizer())
+                info = warmstart_into(folder, config.model, build_task(config.task), build_char_tokenizer())
                 info["made"] = {
                     "for": name,
                     "on": str(date.today()),

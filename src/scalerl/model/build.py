@@ -11,6 +11,7 @@ converted once into an HF folder in the cache, then loaded like ``model=hf``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -55,16 +56,20 @@ def still_working(what: str, every_s: float | None = None):
         thread.join()
 
 
-def build_policy(cfg, task, device: torch.device, *, trained: bool = True):
-    """(model, tokenizer, precision): the run's policy on ``device``, prepared for the precision
-    setting; ``trained=False`` for an inference-only copy (no fp32 master weights under native bf16)."""
+def build_policy(
+    model, task, device: torch.device, *, precision, task_option, seed: int, trained: bool = True
+):
+    """(model, tokenizer, precision): the policy the ``model`` option names (:func:`load_policy`:
+    ``task`` is the built task, ``task_option`` and ``seed`` the run's) on ``device``, prepared for
+    the ``precision`` option; ``trained=False`` for an inference-only copy (no fp32 master weights
+    under native bf16)."""
     from scalerl.model.precision import Precision
 
-    model, tokenizer, _ = load_policy(cfg, task)
-    precision = Precision.for_device(cfg.precision.body, cfg.precision.head, device, impl=cfg.precision.impl)
-    model.to(device)
-    precision.prepare(model, master_weights=trained)
-    return model, tokenizer, precision
+    policy, tokenizer, _ = load_policy(model, task, task_option=task_option, seed=seed)
+    policy_precision = Precision.for_device(precision.body, precision.head, device, impl=precision.impl)
+    policy.to(device)
+    policy_precision.prepare(policy, master_weights=trained)
+    return policy, tokenizer, policy_precision
 
 
 def num_params(model: torch.nn.Module, *, exclude_embeddings: bool = False) -> int:
@@ -132,11 +137,12 @@ def build_model(mcfg, vocab_size: int, *, seed: int, pad_token_id: int, eos_toke
     return model
 
 
-def _warmstart_key(cfg) -> str:
-    from omegaconf import OmegaConf
-
-    m = OmegaConf.to_container(cfg.model, resolve=True)
-    t = OmegaConf.to_container(cfg.task, resolve=True)
+def _warmstart_key(model, task) -> str:
+    """The warm-start cache's key of a ``model=tiny`` base: a hash of the ``model`` and ``task``
+    options' settings the warm-start depends on (their dataclasses). The shipped bases' folders are
+    named by it (``tests/test_model.py`` pins its values): the same settings must keep their hash."""
+    m = dataclasses.asdict(model)
+    t = dataclasses.asdict(task)
     for k in ("cache_dir", "name"):
         m.pop(k, None)
     # not what it learns from (val_digits: which held-out problems; the warm-start only avoids them)
@@ -197,24 +203,27 @@ def warmstart(model: PreTrainedModel, tokenizer, task, mcfg, *, seed: int) -> di
     return {"warmstart_loss": loss_val, "warmstart_seconds": time.time() - t0, "warmstart_steps": steps}
 
 
-def load_policy(cfg, task) -> tuple[PreTrainedModel, object, dict]:
-    """(model, tokenizer, info) for the run; fp32 weights on CPU (the caller moves and prepares them)."""
-    loader = POLICY_LOADERS.get(cfg.model.name)
+def load_policy(model, task, *, task_option, seed: int) -> tuple[PreTrainedModel, object, dict]:
+    """(model, tokenizer, info) of the policy the ``model`` option names, for the built ``task``;
+    fp32 weights on CPU (the caller moves and prepares them). Every loader of :data:`POLICY_LOADERS`
+    is called so: ``task_option`` (the run's task option) and ``seed`` (the run's) are what
+    ``model=tiny`` builds its base from."""
+    loader = POLICY_LOADERS.get(model.name)
     if loader is None:
-        raise ValueError(f"unknown model {cfg.model.name!r} (models: {', '.join(POLICY_LOADERS)})")
-    model, tokenizer, info = loader(cfg, task)
+        raise ValueError(f"unknown model {model.name!r} (models: {', '.join(POLICY_LOADERS)})")
+    policy, tokenizer, info = loader(model, task, task_option=task_option, seed=seed)
     # a task that formats its prompts for the model (a chat template) gets the model's tokenizer
     if hasattr(task, "use_tokenizer"):
         task.use_tokenizer(tokenizer)
-    return model, tokenizer, info
+    return policy, tokenizer, info
 
 
-def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
-    """``model=hf``: model and tokenizer ``from_pretrained(model.name_or_path)``."""
+def load_pretrained(model, task, *, task_option=None, seed: int = 0) -> tuple[PreTrainedModel, object, dict]:
+    """``model=hf``: model and tokenizer ``from_pretrained(model.name_or_path)`` (a pretrained model
+    is what it is: neither the task nor the seed changes it)."""
     from scalerl.config.preflight import PathError, check_model_folder
 
-    mcfg = cfg.model
-    name = str(mcfg.name_or_path)
+    name = str(model.name_or_path)
     check_model_folder(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
@@ -223,14 +232,14 @@ def load_pretrained(cfg, task) -> tuple[PreTrainedModel, object, dict]:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+        policy = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
     except Exception as e:
         raise PathError("model.name_or_path", name, f"cannot load the model ({_first_line(e)})") from None
-    n_embed = model.get_input_embeddings().num_embeddings
+    n_embed = policy.get_input_embeddings().num_embeddings
     if len(tokenizer) < 3 or len(tokenizer) > n_embed:
         problem = f"its tokenizer has {len(tokenizer)} tokens and the model {n_embed} embeddings"
         raise PathError("model.name_or_path", name, problem + " (a tokenizer of the model is needed)")
-    return model, tokenizer, {"source": name}
+    return policy, tokenizer, {"source": name}
 
 
 def _first_line(e: BaseException) -> str:
@@ -261,9 +270,9 @@ WAIT_NOTICE_S = float(os.environ.get("SCALERL_WAIT_NOTICE_S", "30"))
 SHIPPED_BASE = Path(__file__).parent / "base"
 
 
-def warmstart_into(folder: Path, cfg, task, tokenizer) -> dict:
-    """Build the config's model, warm-start it on the task and save it (and the tokenizer) in ``folder``."""
-    mcfg = cfg.model
+def warmstart_into(folder: Path, mcfg, task, tokenizer) -> dict:
+    """Build the model the ``model=tiny`` option ``mcfg`` describes, warm-start it on the built
+    ``task`` and save it (and the tokenizer) in ``folder``."""
     seed = int(mcfg.warmstart_seed)
     model = build_model(
         mcfg,
@@ -281,15 +290,16 @@ def warmstart_into(folder: Path, cfg, task, tokenizer) -> dict:
     return info
 
 
-def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
-    """``model=tiny``: built from the config's sizes, warm-started on the task (cached)."""
-    mcfg = cfg.model
+def load_tiny(mcfg, task, *, task_option, seed: int) -> tuple[PreTrainedModel, object, dict]:
+    """``model=tiny``: built from the ``mcfg`` option's sizes, warm-started on the built ``task``
+    (cached under the warm-start key of ``mcfg`` and ``task_option``); without warm-start steps,
+    initialised with the run's ``seed``."""
     tokenizer = build_char_tokenizer()
     if mcfg.warmstart_steps <= 0:
         model = build_model(
             mcfg,
             len(tokenizer),
-            seed=cfg.seed,
+            seed=seed,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
@@ -298,10 +308,10 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
         from scalerl.config import ConfigError
         from scalerl.config.checks import no_warmstart_examples
 
-        raise ConfigError(*no_warmstart_examples(mcfg.warmstart_steps, cfg.task.name))
+        raise ConfigError(*no_warmstart_examples(mcfg.warmstart_steps, task_option.name))
     from scalerl.lock import hold
 
-    key = _warmstart_key(cfg)
+    key = _warmstart_key(mcfg, task_option)
     root = Path(mcfg.cache_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"warmstart-{key}"
@@ -317,7 +327,7 @@ def load_tiny(cfg, task) -> tuple[PreTrainedModel, object, dict]:
                 log.info(
                     "warm-start: training %d supervised steps (cached as %s)", mcfg.warmstart_steps, path
                 )
-                warmstart_into(tmp, cfg, task, tokenizer)
+                warmstart_into(tmp, mcfg, task, tokenizer)
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
     info = json.loads((path / "meta.json").read_text())
@@ -379,15 +389,14 @@ def smollm2_folder(cache_dir: str) -> Path:
     return path
 
 
-def load_smollm2(cfg, task) -> tuple[PreTrainedModel, object, dict]:
+def load_smollm2(model, task, *, task_option=None, seed: int = 0) -> tuple[PreTrainedModel, object, dict]:
     """``model=smollm2``: the converted folder (:func:`smollm2_folder`), loaded as ``model=hf`` loads."""
-    from omegaconf import OmegaConf
+    from scalerl.config.groups.model import HFModel
 
-    path = smollm2_folder(str(cfg.model.cache_dir))
-    as_hf = OmegaConf.create({"model": {"name": "hf", "name_or_path": str(path)}})
+    path = smollm2_folder(str(model.cache_dir))
     with _no_progress_bars():
-        model, tokenizer, info = load_pretrained(as_hf, task)
-    return model, tokenizer, {**info, "source": f"SmolLM2-135M-Instruct ({path})"}
+        policy, tokenizer, info = load_pretrained(HFModel(name_or_path=str(path)), task)
+    return policy, tokenizer, {**info, "source": f"SmolLM2-135M-Instruct ({path})"}
 
 
 # model option name -> the function that builds or loads its policy
