@@ -78,13 +78,13 @@ def import_vllm():
     return vllm
 
 
-def check_cpu_head_dim(config: Any) -> None:
+def check_cpu_head_dim(model_config: Any) -> None:
     """vLLM's CPU attention kernels exist for some head sizes only: say so before the engine fails."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
-    head_dim = getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else None)
+    heads = getattr(model_config, "num_attention_heads", None) or getattr(model_config, "n_head", None)
+    hidden = getattr(model_config, "hidden_size", None) or getattr(model_config, "n_embd", None)
+    head_dim = getattr(model_config, "head_dim", None) or (hidden // heads if heads and hidden else None)
     supported = CPUAttentionBackend.get_supported_head_sizes()
     if head_dim is not None and head_dim not in supported:
         raise ValueError(
@@ -116,20 +116,20 @@ def cpu_worker_env(tensor_parallel_size: int, threads: int, environ=os.environ) 
 OWN_GPU_UTILIZATION = 0.9
 
 
-def kv_bytes_per_token(config: Any, dtype: str, tensor_parallel_size: int = 1) -> int:
+def kv_bytes_per_token(model_config: Any, dtype: str, tensor_parallel_size: int = 1) -> int:
     """Bytes of KV cache one token takes on each tensor-parallel worker: keys and values of every
     layer's KV heads (a worker holds its share of them, at least one head)."""
-    layers = int(getattr(config, "num_hidden_layers", 0) or config.n_layer)
-    heads = int(getattr(config, "num_attention_heads", 0) or config.n_head)
-    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
-    head_dim = int(getattr(config, "head_dim", 0) or int(config.hidden_size) // heads)
+    layers = int(getattr(model_config, "num_hidden_layers", 0) or model_config.n_layer)
+    heads = int(getattr(model_config, "num_attention_heads", 0) or model_config.n_head)
+    kv_heads = int(getattr(model_config, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(model_config, "head_dim", 0) or int(model_config.hidden_size) // heads)
     per_worker = max(1, -(-kv_heads // max(1, int(tensor_parallel_size))))
     itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
     return 2 * layers * per_worker * head_dim * itemsize
 
 
 def engine_kwargs(
-    config: Any,
+    model_config: Any,
     model_path: str,
     *,
     device_kind: str,
@@ -147,7 +147,7 @@ def engine_kwargs(
     gpu_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The arguments of ``vllm.LLM`` for an engine over the model in ``model_path`` (its HF
-    ``config``) on ``device_kind`` (``cuda`` or ``cpu``): a pure function of the settings.
+    ``model_config``) on ``device_kind`` (``cuda`` or ``cpu``): a pure function of the settings.
 
     Both devices: no prefix caching (a cached prefix would carry KV computed by older weights),
     behaviour log-probs of the tempered distribution, the scalerl worker extension, the model's
@@ -176,7 +176,7 @@ def engine_kwargs(
       leave half its KV cache unused). Either share leaves room for the one weight bucket a worker
       receives at a time (``bucket_bytes``), which vLLM's memory profile does not see.
     """
-    max_len = int(getattr(config, "max_position_embeddings", 0) or config.n_positions)
+    max_len = int(getattr(model_config, "max_position_embeddings", 0) or model_config.n_positions)
     dtype = _DTYPES[body]
     tp = int(tensor_parallel_size)
     cuda = device_kind == "cuda"
@@ -214,25 +214,25 @@ def engine_kwargs(
         share -= bucket_bytes / float(gpu_bytes)  # the receive buffer, outside vLLM's profile
     kwargs["gpu_memory_utilization"] = round(max(0.05, share), 4)
     if shared_gpu and gpu_bytes:
-        need = int(max_num_seqs) * max_len * kv_bytes_per_token(config, dtype, tp)
-        params = _param_bytes(config, dtype) // tp
+        need = int(max_num_seqs) * max_len * kv_bytes_per_token(model_config, dtype, tp)
+        params = _param_bytes(model_config, dtype) // tp
         if need <= 0.5 * (share * gpu_bytes - params):
             kwargs["kv_cache_memory_bytes"] = need
     return kwargs
 
 
-def _param_bytes(config: Any, dtype: str) -> int:
+def _param_bytes(model_config: Any, dtype: str) -> int:
     """Roughly the bytes of a decoder's weights from its config (embeddings, attention, MLP)."""
-    hidden = int(getattr(config, "hidden_size", 0) or config.n_embd)
-    layers = int(getattr(config, "num_hidden_layers", 0) or config.n_layer)
-    inter = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
-    heads = int(getattr(config, "num_attention_heads", 0) or config.n_head)
-    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
-    head_dim = int(getattr(config, "head_dim", 0) or hidden // heads)
-    vocab = int(config.vocab_size)
+    hidden = int(getattr(model_config, "hidden_size", 0) or model_config.n_embd)
+    layers = int(getattr(model_config, "num_hidden_layers", 0) or model_config.n_layer)
+    inter = int(getattr(model_config, "intermediate_size", 0) or 4 * hidden)
+    heads = int(getattr(model_config, "num_attention_heads", 0) or model_config.n_head)
+    kv_heads = int(getattr(model_config, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(model_config, "head_dim", 0) or hidden // heads)
+    vocab = int(model_config.vocab_size)
     attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
     mlp = 3 * hidden * inter
-    tied = bool(getattr(config, "tie_word_embeddings", False))
+    tied = bool(getattr(model_config, "tie_word_embeddings", False))
     n = layers * (attn + mlp) + vocab * hidden * (1 if tied else 2)
     return n * {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
 
