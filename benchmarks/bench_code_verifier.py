@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
+
+import common
 
 
 def _timed(score, prompt, completion, runs: int) -> tuple[float, float, float]:
@@ -44,8 +45,8 @@ def main() -> None:
     except ImportError:
         where = [None]
     print(
-        f"scalerl from {os.path.dirname(scalerl.__file__)}; {platform.node()}, {os.cpu_count()} cores, "
-        f"load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+        f"scalerl from {os.path.dirname(scalerl.__file__)}; {common.machine()}, commit {common.commit()}, "
+        f"load {common.load()}, {common.utc_now()}\n"
     )
     print("| boundary | program | median s | p90 s | reward |")
     print("|---|---|---|---|---|")

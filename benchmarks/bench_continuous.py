@@ -19,44 +19,14 @@ makes one token a step), wall seconds and generated tokens/s (median and fastest
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "src"))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import common
+
+common.use_checkout(tests=True)
 
 import torch  # noqa: E402
-
-
-def _machine() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
-        )
-    except Exception:  # noqa: BLE001 - no lscpu
-        import platform
-
-        name = platform.processor() or platform.machine()
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def _load() -> str:
-    with open("/proc/loadavg") as f:
-        return f.read().strip()
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=HERE
-        ).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def main() -> None:
@@ -75,10 +45,9 @@ def main() -> None:
     from test_continuous import long_tailed, serve, spans
     from test_generator_contract import TOK, policy
 
-    from scalerl.config import compose
+    from scalerl.config import compose, typed
     from scalerl.generator import HFGenerator
     from scalerl.model.precision import Precision
-    from scalerl.task import build_task
 
     base = [
         f"trainer.batch_size={args.batch}",
@@ -93,7 +62,7 @@ def main() -> None:
         mode: compose([*base, f"generator.continuous={mode == 'continuous'}"])
         for mode in ("waves", "continuous")
     }
-    prompts = build_task(cfgs["waves"]).train_prompts()
+    prompts = common.task(typed(cfgs["waves"])).train_prompts()
     works = [[prompts[i]] for i in range(args.work)]
     model = long_tailed(policy(0), args.p_eos)
     lc = cfgs["waves"].length_control
@@ -118,8 +87,7 @@ def main() -> None:
         serve(cfgs["waves"], gen, works[:4])  # warm-up (vLLM's first steps, allocator)
         got: dict[str, list] = {"waves": [], "continuous": []}
         for r in range(args.rounds):
-            order = ("waves", "continuous") if r % 2 == 0 else ("continuous", "waves")
-            for mode in order:
+            for mode in common.in_turn(("waves", "continuous"), r):
                 gen.manual_seed(100 + r)
                 t0 = time.perf_counter()
                 groups, trace = serve(cfgs[mode], gen, works, timeout=1800)
@@ -161,8 +129,8 @@ def main() -> None:
         for n, m, t, s, r, w, tps, best, f in rows
     ]
     info = (
-        f"Machine: {_machine()}; load average before: {_load0}; after: {_load()}\n"
-        f"Commit: {_commit()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+        f"Machine: {common.machine()}; load average before: {_load0}; after: {common.load()}\n"
+        f"Commit: {common.commit()}; {common.utc_now()}\n"
         f"Settings: {args.work} pieces of 1 prompt x {args.group} samples, {args.batch} samples a wave / "
         f"running, max_new_tokens {args.max_new_tokens}, p(eos) {args.p_eos}, {args.rounds} rounds alternating\n"
     )
@@ -173,7 +141,7 @@ def main() -> None:
             f.write(table)
 
 
-_load0 = _load()
+_load0 = common.load()
 
 if __name__ == "__main__":
     main()

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
 import numpy as np
 
 from scalerl.scaling import fit_sigmoid
@@ -237,7 +238,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     t0 = time.perf_counter()
-    result = {"cases": args.cases, "timing": bench_timing()}
+    result = {
+        "date": common.utc_now(),
+        "commit": common.commit(),
+        "machine": common.machine(),
+        "load": common.load(),
+        "cases": args.cases,
+    }
+    print(
+        f"# Scaling fit ({result['date']}, commit {result['commit']}; {result['machine']}, load {result['load']})\n"
+    )
+    result["timing"] = bench_timing()
     if args.mlflow:
         with tempfile.TemporaryDirectory() as d:
             result["timing"].update(bench_cli(Path(d)))

@@ -29,15 +29,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+import common
+
+HERE, ROOT = common.HERE, common.ROOT
 
 BIG = [
     "model.arch=qwen2",
@@ -64,21 +64,6 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "big_sync": ([*BIG, "async_mode=sync"], True),
     "big_pipeline": (BIG, True),
 }
-
-
-def machine() -> dict:
-    import torch
-
-    info = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-    }
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, gpu_mem_gb=round(p.total_memory / 2**30, 1), gpus=torch.cuda.device_count())
-    return info
 
 
 def run_case(name: str, overrides: list[str], work: Path, cache: Path) -> dict:
@@ -137,7 +122,7 @@ def report(info: dict, rows: list[dict], warmstart: dict) -> str:
     lines = [
         f"# The GPU path ({info.get('gpu', 'no GPU')}, {info['date']})",
         "",
-        f"torch {info['torch']}, Python {info['python']}, {info['cpus']} CPU cores, "
+        f"torch {info['torch']}, Python {info['python']}, {info['cores']} CPU cores, "
         f"{info.get('gpus', 0)} GPU(s) of {info.get('gpu_mem_gb', '-')} GiB. "
         f"Warm-starts (built once, cached): {warmstart}.",
         "",
@@ -172,7 +157,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; this benchmark runs the GPU path only", file=sys.stderr)
         return 2
-    info = machine()
+    info = common.environment()
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     cache = Path(os.environ.get("SCALERL_CACHE") or work / "cache")  # a warm-start built once serves again
     a.out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,8 @@ import os
 import time
 from collections import defaultdict
 
+import common
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -72,6 +74,10 @@ def main() -> None:
     params = vllm.SamplingParams(
         n=args.samples, temperature=args.temperature, max_tokens=args.max_new_tokens, seed=args.seed
     )
+    print(
+        f"# {common.utc_now()}, commit {common.commit()}; {common.machine()}, load {common.load()}",
+        flush=True,
+    )
     t0 = time.time()
     outs = llm.generate([{"prompt_token_ids": encode_prompt(tokenizer, p)} for p in prompts], params)
     seconds = time.time() - t0
@@ -102,7 +108,17 @@ def main() -> None:
     )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), "seconds": seconds, "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "args": vars(args),
+                    "machine": common.machine(),
+                    "commit": common.commit(),
+                    "seconds": seconds,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

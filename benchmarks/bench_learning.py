@@ -20,24 +20,15 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import common
 
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+ROOT = common.ROOT
 
 
 def one_run(seed: int, overrides: list[str], keep_cache: str | None) -> dict:
@@ -100,7 +91,8 @@ def main() -> None:
     runs = [one_run(s, args.overrides, args.keep_cache) for s in args.seeds]
     result = {
         "date": datetime.date.today().isoformat(),
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
+        "machine": common.machine(),
+        "commit": common.commit(),
         "overrides": args.overrides,
         "runs": runs,
     }

@@ -54,6 +54,8 @@ import sys
 import tempfile
 import time
 
+import common
+
 SMOLLM2_PROMPT = 190  # tokens: a GSM problem in SmolLM2's chat template with the system prompt (174-214)
 
 
@@ -109,17 +111,32 @@ def synthetic_batch(groups: int, per: int, prompt: int, completion: int, vocab: 
     )
 
 
+def _trainer(c: dict, model, precision, device):
+    """The trainer a configuration ``c`` measures: the default recipe's, at its batch (``groups`` x
+    ``per_group``), micro-batch, LM-head chunk and activation checkpointing."""
+    per = c["per_group"]
+    _, config = common.options(
+        [
+            f"trainer.batch_size={c['groups'] * per}",
+            f"trainer.generations_per_prompt={per}",
+            f"trainer.micro_batch_size={c['micro_batch_size']}",
+            f"trainer.logits_chunk_tokens={c['chunk']}",
+            f"trainer.activation_checkpointing={str(c['ckpt']).lower()}",
+            "trainer.lr=2e-5",
+            "trainer.warmup_steps=0",
+        ]
+    )
+    return common.trainer(config, model, precision, temperature=0.6, device=device)
+
+
 def child(spec: dict) -> dict:
     """One configuration, measured in this process."""
     import torch
 
     torch.set_num_threads(spec.get("threads", 2))
-    from omegaconf import OmegaConf
 
-    from scalerl.config import compose
     from scalerl.model.build import build_model, smollm2_folder
     from scalerl.model.precision import Precision
-    from scalerl.trainer import make_trainer
 
     out: dict = {"spec": spec, "base": rss()}
     if spec["model"] == "smollm2":
@@ -129,18 +146,16 @@ def child(spec: dict) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     else:
         h = spec["hidden"]
-        mcfg = OmegaConf.create(
-            dict(
-                arch="llama",
-                hidden_size=h,
-                num_layers=spec["layers"],
-                num_heads=h // 64,
-                num_kv_heads=h // 64,
-                intermediate_size=h * 8 // 3,
-                max_position_embeddings=spec["prompt"] + spec["completion"] + 8,
-                tie_word_embeddings=True,
-            )
+        shape = dict(
+            arch="llama",
+            hidden=h,
+            layers=spec["layers"],
+            heads=h // 64,
+            kv_heads=h // 64,
+            intermediate=h * 8 // 3,
+            tied=True,
         )
+        mcfg = shape_cfg(shape, spec["prompt"] + spec["completion"] + 8)
         model = build_model(mcfg, spec["vocab"], seed=0, pad_token_id=0, eos_token_id=1)
     vocab = model.get_output_embeddings().weight.shape[0]
     body, head = spec.get("precision", ("bf16", "fp32"))
@@ -150,18 +165,7 @@ def child(spec: dict) -> dict:
     out["vocab"] = vocab
     out["after_weights"] = rss()
     per = spec["per_group"]
-    cfg = compose(
-        [
-            f"trainer.batch_size={spec['groups'] * per}",
-            f"trainer.generations_per_prompt={per}",
-            f"trainer.micro_batch_size={spec['micro_batch_size']}",
-            f"trainer.logits_chunk_tokens={spec['chunk']}",
-            f"trainer.activation_checkpointing={str(spec['ckpt']).lower()}",
-            "trainer.lr=2e-5",
-            "trainer.warmup_steps=0",
-        ]
-    )
-    trainer = make_trainer(cfg, model, precision, temperature=0.6, device=torch.device("cpu"))
+    trainer = _trainer(spec, model, precision, torch.device("cpu"))
     trainer.step(synthetic_batch(1, per, 4, 4, vocab, seed=1))  # AdamW's moments and the gradients
     out["after_optimizer"] = rss()
     batch = synthetic_batch(spec["groups"], per, spec["prompt"], spec["completion"], vocab)
@@ -255,10 +259,8 @@ def child_many(spec: dict) -> None:
 
     torch.set_num_threads(spec.get("threads", 2))
 
-    from scalerl.config import compose
     from scalerl.model.build import build_model
     from scalerl.model.precision import Precision
-    from scalerl.trainer import make_trainer
 
     device = torch.device(spec["device"])
     if device.type == "cuda":
@@ -292,18 +294,7 @@ def child_many(spec: dict) -> None:
         }
         trainer = None
         try:
-            cfg = compose(
-                [
-                    f"trainer.batch_size={c['groups'] * per}",
-                    f"trainer.generations_per_prompt={per}",
-                    f"trainer.micro_batch_size={c['micro_batch_size']}",
-                    f"trainer.logits_chunk_tokens={c['chunk']}",
-                    f"trainer.activation_checkpointing={str(c['ckpt']).lower()}",
-                    "trainer.lr=2e-5",
-                    "trainer.warmup_steps=0",
-                ]
-            )
-            trainer = make_trainer(cfg, model, precision, temperature=0.6, device=device)
+            trainer = _trainer(c, model, precision, device)
             trainer.step(synthetic_batch(1, per, 4, 4, sh["vocab"], seed=1))  # AdamW's moments, gradients
             row["after_optimizer"] = mem.now()
             batch = synthetic_batch(c["groups"], per, c["prompt"], c["completion"], sh["vocab"])
@@ -466,7 +457,19 @@ def run_child(overrides: list[str], steps: int, generator: str = "hf") -> list[d
         "evaluate",
         steps,
         lambda: evaluate(
-            cfg, run.task, run.val, run.generator, run.trainer.gathered, run.state, run.tracker, main=True
+            run.task,
+            run.val,
+            run.generator,
+            run.trainer.gathered,
+            run.state,
+            run.tracker,
+            options=run.config.eval,
+            seed=run.config.seed,
+            batch_size=run.config.trainer.batch_size,
+            reward=run.config.reward,
+            length_control=run.config.length_control,
+            verifier_timeout_s=run.config.task.verifier_timeout_s,
+            main=True,
         ),
     )
     return rows

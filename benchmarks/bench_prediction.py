@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
-import subprocess
 import time
 from pathlib import Path
 
+import common
 import numpy as np
 
 from scalerl.analysis.mlflow_io import RunData
@@ -226,14 +224,9 @@ def main() -> None:
             f"{r['skill']:+.2f} |"
         )
     out["wall_s"] = round(time.time() - t0, 1)
-    try:
-        out["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        out["commit"] = ""
-    out["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus"
-    out["load_avg"] = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    out["commit"] = common.commit()
+    out["machine"] = common.machine()
+    out["load_avg"] = common.loadavg()
     print(f"\nwall {out['wall_s']} s, commit {out['commit']}, load {out['load_avg']}")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1, default=float))

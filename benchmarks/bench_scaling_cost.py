@@ -34,9 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_trl  # noqa: E402  (same folder)
+import bench_trl  # same folder
+import common
+
+HERE = common.HERE
 
 RESULTS = HERE / "results"
 
@@ -56,7 +57,7 @@ def run_point(a, system: str, prompts: int, gens: int, max_new: int) -> dict:
     ]
     cmd = [sys.executable, str(HERE / "bench_trl.py"), "_child", "--system", system, *args]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(a.threads))
-    la = os.getloadavg()[0]
+    la = common.loadavg()[0]
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         proc = subprocess.run([*cmd, "--json-out", f.name], env=env, capture_output=True, text=True)
         if proc.returncode:
@@ -150,17 +151,22 @@ def components(a) -> None:
     import torch
 
     from scalerl import algo
-    from scalerl.config import compose
     from scalerl.generator import HFGenerator
-    from scalerl.model.build import load_policy
     from scalerl.model.precision import Precision
     from scalerl.rollout.prompts import PromptSampler
-    from scalerl.task import build_task
-    from scalerl.trainer import collate, make_trainer
+    from scalerl.trainer import collate
 
     torch.set_num_threads(1)
     ns = argparse.Namespace(
-        **{**vars(a), "steps": 1, "eval_every": 1, "eval_prompts": 128, "seed": 0, "override": []}
+        **{
+            **vars(a),
+            "steps": 1,
+            "eval_every": 1,
+            "eval_prompts": 128,
+            "seed": 0,
+            "override": [],
+            "model": "tiny",
+        }
     )
     rows = []
 
@@ -175,12 +181,12 @@ def components(a) -> None:
 
     def one_precision(prec_name: str) -> None:
         over = [o for o in bench_trl.work_overrides(ns) if not o.startswith("precision=")]
-        cfg = compose([*over, f"precision={prec_name}", "out_dir=/tmp/scalerl-components"])
-        task = build_task(cfg)
-        model, tok, _ = load_policy(cfg, task)
-        prec = Precision.for_device(cfg.precision.body, cfg.precision.head, "cpu")
+        _, config = common.options([*over, f"precision={prec_name}", "out_dir=/tmp/scalerl-components"])
+        task = common.task(config)
+        model, tok, _ = common.loaded_policy(config, task)
+        prec = Precision.for_device(config.precision.body, config.precision.head, "cpu")
         prec.prepare(model)
-        gen = HFGenerator(model, tok, prec, cfg.length_control, temperature=1.0, seed=0)
+        gen = HFGenerator(model, tok, prec, config.length_control, temperature=1.0, seed=0)
         sampler = PromptSampler(task.train_prompts(), seed=0)
         batches = [sampler.next(a.prompts) for _ in range(a.batches)]
 
@@ -227,7 +233,7 @@ def components(a) -> None:
         )
         # trainer: length buckets
         groups_list = generate_all()
-        trainer = make_trainer(cfg, model, prec, temperature=1.0, device=torch.device("cpu"))
+        trainer = common.trainer(config, model, prec, temperature=1.0, device=torch.device("cpu"))
         tbatches = []
         for pr, groups in zip(batches, groups_list):
             for p, g in zip(pr, groups):
@@ -256,7 +262,7 @@ def components(a) -> None:
         )
 
         def with_shared_prompts(on):
-            trainer.tcfg.share_prompts = on
+            trainer.options.share_prompts = on
 
         off_on(
             "trainer: a group's prompt through the model once (trainer.share_prompts)",

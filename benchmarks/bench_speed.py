@@ -26,30 +26,14 @@ torch thread the thread's CPU time is the work done), wall seconds beside them.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "src"))
-sys.path.insert(0, HERE)
+import common
+
+common.use_checkout()
 
 import torch  # noqa: E402
-from bench_continuous import _commit, _load, _machine  # noqa: E402
-
-
-def matmul_rate(n: int, reps: int = 5) -> float:
-    """fp32 FLOP/s of ``n x n`` by ``n x n`` matmuls (median of ``reps``, per CPU second of this
-    thread: a shared machine's other load does not count against it)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    times = []
-    for _ in range(reps):
-        t = time.thread_time()
-        torch.mm(a, b)
-        times.append(time.thread_time() - t)
-    return 2.0 * n**3 / statistics.median(times)
 
 
 def main() -> None:
@@ -61,22 +45,19 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
-    from scalerl.config import compose
-    from scalerl.generator import make_generator
-    from scalerl.model.build import build_policy, num_params
+    from scalerl.model.build import num_params
     from scalerl.rollout.prompts import PromptSampler
-    from scalerl.task import build_task
 
-    cfg = compose([*a.override, "out_dir=/tmp/scalerl-bench-speed"])
-    task = build_task(cfg)
-    model, tok, prec = build_policy(cfg, task, torch.device("cpu"), trained=False)
+    _, config = common.options([*a.override, "out_dir=/tmp/scalerl-bench-speed"])
+    task = common.task(config)
+    model, tok, prec = common.policy(config, task, torch.device("cpu"), trained=False)
     n_params = num_params(model, exclude_embeddings=True)
-    per_prompt = int(cfg.trainer.generations_per_prompt)
-    rows = int(cfg.trainer.batch_size)
+    per_prompt = int(config.trainer.generations_per_prompt)
+    rows = int(config.trainer.batch_size)
     prompts = PromptSampler(task.train_prompts(), seed=0).next(rows // per_prompt)
     gens = {}
     for name, lean in (("today", False), ("lean", True)):
-        g = make_generator(cfg, model, tok, prec, seed=0)
+        g = common.generator(config, model, tok, prec, seed=0)
         g.lean = lean
         gens[name] = g
 
@@ -100,16 +81,16 @@ def main() -> None:
     res: dict[str, list[dict]] = {k: [] for k in gens}
     rates = []
     for r in range(a.rounds):
-        rates.append(matmul_rate(a.mm))
-        for name in list(gens)[:: 1 if r % 2 == 0 else -1]:
+        rates.append(common.matmul_rate(a.mm))
+        for name in common.in_turn(list(gens), r):
             res[name].append(run(gens[name]))
     rate = statistics.median(rates)
 
-    print(f"# generation speed: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {_commit()}")
-    print(f"machine: {_machine()}; load {_load()}; torch threads {a.threads}")
+    print(f"# generation speed: {common.utc_now()}, commit {common.commit()}")
+    print(f"machine: {common.machine()}; load {common.load()}; torch threads {a.threads}")
     print(
         f"config: default{' ' + ' '.join(a.override) if a.override else ''}; {len(prompts)} prompts x "
-        f"{per_prompt} samples a step; arch {cfg.model.arch}, {n_params} non-embedding parameters; "
+        f"{per_prompt} samples a step; arch {config.model.arch}, {n_params} non-embedding parameters; "
         f"precision body {prec.body} ({prec.impl}), head {prec.head}"
     )
     print(
@@ -140,7 +121,7 @@ def main() -> None:
         f"\nlean vs today: {med['today'][0] / med['lean'][0]:.2f}x less CPU time, "
         f"{med['today'][1] / med['lean'][1]:.2f}x less wall time a step (medians)"
     )
-    print(f"load at the end: {_load()}")
+    print(f"load at the end: {common.load()}")
 
 
 if __name__ == "__main__":

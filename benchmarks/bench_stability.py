@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import common
+
+ROOT = common.ROOT
 
 
 def parse_setting(text: str) -> tuple[str, list[str]]:
@@ -48,10 +49,9 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
 
 
 def budget_of(overrides: list[str]) -> int:
-    sys.path.insert(0, str(ROOT / "src"))
-    from scalerl.config import compose
-
-    return int(compose(overrides).trainer.total_steps)
+    common.use_checkout()
+    _, config = common.options(overrides)
+    return int(config.trainer.total_steps)
 
 
 def run_one(name, overrides, seed, steps, out: Path, uri: str, threads: int) -> dict:
@@ -146,8 +146,10 @@ def main(argv=None) -> int:
     wall = time.time() - t0
 
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load_avg": os.getloadavg(),
+        "date": common.utc_now(),
+        "commit": common.commit(),
+        "machine": common.machine(),
+        "load_avg": common.loadavg(),
         "wall_s": round(wall, 1),
         "runs": runs,
         "settings": {},
@@ -198,19 +200,16 @@ def main(argv=None) -> int:
 
 
 def _axis(overrides: list[str]) -> str:
-    from scalerl.config import compose
-
-    return str(compose(overrides).scaling.compute_axis)
+    return str(common.options(overrides)[1].scaling.compute_axis)
 
 
 def _early_cut(overrides, steps, comp) -> float:
-    from scalerl.config import compose
     from scalerl.scaling.sigmoid import early_cutoff
 
-    s = compose(overrides).scaling
+    s = common.options(overrides)[1].scaling
     return early_cutoff(steps, comp, min_step=int(s.min_step), min_compute=float(s.min_compute))
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "src"))
+    common.use_checkout()
     raise SystemExit(main())

@@ -22,39 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import common
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+common.use_checkout()
 
 from bench_vllm import build, prompts  # noqa: E402
-
-
-def _machine() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
-        )
-    except Exception:  # no lscpu
-        import platform
-
-        name = platform.processor() or platform.machine()
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _updates_every(n: int, updated: list[int] | None = None):
@@ -140,26 +117,20 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="JSON of every call")
     a = ap.parse_args()
 
-    from scalerl.config import compose
     from scalerl.model.precision import Precision
 
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=os.path.dirname(__file__),
-        ).stdout.strip(),
-        "machine": _machine(),
-        "uptime_start": _uptime(),
+        "date": common.utc_now(),
+        "commit": common.commit(),
+        "machine": common.machine(),
+        "load_start": common.load(),
         "torch_threads": torch.get_num_threads(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "calls": [],
     }
     print(f"# {result['date']}, commit {result['commit']}, {result['machine']}", flush=True)
-    print(f"# start: {result['uptime_start']}", flush=True)
-    lc = compose(["length_control=none", f"length_control.max_new_tokens={a.new_tokens}"]).length_control
+    print(f"# start: load average {result['load_start']}", flush=True)
+    lc = common.length_limit(a.new_tokens)
     model, tok = build(a.size)
     # no eos anywhere: vLLM would stop at the model config's (its generation config), the HF sampler not
     model.config.eos_token_id = None
@@ -184,7 +155,7 @@ def main() -> None:
         for every in a.every:
             calls: dict[str, list[dict]] = {"keep": [], "recompute": []}
             for r in range(a.rounds):
-                for mode in ("keep", "recompute") if r % 2 == 0 else ("recompute", "keep"):
+                for mode in common.in_turn(("keep", "recompute"), r):
                     gen.stale_kv = mode
                     c = _call(gen, ps, a.n, every)
                     calls[mode].append(c)
@@ -231,9 +202,9 @@ def main() -> None:
                     }
                 )
         gen.stale_kv = "keep"
-    result["uptime_end"] = _uptime()
+    result["load_end"] = common.load()
     result["summary"] = rows
-    print(f"# end: {result['uptime_end']}", flush=True)
+    print(f"# end: load average {result['load_end']}", flush=True)
     print(
         f"\n{a.size} model, {a.prompts} prompts x {a.n} samples, prompts of {a.prompt_len} tokens, "
         f"{a.new_tokens} new tokens a sequence ({prompt_prefill} prompt tokens prefilled a call); "

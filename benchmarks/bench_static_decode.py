@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from dataclasses import dataclass
 
+import common
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+common.use_checkout()
 
 from bench_memory import SHAPES, shape_cfg  # noqa: E402
 
@@ -114,6 +112,9 @@ def main() -> None:
 
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "machine": common.machine(),
+        "commit": common.commit(),
+        "load": common.load(),
         "torch": torch.__version__,
         "shape": shape,
         "rows": a.prompts * a.samples,

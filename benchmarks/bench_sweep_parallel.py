@@ -23,13 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_learning import cpu_name
+import common
 
 from scalerl.config.errors import override_key
 from scalerl.sweep import load_spec
 from scalerl.sweep.launch import local_threads
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = common.ROOT
 # the leave-one-out study's run settings (sweeps/loo.yaml's base), 100 steps
 LOO = [
     *(o for o in load_spec(ROOT / "sweeps" / "loo.yaml").base if override_key(o) != "trainer.total_steps"),
@@ -74,7 +74,7 @@ def main() -> None:
         warm.mkdir()
         finish([start(warm, 0, [*a.overrides, "trainer.total_steps=1", "eval.every=1000"])])
         for r in range(a.first_round, a.first_round + a.rounds):
-            for how in ("at once", "one at a time")[:: 1 if r % 2 == 0 else -1]:  # alternating
+            for how in common.in_turn(("at once", "one at a time"), r):
                 folder = Path(tmp) / f"{r}-{how.replace(' ', '-')}"
                 folder.mkdir()
                 t0 = time.time()
@@ -87,14 +87,14 @@ def main() -> None:
                 wall = time.time() - t0
                 rows.append({"round": r, "how": how, "runs": a.runs, "wall_s": round(wall, 1)})
                 print(json.dumps(rows[-1]), flush=True)
-    load = os.getloadavg()
     print(
         json.dumps(
             {
                 "date": datetime.date.today().isoformat(),
-                "cpu": cpu_name(),
+                "cpu": common.cpu_model(),
                 "cores": cores,
-                "load_after": [round(x, 2) for x in load],
+                "commit": common.commit(),
+                "load_after": common.loadavg(),
                 "settings": LOO + a.overrides,
                 "rows": rows,
             },

@@ -15,36 +15,18 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 
+import common
 import torch
 from omegaconf import OmegaConf
 
 import scalerl.model.precision as precision_module
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.loop import build
 from scalerl.loop.run import train_step
-from scalerl.model.build import build_policy
-from scalerl.task import build_task
-from scalerl.trainer import make_trainer
-
-
-def matmul_rate(n: int = 2048, reps: int = 5) -> float:
-    """fp32 FLOP/s of an n x n matmul, best of ``reps``, timed by this thread's CPU time (as the
-    steps are: on a shared machine the wall clock also counts the time other jobs hold the core)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        t = time.thread_time()
-        a @ b
-        best = min(best, time.thread_time() - t)
-    return 2 * n**3 / best
 
 
 def capture(steps: int, tmp: str):
@@ -86,42 +68,34 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cfg, state, batches, flops = capture(args.steps, tmp)
     torch.set_num_threads(args.threads)
-    task = build_task(cfg)
+    config = typed(cfg)
+    task = common.task(config)
     trainers = {}
     for name, lean in (("plain", False), ("lean", True)):
         precision_module.LEAN_EMULATION = lean
-        model, _, precision = build_policy(cfg, task, torch.device("cpu"))
+        model, _, precision = common.policy(config, task, torch.device("cpu"))
         model.load_state_dict(state)
-        tr = make_trainer(
-            cfg, model, precision, temperature=cfg.generator.temperature, device=torch.device("cpu")
-        )
+        tr = common.trainer(config, model, precision, device=torch.device("cpu"))
         tr.engine.round_weights_once = lean
         tr.step(batches[0])  # first-call costs out of the timing
         trainers[name] = tr
     precision_module.LEAN_EMULATION = True
     wall = {k: [] for k in trainers}
     cpu = {k: [] for k in trainers}
-    loads = [open("/proc/loadavg").read().split()[0]]
+    loads = [common.load().split()[0]]
     for r in range(args.rounds):
         for b in batches:
-            for k in ("plain", "lean") if r % 2 == 0 else ("lean", "plain"):
+            for k in common.in_turn(("plain", "lean"), r):
                 t, c = time.perf_counter(), time.thread_time()
                 trainers[k].step(b)
                 wall[k].append(time.perf_counter() - t)
                 cpu[k].append(time.thread_time() - c)
-        loads.append(open("/proc/loadavg").read().split()[0])
-    rate = matmul_rate()
+        loads.append(common.load().split()[0])
+    rate = common.matmul_rate(best=True)
     limit = statistics.mean(flops) / rate
     ratio = statistics.median(a / b for a, b in zip(cpu["lean"], cpu["plain"], strict=True))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    model_name = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-        platform.processor(),
-    )
     lines = [
-        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}, {model_name}, "
+        f"date {common.utc_now()}, commit {common.commit()}, {common.cpu_model()}, "
         f"{torch.get_num_threads()} thread(s), load average (1 min) over the timing: {' '.join(loads)}",
         "",
         f"{len(batches)} default batches x {args.rounds} rounds, plain and lean alternated step by step;"

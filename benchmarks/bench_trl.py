@@ -69,7 +69,6 @@ import importlib.metadata
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -78,7 +77,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import common
+
+HERE = common.HERE
 RESULTS = HERE / "results"
 SYSTEMS = ("trl", "ours_sync", "ours_pipeline")
 # the work of each --model (a flag given on the command line wins)
@@ -126,43 +127,9 @@ LABEL = {
 
 # ----------------------------------------------------------------------------------- shared pieces
 def machine_info() -> dict:
-    model = ""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except Exception:
-        pass
-    import torch
-
-    commit = ""
-    try:
-        git = ["git", "-C", str(HERE)]
-        commit = subprocess.run(
-            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        if subprocess.run(
-            [*git, "diff", "--quiet", "HEAD", "--", str(HERE.parent / "src"), __file__]
-        ).returncode:
-            commit += "+uncommitted changes"
-    except OSError:
-        pass
-    return {
-        "commit": commit,
-        "cpu": model or platform.processor(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-    }
-
-
-def loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
+    """The machine and checkout a results file names (the commit marked where ``src/`` or this
+    script differs from it)."""
+    return common.environment(dirty=[common.ROOT / "src", __file__])
 
 
 def work_overrides(a) -> list[str]:
@@ -256,16 +223,16 @@ class Evaluator:
     the same seeded stream for every snapshot and every system."""
 
     def __init__(self, cfg, n_prompts: int, k: int, seed: int = 12345):
+        from scalerl.config import typed
         from scalerl.generator import HFGenerator
-        from scalerl.model.build import load_policy
         from scalerl.model.precision import Precision
-        from scalerl.task import build_task
 
-        self.task = build_task(cfg)
+        config = typed(cfg)
+        self.task = common.task(config)
         self.val = self.task.val_prompts()[:n_prompts]
         self.k = k
         self.seed = seed
-        self.model, self.tok, _ = load_policy(cfg, self.task)
+        self.model, self.tok, _ = common.loaded_policy(config, self.task)
         self.gen = HFGenerator(
             self.model,
             self.tok,
@@ -307,7 +274,6 @@ def child_ours(a) -> dict:
     import torch
     from omegaconf import OmegaConf
 
-    from scalerl.config import compose
     from scalerl.loop import build
     from scalerl.loop.run import hand_over_weights, train_step
     from scalerl.tracking import Tracker
@@ -316,16 +282,16 @@ def child_ours(a) -> dict:
     cuda = getattr(a, "device", None) == "cuda"
     out = tempfile.mkdtemp(prefix=f"bench-{a.system}-")
     lag = ["async_mode.max_lag=8"] if mode == "pipeline_rl" else []
-    cfg = compose([*work_overrides(a), f"async_mode={mode}", *lag, f"out_dir={out}"])
+    cfg, config = common.options([*work_overrides(a), f"async_mode={mode}", *lag, f"out_dir={out}"])
     OmegaConf.resolve(cfg)
-    total = int(cfg.trainer.total_steps)
+    total = int(config.trainer.total_steps)
     snaps: list = []
     steps_log: list = []
     gen_s: list[float] = []  # generation (and scoring) seconds of each step
 
     t0 = time.perf_counter()
     # MLflow off (TRL runs with report_to="none"): the loop gets a disabled tracker
-    run = build(cfg, tracker=Tracker(cfg, Path(out), enabled=False))
+    run = build(cfg, tracker=Tracker(config.tracking, Path(out), enabled=False), config=config)
     # each round samples differently (the prompts, model and warm-start stay the same)
     run.generator.manual_seed(1_000_003 * (a.sample_seed + 1) + cfg.seed)
     hand_over_weights(run)  # pipeline_rl: starts the generator process with the weights
@@ -346,8 +312,8 @@ def child_ours(a) -> dict:
         # the clock starts once the generator process is ready (its model built), as it starts
         # for the others once their models are built: one-time setup is not timed for any
         # system (it is reported as startup)
-        run.source.process.wait_ready()
-        gen_pid = run.source.process.proc.pid
+        run.source.pool.wait_ready()  # the engines (scalerl.rollout.pool.EnginePool): one here
+        gen_pid = run.source.pool.procs[0].pid
     start = time.perf_counter()
     startup = start - t0 if mode == "pipeline_rl" else spawned - t0
     cpu0 = time.process_time()
@@ -496,16 +462,17 @@ def child_trl(a, defaults: bool) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from scalerl.config import compose
-    from scalerl.model.build import load_policy, num_params
+    from scalerl.model.build import num_params
     from scalerl.rollout.prompts import PromptSampler
-    from scalerl.task import Prompt, build_task
+    from scalerl.task import Prompt
 
     t0 = time.perf_counter()
-    cfg = compose([*work_overrides(a), "async_mode=sync", f"out_dir={tempfile.mkdtemp(prefix='bench-trl-')}"])
+    cfg, config = common.options(
+        [*work_overrides(a), "async_mode=sync", f"out_dir={tempfile.mkdtemp(prefix='bench-trl-')}"]
+    )
     OmegaConf.resolve(cfg)
-    task = build_task(cfg)
-    model, tok, _ = load_policy(cfg, task)
+    task = common.task(config)
+    model, tok, _ = common.loaded_policy(config, task)
     P, G = a.prompts, a.gens
     prompts = PromptSampler(task.train_prompts(), seed=cfg.seed).next(P * a.steps)
     ds = Dataset.from_dict({"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts]})
@@ -535,7 +502,7 @@ def child_trl(a, defaults: bool) -> dict:
     micro = int(getattr(a, "micro_batch", 0) or P * G)
     if (P * G) % micro:
         raise SystemExit(f"--micro-batch {micro}: must divide prompts x generations ({P * G})")
-    common = dict(
+    grpo = dict(
         output_dir=tempfile.mkdtemp(prefix="bench-trl-out-"),
         per_device_train_batch_size=micro,
         generation_batch_size=P * G,
@@ -564,10 +531,10 @@ def child_trl(a, defaults: bool) -> dict:
     if defaults:
         # TRL's own performance defaults (gradient checkpointing on, bf16 on, logging every 10 steps,
         # its AdamW and linear-decay schedule); only the work itself is pinned
-        args = GRPOConfig(**common)
+        args = GRPOConfig(**grpo)
     else:
         args = GRPOConfig(
-            **common,
+            **grpo,
             gradient_checkpointing=False,
             # bf16 on a GPU (mixed precision: fp32 master weights, the forward under autocast, as
             # ours with precision=bf16 there); fp32 on a CPU
@@ -738,7 +705,7 @@ def child_matmul(a) -> dict:
 def run_child(a, system: str, extra: list[str]) -> dict:
     cmd = [sys.executable, __file__, "_child", "--system", system, *extra]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(a.threads))
-    la0 = loadavg()
+    la0 = common.loadavg()
     t0 = time.time()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         proc = subprocess.run([*cmd, "--json-out", f.name], env=env, capture_output=True, text=True)
@@ -747,7 +714,7 @@ def run_child(a, system: str, extra: list[str]) -> dict:
             raise RuntimeError(f"{system} run failed (exit {proc.returncode})")
         res = json.loads(Path(f.name).read_text())
     res["system"] = system
-    res["loadavg_before"], res["loadavg_after"] = la0, loadavg()
+    res["loadavg_before"], res["loadavg_after"] = la0, common.loadavg()
     res["process_seconds"] = time.time() - t0
     return res
 
@@ -1209,7 +1176,7 @@ def main() -> None:
         Path(a.json_out).write_text(json.dumps(res))
         return
 
-    common = [
+    child_args = [
         f"--model={a.model}",
         f"--profile={a.profile}",
         f"--steps={a.steps}",
@@ -1226,17 +1193,16 @@ def main() -> None:
         *[f"--override={o}" for o in a.override],
     ]
     info = machine_info()
-    print(f"[bench] {info}; load {loadavg()}", flush=True)
-    matmul = run_child(a, "matmul", common)
+    print(f"[bench] {info}; load {common.loadavg()}", flush=True)
+    matmul = run_child(a, "matmul", child_args)
     print(
         f"[bench] matmul GFLOP/s: {json.dumps({k: round(v, 1) for k, v in matmul.items() if isinstance(v, float)})}",
         flush=True,
     )
     runs = []
     for i in range(a.pairs):
-        order = systems[i % len(systems) :] + systems[: i % len(systems)]
-        for s in order:
-            r = run_child(a, s, [*common, f"--sample-seed={i}"])
+        for s in common.in_turn(systems, i):
+            r = run_child(a, s, [*child_args, f"--sample-seed={i}"])
             d = derive(r, a, matmul["peak_gflops"])
             print(
                 f"[bench] round {i + 1} {s:14s} {d['wall_s']:6.1f}s  {d['s_per_step_median']:.3f} s/step  "
@@ -1250,7 +1216,7 @@ def main() -> None:
             write_report(a, info, matmul, runs, None, quiet=True)
     dflt = None
     if a.defaults_steps > 0:
-        dargs = [x for x in common if not x.startswith("--steps=")] + [
+        dargs = [x for x in child_args if not x.startswith("--steps=")] + [
             f"--steps={a.defaults_steps}",
             "--eval-every=1000000",
         ]

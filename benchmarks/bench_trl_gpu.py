@@ -65,9 +65,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_trl  # noqa: E402  (the work and the children of the CPU comparison)
+import bench_trl  # the work and the children of the CPU comparison (same folder)
+import common
+
+HERE = common.HERE
 
 SYSTEMS = ("trl", "ours_sync", "ours_pipeline")
 LABEL = {
@@ -217,7 +218,7 @@ def run_child(a, argv: list[str], timeout: float) -> dict:
     """One run in a fresh process; a failure (an out-of-memory error, a crash, the budget) is a row
     of the report with its error, not the end of the benchmark."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    la0 = bench_trl.loadavg()
+    la0 = common.loadavg()
     t0 = time.time()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "_child", *argv, f"--json-out={f.name}"]
@@ -236,7 +237,7 @@ def run_child(a, argv: list[str], timeout: float) -> dict:
                 "process_seconds": time.time() - t0,
             }
         res = json.loads(Path(f.name).read_text())
-    res["loadavg_before"], res["loadavg_after"] = la0, bench_trl.loadavg()
+    res["loadavg_before"], res["loadavg_after"] = la0, common.loadavg()
     res["process_seconds"] = time.time() - t0
     return res
 
@@ -545,7 +546,7 @@ def main() -> int:
         return 2
     t_start = time.time()
     info = machine(a)
-    print(f"[bench] {info}; load {bench_trl.loadavg()}", flush=True)
+    print(f"[bench] {info}; load {common.loadavg()}", flush=True)
     peaks = gpu_peaks(a.device)
     print(f"[bench] peaks {peaks}", flush=True)
     if a.device == "cuda":
@@ -564,8 +565,7 @@ def main() -> int:
     stop = False
     for i in range(a.pairs):
         for shape in a.shapes:
-            k = i % len(a.systems)
-            for s in a.systems[k:] + a.systems[:k]:
+            for s in common.in_turn(a.systems, i):
                 left = a.budget_s - (time.time() - t_start)
                 need = last.get((shape, s), 0.0)
                 if left < need or left < 10:

@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import time
 
+import common
 import numpy as np
 from scipy import stats
 
@@ -115,12 +113,9 @@ def main() -> None:
     settings = B_FACTORS if args.solved else DELTAS
     rows = [run_setting(d, args.sweeps, design, args.seed, args.solved) for d in settings]
     took = time.time() - t0
-    sha = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    print(f"# Verdict calibration ({time.strftime('%Y-%m-%d')}, commit {sha})\n")
+    print(f"# Verdict calibration ({time.strftime('%Y-%m-%d')}, commit {common.commit()})\n")
     print(
-        f"Machine: {platform.node()} ({os.cpu_count()} CPUs), load average {os.getloadavg()[0]:.2f}; "
+        f"Machine: {common.machine()}, load average {common.load()}; "
         f"{took:.0f} s for {len(settings) * args.sweeps} sweeps.\n"
     )
     print(f"Design: {design}; stated family-wise level {FAMILY_LEVEL:.0%}.\n")

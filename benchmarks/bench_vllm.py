@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import common
 import torch
 
 
@@ -51,14 +51,13 @@ def build(size: str):
     """(model, tokenizer): random weights, fp32."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scalerl.config import compose
     from scalerl.model.build import build_model
     from scalerl.model.tokenizer import build_char_tokenizer
 
     if size == "tiny":
         char = build_char_tokenizer()
-        cfg = compose([])
-        model = build_model(cfg.model, len(char), seed=0, pad_token_id=0, eos_token_id=char.eos_token_id)
+        _, config = common.options([])  # the default model option
+        model = build_model(config.model, len(char), seed=0, pad_token_id=0, eos_token_id=char.eos_token_id)
         return model.eval(), NumberTokenizer()
     config = LlamaConfig(  # SmolLM2-135M's architecture
         vocab_size=49152,
@@ -94,16 +93,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    from scalerl.config import compose
     from scalerl.generator.hf import HFGenerator
     from scalerl.generator.vllm_gen import VLLMGenerator
     from scalerl.model.precision import Precision
     from scalerl.model.weights import PolicyWeights
 
-    lc = compose(["length_control=none", f"length_control.max_new_tokens={args.new_tokens}"]).length_control
+    lc = common.length_limit(args.new_tokens)
     results = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "date": common.utc_now(),
+        "commit": common.commit(),
+        "machine": common.machine(),
         "torch_threads": torch.get_num_threads(),
         "settings": vars(args) | {"out": str(args.out)},
     }
@@ -118,7 +117,7 @@ def main() -> None:
     rows: dict[str, list[float]] = {"hf": [], "vllm": []}
     sync: list[float] = []
     for r in range(args.repeats):
-        for name, gen in (("hf", hf), ("vllm", vllm)) if r % 2 == 0 else (("vllm", vllm), ("hf", hf)):
+        for name, gen in common.in_turn((("hf", hf), ("vllm", vllm)), r):
             t = time.perf_counter()
             groups = gen.generate(ps, args.n, version=0)
             dt = time.perf_counter() - t

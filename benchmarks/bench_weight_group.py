@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import common
 import torch
 
 # name -> (hidden, intermediate, layers, heads, kv heads, vocab): Qwen2.5-1.5B and -7B's shapes, and two
@@ -122,8 +121,8 @@ def measure(shape: str, device: torch.device, bucket_mb: float) -> dict:
         return deepspeed.zero.GatheredParameters(ps, modifier_rank=None)
 
     weights = PolicyWeights(model, gather=gather)
-    cfg = SimpleNamespace(precision=SimpleNamespace(body="bf16"))
-    layout = Layout.of(weight_shapes(weights, False, cfg), bucket_mb)
+    precision = SimpleNamespace(body="bf16")  # the precision option's body
+    layout = Layout.of(weight_shapes(weights, False, precision), bucket_mb)
     out["layout_gathers"] = len(gathered)  # learning the layout: none
     out["buckets"] = len(layout.buckets)
     out["largest_bucket_bytes"] = max(
@@ -227,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "backend": "nccl" if device.type == "cuda" else "gloo",
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": common.machine(),
+        "commit": common.commit(),
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "bucket_mb": bucket_mb,

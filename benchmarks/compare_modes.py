@@ -14,11 +14,10 @@ linearly interpolated there; a point outside another run's range is left blank.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
-from datetime import datetime, timezone
 
+import common
 from mlflow.tracking import MlflowClient
 
 from scalerl.analysis.mlflow_io import load_run, metric_history
@@ -81,8 +80,8 @@ def fmt(values: list[float], digits: int = 3) -> str:
 
 def report(runs: list[dict]) -> str:
     lines = [
-        f"# Async modes compared, from their MLflow runs ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
-        f"{platform.node()})",
+        f"# Async modes compared, from their MLflow runs ({common.utc_now()}, commit {common.commit()}; "
+        f"rendered on {common.machine()})",
         "",
         "| | " + " | ".join(r["label"] for r in runs) + " |",
         "|---|" + "---|" * len(runs),

@@ -41,7 +41,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import signal
 import sqlite3
 import subprocess
@@ -51,8 +50,9 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+import common
+
+HERE, ROOT = common.HERE, common.ROOT
 
 # the embedded default (its warm-start too: a shorter one starts at pass rate ~0, where every group
 # has zero variance and every step is skipped), fewer evaluation prompts
@@ -155,7 +155,7 @@ def _fmt(x, spec=".3g") -> str:
 def render(info: dict, parts: list[Part], not_run: list[str]) -> str:
     head = (
         f"scalerl GPU check: {info.get('gpu', 'no GPU')} x {info.get('gpus', 0)}, torch {info['torch']}, "
-        f"Python {info['python']}, {info['cpus']} CPU cores, {info['date']}"
+        f"Python {info['python']}, {info['cores']} CPU cores, {info['date']}"
         + (" [CPU SMOKE: tiny versions on a CPU]" if info.get("cpu_smoke") else "")
     )
     lines = [head, "=" * min(len(head), 110)]
@@ -178,25 +178,7 @@ def render(info: dict, parts: list[Part], not_run: list[str]) -> str:
 
 # ---------------------------------------------------------------------- the machine
 def machine(cpu_smoke: bool) -> dict:
-    import torch
-
-    info = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "cpu_smoke": cpu_smoke,
-        "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-    }
-    if info["gpus"]:
-        p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, gpu_mem_gb=round(p.total_memory / 2**30, 1))
-    try:
-        info["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-    except Exception:
-        info["commit"] = ""
+    info = {**common.environment(), "cpu_smoke": cpu_smoke}
     for name in ("transformers", "deepspeed", "mlflow", "hydra", "omegaconf"):
         try:
             mod = __import__(name)
