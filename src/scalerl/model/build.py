@@ -399,5 +399,7 @@ def load_smollm2(model, task, *, task_option=None, seed: int = 0) -> tuple[PreTr
     return policy, tokenizer, {**info, "source": f"SmolLM2-135M-Instruct ({path})"}
 
 
-# model option name -> the function that builds or loads its policy
+# model option name -> the function that builds or loads its policy, called as
+# loader(model option, built task, *, task_option=the run's task option, seed=the run's seed)
+# -> (model, tokenizer, info) (load_policy)
 POLICY_LOADERS = {"tiny": load_tiny, "hf": load_pretrained, "smollm2": load_smollm2}

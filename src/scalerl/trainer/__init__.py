@@ -4,6 +4,10 @@ One :class:`Trainer` step over an engine from :data:`ENGINES` (``trainer.name``)
 
 from __future__ import annotations
 
+from scalerl.config.groups.correction import CorrectionOption
+from scalerl.config.groups.loss import LossOption
+from scalerl.config.groups.trainer import TorchTrainerOption
+from scalerl.config.options import Option
 from scalerl.trainer.batch import TrainBatch, collate
 from scalerl.trainer.deepspeed_engine import DeepSpeedEngine
 from scalerl.trainer.engine import Engine, build_optimizer
@@ -15,7 +19,15 @@ ENGINES: dict[str, type[Engine]] = {"torch": TorchEngine, "deepspeed": DeepSpeed
 
 
 def make_trainer(
-    model, precision, *, trainer, loss, aggregation, correction, temperature: float, device
+    model,
+    precision,
+    *,
+    trainer: TorchTrainerOption,
+    loss: LossOption,
+    aggregation: Option,
+    correction: CorrectionOption,
+    temperature: float,
+    device,
 ) -> Trainer:
     """The run's trainer over ``model``: the engine ``trainer.name`` names, built from the ``trainer``
     option, and the step's ``loss``, ``aggregation`` and ``correction`` options (each the chosen

@@ -40,6 +40,7 @@ from scalerl import algo
 from scalerl.config.groups.correction import CorrectionOption
 from scalerl.config.groups.loss import LossOption
 from scalerl.config.groups.trainer import TorchTrainerOption
+from scalerl.config.options import Option
 from scalerl.distributed import merge_stats
 from scalerl.model.kv_cache import output_cache, with_cache
 from scalerl.model.precision import head_logprobs
@@ -80,7 +81,7 @@ class Trainer:
         *,
         trainer: TorchTrainerOption,
         loss: LossOption,
-        aggregation,
+        aggregation: Option,
         correction: CorrectionOption,
         temperature: float,
     ):
