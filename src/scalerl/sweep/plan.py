@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from scalerl.config import evaluates_at, typed
 from scalerl.config.errors import explain, override_key
 from scalerl.config.settings import build_config
+from scalerl.layout import LayoutOptions
 from scalerl.scaling.sigmoid import N_PARAMS
 from scalerl.sweep.spec import SweepError, SweepSpec
 
@@ -315,12 +316,18 @@ def make_plan(
         if too_short := _too_short(c.trainer.total_steps, c.eval.every, c.scaling.min_step):
             short.setdefault(too_short, []).append(vname)
         for seed in spec.seeds if spec.seeds is not None else [None]:
-            judged = not run_all and vname != spec.baseline  # the baseline and --run-all always run
-            runs.append(
-                _plan_run(
-                    spec, vname, seed, overrides, composed, sweep.launcher, sdir=sdir, uri=uri, judged=judged
-                )
-            )
+            run = _new_run(spec, vname, seed, overrides, sdir)
+            # composed exactly as its job will compose it, read into its typed options, each check
+            # given its own: the layout on the sweep's launcher, and (the baseline and --run-all
+            # always run) whether its component can act where it would run
+            settings = run_settings(spec.name, run, uri, "0" * 32)
+            config = typed(_compose_or_raise(overrides, where, settings, seed, composed))
+            run.seed, run.total_steps = config.seed, int(config.trainer.total_steps)
+            layout = LayoutOptions(config.trainer, config.generator, config.placement, config.async_mode)
+            _check_layout(layout, sweep.launcher, where)
+            if not run_all and vname != spec.baseline:
+                run.skip = cannot_act_here(config.precision, config.trainer, sweep.launcher)
+            runs.append(run)
     return Plan(
         spec=spec,
         runs=runs,
@@ -411,37 +418,13 @@ def _too_short(steps: int, every: int, cut: int) -> str:
     )
 
 
-def _plan_run(
-    spec: SweepSpec,
-    vname: str,
-    seed: int | None,
-    overrides: list[str],
-    composed: DictConfig,
-    launcher,
-    *,
-    sdir: Path,
-    uri: str,
-    judged: bool,
-) -> PlannedRun:
-    """One run of variant ``vname`` (its seed ``seed``, None: the config's), composed exactly as its
-    job will compose it and checked against ``launcher`` (the sweep's launcher option); ``judged``:
-    ``skip`` says why its component cannot act where it would run (:func:`cannot_act_here`)."""
+def _new_run(spec: SweepSpec, vname: str, seed: int | None, overrides: list[str], sdir: Path) -> PlannedRun:
+    """Run ``vname`` (its seed ``seed``, None: the config's) as named and placed in the sweep folder
+    ``sdir``, before its config is composed (which sets its seed and length)."""
     seeds = spec.seeds
     job = vname if seeds is None or len(seeds) == 1 else f"{vname}-seed{seed}"
     ovs = overrides + ([f"seed={seed}"] if seed is not None else [])
-    run = PlannedRun(name=job, variant=vname, seed=-1, overrides=ovs, out_dir=str(sdir / job), total_steps=0)
-    where = f"{spec.path or spec.name}: variant {vname!r}"
-    settings = run_settings(spec.name, run, uri, "0" * 32)
-    config = typed(_compose_or_raise(overrides, where, settings, seed, composed))
-    run.seed = config.seed
-    run.total_steps = int(config.trainer.total_steps)
-    from scalerl.layout import LayoutOptions
-
-    options = LayoutOptions(config.trainer, config.generator, config.placement, config.async_mode)
-    _check_layout(options, launcher, where)
-    if judged:
-        run.skip = cannot_act_here(config.precision, config.trainer, launcher)
-    return run
+    return PlannedRun(name=job, variant=vname, seed=-1, overrides=ovs, out_dir=str(sdir / job), total_steps=0)
 
 
 def plan_lines(plan: Plan) -> list[str]:
