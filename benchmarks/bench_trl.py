@@ -397,7 +397,7 @@ def profile_trainer_step(run, groups) -> dict:
 
     from scalerl.loop.batch import prepare_batch
 
-    cfg = run.cfg
+    cfg = run.config  # the run's typed options, as the loop reads them
     prepared = prepare_batch(
         groups,
         version=run.state.step,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from scalerl.cli import preflight
-from scalerl.config import ConfigError, compose
+from scalerl.config import ConfigError, compose, typed
 from scalerl.config.errors import explain
 from scalerl.config.preflight import RANK_VARIABLES, PathError, file_system
 from scalerl.sweep.plan import make_plan
@@ -589,7 +589,7 @@ def test_a_garbage_or_mismatched_tokenizer_is_one_line(tmp_path, model_env):
     (folder / "tokenizer.json").write_text("{garbage")
     cfg = checked([*model_env, f"model.name_or_path={folder}", "length_control=none"])  # the files are there
     with pytest.raises(PathError) as e:
-        load_pretrained(cfg, None)
+        load_pretrained(typed(cfg).model, None)
     msg = one_line(str(e.value))
     assert msg.startswith(f"model.name_or_path='{folder}': ") and "tokenizer" in msg
 
@@ -698,9 +698,9 @@ def test_a_data_file_gives_the_tiny_model_nothing_to_warm_start_on(tmp_path, sto
     from scalerl.task import build_task
 
     cache = tmp_path / "cache"
-    cfg = compose([*base, f"model.cache_dir={cache}"])
+    config = typed(compose([*base, f"model.cache_dir={cache}"]))
     with pytest.raises(ConfigError) as e:
-        load_policy(cfg, build_task(cfg))
+        load_policy(config.model, build_task(config.task), task_option=config.task, seed=config.seed)
     assert one_line(str(e.value)) == msg
     assert not cache.exists()
 

@@ -10,9 +10,9 @@ import torch
 from test_loop import SYNC, history, make_run, uri_of
 
 from scalerl.config import ConfigError, compose
-from scalerl.config.schema import RESUMABLE_CHANGES
+from scalerl.config.schema import RESUMABLE_CHANGES, recipe
 from scalerl.loop import RunError, train
-from scalerl.loop.checkpointing import check_same_recipe, recipe, recipe_path
+from scalerl.loop.checkpointing import check_same_recipe, recipe_path
 from scalerl.storage import write_json
 
 

@@ -16,8 +16,9 @@ from collections import Counter
 import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
+from parts import scoring_options
 
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.generator.sample import Sample
 from scalerl.rollout.prompts import MixedSampler, make_sampler
 from scalerl.task import CodeTask, MultiTask, Prompt, make_task
@@ -299,7 +300,7 @@ def test_every_humaneval_reference_passes_when_its_tests_are_replayed_out_of_pro
         ]
         for r in rows
     ]
-    counts = score_groups(task, prompts, groups, cfg)
+    counts = score_groups(task, prompts, groups, **scoring_options(typed(cfg)))
     assert [r["task_id"] for r, g in zip(rows, groups) if g[0].correct != 1.0] == []
     assert [r["task_id"] for r, g in zip(rows, groups) if g[1].correct != 0.0] == []
     assert counts["errors"] == 0 and counts["timeout"] == 0
@@ -321,7 +322,7 @@ def test_failed_programs_are_counted_by_kind_and_verifier_errors_apart(code_task
     ]
     fast = CodeTask(num_val=32, timeout_s=5.0)  # 1 s was classed a timeout on a loaded machine
     groups = [[_sample(t) for t in texts]]
-    counts = score_groups(fast, [p], groups, cfg)
+    counts = score_groups(fast, [p], groups, **scoring_options(typed(cfg)))
     assert [s.correct for s in groups[0]] == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert counts == Counter({"timeout": 1, "process": 1, "network": 1, "syntax": 1, "errors": 0})
     assert set(counts) - {"errors"} <= set(KINDS)
@@ -340,7 +341,7 @@ def test_sandboxed_programs_are_verified_concurrently_in_order():
     texts = [slow_right, "import time\ntime.sleep(0.6)\ndef f(x): return 0"] * 3
     groups = [[_sample(t) for t in texts]]
     t0 = time.perf_counter()
-    counts = score_groups(task, [p], groups, cfg)
+    counts = score_groups(task, [p], groups, **scoring_options(typed(cfg)))
     elapsed = time.perf_counter() - t0
     assert [s.correct for s in groups[0]] == [1.0, 0.0] * 3 and counts["errors"] == 0
     rounds = -(-len(texts) // min(len(texts), os.cpu_count() or 1))

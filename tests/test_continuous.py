@@ -26,7 +26,7 @@ from test_generator_contract import (
 )
 from vllm_cache import kept
 
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.generator import HFGenerator
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
@@ -100,9 +100,10 @@ def serve(cfg, gen, works: list[list], *, poll=None, timeout: float = 300.0):
     work each) queued before it starts; ``poll``: the engine's in-flight weight source (() -> new
     version or None). Returns (the groups of each piece by work id, the engine's trace)."""
     store = connect(TransportSpec("gloo", "127.0.0.1", 0, 1, timeout_s=60.0), master=True)
-    spec = EngineSpec("", 0, 1, TransportSpec("gloo", "127.0.0.1", store.port, 1), threads=1)
-    task = build_task(cfg)
-    engine = _Engine(cfg, spec, store, task, gen, poll or (lambda: None))
+    config = typed(cfg)  # as an engine process gets it (EngineSpec.config)
+    spec = EngineSpec(config, 0, 1, TransportSpec("gloo", "127.0.0.1", store.port, 1), threads=1)
+    task = build_task(config.task)
+    engine = _Engine.over(config, spec, store, task, gen, poll or (lambda: None))
     engine.trace = []
     gid = 0
     for wid, prompts in enumerate(works):
@@ -178,7 +179,7 @@ ENGINES = {
 
 
 def _work(cfg, n: int, per: int = 1) -> list[list]:
-    prompts = build_task(cfg).train_prompts()
+    prompts = build_task(typed(cfg).task).train_prompts()
     return [list(prompts[i * per : (i + 1) * per]) for i in range(n)]
 
 

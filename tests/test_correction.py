@@ -280,10 +280,10 @@ def test_no_gap_means_no_divergence_and_full_ess():
     ],
 )
 def test_the_group_composes_into_the_trainer_s_correction(overrides, want):
-    from scalerl.config import compose
-    from scalerl.trainer.trainer import correction_of
+    from scalerl.config import compose, typed
 
-    assert correction_of(compose(overrides)) == want
+    # the option's view, as the trainer takes it (scalerl.trainer.Trainer)
+    assert typed(compose(overrides)).correction.correction() == want
 
 
 @pytest.mark.parametrize(

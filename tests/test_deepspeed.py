@@ -148,16 +148,19 @@ SYNTH = [
 ]
 
 
-def synthetic(cfg, seed: int = 0):
+def synthetic(config, seed: int = 0):
     """(model, precision, batch): a random tiny policy and 4 groups x 4 sequences of random tokens with
     unequal completion lengths, each group's rows sharing their prompt (so ``trainer.share_prompts``
     runs it once); behaviour log-probs are the policy's own (importance ratios 1)."""
+    from parts import trainer_options
+
     from scalerl.model.build import build_model
     from scalerl.model.precision import Precision
     from scalerl.trainer import TorchEngine, TrainBatch, Trainer
 
-    model = build_model(cfg.model, vocab_size=40, seed=seed, pad_token_id=0, eos_token_id=1)
-    precision = Precision.for_device(cfg.precision.body, cfg.precision.head, "cpu", impl=cfg.precision.impl)
+    model = build_model(config.model, vocab_size=40, seed=seed, pad_token_id=0, eos_token_id=1)
+    p = config.precision
+    precision = Precision.for_device(p.body, p.head, "cpu", impl=p.impl)
     precision.prepare(model)
     g = torch.Generator().manual_seed(seed)
     groups, per, length, prompt = 4, 4, 24, 6
@@ -177,8 +180,9 @@ def synthetic(cfg, seed: int = 0):
         start=prompt - 1,
     )
     with torch.no_grad():
-        ref = TorchEngine(copy.deepcopy(model), cfg.trainer, torch.device("cpu"))
-        logp, _ = Trainer(ref, precision, cfg, temperature=1.0).token_logprobs(batch)
+        ref = TorchEngine(copy.deepcopy(model), config.trainer, torch.device("cpu"))
+        trainer = Trainer(ref, precision, **trainer_options(config), temperature=1.0)
+        logp, _ = trainer.token_logprobs(batch)
     batch.gen_logp[:, batch.start :] = logp * batch.mask[:, batch.start :]
     return model, precision, batch
 
@@ -216,17 +220,18 @@ def test_steps_equal_torch(stage, precision, extra, ds_process):
     """Optimiser steps under ZeRO-`stage` == trainer=torch's from the same start and batch: the first
     step (and the second, so gradients must not leak from one step into the next), with two
     micro-batches per step (DeepSpeed accumulates them)."""
-    from scalerl.config import compose
+    from parts import options, trainer_options
+
     from scalerl.trainer import make_trainer
 
     cpu = torch.device("cpu")
     over = [*SYNTH, f"precision={precision}", "trainer.micro_batch_size=8", *extra]
-    cfg_t = compose([*over, "trainer=torch"])
-    cfg_d = compose([*over, "trainer=deepspeed", f"trainer.zero_stage={stage}"])
+    cfg_t = options([*over, "trainer=torch"])
+    cfg_d = options([*over, "trainer=deepspeed", f"trainer.zero_stage={stage}"])
     model, prec, batch = synthetic(cfg_t)
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    torch_tr = make_trainer(cfg_t, copy.deepcopy(model), prec, temperature=1.0, device=cpu)
-    ds = make_trainer(cfg_d, copy.deepcopy(model), prec, temperature=1.0, device=cpu)
+    torch_tr = make_trainer(copy.deepcopy(model), prec, **trainer_options(cfg_t), temperature=1.0, device=cpu)
+    ds = make_trainer(copy.deepcopy(model), prec, **trainer_options(cfg_d), temperature=1.0, device=cpu)
     for step in (1, 2):
         ref_stats = torch_tr.step(batch)
         ref = {k: v.detach().clone() for k, v in torch_tr.module.state_dict().items()}
@@ -349,7 +354,7 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     from test_deepspeed import SYNTH, synthetic
     from test_trainer_contract import bucketed_batch, with_own_logprobs
-    from scalerl.config import compose
+    from parts import options, trainer_options
     from scalerl.trainer import make_trainer
     from scalerl.trainer.deepspeed_engine import end_distributed, init_distributed
 
@@ -361,10 +366,10 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     def against_torch(cfg_t, cfg_d, model, precision, batch, overhead=None):
         # one step of torch on the whole batch and of DeepSpeed on this rank's share: rank 0 trains
         # on 3 groups (3 micro-batches), rank 1 on 1 group (1 micro-batch + 2 of padding passes)
-        ref_tr = make_trainer(cfg_t, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
+        ref_tr = make_trainer(copy.deepcopy(model), precision, **trainer_options(cfg_t), temperature=1.0, device=cpu)
         ref_stats = ref_tr.step(batch)
         ref = ref_tr.module.state_dict()
-        ds = make_trainer(cfg_d, copy.deepcopy(model), precision, temperature=1.0, device=cpu)
+        ds = make_trainer(copy.deepcopy(model), precision, **trainer_options(cfg_d), temperature=1.0, device=cpu)
         if overhead is not None:
             ds.bucket_overhead_tokens = overhead
         seen = []  # positions through the body, per call
@@ -388,8 +393,8 @@ TWO_RANK_SCRIPT = textwrap.dedent(
     cases = [(0, "token"), (2, "sample"), (3, "prompt")]  # (ZeRO-1: the run test below)
     for stage, agg in cases:
         over = [*SYNTH, "precision=fp32", "trainer.micro_batch_size=4", f"aggregation={agg}"]
-        cfg_t = compose([*over, "trainer=torch"])
-        cfg_d = compose([*over, "trainer=deepspeed", f"trainer.zero_stage={stage}"])
+        cfg_t = options([*over, "trainer=torch"])
+        cfg_d = options([*over, "trainer=deepspeed", f"trainer.zero_stage={stage}"])
         model, precision, batch = synthetic(cfg_t)
         ds, share, res = against_torch(cfg_t, cfg_d, model, precision, batch)
         if stage in (0, 3):  # a non-finite loss on rank 1 only: both ranks skip, weights unchanged
@@ -642,7 +647,7 @@ def test_a_run_ends_the_process_group_its_trainer_started(tmp_path):
         from scalerl.messages import RunError
         from scalerl.trainer.deepspeed_engine import init_distributed
 
-        def build(cfg, tracker=None):  # what a DeepSpeed trainer starts, and one collective
+        def build(cfg, tracker=None, config=None):  # what a DeepSpeed trainer starts, and one collective
             init_distributed(torch.device("cpu"))
             dist.all_reduce(torch.ones(64))
             return "parts"

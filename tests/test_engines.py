@@ -13,8 +13,9 @@ import time
 import pytest
 import torch
 from conftest import TINY
+from parts import layout_options, policy_options, pool_options
 
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.config.validate import ConfigError
 from scalerl.generator.base import digests
 from scalerl.loop import train
@@ -38,9 +39,11 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 
 def _pool(overrides: list[str]):
     cfg = compose([*TINY, "async_mode=pipeline_rl", *overrides])
-    task = build_task(cfg)
-    model, tokenizer, precision = build_policy(cfg, task, CPU)
-    pool = EnginePool(cfg, place_engines(cfg, CPU, 1, 2), tokenizer, trainer_device=CPU)
+    config = typed(cfg)
+    task = build_task(config.task)
+    model, tokenizer, precision = build_policy(config.model, task, CPU, **policy_options(config))
+    placement = place_engines(layout_options(config), CPU, 1, 2)
+    pool = EnginePool(placement, tokenizer, **pool_options(config), trainer_device=CPU)
     return cfg, task, model, precision, pool
 
 
@@ -149,9 +152,34 @@ def test_an_engine_that_dies_before_it_joins_is_named_at_once_and_the_pool_stops
     assert not closer.is_alive(), "stopping the pool waited behind the weight group's join"
 
 
+def test_an_engine_spec_carries_the_typed_config_and_the_engine_reads_its_parts_from_it():
+    """An engine process gets the run's typed config (pickled, as the fork server sends it) and its
+    setup hands each part its own settings: samples per prompt, a wave's prompts, continuous or not,
+    and the sequences it keeps running (vLLM's max_num_seqs, else one training batch)."""
+    import pickle
+
+    from scalerl.rollout.engine import EngineSpec, _Engine
+    from scalerl.transport import TransportSpec
+
+    over = [*TINY, "async_mode=pipeline_rl", "trainer.batch_size=12", "trainer.generations_per_prompt=3"]
+    for extra, running in (([], 12), (["generator=vllm", "generator.max_num_seqs=7"], 7)):
+        config = typed(compose([*over, *extra, "generator.continuous=false"]))
+        spec = pickle.loads(
+            pickle.dumps(EngineSpec(config, 1, 2, TransportSpec("gloo", "127.0.0.1", 0, 2), 1))
+        )
+        assert spec.config == config and spec.config.generator.name == config.generator.name
+        engine = _Engine.over(spec.config, spec, None, None, None, None)
+        assert (engine.group_size, engine.batch_prompts, engine.continuous, engine.concurrency()) == (
+            3,
+            4,
+            False,
+            running,
+        )
+
+
 def test_engines_on_a_cpu_share_the_generators_half_of_the_threads():
     cfg = compose([*TINY, "async_mode=pipeline_rl", "placement.engines=2"])
-    p = place_engines(cfg, CPU, 1, 8)
+    p = place_engines(layout_options(typed(cfg)), CPU, 1, 8)
     assert (p.trainer_threads, p.generator_threads, p.engines, p.backend) == (4, 2, 2, "gloo")
     assert devices_held(CPU, p, 1, generator_process=True) == 4 + 2 * 2
 
@@ -163,7 +191,7 @@ def test_generator_tasks_need_a_multi_task_job(monkeypatch):
     with pytest.raises(
         RunError, match="placement.generator_tasks=1 runs engines on tasks of a multi-task job"
     ):
-        place_engines(cfg, CPU, 1, 2)
+        place_engines(layout_options(typed(cfg)), CPU, 1, 2)
 
 
 def test_the_last_tasks_of_a_job_are_its_engines(monkeypatch):
@@ -172,14 +200,15 @@ def test_the_last_tasks_of_a_job_are_its_engines(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
-    assert engine_task(cfg) == 1
-    assert store_address(cfg) == ("node7", 29501)
+    options = layout_options(typed(cfg))
+    assert engine_task(options) == 1
+    assert store_address(options.placement) == ("node7", 29501)
     monkeypatch.setenv("RANK", "1")
-    assert engine_task(cfg) is None
+    assert engine_task(options) is None
     assert os.environ["WORLD_SIZE"] == "2"  # the trainer ranks' world alone
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RunError, match="the job has 2 task"):
-        engine_task(cfg)
+        engine_task(options)
 
 
 @pytest.mark.parametrize(

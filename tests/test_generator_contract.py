@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from parts import options, trainer_options
 from test_model import tiny_model_cfg
 from vllm_cache import kept
 
@@ -50,10 +51,12 @@ def policy(seed: int) -> torch.nn.Module:
 
 
 def new_trainer() -> Trainer:
-    cfg = compose(
+    config = options(
         ["precision=fp32", "trainer.lr=3e-3", "trainer.warmup_steps=0", "trainer.share_prompts=false"]
     )
-    return make_trainer(cfg, policy(0), Precision(), temperature=TEMPERATURE, device=torch.device("cpu"))
+    return make_trainer(
+        policy(0), Precision(), **trainer_options(config), temperature=TEMPERATURE, device=torch.device("cpu")
+    )
 
 
 LC = compose(["length_control=none", "length_control.max_new_tokens=12"]).length_control

@@ -224,9 +224,7 @@ def test_a_user_generator_gets_the_hf_generators_answers_unless_it_says_otherwis
         )
     compose(["generator=test_echo", "async_mode=pipeline_rl", "async_mode.transport=shm"])
     o = typed(compose(["generator=test_echo", "async_mode=pipeline_rl", "placement.engines=2"]))
-    lay = plan(
-        LayoutOptions(o.trainer, o.generator, o.placement, o.async_mode), Launch("process", gpus_per_node=1)
-    )
+    lay = plan(LayoutOptions.of(o), Launch("process", gpus_per_node=1))
     assert [e.memory for e in lay.engines] == [None, None]
 
     class Own(EchoGenerator):

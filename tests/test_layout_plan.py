@@ -21,7 +21,7 @@ import yaml
 from conftest import TINY
 
 from scalerl import layout
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.config.validate import ConfigError
 from scalerl.layout import Launch, LayoutError, job_ports, plan
 from scalerl.messages import RunError
@@ -29,6 +29,18 @@ from scalerl.sweep.job import task_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "cluster.md"
+
+
+def _opts(cfg) -> layout.LayoutOptions:
+    """The layout's options of a composed recipe, typed as setup hands them out."""
+    o = typed(cfg)
+    return layout.LayoutOptions.of(o)
+
+
+def _launch(cfg) -> Launch:
+    """The launch the recipe's own launcher option asks for."""
+    o = typed(cfg)
+    return layout.launch_from_launcher(o.launcher, o.trainer)
 
 
 # ----------------------------------------------------------------------------- the docs' examples
@@ -50,7 +62,7 @@ def _docs_sweep() -> tuple[list[str], list[str]]:
 def test_layout_plan_of_the_docs_two_node_example_is_accepted_and_places_every_rank():
     base, launcher = _docs_sweep()
     cfg = compose([*base, *launcher])
-    lay = plan(cfg, layout.launch_from_launcher(cfg))
+    lay = plan(_opts(cfg), _launch(cfg))
     assert (lay.launch.kind, lay.launch.nodes, lay.launch.tasks_per_node, lay.launch.gpus_per_node) == (
         "slurm",
         2,
@@ -80,7 +92,7 @@ def test_layout_plan_refuses_the_old_docs_example_and_says_which_rank_counts_div
     base = [o for o in base if not o.startswith(("placement.engines", "placement.generator_tasks"))]
     cfg = compose([*base, "placement.engines=2", "placement.generator_tasks=2", *launcher])
     with pytest.raises(LayoutError) as e:
-        plan(cfg, layout.launch_from_launcher(cfg))
+        plan(_opts(cfg), _launch(cfg))
     msg = str(e.value)
     assert "\n" not in msg and "trainer.batch_size=768" in msg and "16 x 14 = 224" in msg, msg
     assert "1, 2, 3, 4, 6, 8, 12, 16, 24, 48" in msg and "trainer.batch_size=672 or 896" in msg, msg
@@ -100,7 +112,7 @@ def test_layout_plan_refuses_the_docs_tp_2_alternative_as_the_page_says():
     with pytest.raises(
         LayoutError, match=r"node 1 runs 5 trainer rank\(s\) and 2 engine task\(s\).*= 9 GPUs"
     ):
-        plan(cfg, layout.launch_from_launcher(cfg))
+        plan(_opts(cfg), _launch(cfg))
     assert "5 + 2 x 2 = 9 GPUs on node 1: refused" in " ".join(DOCS.read_text().split())
 
 
@@ -116,7 +128,7 @@ def test_layout_plan_of_the_docs_torchrun_example_narrows_each_trainer_to_the_gp
     cuda:LOCAL_RANK (DeepSpeed's device) is its own GPU; the engines take GPUs 0-1 of the job's list."""
     nproc, overrides = _docs_torchrun(page)
     cfg = compose(overrides)
-    lay = plan(cfg, Launch("torchrun", 1, nproc, 8, 4, master_port=29500))
+    lay = plan(_opts(cfg), Launch("torchrun", 1, nproc, 8, 4, master_port=29500))
     assert [p.role for p in lay.ranks] == ["trainer"] * 6
     assert {p.visible for p in lay.ranks} == {(2, 3, 4, 5, 6, 7)}
     assert [p.device for p in lay.ranks] == [f"cuda:{k}" for k in range(6)]
@@ -218,7 +230,7 @@ def test_layout_plan_grid_checks_every_rank_of_every_layout(bases):
         cfg = _cfg(bases[placement], batch=96, G=4, engines=engines, tp=tp, gen_tasks=gen_tasks)
         launch = Launch("slurm", nodes, per_node, gpus, 4, job_id=nodes * 100 + per_node)
         try:
-            lay = plan(cfg, launch)
+            lay = plan(_opts(cfg), launch)
         except LayoutError as e:
             msg = str(e)
             assert "\n" not in msg and "=" in msg, msg
@@ -235,7 +247,7 @@ def test_layout_plan_grid_checks_every_rank_of_every_layout(bases):
 
 def test_layout_plan_of_one_cpu_process_is_the_plain_run():
     cfg = compose([*TINY, "async_mode=sync"])
-    lay = plan(cfg, Launch("process", cpus_per_task=6))
+    lay = plan(_opts(cfg), Launch("process", cpus_per_task=6))
     (me,) = lay.ranks
     assert (me.role, me.device, me.visible, me.samples, me.prompts) == ("trainer", "cpu", None, 32, 8)
     assert me.threads == 1  # TINY's trainer.threads=1: as given
@@ -256,7 +268,7 @@ def test_layout_plan_engine_tasks_with_tp_2_take_gpus_of_their_own():
     for rank in (4, 5):
         env = {"RANK": str(rank), "WORLD_SIZE": "6", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "6"}
         env |= {"MASTER_ADDR": "n0", "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": ",".join(ids)}
-        lay, me = layout.current(cfg, env, raw=True, gpu_ids=ids)
+        lay, me = layout.current(_opts(cfg), env, raw=True, gpu_ids=ids)
         assert me.role == "engine" and me.engine == rank - 4
         got.append(layout.physical_gpus(me.visible, env))
     old = [tuple(range(k, k + 2)) for k in (4, 5)]  # what the old serve_task took
@@ -266,7 +278,7 @@ def test_layout_plan_engine_tasks_with_tp_2_take_gpus_of_their_own():
     cfg.placement.engines = cfg.placement.generator_tasks = 3
     cfg.trainer.batch_size = 16
     with pytest.raises(LayoutError, match=r"4 \+ 3 x 2 = 10 GPUs, and the job gives it 8"):
-        plan(cfg, Launch("torchrun", 1, 7, 8, 2, master_port=29500))
+        plan(_opts(cfg), Launch("torchrun", 1, 7, 8, 2, master_port=29500))
 
 
 def test_layout_plan_refuses_engines_of_rank_0_on_several_gpu_nodes():
@@ -276,10 +288,10 @@ def test_layout_plan_refuses_engines_of_rank_0_on_several_gpu_nodes():
         + ["placement.generator_devices=[0,1]", "trainer.batch_size=96"]
     )
     with pytest.raises(LayoutError) as e:
-        plan(cfg, Launch("slurm", 2, 6, 8, 4))
+        plan(_opts(cfg), Launch("slurm", 2, 6, 8, 4))
     assert "placement.generator_tasks=2" in str(e.value) and "idle" in str(e.value)
-    plan(cfg, Launch("slurm", 1, 6, 8, 4))  # one node: as before
-    plan(cfg, Launch("slurm", 2, 6, 0, 4))  # on CPUs nothing is held idle
+    plan(_opts(cfg), Launch("slurm", 1, 6, 8, 4))  # one node: as before
+    plan(_opts(cfg), Launch("slurm", 2, 6, 0, 4))  # on CPUs nothing is held idle
 
 
 def test_layout_plan_ports_of_consecutive_job_ids_never_collide():
@@ -302,11 +314,11 @@ def test_layout_plan_ports_of_consecutive_job_ids_never_collide():
         assert job_ports(job) == (master, master + 1)
         assert 20000 <= master and master + 1 < 32000
     cfg = compose(["trainer=deepspeed", "async_mode=pipeline_rl", "trainer.batch_size=64"])
-    lay = plan(cfg, Launch("slurm", 1, 2, 0, 2, job_id=4241))
+    lay = plan(_opts(cfg), Launch("slurm", 1, 2, 0, 2, job_id=4241))
     assert (lay.master_port, lay.store_port) == job_ports(4241)
     cfg.placement.port = 20007  # a fixed store port inside the range where jobs rendezvous
     with pytest.raises(LayoutError, match="placement.port=20007"):
-        plan(cfg, Launch("slurm", 1, 2, 0, 2))
+        plan(_opts(cfg), Launch("slurm", 1, 2, 0, 2))
 
 
 def test_layout_plan_threads_come_from_the_allotment_not_the_machine():
@@ -314,14 +326,14 @@ def test_layout_plan_threads_come_from_the_allotment_not_the_machine():
     tasks (os.cpu_count() over the world oversubscribed a shared node)."""
     cfg = compose([*TINY, "trainer.threads=0", "trainer=deepspeed", "trainer.batch_size=64"])
     env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "RANK": "1", "MASTER_PORT": "29500"}
-    _, me = layout.current(cfg, {**env, "SLURM_CPUS_PER_TASK": "1"}, gpu_ids=[])
+    _, me = layout.current(_opts(cfg), {**env, "SLURM_CPUS_PER_TASK": "1"}, gpu_ids=[])
     assert me.allotment == me.threads == 1
     cores = len(os.sched_getaffinity(0))
-    _, me = layout.current(cfg, env, gpu_ids=[])
+    _, me = layout.current(_opts(cfg), env, gpu_ids=[])
     assert me.threads == max(1, cores // 4)
     # two local engines on a CPU take half of rank 0's cores between them
     cfg = compose([*TINY, "trainer.threads=0", "async_mode=pipeline_rl", "placement.engines=2"])
-    me = plan(cfg, Launch("process", cpus_per_task=8)).ranks[0]
+    me = plan(_opts(cfg), Launch("process", cpus_per_task=8)).ranks[0]
     assert (me.threads, me.engine_threads, me.local_engines) == (4, 2, (0, 1))
 
 
@@ -340,16 +352,16 @@ def test_layout_plan_local_world_size_counts_the_trainer_ranks_of_the_node(monke
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("MASTER_ADDR", "n0")
     monkeypatch.setenv("MASTER_PORT", "20002")
-    assert engine_task(cfg) is None
+    assert engine_task(_opts(cfg)) is None
     assert (os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"]) == ("12", "4")
     # and what the rank reads afterwards (setup, placement) is still the job's layout
-    lay, me = layout.current(cfg)
+    lay, me = layout.current(_opts(cfg))
     assert (lay.trainers, lay.launch.tasks, me.local_world_size) == (12, 16, 4)
     monkeypatch.setenv("RANK", "13")
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     monkeypatch.delenv(layout.JOB_TASKS_VAR)
-    assert engine_task(cfg) == 1
+    assert engine_task(_opts(cfg)) == 1
 
 
 def test_layout_plan_refuses_colocated_vllm_engines_that_cannot_share_the_gpu():
@@ -357,18 +369,39 @@ def test_layout_plan_refuses_colocated_vllm_engines_that_cannot_share_the_gpu():
     the whole of rank 0's GPU before the trainer has any."""
     cfg = compose(["async_mode=pipeline_rl", "generator=vllm", "placement.engines=2"])
     with pytest.raises(LayoutError) as e:
-        plan(cfg, Launch("process", gpus_per_node=1))
+        plan(_opts(cfg), Launch("process", gpus_per_node=1))
     assert "generator.gpu_memory_utilization=0.25" in str(e.value), str(e.value)
     cfg.generator.gpu_memory_utilization = 0.25
-    lay = plan(cfg, Launch("process", gpus_per_node=1))
+    lay = plan(_opts(cfg), Launch("process", gpus_per_node=1))
     assert [e.gpus for e in lay.engines] == [(0,), (0,)] and lay.ranks[0].visible == (0,)
-    plan(compose(["async_mode=pipeline_rl", "generator=vllm"]), Launch("process", gpus_per_node=1))
+    plan(_opts(compose(["async_mode=pipeline_rl", "generator=vllm"])), Launch("process", gpus_per_node=1))
+
+
+def test_layout_plan_needs_only_the_four_options_it_reads():
+    """The layout is planned from the trainer, generator, placement and async-mode options alone
+    (issue 58): the options' dataclasses, made here without composing a config, plan a run, and a
+    colocated option (which has no generator_tasks or generator_devices) needs neither field."""
+    from scalerl.config.groups.async_mode import PipelineRLOptions, SyncOptions
+    from scalerl.config.groups.generator import HFGeneratorOption, VLLMGeneratorOption
+    from scalerl.config.groups.placement import Colocated, Split
+    from scalerl.config.groups.trainer import TorchTrainerOption
+
+    trainer = TorchTrainerOption(batch_size=32, generations_per_prompt=4, threads=0)
+    split = layout.LayoutOptions(trainer, VLLMGeneratorOption(), Split(engines=2), PipelineRLOptions())
+    lay = plan(split, Launch("process", gpus_per_node=4, cpus_per_task=8))
+    assert [e.gpus for e in lay.engines] == [(2,), (3,)] and lay.ranks[0].visible == (0,)
+    assert [e.memory for e in lay.engines] == [0.5, 0.5] and lay.backend == "nccl"
+    colocated = layout.LayoutOptions(trainer, HFGeneratorOption(), Colocated(engines=2), PipelineRLOptions())
+    me = plan(colocated, Launch("process", cpus_per_task=8)).ranks[0]
+    assert (me.threads, me.engine_threads, me.local_engines, me.samples) == (4, 2, (0, 1), 32)
+    sync = layout.LayoutOptions(trainer, HFGeneratorOption(), Colocated(), SyncOptions())
+    assert plan(sync, Launch("process", cpus_per_task=8)).engines == ()
 
 
 def test_layout_plan_errors_are_config_errors_where_checked_and_run_errors_where_found():
     cfg = compose([*TINY, "trainer=deepspeed"])
     with pytest.raises(LayoutError) as e:
-        plan(cfg, Launch("torchrun", 1, 3, 0, 1, master_port=29500))  # 32 samples over 3 ranks
+        plan(_opts(cfg), Launch("torchrun", 1, 3, 0, 1, master_port=29500))  # 32 samples over 3 ranks
     assert isinstance(e.value, ConfigError) and isinstance(e.value, RunError)
 
 

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 from test_model import tiny_model_cfg
-from test_trainer import VOCAB, grouped_batch, trainer_cfg
+from test_trainer import VOCAB, grouped_batch, trainer_opts
 
 from scalerl.model.build import build_model
 from scalerl.model.precision import Precision, head_logprobs
@@ -20,16 +20,16 @@ CPU = torch.device("cpu")
 PRECISIONS = [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")]
 
 
-def cfg_with(chunk: int, *, share: bool = True, checkpointing: bool = False):
-    cfg = trainer_cfg(share)
-    cfg.trainer.logits_chunk_tokens = chunk
-    cfg.trainer.activation_checkpointing = checkpointing
-    return cfg
+def opts_with(chunk: int, *, share: bool = True, checkpointing: bool = False) -> dict:
+    opts = trainer_opts(share)
+    opts["trainer"].logits_chunk_tokens = chunk
+    opts["trainer"].activation_checkpointing = checkpointing
+    return opts
 
 
-def logprobs_and_grads(model, precision, cfg, batch):
+def logprobs_and_grads(model, precision, opts, batch):
     """(log-probs, entropy, loss, gradients) of the trainer's forward and its CISPO loss on ``batch``."""
-    tr = make_trainer(cfg, copy.deepcopy(model), precision, temperature=0.7, device=CPU)
+    tr = make_trainer(copy.deepcopy(model), precision, **opts, temperature=0.7, device=CPU)
     tr.module.train()
     logp, entropy = tr.token_logprobs(batch, with_entropy=True)
     totals = {"tokens": float(batch.mask.sum()), "sequences": float(batch.num_sequences), "groups": 3.0}
@@ -72,10 +72,10 @@ def test_chunked_head_equals_the_whole_head(arch, body, head):
     batch = grouped_batch(seed=2)
     positions = batch.num_sequences * (batch.input_ids.shape[1] - 1 - batch.start)
     for share in (False, True):
-        ref = logprobs_and_grads(model, precision, cfg_with(0, share=share), batch)
+        ref = logprobs_and_grads(model, precision, opts_with(0, share=share), batch)
         assert positions % 40 and positions % 17 == 0  # 17 divides the positions, 40 does not
         for chunk in (1, 17, 40, positions // 2, positions + 5):
-            got = logprobs_and_grads(model, precision, cfg_with(chunk, share=share), batch)
+            got = logprobs_and_grads(model, precision, opts_with(chunk, share=share), batch)
             # bf16 emulation rounds the logits: a chunk's matmul may round one logit the other way
             assert_same(got, ref, tol=2e-5 if head == "fp32" else 2e-2)
 
@@ -125,9 +125,9 @@ def test_no_full_vocabulary_logits_are_stored_for_the_backward(checkpointing):
     stored = {}
     for chunk in (0, 16):
         tr = make_trainer(
-            cfg_with(chunk, checkpointing=checkpointing),
             copy.deepcopy(model),
             precision,
+            **opts_with(chunk, checkpointing=checkpointing),
             temperature=1.0,
             device=CPU,
         )
@@ -145,14 +145,14 @@ def test_activation_checkpointing_recomputes_the_blocks_with_the_same_result():
     precision = Precision.for_device("bf16", "fp32", "cpu", impl="emulated")
     precision.prepare(model)
     batch = grouped_batch(seed=5)
-    ref = logprobs_and_grads(model, precision, cfg_with(0, share=False), batch)
+    ref = logprobs_and_grads(model, precision, opts_with(0, share=False), batch)
     calls: list[int] = []
     # a module inside the block: transformers >= 5.2x replays the block's ``forward``, not its
     # ``__call__``, so the block's own hooks run once; what its forward calls runs in both passes
     layer = model.get_decoder().layers[0].mlp
     hook = layer.register_forward_pre_hook(lambda *a: calls.append(1))
     # share_prompts stays on in the config: it is turned off (a replayed block would write the cache twice)
-    got = logprobs_and_grads(model, precision, cfg_with(16, share=True, checkpointing=True), batch)
+    got = logprobs_and_grads(model, precision, opts_with(16, share=True, checkpointing=True), batch)
     hook.remove()
     assert_same(got, ref, tol=2e-5)
     assert len(calls) == 2  # the block's forward, then its replay in the backward
@@ -166,9 +166,9 @@ def test_a_whole_step_lands_on_the_same_weights_chunked():
     start = {k: v.clone() for k, v in model.state_dict().items()}
     after, stats = {}, {}
     for chunk in (0, 13):
-        cfg = cfg_with(chunk)
-        cfg.trainer.micro_batch_size = 4
-        tr = make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+        opts = opts_with(chunk)
+        opts["trainer"].micro_batch_size = 4
+        tr = make_trainer(copy.deepcopy(model), precision, **opts, temperature=1.0, device=CPU)
         stats[chunk] = tr.step(batch)
         after[chunk] = tr.module.state_dict()
     assert stats[13]["train/step_skipped"] == 0.0

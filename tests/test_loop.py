@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from procs import descendants, running
 
 from scalerl import algo
-from scalerl.config import GROUPS, compose, options
+from scalerl.config import GROUPS, compose, options, typed
 from scalerl.config.groups.model import ARCHS
 from scalerl.generator import GENERATORS, HFGenerator, Sample
 from scalerl.loop import RunError, build, train
@@ -496,7 +496,7 @@ def test_zero_variance_counter_adds_up_the_steps(tiny_overrides):
 
 def test_retired_prompts_are_never_sampled_again():
     cfg = compose(["task.num_train=16"])
-    prompts = build_task(cfg).train_prompts()
+    prompts = build_task(typed(cfg).task).train_prompts()
     rates = algo.PassRateTracker(0.5)
     sampler = PromptSampler(prompts, seed=0, retired=rates)
     for step in range(12):
@@ -608,7 +608,19 @@ def test_evaluation_decodes_as_many_prompts_together_as_eval_batch_prompts(
 
     run.generator.generate = counted
     out = evaluate(
-        cfg, run.task, run.val, run.generator, run.trainer.gathered, run.state, run.tracker, main=True
+        run.task,
+        run.val,
+        run.generator,
+        run.trainer.gathered,
+        run.state,
+        run.tracker,
+        options=run.config.eval,
+        seed=run.config.seed,
+        batch_size=run.config.trainer.batch_size,
+        reward=run.config.reward,
+        length_control=run.config.length_control,
+        verifier_timeout_s=run.config.task.verifier_timeout_s,
+        main=True,
     )
     assert seen == sizes
     assert 0.0 <= out["val/pass_rate"] <= 1.0
@@ -879,8 +891,10 @@ def test_a_saved_model_loads_by_path_on_the_same_code_path(tiny_overrides, tmp_p
     from scalerl.model import load_policy
     from scalerl.task import build_task
 
-    cfg = compose([*tiny_overrides, *SYNC])
-    model, tok, _ = load_policy(cfg, build_task(cfg))
+    config = typed(compose([*tiny_overrides, *SYNC]))
+    model, tok, _ = load_policy(
+        config.model, build_task(config.task), task_option=config.task, seed=config.seed
+    )
     saved = tmp_path / "saved-model"
     model.save_pretrained(saved)
     tok.save_pretrained(saved)

@@ -104,27 +104,31 @@ def test_the_default_base_model_ships_with_the_package(tmp_path, caplog):
     the task; any other settings warm-start as before."""
     import logging
 
-    from scalerl.config import compose
+    from scalerl.config import compose, typed
     from scalerl.model.build import SHIPPED_BASE, _warmstart_key, load_tiny
     from scalerl.ship import shipped_keys, shipped_settings
     from scalerl.task import build_task
 
-    cfg = compose([f"model.cache_dir={tmp_path}"])
-    key = _warmstart_key(cfg)
+    def tiny(config):
+        """load_tiny as load_policy calls it, for ``config``'s model and task."""
+        return load_tiny(config.model, build_task(config.task), task_option=config.task, seed=config.seed)
+
+    cfg = typed(compose([f"model.cache_dir={tmp_path}"]))
+    key = _warmstart_key(cfg.model, cfg.task)
     shipped = sorted(p.name for p in SHIPPED_BASE.iterdir())
     expected = sorted({f"warmstart-{k}" for k in shipped_keys().values()})
     assert shipped == expected, f"{shipped}: not the default's and the study's; run python -m scalerl.ship"
     assert f"warmstart-{key}" in shipped
     # the leave-one-out study (sweeps/loo.yaml: 2-digit sums) starts from its own shipped base too
-    study = compose([*shipped_settings()["loo study"], f"model.cache_dir={tmp_path / 'study'}"])
-    assert _warmstart_key(study) != key
+    study = typed(compose([*shipped_settings()["loo study"], f"model.cache_dir={tmp_path / 'study'}"]))
+    assert _warmstart_key(study.model, study.task) != key
     with caplog.at_level(logging.INFO, logger="scalerl.model.build"):
-        load_tiny(study, build_task(study))
+        tiny(study)
     assert "shipped" in caplog.text and "training" not in caplog.text, caplog.text
     caplog.clear()
-    task = build_task(cfg)
+    task = build_task(cfg.task)
     with caplog.at_level(logging.INFO, logger="scalerl.model.build"):
-        model, tokenizer, info = load_tiny(cfg, task)
+        model, tokenizer, info = load_tiny(cfg.model, task, task_option=cfg.task, seed=cfg.seed)
     assert "shipped" in caplog.text and "training" not in caplog.text, caplog.text
     assert info["warmstart_steps"] == cfg.model.warmstart_steps
     assert (tmp_path / f"warmstart-{key}" / "model.safetensors").is_file()  # cached as its own warm-start
@@ -138,10 +142,46 @@ def test_the_default_base_model_ships_with_the_package(tmp_path, caplog):
     assert _completion_loss(model, tokenizer, task) < 0.3 < 2.0 < _completion_loss(untrained, tokenizer, task)
 
     caplog.clear()
-    other = compose([f"model.cache_dir={tmp_path}", "model.hidden_size=32", "model.warmstart_steps=2"])
+    other = typed(compose([f"model.cache_dir={tmp_path}", "model.hidden_size=32", "model.warmstart_steps=2"]))
     with caplog.at_level(logging.INFO, logger="scalerl.model.build"):
-        load_tiny(other, build_task(other))
+        tiny(other)
     assert "training 2 supervised steps" in caplog.text and "shipped" not in caplog.text
+
+
+# warm-start keys as the untyped config made them before the config was read into typed options
+# (issue 58): the shipped bases' folders are named by the first three, every user's cache by all
+WARMSTART_KEYS = {
+    "default": ([], "e333dc09da4d70fd"),
+    "loo study": (None, "e3063a463d1e8518"),
+    "loo_ceiling study": (None, "a4498214f563bb69"),
+    "multi": (["task=multi"], "0631039e92d61d86"),
+    "code": (["task=code"], "46c7fc9dc6f2841a"),
+    "qwen2": (["model.arch=qwen2", "model.num_kv_heads=2"], "357ac8c4a24fa48e"),
+    "jsonl": (["task=jsonl", "task.path=x.jsonl"], "857afd0ebe85cabd"),
+    "own width": (["task.operand_width=own"], "66300d817455637d"),
+    "gsm": (["task=gsm"], "e203d264184631a6"),
+}
+
+
+@pytest.mark.parametrize("name", list(WARMSTART_KEYS))
+def test_the_warmstart_key_of_the_same_settings_keeps_its_value(name):
+    """The warm-start key is a hash of the model and task options' settings (their dataclasses):
+    the same settings give the key they gave when it hashed the untyped config, so the shipped bases
+    (``scalerl/model/base/warmstart-<key>``) and the bases in users' caches are still found. A
+    setting it leaves out (the cache folder, the validation split) does not move it."""
+    from scalerl.config import compose, typed
+    from scalerl.model.build import SHIPPED_BASE, _warmstart_key
+    from scalerl.ship import shipped_settings
+
+    overrides, want = WARMSTART_KEYS[name]
+    if overrides is None:  # a study's base: its sweep file's settings
+        overrides = shipped_settings()[name]
+    config = typed(compose(overrides))
+    assert _warmstart_key(config.model, config.task) == want
+    if name in shipped_settings():
+        assert (SHIPPED_BASE / f"warmstart-{want}" / "meta.json").is_file()
+    moved = typed(compose([*overrides, "model.cache_dir=/elsewhere", "task.verifier_timeout_s=9"]))
+    assert _warmstart_key(moved.model, moved.task) == want
 
 
 def test_building_and_sampling_the_model_imports_no_scikit_learn():

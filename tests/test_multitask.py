@@ -12,7 +12,6 @@ import os
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from test_sweep import write_sweep
 
 from scalerl.loop.accounting import devices_held, job_cpus, job_gpus
@@ -122,15 +121,15 @@ def test_a_broken_task_environment_says_which_variable():
 def test_a_requeued_job_of_a_finished_run_does_not_wait_for_rank_0(tmp_path):
     """Rank 0 returns a finished run's summary without starting torch.distributed: the other ranks
     must not wait for it in the rendezvous."""
-    cfg = OmegaConf.create({"out_dir": str(tmp_path), "trainer": {"total_steps": 4}})
+    run = (str(tmp_path), 4)  # the run's out_dir and trainer.total_steps
     rank1, rank0 = task_env(SLURM_2x4), {**task_env(SLURM_2x4), "RANK": "0"}
-    assert not finished_elsewhere(cfg, rank1)  # nothing run yet
+    assert not finished_elsewhere(*run, rank1)  # nothing run yet
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 3}))
-    assert not finished_elsewhere(cfg, rank1)  # stopped before its last step: resume
+    assert not finished_elsewhere(*run, rank1)  # stopped before its last step: resume
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 4}))
-    assert finished_elsewhere(cfg, rank1)
-    assert not finished_elsewhere(cfg, rank0) and not finished_elsewhere(
-        cfg, {}
+    assert finished_elsewhere(*run, rank1)
+    assert not finished_elsewhere(*run, rank0) and not finished_elsewhere(
+        *run, {}
     )  # rank 0 / one task: train()
 
 

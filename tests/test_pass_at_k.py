@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.config.validate import ConfigError
 from scalerl.scaling import FitProtocol, FitProtocolError
 from scalerl.scaling.pass_at_k import mean_pass_at_k, metric_k, metric_name, pass_at_k
@@ -170,8 +170,21 @@ def _evaluate(correct: dict[int, list[int]], domains: dict[int, str], pass_at_k_
     cfg = compose([f"eval.samples_per_prompt={k}", f"eval.pass_at_k={pass_at_k_list}", "eval.log_samples=0"])
     OmegaConf.resolve(cfg)
     val = [Prompt(uid, f"q{uid}", "1", difficulty=1 + uid % 2, domain=domains[uid]) for uid in correct]
+    o = typed(cfg)
     return evaluate(
-        cfg, _Task(), val, _Generator(correct), contextlib.nullcontext, RunState(), None, main=True
+        _Task(),
+        val,
+        _Generator(correct),
+        contextlib.nullcontext,
+        RunState(),
+        None,
+        options=o.eval,
+        seed=o.seed,
+        batch_size=o.trainer.batch_size,
+        reward=o.reward,
+        length_control=o.length_control,
+        verifier_timeout_s=o.task.verifier_timeout_s,
+        main=True,
     )
 
 

@@ -256,10 +256,13 @@ def test_smollm2_trains_one_step_on_gsm_offline_with_forced_interruptions(tmp_pa
     client = MlflowClient(mlflow_uri)
     art = Path(client.download_artifacts(summary["run_id"], "samples/step_000001.jsonl", str(tmp_path)))
     rows = [json.loads(line) for line in art.read_text().splitlines()]
+    from scalerl.config import typed
     from scalerl.model.build import load_policy
 
-    task = build_task(cfg)
-    model, tokenizer, _ = load_policy(cfg, task)  # the converted folder, now cached
+    config = typed(cfg)
+    task = build_task(config.task)
+    # the converted folder, now cached
+    model, tokenizer, _ = load_policy(config.model, task, task_option=config.task, seed=config.seed)
     for r in rows:
         assert r["interrupted"] and phrase in r["output"], r
         thought, answer = r["output"].split(phrase, 1)
@@ -296,7 +299,7 @@ def test_smollm2_chunked_head_equals_the_whole_head(head):
     import os
 
     import torch
-    from test_logits_chunks import assert_same, cfg_with, logprobs_and_grads, saved_tensor_sizes
+    from test_logits_chunks import assert_same, logprobs_and_grads, opts_with, saved_tensor_sizes
     from transformers import AutoModelForCausalLM
 
     from scalerl.model.build import smollm2_folder
@@ -335,14 +338,14 @@ def test_smollm2_chunked_head_equals_the_whole_head(head):
     )
     positions = n * (length - 1 - batch.start)
     assert positions % 48 and positions % 40 == 0
-    ref = logprobs_and_grads(model, precision, cfg_with(0), batch)
+    ref = logprobs_and_grads(model, precision, opts_with(0), batch)
     for chunk in (48, 40):
         assert_same(
-            logprobs_and_grads(model, precision, cfg_with(chunk), batch),
+            logprobs_and_grads(model, precision, opts_with(chunk), batch),
             ref,
             tol=2e-5 if head == "fp32" else 2e-2,
         )
-    tr = make_trainer(cfg_with(48), model, precision, temperature=1.0, device=torch.device("cpu"))
+    tr = make_trainer(model, precision, **opts_with(48), temperature=1.0, device=torch.device("cpu"))
     tr.module.train()
     shapes = saved_tensor_sizes(lambda: tr.token_logprobs(batch))
     assert max((s.numel() for s in shapes if len(s) and s[-1] == vocab), default=0) <= 48 * vocab

@@ -4,6 +4,7 @@ that scale, and ``correct`` staying 1/0 so that pass rates stay fractions correc
 from __future__ import annotations
 
 import pytest
+from parts import options, scoring_options
 
 from scalerl.config import compose
 from scalerl.generator.sample import Sample
@@ -34,7 +35,7 @@ def scored(overrides: list[str], lengths: list[int]) -> list[Sample]:
     prompt = task.train_prompts()[0]
     texts = [f"</think>{prompt.answer}", "</think>00000", f"</think>{prompt.answer}", "</think>1"]
     group = [sample(t, n) for t, n in zip(texts, lengths)]
-    assert score_groups(task, [prompt], [group], compose(overrides))["errors"] == 0
+    assert score_groups(task, [prompt], [group], **scoring_options(options(overrides)))["errors"] == 0
     return group
 
 

@@ -8,8 +8,9 @@ import threading
 import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
+from parts import scoring_options
 
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.generator.sample import Sample
 from scalerl.loop.health import LOOKBACK, hacking_metrics, outcome_shares
 from scalerl.task import CodeTask
@@ -38,7 +39,7 @@ def test_a_step_s_outcome_shares_come_from_the_real_verifier():
     p = task.val_prompts()[0]
     texts = [_solution(p.text), WRONG, ALWAYS_EQUAL, EXIT_EARLY, "while True: pass", "def f(:"]
     groups = [[_sample(t) for t in texts], [_sample(_solution(p.text)) for _ in range(2)]]
-    score_groups(task, [p, p], groups, cfg)
+    score_groups(task, [p, p], groups, **scoring_options(typed(cfg)))
     shares = outcome_shares(groups, task.verifier_kinds)
     assert set(shares) == {f"verifier/{k}" for k in ("pass", "wrong", *KINDS, "error")}
     n = 8

@@ -38,9 +38,10 @@ def test_a_password_in_the_tracking_uri_is_never_logged(tmp_path, monkeypatch):
 
     from mlflow.tracking import MlflowClient
     from mlflow_server import free_port, start_server, stop_server
+    from omegaconf import OmegaConf
 
-    from scalerl.config import compose
-    from scalerl.tracking import Tracker
+    from scalerl.config import compose, typed
+    from scalerl.tracking import Tracker, run_params
 
     monkeypatch.setenv("HF_TOKEN", "hf_FAKE_ENV_TOKEN_123")
     port = free_port()
@@ -50,8 +51,8 @@ def test_a_password_in_the_tracking_uri_is_never_logged(tmp_path, monkeypatch):
         out = tmp_path / "run"
         out.mkdir()
         cfg = compose([f"tracking.uri={uri}", "tracking.experiment=secrets", f"out_dir={out}"])
-        tr = Tracker(cfg, out)
-        run_id = tr.start(None, {})
+        tr = Tracker(typed(cfg).tracking, out)
+        run_id = tr.start(None, run_params(cfg), config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
         client = MlflowClient(f"http://127.0.0.1:{port}")
         run = client.get_run(run_id)
         logged = [json.dumps(run.data.params), json.dumps(run.data.tags), (out / "run_info.json").read_text()]

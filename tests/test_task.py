@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from scalerl.config.options import options
+from scalerl.config.options import Option, options
 from scalerl.task import TASKS, AdditionTask, build_task, final_answer, make_task
 from scalerl.task.base import check_answer
 
@@ -102,9 +102,13 @@ def test_every_task_option_has_a_verifier_time_limit_and_a_task_class():
 def test_a_task_option_missing_its_time_limit_or_class_is_named_before_a_run_builds_it():
     # an option registered without verifier_timeout_s: refused when the task is built (the
     # preflight), not at the first evaluation after the warm-start
-    cfg = type("Cfg", (), {"task": {"name": "addition", "num_val": 8}})()
+    @dataclasses.dataclass
+    class NoLimit(Option):
+        name: str = "addition"
+        num_val: int = 8
+
     with pytest.raises(TypeError, match="'addition' has no verifier_timeout_s field"):
-        build_task(cfg)
+        build_task(NoLimit())
     # an option with no Task class: the message says where the class goes
     with pytest.raises(ValueError, match=r"unknown task 'reverse': no Task class .* scalerl.task.TASKS"):
         make_task({"name": "reverse", "verifier_timeout_s": 2.0})
@@ -216,9 +220,13 @@ def test_val_digits_wider_than_the_base_is_allowed_under_own_width_and_keeps_the
     """Under ``operand_width=own`` a tier may be wider than any training problem (it changes no
     other prompt); ``val_digits`` never enters the warm-start key (it is not what the base learns
     from), and ``operand_width=common`` leaves the key as it was before the option (the shipped bases)."""
-    from scalerl.config import compose
+    from scalerl.config import compose, typed
     from scalerl.config.groups.task import val_counts
     from scalerl.model.build import _warmstart_key
+
+    def key(cfg):
+        config = typed(cfg)
+        return _warmstart_key(config.model, config.task)
 
     base = ["task.min_digits=2", "task.max_digits=2", "task.warmstart_max_digits=3", "task.num_val=90"]
     own = compose([*base, "eval.num_prompts=8", "task.operand_width=own", "+task.val_digits={2:0.6,4:0.4}"])
@@ -226,11 +234,7 @@ def test_val_digits_wider_than_the_base_is_allowed_under_own_width_and_keeps_the
     assert own.model.max_position_embeddings >= 10 + int(own.length_control.max_new_tokens)
     plain = compose([*base, "eval.num_prompts=8"])
     mixed = compose([*base, "eval.num_prompts=8", "+task.val_digits={2:0.5,3:0.5}"])
-    assert (
-        _warmstart_key(plain)
-        == _warmstart_key(mixed)
-        != _warmstart_key(compose([*base, "eval.num_prompts=8", "task.operand_width=own"]))
-    )
+    assert key(plain) == key(mixed) != key(compose([*base, "eval.num_prompts=8", "task.operand_width=own"]))
     assert val_counts({2: 0.6, 4: 0.4}, 90) == {2: 54, 4: 36}
     assert val_counts({1: 1 / 3, 2: 1 / 3, 3: 1 / 3}, 10) == {
         1: 4,

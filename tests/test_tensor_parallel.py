@@ -15,9 +15,10 @@ import psutil
 import pytest
 import torch
 from conftest import TINY
+from parts import layout_options
 from test_engines import _perturb, _pool
 
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.config.validate import ConfigError
 from scalerl.generator.base import digests
 from scalerl.model.weights import PolicyWeights, checkpoint_state
@@ -53,7 +54,7 @@ def test_tensor_parallel_on_a_cpu_is_placed_in_either_placement_with_vllm_only(p
     either placement, its workers sharing the engine's threads; the HF generator has no tensor
     parallelism and is refused at config time."""
     base = [*TINY, "async_mode=pipeline_rl", f"placement={placement}", "placement.engines=2"]
-    p = place_engines(compose([*base, *VLLM]), torch.device("cpu"), 1, 4)
+    p = place_engines(layout_options(typed(compose([*base, *VLLM]))), torch.device("cpu"), 1, 4)
     assert (p.engines, p.tensor_parallel_size, p.engine_gpus, p.backend) == (2, TP, ((), ()), "gloo")
     assert p.generator_device.type == "cpu" and p.generator_gpus == 0
     with pytest.raises(ConfigError, match="must be 1 with generator=hf"):

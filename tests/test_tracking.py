@@ -12,11 +12,26 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_server import free_port, start_server, stop_server, unavailable_server
+from omegaconf import OmegaConf
 
-from scalerl.config import compose
-from scalerl.tracking import SENTINEL, Tracker
+from scalerl.config import compose, typed
+from scalerl.tracking import SENTINEL, Tracker, run_params
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def tracker(cfg, out: Path) -> Tracker:
+    """The tracker of ``cfg``'s tracking section, as setup builds it (the typed section)."""
+    return Tracker(typed(cfg).tracking, out)
+
+
+def described(cfg, extra: dict[str, str] | None = None) -> dict:
+    """What the loop starts a run's MLflow run with: the flat config (and ``extra``) as params, and
+    the resolved config as its config.yaml (``Tracker.start``'s keywords)."""
+    return {
+        "params": {**run_params(cfg), **(extra or {})},
+        "config_yaml": OmegaConf.to_yaml(cfg, resolve=True),
+    }
 
 
 def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
@@ -33,8 +48,8 @@ def test_server_that_goes_away_loses_no_metrics(tmp_path, caplog):
     try:
         cfg = compose([f"tracking.uri={uri}", "tracking.experiment=outage", f"out_dir={tmp_path / 'run'}"])
         (tmp_path / "run").mkdir()
-        tr = Tracker(cfg, tmp_path / "run")
-        run_id = tr.start(None, {})
+        tr = tracker(cfg, tmp_path / "run")
+        run_id = tr.start(None, **described(cfg))
         for s in range(3):
             tr.log(s, {"train/reward": 0.1 * s})
             tr.log_step_done(s)
@@ -80,8 +95,8 @@ def test_resume_rewrites_only_what_the_store_lacks(tmp_path, new_store):
     uri = new_store(tmp_path, "m.db")
     cfg = compose([f"tracking.uri={uri}", "tracking.experiment=crash", f"out_dir={tmp_path / 'run'}"])
     (tmp_path / "run").mkdir()
-    tr = Tracker(cfg, tmp_path / "run")
-    run_id = tr.start(None, {})
+    tr = tracker(cfg, tmp_path / "run")
+    run_id = tr.start(None, **described(cfg))
     for s in range(4):
         tr.log(s, {"train/reward": float(s)})
         tr.log_step_done(s)
@@ -89,8 +104,8 @@ def test_resume_rewrites_only_what_the_store_lacks(tmp_path, new_store):
     # the flush wrote steps 0-1 only before the process died
     tr.pending = [p for p in saved if p[2] <= 1]
     assert tr.flush()
-    again = Tracker(cfg, tmp_path / "run")
-    assert again.start(None, {}) == run_id  # same MLflow run, found through run_info.json
+    again = tracker(cfg, tmp_path / "run")
+    assert again.start(None, **described(cfg)) == run_id  # same MLflow run, found through run_info.json
     again.restore_pending(saved)
     assert {p[2] for p in again.pending} == {2, 3}
     assert again.flush()
@@ -105,8 +120,8 @@ def test_resume_from_an_older_checkpoint_logs_the_redone_steps_once(tmp_path, ne
     uri = new_store(tmp_path, "m.db")
     cfg = compose([f"tracking.uri={uri}", "tracking.experiment=older", f"out_dir={tmp_path / 'run'}"])
     (tmp_path / "run").mkdir()
-    tr = Tracker(cfg, tmp_path / "run")
-    run_id = tr.start(None, {})
+    tr = tracker(cfg, tmp_path / "run")
+    run_id = tr.start(None, **described(cfg))
     for s in range(6):
         tr.log(s, {"train/reward": float(s)})
         tr.log_step_done(s)
@@ -114,8 +129,8 @@ def test_resume_from_an_older_checkpoint_logs_the_redone_steps_once(tmp_path, ne
             older = tr.pending_state()  # what the checkpoint at step 2 held (nothing flushed yet)
             assert tr.flush()
     assert tr.flush()  # the checkpoint at step 5 flushed steps 3-5, then it was lost
-    again = Tracker(cfg, tmp_path / "run")
-    assert again.start(None, {}) == run_id
+    again = tracker(cfg, tmp_path / "run")
+    assert again.start(None, **described(cfg)) == run_id
     again.restore_pending(older)
     for s in range(3, 8):  # redone from step 3, then new steps
         again.log(s, {"train/reward": float(s)})
@@ -140,14 +155,14 @@ def test_a_run_killed_while_it_wrote_its_params_gets_them_when_resumed(tmp_path,
     run_id = client.create_run(exp_id).info.run_id
     (out / "run_info.json").write_text(json.dumps({"run_id": run_id, "experiment_id": exp_id, "uri": uri}))
     client.log_param(run_id, "seed", str(cfg.seed))
-    assert Tracker(cfg, out).start(None, {"device": "cpu"}) == run_id
+    assert tracker(cfg, out).start(None, **described(cfg, {"device": "cpu"})) == run_id
     params = client.get_run(run_id).data.params
     assert params["loss.name"] == str(cfg.loss.name) and params["device"] == "cpu" and len(params) > 50
     assert "config.yaml" in [a.path for a in client.list_artifacts(run_id)]
     longer = compose(
         [f"tracking.uri={uri}", "tracking.experiment=killed", f"out_dir={out}", "trainer.total_steps=99"]
     )
-    assert Tracker(longer, out).start(run_id, {"device": "cpu"}) == run_id
+    assert tracker(longer, out).start(run_id, **described(longer, {"device": "cpu"})) == run_id
     assert client.get_run(run_id).data.params == params
     assert len(client.search_runs([exp_id])) == 1
 
@@ -169,14 +184,15 @@ def test_a_run_killed_before_it_wrote_its_run_id_is_found_by_its_key(tmp_path, n
         key = f"key-{name}"
         (out / "run_info.json").write_text(json.dumps({"run_key": key, "experiment_id": exp_id, "uri": uri}))
         left = client.create_run(exp_id, tags={RUN_KEY_TAG: key}).info.run_id if created else None
-        run_id = Tracker(cfg, out).start(None, {"device": "cpu"})
+        run_id = tracker(cfg, out).start(None, **described(cfg, {"device": "cpu"}))
         assert (run_id == left) == created
         info = json.loads((out / "run_info.json").read_text())
         assert info["run_id"] == run_id and info["run_key"] == key
         run = client.get_run(run_id)
         assert run.info.status == "RUNNING" and run.data.tags[RUN_KEY_TAG] == key
         assert run.data.params["device"] == "cpu" and run.data.params["loss.name"] == str(cfg.loss.name)
-        assert Tracker(cfg, out).start(None, {"device": "cpu"}) == run_id  # through run_info.json now
+        # through run_info.json now
+        assert tracker(cfg, out).start(None, **described(cfg, {"device": "cpu"})) == run_id
     assert len(client.search_runs([exp_id])) == 2
 
 
@@ -197,14 +213,14 @@ def test_a_disk_that_fills_before_the_run_id_is_written_leaves_no_running_run(
     spare.unlink()
     cfg = compose([f"tracking.uri={uri}", "tracking.experiment=full", f"out_dir={out}"])
     with pytest.raises(OSError, match="No space left on device"):
-        Tracker(cfg, out).start(None, {})
+        tracker(cfg, out).start(None, **described(cfg))
     client = MlflowClient(uri)
     exp_id = client.get_experiment_by_name("full").experiment_id
     [left] = client.search_runs([exp_id])
     assert left.info.status == "FAILED"
     assert "run_id" not in json.loads((out / "run_info.json").read_text())  # the key, as before
     (small_disk / "filler").unlink()
-    assert Tracker(cfg, out).start(None, {}) == left.info.run_id
+    assert tracker(cfg, out).start(None, **described(cfg)) == left.info.run_id
     assert [r.info.status for r in client.search_runs([exp_id])] == ["RUNNING"]
     assert not [p.name for p in out.iterdir() if p.name != "run_info.json"]  # no temporary file left
 
@@ -405,14 +421,15 @@ def test_a_run_that_outlived_its_tracking_server_writes_every_step_once_when_run
 _START_ONE = """
 import sys, time
 from pathlib import Path
-from scalerl.config import compose
-from scalerl.tracking import Tracker
+from omegaconf import OmegaConf
+from scalerl.config import compose, typed
+from scalerl.tracking import Tracker, run_params
 uri, out, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 cfg = compose([f"tracking.uri={uri}", "tracking.experiment=together", f"out_dir={out}"])
 out.mkdir()
 while not go.exists():
     time.sleep(0.01)
-Tracker(cfg, out).start(None, {})
+Tracker(typed(cfg).tracking, out).start(None, run_params(cfg), config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
 """
 
 

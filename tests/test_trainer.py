@@ -7,9 +7,9 @@ import functools
 
 import pytest
 import torch
+from parts import options, trainer_options
 from test_model import tiny_model_cfg
 
-from scalerl.config import compose
 from scalerl.model.build import build_model
 from scalerl.model.precision import Precision
 from scalerl.trainer import TrainBatch, make_trainer
@@ -45,15 +45,16 @@ def grouped_batch(seed: int = 0, groups: int = 3, per: int = 4, prompt_lens=(5, 
     )
 
 
-def trainer_cfg(share: bool):
-    """The recipe's config (composed: every field is the schema's, as a run has it) with the
-    trainer these tests step: lr 1e-3 from the first step, no weight decay or clipping, G = 4."""
-    return copy.deepcopy(_trainer_cfg(share))
+def trainer_opts(share: bool) -> dict:
+    """The trainer's options of the recipe (composed and typed: every field is the schema's, as a run
+    has it) with the trainer these tests step: lr 1e-3 from the first step, no weight decay or
+    clipping, G = 4."""
+    return copy.deepcopy(trainer_options(_trainer_config(share)))
 
 
 @functools.lru_cache(maxsize=2)
-def _trainer_cfg(share: bool):
-    return compose(
+def _trainer_config(share: bool):
+    return options(
         [
             "trainer.lr=1e-3",
             "trainer.weight_decay=0.0",
@@ -83,7 +84,7 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients_from_fewer_position
     batch = grouped_batch()
     out = {}
     for share in (False, True):
-        tr = make_trainer(trainer_cfg(share), copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+        tr = make_trainer(copy.deepcopy(model), precision, **trainer_opts(share), temperature=1.0, device=CPU)
         seen = positions_through(tr.module.get_decoder())
         logp, entropy = tr.token_logprobs(batch, with_entropy=True)
         (logp * batch.mask[:, batch.start :] * batch.advantages[:, None]).sum().backward()
@@ -109,7 +110,7 @@ def test_rows_with_different_prompts_take_one_pass():
     model = build_model(tiny_model_cfg("gpt2"), VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
     precision = Precision.for_device("fp32", "fp32", "cpu")
     batch = grouped_batch(groups=4, per=1, prompt_lens=(5, 7, 6, 5))
-    tr = make_trainer(trainer_cfg(True), model, precision, temperature=1.0, device=CPU)
+    tr = make_trainer(model, precision, **trainer_opts(True), temperature=1.0, device=CPU)
     seen = positions_through(tr.module.get_decoder())
     tr.token_logprobs(batch)
     assert seen == [batch.input_ids.numel() - batch.input_ids.shape[0]]
@@ -123,7 +124,7 @@ def test_a_step_with_shared_prompts_lands_on_the_same_weights():
     start = {k: v.clone() for k, v in model.state_dict().items()}
     after, stats = {}, {}
     for share in (False, True):
-        tr = make_trainer(trainer_cfg(share), copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+        tr = make_trainer(copy.deepcopy(model), precision, **trainer_opts(share), temperature=1.0, device=CPU)
         stats[share] = tr.step(batch)
         after[share] = tr.module.state_dict()
     assert stats[True]["train/step_skipped"] == 0.0
@@ -141,7 +142,7 @@ def test_a_step_leaves_no_gradient_behind():
     process, the HF generator's KV cache) does not sit beside a model's worth of them."""
     model = build_model(tiny_model_cfg("qwen2"), VOCAB, seed=1, pad_token_id=0, eos_token_id=1)
     tr = make_trainer(
-        trainer_cfg(False), model, Precision.for_device("fp32", "fp32", "cpu"), temperature=1.0, device=CPU
+        model, Precision.for_device("fp32", "fp32", "cpu"), **trainer_opts(False), temperature=1.0, device=CPU
     )
     start = {k: v.clone() for k, v in tr.module.state_dict().items()}
     assert tr.step(grouped_batch(seed=1))["train/step_skipped"] == 0.0
@@ -155,9 +156,9 @@ def test_a_model_that_returns_no_cache_is_a_clear_error():
     # transformers 5 renamed it (the old name warns); 4.x has only the old one
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     tr = make_trainer(
-        trainer_cfg(True),
         model.train(),
         Precision.for_device("fp32", "fp32", "cpu"),
+        **trainer_opts(True),
         temperature=1.0,
         device=CPU,
     )

@@ -79,11 +79,14 @@ def bucketed_batch(long_row, *, distinct=(), seed: int = 0, groups: int = 4, per
     )
 
 
-def with_own_logprobs(batch, model, precision, cfg):
+def with_own_logprobs(batch, model, precision, config):
     """``batch`` with the policy's own log-probs as behaviour log-probs (importance ratios 1)."""
+    from parts import trainer_options
+
     from scalerl.trainer import TorchEngine, Trainer
 
-    tr = Trainer(TorchEngine(copy.deepcopy(model), cfg.trainer, CPU), precision, cfg, temperature=1.0)
+    engine = TorchEngine(copy.deepcopy(model), config.trainer, CPU)
+    tr = Trainer(engine, precision, **trainer_options(config), temperature=1.0)
     with torch.no_grad():
         logp, _ = tr.token_logprobs(batch)
     batch.gen_logp[:, batch.start :] = logp * batch.mask[:, batch.start :]
@@ -114,15 +117,16 @@ def ds_process(tmp_path_factory):
 def setup(request):
     """(make a trainer of this engine from a model, the reference config, the start model, precision,
     a batch whose micro-batches each hold a long and a short group)."""
-    from scalerl.config import compose
+    from parts import options, trainer_options
+
     from scalerl.model.build import build_model
     from scalerl.model.precision import Precision
     from scalerl.trainer import make_trainer
 
     if request.param != "torch":
         request.getfixturevalue("ds_process")
-    cfg = compose([*BASE, *engine_overrides(request.param)])
-    ref_cfg = compose([*BASE, "trainer=torch"])
+    cfg = options([*BASE, *engine_overrides(request.param)])
+    ref_cfg = options([*BASE, "trainer=torch"])
     model = build_model(cfg.model, vocab_size=VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
     precision = Precision.for_device("fp32", "fp32", "cpu")
     precision.prepare(model)
@@ -130,7 +134,9 @@ def setup(request):
     batch = with_own_logprobs(bucketed_batch(lambda r: (r // 4) % 2 == 0), model, precision, ref_cfg)
 
     def make(start=model, config=cfg):
-        tr = make_trainer(config, copy.deepcopy(start), precision, temperature=1.0, device=CPU)
+        tr = make_trainer(
+            copy.deepcopy(start), precision, **trainer_options(config), temperature=1.0, device=CPU
+        )
         tr.bucket_overhead_tokens = 16  # this small batch splits into its two lengths
         return tr
 
@@ -153,7 +159,7 @@ def test_step_equals_plain_reference_with_buckets_and_shared_prompts(setup):
     make, ref_cfg, model, _, batch = setup
     ref = make(config=ref_cfg)
     ref.bucket_lengths = False
-    ref.tcfg.share_prompts = False
+    ref.options.share_prompts = False
     seen_ref = positions_through(ref.module.get_decoder())
     ref_stats = ref.step(batch)
     tr = make()
@@ -227,14 +233,22 @@ def test_checkpoint_round_trip_gives_the_same_weights_and_next_step(setup, tmp_p
 
 
 def test_make_trainer_names_the_engines():
-    from omegaconf import OmegaConf
-
+    from scalerl.config.groups.trainer import TorchTrainerOption
     from scalerl.trainer import ENGINES, make_trainer
 
     assert {"torch", "deepspeed"} <= set(ENGINES)
-    cfg = OmegaConf.create({"trainer": {"name": "jax"}})
+    unknown = TorchTrainerOption(name="jax")
     with pytest.raises(ValueError, match=r"trainer.name='jax': one of deepspeed, torch"):
-        make_trainer(cfg, torch.nn.Linear(1, 1), None, temperature=1.0, device=CPU)
+        make_trainer(
+            torch.nn.Linear(1, 1),
+            None,
+            trainer=unknown,
+            loss=None,
+            aggregation=None,
+            correction=None,
+            temperature=1.0,
+            device=CPU,
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -251,19 +265,20 @@ import torch.distributed as dist
 from deepspeed.utils import groups
 sys.path.insert(0, sys.argv[1])
 from test_trainer_contract import BASE, CPU, VOCAB, engine_overrides
-from scalerl.config import compose
+from parts import options, trainer_options
 from scalerl.model.build import build_model
 from scalerl.model.precision import Precision
 from scalerl.trainer import make_trainer
 
-cfg = compose([*BASE, *engine_overrides("zero0")])
-model = build_model(cfg.model, vocab_size=VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
+config = options([*BASE, *engine_overrides("zero0")])
+model = build_model(config.model, vocab_size=VOCAB, seed=0, pad_token_id=0, eos_token_id=1)
 precision = Precision.for_device("fp32", "fp32", "cpu")
 precision.prepare(model)
-make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+opts = trainer_options(config)
+make_trainer(copy.deepcopy(model), precision, **opts, temperature=1.0, device=CPU)
 assert groups._get_data_parallel_group() is not None
 dist.destroy_process_group()  # as vLLM's teardown does
-make_trainer(cfg, copy.deepcopy(model), precision, temperature=1.0, device=CPU)
+make_trainer(copy.deepcopy(model), precision, **opts, temperature=1.0, device=CPU)
 assert groups._get_data_parallel_group() in dist.distributed_c10d._world.pg_group_ranks
 print("started")
 """

@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_trainer import grouped_batch, trainer_cfg
+from test_trainer import grouped_batch, trainer_opts
 
 import scalerl.model.precision as precision_module
 from scalerl.config import compose
@@ -41,9 +41,9 @@ def prepared_trainer(model, *, lean: bool, monkeypatch):
     m = copy.deepcopy(model)
     precision = Precision.for_device("bf16", "fp32", "cpu", impl="emulated")
     precision.prepare(m)
-    cfg = trainer_cfg(True)
-    cfg.trainer.logits_chunk_tokens = 17  # several chunks, each recomputed in the backward
-    tr = make_trainer(cfg, m, precision, temperature=0.7, device=CPU)
+    opts = trainer_opts(True)
+    opts["trainer"].logits_chunk_tokens = 17  # several chunks, each recomputed in the backward
+    tr = make_trainer(m, precision, **opts, temperature=0.7, device=CPU)
     tr.engine.round_weights_once = lean
     tr.bucket_overhead_tokens = 1  # rows split into length buckets: several passes a micro-batch
     return tr

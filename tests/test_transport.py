@@ -498,8 +498,9 @@ def test_the_pools_layout_comes_from_metadata_equal_to_a_whole_gather(precision,
     source is asked for nothing while it does. Also with tied embeddings (SmolLM2, Qwen2.5-0.5B): the
     head is a name of the state dict that ``named_parameters`` lists only once, as the embedding."""
     from conftest import TINY
+    from parts import layout_options, policy_options, pool_options
 
-    from scalerl.config import compose
+    from scalerl.config import compose, typed
     from scalerl.model.build import build_policy
     from scalerl.model.weights import PolicyWeights
     from scalerl.rollout.placement import place_engines
@@ -517,7 +518,8 @@ def test_the_pools_layout_comes_from_metadata_equal_to_a_whole_gather(precision,
         ]
     )
     cfg.generator.name = generator  # the naming (checkpoint names for vLLM) without building vLLM
-    model, tokenizer, _ = build_policy(cfg, build_task(cfg), cpu)
+    config = typed(cfg)
+    model, tokenizer, _ = build_policy(config.model, build_task(config.task), cpu, **policy_options(config))
     gathered: list[int] = []
 
     @contextlib.contextmanager
@@ -526,11 +528,12 @@ def test_the_pools_layout_comes_from_metadata_equal_to_a_whole_gather(precision,
         yield
 
     weights = PolicyWeights(model, gather=gather)
-    pool = EnginePool(cfg, place_engines(cfg, cpu, 1, 2), tokenizer, trainer_device=cpu)
+    placement = place_engines(layout_options(config), cpu, 1, 2)
+    pool = EnginePool(placement, tokenizer, **pool_options(config), trainer_device=cpu)
     pool._first(weights)
     assert gathered == [], "learning the layout gathered parameters"
     checkpoint = generator == "vllm"
-    source = _in_engine_dtype(weights.source(checkpoint), cfg, checkpoint)
+    source = _in_engine_dtype(weights.source(checkpoint), config.precision, checkpoint)
     with source(weights.names(checkpoint)) as whole:
         assert pool.layout == Layout.of(whole, 0.02)
     assert len(pool.layout.buckets) > 2
@@ -544,8 +547,9 @@ def test_an_engine_that_never_joins_fails_the_pool_at_start_naming_it():
     import dataclasses
 
     from conftest import TINY
+    from parts import layout_options, policy_options, pool_options
 
-    from scalerl.config import compose
+    from scalerl.config import compose, typed
     from scalerl.messages import RunError
     from scalerl.model.build import build_policy
     from scalerl.model.weights import PolicyWeights
@@ -555,9 +559,10 @@ def test_an_engine_that_never_joins_fails_the_pool_at_start_naming_it():
 
     cpu = torch.device("cpu")
     cfg = compose([*TINY, "async_mode=pipeline_rl", "placement=split"])
-    model, tokenizer, _ = build_policy(cfg, build_task(cfg), cpu)
-    placement = dataclasses.replace(place_engines(cfg, cpu, 1, 2), remote_engines=1)
-    pool = EnginePool(cfg, placement, tokenizer, trainer_device=cpu)
+    config = typed(cfg)
+    model, tokenizer, _ = build_policy(config.model, build_task(config.task), cpu, **policy_options(config))
+    placement = dataclasses.replace(place_engines(layout_options(config), cpu, 1, 2), remote_engines=1)
+    pool = EnginePool(placement, tokenizer, **pool_options(config), trainer_device=cpu)
     pool.join_timeout_s = 20  # the local engine builds its model and joins within it
     t0 = time.monotonic()
     try:
@@ -582,7 +587,8 @@ ZERO3_FIRST_UPDATE = textwrap.dedent(
     import torch.distributed as dist
     sys.path.insert(0, sys.argv[2])
     from test_deepspeed import SYNTH, synthetic
-    from scalerl.config import compose
+    from parts import pool_options, trainer_options
+    from scalerl.config import compose, typed
     from scalerl.rollout.pool import EnginePool
     from scalerl.rollout.placement import Placement
     from scalerl.trainer import make_trainer
@@ -595,8 +601,9 @@ ZERO3_FIRST_UPDATE = textwrap.dedent(
     over = [*SYNTH, "precision=fp32", "trainer=deepspeed", "trainer.zero_stage=3",
             "async_mode=pipeline_rl", "placement.bucket_mb=0.01"]
     cfg = compose(over)
-    model, precision, _ = synthetic(cfg)
-    trainer = make_trainer(cfg, model, precision, temperature=1.0, device=cpu)
+    config = typed(cfg)
+    model, precision, _ = synthetic(config)
+    trainer = make_trainer(model, precision, **trainer_options(config), temperature=1.0, device=cpu)
     weights = trainer.policy_weights()
     calls = []  # bytes of the parameters each gather made whole
     inner = weights.gather
@@ -610,7 +617,7 @@ ZERO3_FIRST_UPDATE = textwrap.dedent(
     # both ranks as the pool's non-hosting ranks: the same layout, group-at-start barrier and
     # bucket-by-bucket gathers as rank 0's publish, without engine processes
     placement = Placement(trainer_threads=1, generator_threads=1, generator_device=cpu, engines=1, main=False)
-    pool = EnginePool(cfg, placement, None, trainer_device=cpu)
+    pool = EnginePool(placement, None, **pool_options(config), trainer_device=cpu)
     pool.load_weights(weights, 0)
     first = list(calls)
     sizes = [pool.layout.numel(b) * 4 for b in range(len(pool.layout.buckets))]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from scalerl import layout
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.loop import estimate as est
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,19 +82,25 @@ def test_estimate_scales_with_steps():
     assert big.step_s > one.step_s
 
 
+def _work(*overrides: str) -> tuple[est.Work, object]:
+    """(the work of the run ``overrides`` compose, its model option)."""
+    o = typed(compose(list(overrides)))
+    parts = ("trainer", "generator", "async_mode", "filter", "eval", "length_control", "task", "model")
+    return est.work(**{name: getattr(o, name) for name in parts}), o.model
+
+
 def test_estimate_follows_the_mode_the_run_uses():
     """sync generates, then trains; pipeline_rl does both at once on cores of their own: a sync
     step costs the sum, a pipeline_rl step the slower part (the same probe times both)."""
-    cfg = compose(["trainer.total_steps=100"])
-    w = est.work(cfg)
-    p = est.probe(cfg, w)
+    w, model = _work("trainer.total_steps=100")
+    p = est.probe(model, w)
     assert isinstance(p, est.Probe) and p.decode_step_s > 0 and p.train_sample_s > 0
     sync = est.combine(w, p, apart=False)
     pipe = est.combine(w, p, apart=True)
     assert pipe.step_s < sync.step_s
     assert 1.0 < pipe.busy_threads <= 2.0 and sync.busy_threads == 1.0
     # a longer cap on the completions: longer decodes and longer training rows
-    w_long = est.work(compose(["trainer.total_steps=100", "length_control.max_new_tokens=100"]))
+    w_long, _ = _work("trainer.total_steps=100", "length_control.max_new_tokens=100")
     assert est.combine(w_long, p, apart=True).step_s > pipe.step_s
 
 
@@ -124,7 +130,11 @@ def test_a_loaded_machine_stretches_the_estimate():
 
 def test_sweep_estimate_sums_its_runs_over_its_parallelism():
     cfg = compose(["trainer.total_steps=40", "trainer.threads=1"])
-    run = est.estimate(cfg, layout.plan(cfg, layout.launch_from_launcher(cfg)), load=False)
+    o = typed(cfg)
+    options = layout.LayoutOptions.of(o)
+    run = est.estimate(
+        cfg, layout.plan(options, layout.launch_from_launcher(o.launcher, o.trainer)), load=False
+    )
     assert isinstance(run, est.Estimate)
     runs = [run] * 6
     alone = est.sweep_estimate(runs, at_once=1, cores=64)

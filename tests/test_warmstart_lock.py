@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
-from scalerl.config import compose
+from scalerl.config import compose, typed
 from scalerl.model.build import _warmstart_key
 
 OVERRIDES = [*TINY, "model.warmstart_steps=5"]
@@ -21,8 +21,8 @@ OVERRIDES = [*TINY, "model.warmstart_steps=5"]
 @pytest.mark.slow
 def test_a_warmstart_waiting_on_another_process_says_so_until_it_can_go(tmp_path):
     cache = tmp_path / "cache"
-    cfg = compose([*OVERRIDES, f"model.cache_dir={cache}"])
-    lock = cache / f"warmstart-{_warmstart_key(cfg)}.lock"
+    config = typed(compose([*OVERRIDES, f"model.cache_dir={cache}"]))
+    lock = cache / f"warmstart-{_warmstart_key(config.model, config.task)}.lock"
     hold = f"from scalerl.lock import hold\nwith hold({str(lock)!r}, 'x', wait=False):\n print('held', flush=True)\n input()"
     env = {**os.environ, "SCALERL_WAIT_NOTICE_S": "1"}
     holder = subprocess.Popen(
@@ -34,11 +34,11 @@ def test_a_warmstart_waiting_on_another_process_says_so_until_it_can_go(tmp_path
         build = (
             "import logging, sys\n"
             "logging.basicConfig(level=logging.INFO)\n"
-            "from scalerl.config import compose\n"
+            "from scalerl.config import compose, typed\n"
             "from scalerl.model.build import load_tiny\n"
             "from scalerl.task import build_task\n"
-            f"cfg = compose({[*OVERRIDES, f'model.cache_dir={cache}']!r})\n"
-            "model, tok, info = load_tiny(cfg, build_task(cfg))\n"
+            f"c = typed(compose({[*OVERRIDES, f'model.cache_dir={cache}']!r}))\n"
+            "model, tok, info = load_tiny(c.model, build_task(c.task), task_option=c.task, seed=c.seed)\n"
             "print('built', info['source'], flush=True)\n"
         )
         waiter = subprocess.Popen(

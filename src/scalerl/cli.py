@@ -17,12 +17,14 @@ def preflight(cfg: DictConfig) -> None:
     """What the config points at, before anything is built or written: out_dir, tracking store, model
     folder (:func:`scalerl.config.preflight`), the layout of its ranks (:func:`check_layout`), then
     the task's data (:func:`scalerl.task.checks.check_task`)."""
+    from scalerl.config import typed
     from scalerl.config.preflight import preflight as check_environment
     from scalerl.task.checks import check_task
 
     check_environment(cfg)
     check_layout(cfg)
-    check_task(cfg)
+    config = typed(cfg)
+    check_task(config.task, model=config.model, length_control=config.length_control, eval=config.eval)
 
 
 def check_layout(cfg: DictConfig, env=None):
@@ -32,7 +34,7 @@ def check_layout(cfg: DictConfig, env=None):
     otherwise). Returns the layout and this process's rank plan."""
     from scalerl import layout
 
-    return layout.current(cfg, env, raw=True)
+    return layout.current(layout.LayoutOptions.of(cfg), env, raw=True)
 
 
 @hydra.main(config_path=conf_dir(), config_name="config", version_base="1.3")
@@ -232,8 +234,13 @@ def _print_layout(args: list[str]) -> None:
     cfg = _composed_or_exit(overrides)
     launched = "WORLD_SIZE" in os.environ or "MASTER_PORT" in os.environ
     try:
-        launch = layout.launch_from_env(cfg, raw=True) if launched else layout.launch_from_launcher(cfg)
-        planned = layout.plan(cfg, launch)
+        options = layout.LayoutOptions.of(cfg)
+        launch = (
+            layout.launch_from_env(options, raw=True)
+            if launched
+            else layout.launch_from_launcher(cfg.launcher, cfg.trainer)
+        )
+        planned = layout.plan(options, launch)
         print("\n".join(planned.lines()), flush=True)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

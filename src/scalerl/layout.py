@@ -81,13 +81,18 @@ def job_ports(job_id: int) -> tuple[int, int]:
 class LayoutOptions:
     """What a layout is planned from: the run's trainer, generator, placement and async-mode options
     (the typed options of :func:`scalerl.config.typed`; the layout reads nothing else of the config).
-    Whoever holds the typed config builds it: ``LayoutOptions(o.trainer, o.generator, o.placement,
-    o.async_mode)``."""
+    Whoever holds the config picks them out of it with :meth:`of`."""
 
     trainer: TorchTrainerOption
     generator: GeneratorOption
     placement: PlacementOption
     async_mode: Union[SyncOptions, PPOOffPolicyOptions, PipelineRLOptions]
+
+    @classmethod
+    def of(cls, config) -> LayoutOptions:
+        """The four options of ``config`` (the typed ``Config``, or a composed one: the CLI plans a
+        layout before the config is complete enough to be typed)."""
+        return cls(config.trainer, config.generator, config.placement, config.async_mode)
 
     @property
     def pipeline(self) -> bool:

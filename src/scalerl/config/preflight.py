@@ -448,7 +448,7 @@ def preflight(cfg: DictConfig) -> None:
 
     check_ranks(cfg)
     check_out_dir(cfg.out_dir)
-    check_tracking_uri(tracking_uri(cfg))
+    check_tracking_uri(tracking_uri(cfg.tracking))
     check_trainer_device(cfg)
     if cfg.model.name == "hf":
         config = check_model_folder(str(cfg.model.name_or_path))

@@ -573,9 +573,7 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
 
     config = typed(cfg)  # read once; each step below gets its own options
     if layout is None:
-        options = layout_mod.LayoutOptions(
-            config.trainer, config.generator, config.placement, config.async_mode
-        )
+        options = layout_mod.LayoutOptions.of(config)
         layout = layout_mod.plan(options, layout_mod.launch_from_launcher(config.launcher, config.trainer))
     if _on_gpu(layout):
         return Unknown(

@@ -168,7 +168,7 @@ def build(cfg: DictConfig, *, tracker: Tracker | None = None, config: Config | N
     # this rank's plan (scalerl.layout): its share of the batch, its device (cuda:LOCAL_RANK,
     # within the trainer GPUs it was narrowed to before CUDA started), its threads from what the
     # process holds (SLURM's cpus_per_task, its CPU affinity), never the machine's core count
-    layout_options = layout.LayoutOptions(opts.trainer, opts.generator, opts.placement, opts.async_mode)
+    layout_options = layout.LayoutOptions.of(opts)
     plan, me = layout.current(layout_options)
     layout.apply(me, plan)  # train() applied it; a direct build() (tests) here, before CUDA starts
     rank = int(os.environ.get("RANK", "0"))

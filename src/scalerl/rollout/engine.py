@@ -193,9 +193,7 @@ def engine_role(cfg) -> dict | None:
     from scalerl.rollout.placement import engine_task, store_address
 
     config = cfg if isinstance(cfg, Config) else typed(cfg)
-    engine = engine_task(
-        layout.LayoutOptions(config.trainer, config.generator, config.placement, config.async_mode)
-    )
+    engine = engine_task(layout.LayoutOptions.of(config))
     if engine is None:
         return None
     serve_task(config, engine, *store_address(config.placement))
@@ -209,9 +207,7 @@ def serve_task(config: Config, index: int, host: str, port: int) -> None:
 
     # this task's GPUs and cores from the run's layout: its own tensor_parallel_size GPUs of those its
     # node's trainer ranks leave (as CUDA_VISIBLE_DEVICES names them), the cores the task holds
-    plan, me = layout.current(
-        layout.LayoutOptions(config.trainer, config.generator, config.placement, config.async_mode), raw=True
-    )
+    plan, me = layout.current(layout.LayoutOptions.of(config), raw=True)
     gpus = tuple(int(g) if g.isdigit() else g for g in layout.physical_gpus(me.visible)) if me.visible else ()
     threads, first_rank = me.threads, plan.engines[int(index)].group_ranks[0]
     probe = TransportSpec("gloo", host, int(port), 1, timeout_s=600.0)

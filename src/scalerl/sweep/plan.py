@@ -323,7 +323,7 @@ def make_plan(
             settings = run_settings(spec.name, run, uri, "0" * 32)
             config = typed(_compose_or_raise(overrides, where, settings, seed, composed))
             run.seed, run.total_steps = config.seed, int(config.trainer.total_steps)
-            layout = LayoutOptions(config.trainer, config.generator, config.placement, config.async_mode)
+            layout = LayoutOptions.of(config)
             _check_layout(layout, sweep.launcher, where)
             if not run_all and vname != spec.baseline:
                 run.skip = cannot_act_here(config.precision, config.trainer, sweep.launcher)
