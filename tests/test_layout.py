@@ -112,8 +112,8 @@ def test_no_subprocess_goes_through_a_shell():
 # its own layer's leaves below it, never upwards. config holds the options and their checks, and
 # knows no task, model or tracking store; tracking (MLflow, checkpoints) and scaling (the sigmoid
 # fits) know no config; the layout plans a run's processes from its config; the rollout side (async
-# modes, engines) and the trainer know nothing of each other; the loop puts the pieces together;
-# analysis reads what runs logged; sweeps and the CLI sit on top.
+# modes, engines), the trainer and the wall-time estimate of a run know nothing of each other; the
+# loop puts the pieces together; analysis reads what runs logged; sweeps and the CLI sit on top.
 LAYERS = [
     # leaves: pure tensor functions, helpers, the run's counters
     {"messages", "lock", "distributed", "transport", "algo", "state"},
@@ -122,7 +122,7 @@ LAYERS = [
     {"config"},
     {"task", "model", "layout"},
     {"generator"},
-    {"trainer", "rollout"},
+    {"trainer", "rollout", "estimate"},
     {"loop"},
     {"analysis"},
     {"sweep", "cli", "ship"},  # what users run: studies, the CLI, shipping warm-started bases

@@ -35,7 +35,7 @@ WHOLE_CONFIG = {
     "layout.py:of",
     "loop/run.py:train",
     "loop/checkpointing.py:check_same_recipe",
-    "loop/estimate.py:estimate",
+    "estimate.py:estimate",
     "tracking/tracker.py:run_params",
 }
 WHOLE_NAMES = {"cfg", "config"}

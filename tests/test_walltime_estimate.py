@@ -1,5 +1,5 @@
 """The estimated wall time `python train.py --cfg job` and `python sweep.py --dry-run` print
-(scalerl.loop.estimate): printed by both commands as users run them, proportional to the work a run
+(scalerl.estimate): printed by both commands as users run them, proportional to the work a run
 does (twice the steps, about twice the time), and a sweep's the sum of its runs over how many run
 at once. The probe is real (the configured model timed on this machine); no assertion here depends
 on this machine's speed: the comparison with whole runs is in benchmarks/results/*_walltime-estimate.md."""
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalerl import estimate as est
 from scalerl import layout
 from scalerl.config import compose, typed
-from scalerl.loop import estimate as est
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"estimated wall time: about (\d+(?:\.\d+)?) (s|min|h) \((\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)\)")

@@ -249,10 +249,10 @@ def _print_layout(args: list[str]) -> None:
 
 
 def _print_estimate(cfg: DictConfig, planned) -> None:
-    """The run's estimated wall time on this machine (:mod:`scalerl.loop.estimate`: its work from
+    """The run's estimated wall time on this machine (:mod:`scalerl.estimate`: its work from
     the config, this machine's speed from a probe of about a second), as YAML comments after the
     layout. An estimate that fails says so in its line: printing the recipe never fails for it."""
-    from scalerl.loop import estimate
+    from scalerl import estimate
 
     try:
         lines = estimate.estimate(cfg, planned).lines()

@@ -245,13 +245,13 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
 
 
 def estimate_line(plan) -> str:
-    """The sweep's estimated wall time (:mod:`scalerl.loop.estimate`): each variant's run as its job
+    """The sweep's estimated wall time (:mod:`scalerl.estimate`): each variant's run as its job
     will run it (its overrides, the launcher's and the thread share the local launcher gives it),
     probed once per model shape, then its runs scheduled as many at once as the launcher starts,
     each slowed by the cores the runs at once and the machine's present load share. A SLURM sweep
     runs on nodes and behind a queue this machine does not know: said, not guessed."""
+    from scalerl import estimate
     from scalerl.config.settings import build_config
-    from scalerl.loop import estimate
     from scalerl.sweep.launch import local_threads, max_parallel
 
     lc = plan.launcher
