@@ -7,9 +7,11 @@ group, option or key, a bad value) becomes one line naming the file, the variant
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,11 +175,11 @@ def _check_places(uri: str, sweep_dir: Path) -> None:
         raise SweepError(str(e)) from None
 
 
-def _compose_or_raise(
-    overrides: list[str], where: str, settings: dict | None = None, seed=None, composed=None
-) -> DictConfig:
+@contextlib.contextmanager
+def _named(where: str, overrides: list[str]) -> Iterator[None]:
+    """A composition's error (Hydra, OmegaConf, a ConfigError) as one line naming ``where``."""
     try:
-        return build_config(overrides, settings or {}, seed, composed=composed)
+        yield
     except Exception as e:  # Hydra/OmegaConf/ConfigError: one line naming where
         raise SweepError(f"{where}: {explain(e, overrides)}") from None
 
@@ -287,8 +289,11 @@ def make_plan(
 
     # sweep level: base alone, then with the command line, so the error names the right place
     launch = merge_overrides(base_launch, cli_launch)
-    _compose_or_raise(merge_overrides(base_train, base_launch), f"{path}: base")
-    sweep = typed(_compose_or_raise(merge_overrides(base_train, cli_train, launch), COMMAND_LINE))
+    with _named(f"{path}: base", base := merge_overrides(base_train, base_launch)):
+        build_config(base, {})
+    with _named(COMMAND_LINE, line := merge_overrides(base_train, cli_train, launch)):
+        sweep = build_config(line, {})
+    sweep = typed(sweep)
 
     # --tracking-uri, then tracking.uri= on the command line or in base, then the sweep folder's
     # (a re-run continues in the same store), then $MLFLOW_TRACKING_URI / sqlite:///mlflow.db
@@ -321,7 +326,9 @@ def make_plan(
             # given its own: the layout on the sweep's launcher, and (the baseline and --run-all
             # always run) whether its component can act where it would run
             settings = run_settings(spec.name, run, uri, "0" * 32)
-            config = typed(_compose_or_raise(overrides, where, settings, seed, composed))
+            with _named(where, overrides):
+                config = build_config(overrides, settings, seed, composed=composed)
+            config = typed(config)
             run.seed, run.total_steps = config.seed, int(config.trainer.total_steps)
             layout = LayoutOptions.of(config)
             _check_layout(layout, sweep.launcher, where)
