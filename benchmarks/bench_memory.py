@@ -404,7 +404,7 @@ def run_child(overrides: list[str], steps: int, generator: str = "hf") -> list[d
     from scalerl.config import compose
     from scalerl.loop import build
     from scalerl.loop.batch import prepare_batch
-    from scalerl.loop.evaluate import evaluate
+    from scalerl.loop.evaluate import evaluate_run
     from scalerl.loop.run import hand_over_weights
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -456,21 +456,7 @@ def run_child(overrides: list[str], steps: int, generator: str = "hf") -> list[d
     phase(
         "evaluate",
         steps,
-        lambda: evaluate(
-            run.task,
-            run.val,
-            run.generator,
-            run.trainer.gathered,
-            run.state,
-            run.tracker,
-            options=run.config.eval,
-            seed=run.config.seed,
-            batch_size=run.config.trainer.batch_size,
-            reward=run.config.reward,
-            length_control=run.config.length_control,
-            verifier_timeout_s=run.config.task.verifier_timeout_s,
-            main=True,
-        ),
+        lambda: evaluate_run(run),
     )
     return rows
 

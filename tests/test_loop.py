@@ -588,7 +588,7 @@ def test_evaluation_decodes_as_many_prompts_together_as_eval_batch_prompts(
 ):
     """8 held-out prompts x K=2 through the run's own generator: 0 = as many rows as a training batch
     (batch_size 8 / K = 4 prompts a decode), else eval.batch_prompts prompts a decode."""
-    from scalerl.loop.evaluate import evaluate
+    from scalerl.loop.evaluate import evaluate_run
 
     cfg, run = make_run(
         [
@@ -607,21 +607,7 @@ def test_evaluation_decodes_as_many_prompts_together_as_eval_batch_prompts(
         return generate(prompts, k, version=version)
 
     run.generator.generate = counted
-    out = evaluate(
-        run.task,
-        run.val,
-        run.generator,
-        run.trainer.gathered,
-        run.state,
-        run.tracker,
-        options=run.config.eval,
-        seed=run.config.seed,
-        batch_size=run.config.trainer.batch_size,
-        reward=run.config.reward,
-        length_control=run.config.length_control,
-        verifier_timeout_s=run.config.task.verifier_timeout_s,
-        main=True,
-    )
+    out = evaluate_run(run)
     assert seen == sizes
     assert 0.0 <= out["val/pass_rate"] <= 1.0
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from scalerl.config.groups.reward import RewardScale
     from scalerl.config.options import Option
     from scalerl.config.schema import EvalConfig
+    from scalerl.loop.components import Components
 
 
 @torch.no_grad()
@@ -121,3 +122,24 @@ def evaluate(
                 lines.append(json.dumps(sample))
         tracker.log_artifact_text(f"samples/step_{state.step:06d}.jsonl", "\n".join(lines) + "\n")
     return out
+
+
+def evaluate_run(run: Components) -> dict[str, float]:
+    """:func:`evaluate` over a built run's parts, with the run's eval, reward and length-control
+    options: the loop's held-out evaluation (tests and benchmarks evaluate a run the same way)."""
+    c = run.config
+    return evaluate(
+        run.task,
+        run.val,
+        run.generator,
+        run.trainer.gathered,
+        run.state,
+        run.tracker,
+        options=c.eval,
+        seed=c.seed,
+        batch_size=c.trainer.batch_size,
+        reward=c.reward,
+        length_control=c.length_control,
+        verifier_timeout_s=c.task.verifier_timeout_s,
+        main=run.is_main,
+    )

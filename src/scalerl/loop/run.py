@@ -31,7 +31,7 @@ from scalerl.loop.accounting import compute_metrics, count_step, device_hours, r
 from scalerl.loop.batch import prepare_batch, step_statistics
 from scalerl.loop.checkpointing import check_same_recipe, checkpoint, checkpoint_safe, restore
 from scalerl.loop.components import Components
-from scalerl.loop.evaluate import evaluate
+from scalerl.loop.evaluate import evaluate_run
 from scalerl.loop.progress import Progress
 from scalerl.loop.setup import build
 from scalerl.loop.signals import Interrupted, StopSignals
@@ -201,21 +201,7 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     ``scaling.refit_every`` evaluations."""
     c, st = run.config, run.state
     clock.tick()
-    metrics = evaluate(
-        run.task,
-        run.val,
-        run.generator,
-        run.trainer.gathered,
-        st,
-        run.tracker,
-        options=c.eval,
-        seed=c.seed,
-        batch_size=c.trainer.batch_size,
-        reward=c.reward,
-        length_control=c.length_control,
-        verifier_timeout_s=c.task.verifier_timeout_s,
-        main=run.is_main,
-    )
+    metrics = evaluate_run(run)
     clock.tick()
     if not metrics:  # not rank 0 (which evaluates)
         return {}
