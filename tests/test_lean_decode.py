@@ -173,6 +173,29 @@ def test_lean_decode_follows_weights_changed_in_place_without_a_new_version():
     assert gen._lean.refreshes == n0 + 1  # once for the changed weights, not per step
 
 
+def test_lean_weights_follow_a_parameter_replaced_by_a_new_tensor():
+    """The weight check reads each parameter where it lives, so a parameter replaced by a new tensor
+    (not changed in place) is taken at the next sync, an unchanged body is not copied again, and the
+    copy holds the new values (a plain weight and a rounded one)."""
+    model = make_model(arch="gpt2")
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    prec.prepare(model)
+    lean = LeanModel(model, prec)
+    n0 = lean.refreshes
+    lean.sync()
+    assert lean.refreshes == n0  # nothing changed
+    blk = model.transformer.h[0]
+    blk.ln_1.weight = torch.nn.Parameter(torch.full_like(blk.ln_1.weight, 0.5))
+    lean.sync()
+    assert lean.refreshes == n0 + 1
+    assert torch.equal(lean.blocks[0][0][0], torch.full_like(blk.ln_1.weight, 0.5))
+    orig = blk.attn.c_attn.parametrizations.weight
+    orig.original = torch.nn.Parameter(torch.full_like(orig.original, 1.0 + 2.0**-12))  # rounds to 1
+    lean.sync()
+    assert lean.refreshes == n0 + 2
+    assert torch.equal(lean.blocks[0][1][0], torch.ones_like(orig.original))
+
+
 def test_lean_decode_bf16_check_sees_a_missing_rounding():
     """The bf16 tolerance above is tight enough to see the emulation done wrong: a lean forward
     that skips the activations' rounding (weights still rounded) fails it."""

@@ -77,14 +77,22 @@ class LeanModel:
             self.eps = cfg.rms_norm_eps
         self.head_dim = cfg.hidden_size // self.heads
         self.layers = len(self.body.h if self.arch == "gpt2" else self.body.layers)
+        # where each parameter lives (module, attribute): the modules do not change, what they hold
+        # may (a parameter replaced by a new tensor), so the key reads the attributes each time
+        # without walking the module tree (which cost about 7% of a decode step)
+        self._slots = [self._owner(name) for name, _ in self.body.named_parameters()]
         self._key: tuple | None = None
         self.refreshes = 0  # weight copies made (tests: one per weight version)
         self.sync()
 
     # ------------------------------------------------------------------ weights
+    def _owner(self, name: str) -> tuple[torch.nn.Module, str]:
+        path, _, attr = name.rpartition(".")
+        return (self.body.get_submodule(path) if path else self.body), attr
+
     def _weight_key(self) -> tuple:
         # the parameters looked up each time: one replaced by a new tensor is seen too
-        return tuple((id(p), p._version, p.data_ptr()) for p in self.body.parameters())
+        return tuple((id(p), p._version, p.data_ptr()) for p in (getattr(m, attr) for m, attr in self._slots))
 
     def sync(self) -> None:
         """Take the body's weights again if any changed in place since the last copy."""
