@@ -616,3 +616,44 @@ def test_static_cache_from_the_config_and_its_limits():
         match="static_cache=true is not possible with this model: attention implementation 'eager'",
     ):
         HFGenerator(model, TOK, Precision(), LC(), static_cache=True)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_stale_kv_gap_of_sequences_measured_together_is_each_ones_alone(arch):
+    """measure_stale_kv runs the chosen sequences of different lengths in one right-padded forward;
+    each gap is the one a forward of that sequence alone gives (the padding after a sequence never
+    reaches it), and samples without tokens after the update are skipped."""
+    from scalerl.generator.staleness import measure_stale_kv
+
+    model = make_model(seed=2, arch=arch)
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    prec.prepare(model)
+    g = torch.Generator().manual_seed(0)
+
+    def sample(p_len, c_len, switch):
+        ids = torch.randint(3, 40, (p_len + c_len,), generator=g).tolist()
+        return Sample(
+            prompt_uid=0,
+            group_id=0,
+            prompt_ids=ids[:p_len],
+            completion_ids=ids[p_len:],
+            logprobs=(-torch.rand(c_len, generator=g)).tolist(),
+            versions=[1 if i < switch else 2 for i in range(c_len)],
+            loss_mask=[1] * c_len,
+            text="",
+            truncated=False,
+            interrupted=False,
+            think_tokens=c_len,
+        )
+
+    shapes = [(5, 9, 3), (7, 4, 10), (3, 12, 6), (6, 6, 2)]  # the second has no version-2 token
+    together = [sample(*s) for s in shapes]
+    alone = copy.deepcopy(together)
+    assert measure_stale_kv(model, prec, 0.7, [together], 2, limit=10) == 3
+    for s in alone:
+        measure_stale_kv(model, prec, 0.7, [[s]], 2, limit=1)
+    assert together[1].stale_kv_gap is None and alone[1].stale_kv_gap is None
+    for a, b in zip(together, alone):
+        if b.stale_kv_gap is not None:
+            assert a.stale_kv_gap == pytest.approx(b.stale_kv_gap, abs=1e-6)
+    assert measure_stale_kv(model, prec, 0.7, [together], 2, limit=2) == 2

@@ -90,31 +90,42 @@ def measure_stale_kv(
     Returns how many were measured."""
     if limit <= 0:
         return 0
-    measured = 0
+    chosen = []  # (sample, index of its first token after the update)
+    for s in (s for g in groups for s in g):
+        if len(chosen) >= limit:
+            break
+        start = spans_update(s, version)
+        if start >= 0:
+            chosen.append((s, start))
+    if not chosen:
+        return 0
     device = next(model.parameters()).device
     body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     t = temperature if temperature > 0 else 1.0
+    seqs = [s.prompt_ids + s.completion_ids for s, _ in chosen]
+    L = max(len(x) for x in seqs)
+    # one forward over the chosen sequences, right-padded (a causal model's real positions never
+    # see the padding after them): the same log-probs as one forward each, in one call
+    ids = torch.zeros((len(seqs), L), dtype=torch.long, device=device)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long, device=device)
+    for i, x in enumerate(seqs):
+        ids[i, : len(x)] = torch.tensor(x, dtype=torch.long, device=device)
+        mask[i, : len(x)] = 1
     was_training = model.training
     model.eval()
     try:
-        for s in (s for g in groups for s in g):
-            if measured >= limit:
-                break
-            start = spans_update(s, version)
-            if start < 0:
-                continue
-            ids = torch.tensor([s.prompt_ids + s.completion_ids], dtype=torch.long, device=device)
-            with precision.autocast(model):
-                hidden = body(input_ids=ids).last_hidden_state[0]
-            p = len(s.prompt_ids)
-            logits = precision.logits(model, hidden[p - 1 : -1])
-            fresh = precision.log_softmax(logits, t).float().gather(1, ids[0, p:, None]).squeeze(1)
+        with precision.autocast(model):
+            hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
+        for row, (s, start) in enumerate(chosen):
+            p, n = len(s.prompt_ids), len(seqs[row])
+            logits = precision.logits(model, hidden[row, p - 1 : n - 1])
+            target = ids[row, p:n, None]
+            fresh = precision.log_softmax(logits, t).float().gather(1, target).squeeze(1)
             idx = [
                 i for i in range(start, len(s.completion_ids)) if s.loss_mask[i] and s.versions[i] == version
             ]
             gen = torch.tensor([s.logprobs[i] for i in idx], dtype=torch.float32)
             s.stale_kv_gap = float((gen - fresh[idx].cpu()).abs().mean())
-            measured += 1
     finally:
         model.train(was_training)
-    return measured
+    return len(chosen)
