@@ -146,6 +146,11 @@ def test_horizon_rule_numbers_and_words():
     assert "ends at 2.5x C_mid; predictions need >= 4.5x" in line and "about 1.8x more compute" in line
     ok = horizon_of(36.0, 180.0)
     assert ok.supported is True and ok.more_compute == 1.0 and "supported" in ok.line()
+    assert "ceiling is 1" not in ok.line()
+    # a ceiling below 1: the bias figure is said to come from curves whose ceiling is 1
+    below = horizon_of(36.0, 180.0, below_bound=True)
+    assert below.supported is True and "on curves whose ceiling is 1" in below.line()
+    assert "scaling.min_step" in below.line()
     assert horizon_of(math.nan, 90.0).supported is None
     # the shape error shrinks as the window passes the bend; the bias is not extrapolated before 1.5x
     reaches = [1.5, 2.5, 3.5, HORIZON, 6.0]
@@ -181,6 +186,14 @@ def test_live_fit_says_whether_its_extrapolation_is_supported():
             assert m["fit/more_compute"] == 1.0 and "extrapolation supported" in said[0]
         else:
             assert m["fit/more_compute"] > 1.3 and "not supported" in said[0] and "more compute" in said[0]
+    # a ceiling below 1 (A 0.75) run past the horizon: supported, and its line says that the bias
+    # figure was measured on curves whose ceiling is 1
+    low = TrueCurve(0.3, 0.75, 1.6, 36.0)
+    steps = np.arange(0, 217, 9)
+    y = rng.binomial(768, low(steps.astype(float))) / 768
+    fit, m = fit_metrics(steps.astype(float), y, FitProtocol(bootstrap=0), steps=steps)
+    assert fit.ok and fit.A < 0.8 and m["fit/supported"] == 1.0
+    assert fit_horizon(fit).below_bound and "on curves whose ceiling is 1" in horizon_line(m)
     # a failed fit is not judged
     _, bad = fit_metrics([0.0, 1.0, 2.0, 3.0], [0.5, 0.5, 0.5, 0.5], FitProtocol(bootstrap=0))
     assert math.isnan(bad["fit/supported"]) and horizon_line(bad) == ""

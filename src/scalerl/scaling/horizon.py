@@ -20,6 +20,14 @@ with the bias measured at its reach and the compute that would carry the window 
 (C_mid stays where it is, so the window must grow by ``HORIZON / reach``). The rule cannot see a
 change of shape that starts past the horizon; it states what the measured curves support.
 
+**A ceiling below 1.** The bias table was measured on curves whose ceiling is the bound 1. On the
+ceiling-below-1 design (``sweeps/loo_ceiling.yaml``, reference 0.75) the error at the horizon has
+the other sign and is set by the early cut, not the reach: a pooled half fit whose window ended at
+about 5x its C_mid over-predicted by 0.044 from step 10 and by 0.005 with the first 30% of the
+budget left out (``*_ceiling-seeds.md`` in benchmarks/results/), because a sigmoid cannot follow
+that design's early rise. So a supported fit whose A is below 1 says that its bias figure is the
+ceiling-1 one, and a study of such curves sets ``scaling.min_step`` past the first rise.
+
 :func:`shape_error` is the band's share of that shape error (calibrated on the same curves and on
 the real runs' measured errors): the sd to add to a prediction's band at a given reach, so that the
 band covers the shape error as well as the bootstrap and the binomial noise.
@@ -33,6 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 HORIZON = 4.5
+BELOW_BOUND = 0.999
+"""A fit whose A is under this has a ceiling below the bound 1 (the pass rate's)."""
 """The reach (window end / fitted C_mid) from which an extrapolation to twice the window is supported."""
 
 _REACH = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.5)
@@ -76,6 +86,7 @@ class Horizon:
     more_compute: float = math.nan  # the factor of compute that carries the window to the horizon (1: none)
     bias: float = math.nan  # measured mean shape error at this reach
     shape_sd: float = math.nan  # the band's shape error at this reach
+    below_bound: bool = False  # the fit's A below the bound 1: the bias table is not its kind of curve
 
     def line(self, what: str = "the fit") -> str:
         """One sentence for a report: supported, or why not and how much more compute it needs."""
@@ -83,9 +94,14 @@ class Horizon:
             return f"{what}: extrapolation not judged (no fit)"
         where = f"{what}'s window ends at {self.reach:.1f}x C_mid"
         if self.supported:
+            kind = (
+                ", on curves whose ceiling is 1; below 1 it depends on the early cut (scaling.min_step)"
+                if self.below_bound
+                else ""
+            )
             return (
                 f"{where}, past the horizon ({self.horizon:g}x): extrapolation supported "
-                f"(measured shape bias there {self.bias:+.3f})"
+                f"(measured shape bias there {self.bias:+.3f}{kind})"
             )
         bias = (
             f"measured bias at this reach {self.bias:+.3f}, on curves whose exponent rises as the real runs' did"
@@ -111,9 +127,12 @@ class Horizon:
         }
 
 
-def horizon_of(c_mid: float, window_end: float, *, horizon: float = HORIZON) -> Horizon:
+def horizon_of(
+    c_mid: float, window_end: float, *, horizon: float = HORIZON, below_bound: bool = False
+) -> Horizon:
     """The rule for a fit with this fitted ``c_mid`` whose window ends at ``window_end`` (the largest
-    compute it was fitted on); not judged when either is missing."""
+    compute it was fitted on); not judged when either is missing. ``below_bound``: the fit's A is
+    below 1 (its line then says which curves its bias figure was measured on)."""
     if not (math.isfinite(c_mid) and c_mid > 0 and math.isfinite(window_end) and window_end > 0):
         return Horizon(horizon=horizon)
     reach = window_end / c_mid
@@ -125,6 +144,7 @@ def horizon_of(c_mid: float, window_end: float, *, horizon: float = HORIZON) -> 
         more_compute=1.0 if ok else horizon / reach,
         bias=shape_bias(reach),
         shape_sd=shape_error(reach),
+        below_bound=bool(below_bound),
     )
 
 
@@ -137,4 +157,5 @@ def fit_horizon(fit, *, horizon: float = HORIZON) -> Horizon:
     c = np.asarray(fit.compute, dtype=float)
     c = c[used] if used.size == c.size and used.any() else c
     c = c[np.isfinite(c)]
-    return horizon_of(fit.C_mid, float(c.max()) if c.size else math.nan, horizon=horizon)
+    end = float(c.max()) if c.size else math.nan
+    return horizon_of(fit.C_mid, end, horizon=horizon, below_bound=bool(fit.A < BELOW_BOUND))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl.scaling.horizon import HORIZON, Horizon, fit_horizon
+from scalerl.scaling.horizon import BELOW_BOUND, HORIZON, Horizon, fit_horizon
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import SigmoidFit
 
@@ -114,6 +114,7 @@ def horizon_line(metrics: dict[str, float], prefix: str = "fit/") -> str:
         supported=bool(sup),
         more_compute=float(metrics.get(f"{prefix}more_compute", math.nan)),
         bias=float(metrics.get(f"{prefix}shape_bias", math.nan)),
+        below_bound=float(metrics.get(f"{prefix}A", math.nan)) < BELOW_BOUND,
     )
     return h.line("the scaling fit")
 
