@@ -41,9 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 
 HORIZON = 4.5
+"""The reach (window end / fitted C_mid) from which an extrapolation to twice the window is supported."""
+
 BELOW_BOUND = 0.999
 """A fit whose A is under this has a ceiling below the bound 1 (the pass rate's)."""
-"""The reach (window end / fitted C_mid) from which an extrapolation to twice the window is supported."""
 
 _REACH = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.5)
 """The reaches at which the shape error was measured (interpolated in log reach between them, held
