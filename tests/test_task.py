@@ -171,6 +171,37 @@ def test_val_digits_gives_each_tier_its_share_in_every_prefix_and_own_width_its_
     }
 
 
+def test_train_digits_draws_each_tier_at_its_share_and_leaves_the_default_draw_and_the_base_as_they_were():
+    """``train_digits`` sets the training problems' mix as ``val_digits`` sets the held-out one: each
+    problem's digits drawn with its weights, written at its own width, none a held-out problem. The
+    draw without it is the one before the option (same problems), and it never enters the
+    warm-start key (it is what RL trains on, not what the base learned)."""
+    import dataclasses
+
+    from scalerl.config.groups.model import TinyModel as Tiny
+    from scalerl.config.groups.task import Addition
+    from scalerl.model.build import _warmstart_key
+
+    mixed = AdditionTask(**MIXED, num_val=192, num_train=8000, train_digits={2: 0.75, 3: 0.25})
+    train = mixed.train_prompts()
+    share3 = sum(p.difficulty == 3 for p in train) / len(train)
+    assert abs(share3 - 0.25) < 0.02 and {p.difficulty for p in train} == {2, 3}
+    for p in train[:200]:
+        a, b = map(int, p.text.rstrip("=").split("+"))
+        assert len(str(a)) == len(str(b)) == p.difficulty and p.answer == f"{a + b:0{p.difficulty + 1}d}"
+    assert not {p.text for p in mixed.val_prompts()} & {p.text for p in train}
+    assert mixed.think_tokens_needed() == 27
+    # without it: exactly the draw of min..max_digits as before
+    plain = AdditionTask(**MIXED, num_val=192, num_train=500).train_prompts()
+    uniform = AdditionTask(**MIXED, num_val=192, num_train=500, train_digits={}).train_prompts()
+    assert [p.text for p in plain] == [p.text for p in uniform]
+    # a wider training tier under the own width needs no new base
+    fields = {**MIXED, "num_val": 192}
+    before = _warmstart_key(Tiny(), Addition(**fields))
+    assert _warmstart_key(Tiny(), Addition(**fields, train_digits={2: 0.75, 3: 0.25})) == before
+    assert dataclasses.replace(Addition(**fields), train_digits={2: 0.5, 3: 0.5}).check() == []
+
+
 def test_a_thinking_budget_of_20_to_24_admits_the_2_digit_scratchpad_and_cuts_the_3_digit_one():
     """The reference ceiling by construction: under the forced interruptions' budget of 20-24
     thinking tokens a clean 2-digit scratchpad and its ``</think>`` fit (19 tokens) and a 3-digit one
@@ -205,6 +236,19 @@ def test_a_thinking_budget_of_20_to_24_admits_the_2_digit_scratchpad_and_cuts_th
         (
             ["+task.val_digits={1:0.5,2:0.5}", "task.num_val=256"],
             "a count for 1 digits below its 100 distinct",
+        ),
+        (
+            ["+task.train_digits={2:0.5,3:0.4}"],
+            r"task.train_digits=\{2: 0.5, 3: 0.4\}: must be shares summing to 1",
+        ),
+        (
+            ["+task.train_digits={2:0.5,5:0.5}"],
+            r"task.train_digits=.*must be digits in 1..3 \(max\(max_digits, warmstart_max_digits\)",
+        ),
+        (["+task.train_digits={2:1.5}"], r"task.train_digits.2=1.5: must be a number in \(0, 1\]"),
+        (
+            ["+task.train_digits={1:0.5,2:0.5}", "task.num_val=120", "task.min_digits=1"],
+            r"must be tiers with problems left to train on \(1 digits has 100, held out up to 120\)",
         ),
     ],
 )

@@ -160,8 +160,9 @@ def check_overrides(cfg: DictConfig, overrides: list[str]) -> None:
 
 def addition_prompt_chars(task) -> int:
     """Characters in the longest prompt of ``task=addition`` (``a+b=``, both zero-padded; a held-out
-    tier of ``val_digits`` may be wider under ``operand_width=own``)."""
-    width = max(int(task.max_digits), int(task.warmstart_max_digits), *map(int, task.get("val_digits") or {}))
+    tier of ``val_digits`` or ``train_digits`` may be wider under ``operand_width=own``)."""
+    mixes = [*map(int, task.get("val_digits") or {}), *map(int, task.get("train_digits") or {})]
+    width = max(int(task.max_digits), int(task.warmstart_max_digits), *mixes)
     return 2 * width + 2
 
 

@@ -145,8 +145,9 @@ def _warmstart_key(model, task) -> str:
     t = dataclasses.asdict(task)
     for k in ("cache_dir", "name"):
         m.pop(k, None)
-    # not what it learns from (val_digits: which held-out problems; the warm-start only avoids them)
-    for k in ("num_val", "num_train", "verifier_timeout_s", "min_digits", "val_digits"):
+    # not what it learns from (val_digits: which held-out problems, the warm-start only avoids them;
+    # train_digits, as min_digits: which problems RL trains on)
+    for k in ("num_val", "num_train", "verifier_timeout_s", "min_digits", "val_digits", "train_digits"):
         t.pop(k, None)
     if t.get("operand_width") == "common":  # the format of every base shipped before the option
         t.pop("operand_width")

@@ -26,7 +26,8 @@ tokens a digit; and a held-out set whose mix of digits is set apart from the tra
 (18) fits and a 3-digit one (27) does not: the 3-digit tier is cut in its last column and its answer
 is a guess, so the held-out pass rate cannot pass 0.75 however well the policy adds (the reference
 ceiling by construction; ``val/pass_rate_d2`` and ``val/pass_rate_d3`` check it per tier), while a
-longer budget admits both.
+longer budget admits both. ``train_digits`` sets the training problems' mix the same way
+(``{2: 0.75, 3: 0.25}``: the policy meets the tier a budget cuts in training too).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class AdditionTask:
         num_train: int = 100_000,
         operand_width: str = "common",
         val_digits: dict | None = None,
+        train_digits: dict | None = None,
     ):
         self.seed = seed
         self.min_digits, self.max_digits = min_digits, max_digits
@@ -65,6 +67,7 @@ class AdditionTask:
         self.width = max(max_digits, warmstart_max_digits)
         self.own_width = operand_width == "own"
         self.val_digits = {int(d): float(v) for d, v in (val_digits or {}).items()}
+        self.train_digits = {int(d): float(v) for d, v in sorted((train_digits or {}).items())}
         self.num_val = num_val
         self.num_train = num_train
         rng = random.Random(seed)
@@ -144,9 +147,14 @@ class AdditionTask:
     # ------------------------------------------------------------------ Task protocol
     def train_prompts(self) -> list[Prompt]:
         rng = random.Random(self._train_rng_seed)
+        tiers, shares = list(self.train_digits), list(self.train_digits.values())
         out, uid = [], 0
         while len(out) < self.num_train:
-            a, b, d = self._draw(rng, self.min_digits, self.max_digits)
+            if tiers:  # each problem's digits drawn with train_digits' weights
+                d = rng.choices(tiers, shares)[0]
+                a, b, d = self._draw(rng, d, d)
+            else:
+                a, b, d = self._draw(rng, self.min_digits, self.max_digits)
             if (a, b) in self._val_pairs:
                 continue
             out.append(self._prompt(uid, a, b, d))
@@ -183,5 +191,5 @@ class AdditionTask:
         """The thinking the longest problem's scratchpad takes (every problem's, at the common width)."""
         if not self.own_width:  # every scratchpad has the common width's columns
             return len(self.scratchpad(0, 0))
-        widest = max([self.width, *self.val_digits])
+        widest = max([self.width, *self.val_digits, *self.train_digits])
         return widest * len(self.scratchpad(0, 0))  # 0+0 at its own width: one column

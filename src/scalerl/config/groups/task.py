@@ -67,6 +67,11 @@ class Addition(Option):
     # With a thinking budget that covers some tiers' scratchpads and not others', the reference
     # ceiling is the admitted tiers' share; val/pass_rate_d<k> checks each tier.
     val_digits: dict[int, float] = field(default_factory=dict)
+    # The training problems' mix of digits, as val_digits: digits -> share (in (0, 1], summing to 1),
+    # each training problem's digits drawn with these weights. Empty: min_digits..max_digits, uniform.
+    # With a thinking budget that cuts some tiers, the policy meets those tiers in training too; it
+    # is not what the warm-start learns from, so it leaves the base model (and its key) as it is.
+    train_digits: dict[int, float] = field(default_factory=dict)
     verifier_timeout_s: float = 2.0
 
     def widest(self) -> int:
@@ -92,7 +97,9 @@ class Addition(Option):
             out = [("max_digits", self.max_digits, f">= min_digits ({self.min_digits})")]
         if not out:
             out = problems(
-                one_of("operand_width", self.operand_width, OPERAND_WIDTHS), self._check_val_digits()
+                one_of("operand_width", self.operand_width, OPERAND_WIDTHS),
+                self._check_val_digits(),
+                self._check_train_digits(),
             )
         if not out and not self.val_digits:
             n = distinct_problems(self.min_digits, self.max_digits)
@@ -101,10 +108,10 @@ class Addition(Option):
                 out = [("num_val", self.num_val, allowed)]
         return out
 
-    def _check_val_digits(self):
-        mix = dict(self.val_digits)
-        if not mix:
-            return None
+    def _check_mix(self, name: str):
+        """The shape every digits mix (``val_digits``, ``train_digits``) must have: tiers the width
+        allows, shares in (0, 1] summing to 1."""
+        mix = dict(getattr(self, name))
         # under the common width a tier wider than the warm-start's and training's problems would
         # change every prompt's padding (and so the base model): "own" writes it at its own digits
         top = self.widest() if self.operand_width == "common" else 12
@@ -112,13 +119,41 @@ class Addition(Option):
             if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= top:
                 why = "max(max_digits, warmstart_max_digits) under operand_width=common"
                 allowed = f"digits in 1..{top} ({why})" if top != 12 else "digits in 1..12"
-                return "val_digits", mix, allowed
-            bad = in_unit(f"val_digits.{d}", share, low_open=True)
+                return name, mix, allowed
+            bad = in_unit(f"{name}.{d}", share, low_open=True)
             if bad:
                 return bad
         total = sum(mix.values())
         if not math.isclose(total, 1.0, abs_tol=1e-6):
-            return "val_digits", mix, f"shares summing to 1 (they sum to {total:g})"
+            return name, mix, f"shares summing to 1 (they sum to {total:g})"
+        return None
+
+    def _check_train_digits(self):
+        mix = dict(self.train_digits)
+        if not mix:
+            return None
+        bad = self._check_mix("train_digits")
+        if bad:
+            return bad
+        held = val_counts(dict(self.val_digits), self.num_val) if self.val_digits else {}
+        for d in mix:  # a tier whose every problem is held out would leave nothing to train on
+            n_val = (
+                held.get(d, 0)
+                if self.val_digits
+                else (self.num_val if self.min_digits <= d <= self.max_digits else 0)
+            )
+            if distinct_problems(d, d) <= n_val:
+                allowed = f"tiers with problems left to train on ({d} digits has {distinct_problems(d, d)}, held out up to {n_val})"
+                return "train_digits", mix, allowed
+        return None
+
+    def _check_val_digits(self):
+        mix = dict(self.val_digits)
+        if not mix:
+            return None
+        bad = self._check_mix("val_digits")
+        if bad:
+            return bad
         for d, k in val_counts(mix, self.num_val).items():
             if k < 1:
                 return (
