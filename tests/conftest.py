@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,12 @@ pytest_plugins = ["slurm_fixture"]
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# A suite started in the background of a non-interactive shell (`cmd &`, nohup) inherits SIGINT
+# ignored, and a run keeps a disposition its host chose (scalerl.loop.signals): the Ctrl-C tests would
+# then test the launcher, not the run. The suite gives itself, and so every run it starts, Python's own.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tiny but real: the embedded model with a few warm-start steps and short runs (seconds each).
 TINY = [
