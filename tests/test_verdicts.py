@@ -160,6 +160,35 @@ def test_censored_seeds_are_kept_in_the_mean_and_an_unbounded_A_is_never_called(
     assert slow.label in ("B lower", "inconclusive", "not shown"), slow.label
 
 
+def test_a_variant_that_learns_the_whole_task_is_called_higher_by_its_seeds_lower_ends():
+    """A component that lets the policy learn the whole task (the ceiling study's longer budget): its
+    seeds' A runs to 1, so its A is not shown, yet over a baseline whose A is bounded (0.62) it is
+    called "A higher" on its seeds' lower ends, and ΔA is reported as that lower bound. A variant
+    whose curve merely has not bent yet (intervals reaching 1, lower ends near the baseline) gets no
+    such call: a lower bound shows a higher ceiling or nothing."""
+    vs = _verdicts(
+        {
+            "base": _runs("base", BASE),
+            "whole": _runs("whole", TrueCurve(0.15, 1.0, 1.9, 1000.0), params={"loss": "dapo"}),
+            "early": _runs("early", TrueCurve(0.15, 0.62, 1.2, 1000.0), reach=0.5, params={"loss": "gspo"}),
+        },
+        bootstrap=60,
+    )
+    base, whole, early = vs["base"], vs["whole"], vs["early"]
+    assert base.A.settled and abs(base.A.mean - 0.62) < 0.02
+    assert not whole.A.settled and whole.A.censored >= 2, whole.A
+    assert whole.label == "A higher" and whole.called == {"A": 1} and whole.dA.bound == "lower"
+    assert whole.verdict.startswith("A higher (ΔA >= +0.3"), whole.verdict
+    # the lower ends: each censored seed's interval lower end, below its fitted A
+    assert whole.dA.delta == pytest.approx(np.mean(whole.A.floors) - base.A.mean)
+    assert whole.dA.delta <= whole.A.mean - base.A.mean and whole.dA.lo > MARGIN_A
+    assert not whole.dB.tested and not whole.dA.equivalent  # no B at the baseline's A, no equivalence
+    assert "| >= +0.3" in verdict_table(list(vs.values()))
+    assert not early.called and early.label in ("not shown", "inconclusive"), early.verdict
+    if early.dA.bound:  # censored like "whole" but its lower ends do not clear the baseline
+        assert early.label == "not shown" and "do not place A above the baseline's" in early.verdict
+
+
 def test_a_fit_through_as_many_points_as_parameters_is_not_settled():
     """Three evaluations past the early cut (a short sweep): the sigmoid passes through them, so its
     A is the last point's level with no interval. Such seeds are neither averaged in nor called,

@@ -249,6 +249,8 @@ def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, Si
         "dA": v.dA.delta if not v.baseline else None,
         "dA_lo": v.dA.lo if not v.baseline else None,
         "dA_hi": v.dA.hi if not v.baseline else None,
+        # "lower" where dA and its interval bound ΔA from below (the variant's A is censored at 1)
+        "dA_bound": (v.dA.bound or None) if not v.baseline else None,
         "dB": v.dB.delta if not v.baseline else None,
         "dB_lo": v.dB.lo if not v.baseline else None,
         "dB_hi": v.dB.hi if not v.baseline else None,

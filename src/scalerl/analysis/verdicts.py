@@ -14,6 +14,13 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   Where at least half of a variant's seeds are censored (or fewer than 2 are usable), its A is **not
   shown** at this budget (unbounded): reported, not scored. A seed with A at R0 (a curve that did
   not rise) is kept at its fitted value like any other.
+- **A bounded below.** A variant whose A is not shown because at least half its seeds are censored
+  at 1 (a component that lets the policy learn the whole task) can still be shown to raise the
+  ceiling over a baseline whose A is shown: each censored seed enters at its interval's lower end
+  (the least ceiling its data allow; the others at their fitted A), and the same Welch test calls
+  "A higher" when even those lie above the baseline's A by more than the margin. ΔA and its
+  interval are then a lower bound (:attr:`Comparison.bound`); no lower or equal A, and no
+  equivalence, can be shown that way.
 - **B at a fixed A** (the paper's protocol): every run is refitted with A fixed to the baseline's A
   (the same estimate over its seeds), and B is compared at that A, estimated the same way (mean and
   t-interval over every refitted seed; a B at its fit bound is censored there, by the same rule). B
@@ -136,6 +143,8 @@ class Estimate:
     unsettled: str = ""  # why the variant's value is not shown / not scored ("" = shown)
     values: list[float] = field(default_factory=list)
     censored: int = 0  # seeds censored at the bound (A at 1 or its interval reaching 1; B at a bound)
+    # A only: each usable seed's least ceiling, its fitted A or, censored at 1, its interval's lower end
+    floors: list[float] = field(default_factory=list)
 
     @property
     def settled(self) -> bool:
@@ -162,6 +171,9 @@ class Comparison:
     eq_hi: float = math.nan
     eq_p: float = math.nan  # TOST p-value (the larger of the two one-sided tests)
     equivalent: bool = False
+    # "lower": the variant's censored seeds entered at their intervals' lower ends (A bounded below,
+    # the module docstring), so delta and its interval bound ΔA from below; "" = the plain test
+    bound: str = ""
 
     @property
     def significant(self) -> bool:
@@ -268,7 +280,7 @@ class VariantVerdict:
                 return f"{key} {'higher' if self.called[key] > 0 else 'lower'}"
         if self.scored and self.dA.tested and self.dA.equivalent:
             return "equivalent"
-        if self.scored and (self.dA.tested or self.dB.tested):
+        if self.scored and (self.dA.tested and not self.dA.bound or self.dB.tested):
             return "inconclusive"
         return "not shown"
 
@@ -473,10 +485,27 @@ def _estimate(
 def a_estimate(fits: Sequence[SigmoidFit | None], level: float = 0.9) -> Estimate:
     """A over the fitted ones of ``fits`` (the module's rule: every usable seed, censored ones kept)."""
     ok = [f for f in fits if f is not None and f.ok]
-    seeds = [(f.A, a_censored(f)) for f in ok if not a_unusable(f)]
+    usable = [f for f in ok if not a_unusable(f)]
+    seeds = [(f.A, a_censored(f)) for f in usable]
     e = _estimate(seeds, [w for f in ok if (w := a_unusable(f))], len(ok), level, "A", "1")
     e.hi = min(e.hi, 1.0)  # a pass rate's ceiling: the interval ends at the maximum
+    e.floors = [_floor(f) for f in usable if math.isfinite(f.A)]
     return e
+
+
+def _floor(fit: SigmoidFit) -> float:
+    """The least ceiling a usable seed's data allow: its fitted A, or censored at 1 its interval's
+    lower end (NaN where it has none)."""
+    if not a_censored(fit):
+        return float(fit.A)
+    lo = fit.ci.get("A", (math.nan, math.nan))[0]
+    return float(min(lo, fit.A)) if math.isfinite(lo) else math.nan
+
+
+def bounded_below(e: Estimate) -> bool:
+    """A not shown because at least half its (2 or more) usable seeds are censored at 1, each with
+    a lower end: the case the lower-bound test of "A higher" covers (module docstring)."""
+    return e.n >= 2 and 2 * e.censored >= e.n and len(e.floors) == e.n and all(map(math.isfinite, e.floors))
 
 
 def b_estimate(fixed: Sequence[SigmoidFit | None], total: int, level: float = 0.9) -> Estimate:
@@ -974,6 +1003,10 @@ def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix:
             nb = base.A.n if base.A.n >= 2 else len(base.run_ids)
             if v.A.settled and base.A.settled and not at_max:
                 v.dA = t_test(v.A.values, base.A.values, fam.alpha, MARGIN_A, fam.eq_margin)
+            elif bounded_below(v.A) and base.A.settled and not at_max:
+                v.dA = t_test(v.A.floors, base.A.values, fam.alpha, MARGIN_A)
+                v.dA.bound = "lower"
+                v.dA.called = max(v.dA.called, 0)  # a lower bound shows a higher A or nothing
             else:
                 v.dA = Comparison(alpha=fam.alpha, margin=MARGIN_A)
                 v.dA.mdd = detectable(fam.sd_A, nv, nb, fam.alpha, MARGIN_A)
@@ -1007,7 +1040,7 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
     if not base.A.settled:
         return f"{NOT_SHOWN}: the baseline's A is not shown ({base.A.unsettled})"
     if not v.A.settled:
-        return f"{NOT_SHOWN}: {v.A.unsettled}"
+        return _verdict_bounded_below(v)
     called = {}
     parts = []
     if v.dA.called:
@@ -1037,6 +1070,19 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
     elif v.dB.tested:
         text += f"; ΔB {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}] not called"
     return text
+
+
+def _verdict_bounded_below(v: VariantVerdict) -> str:
+    """A variant whose A is not shown (:func:`bounded_below` or fewer usable seeds): "A higher" where
+    its seeds' lower ends lie above the baseline's A, else not shown."""
+    c = v.dA
+    if c.bound != "lower":
+        return f"{NOT_SHOWN}: {v.A.unsettled}"
+    interval = f"ΔA >= {c.delta:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] from its seeds' lower ends"
+    if c.called:
+        v.called = {"A": 1}
+        return f"A higher ({interval}; its own A is not bounded below 1 at this budget)"
+    return f"{NOT_SHOWN}: {v.A.unsettled}; its seeds' lower ends do not place A above the baseline's ({interval})"
 
 
 def equivalence_text(c: Comparison, fam: Family) -> str:
@@ -1142,7 +1188,7 @@ def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
                     seeds_cell(v),
                     _est(v.A, ".3f"),
                     _est(v.B, ".2f"),
-                    _cmp(v.dA, ".3f") if not v.baseline else "",
+                    ((">= " if v.dA.bound else "") + _cmp(v.dA, ".3f")) if not v.baseline else "",
                     _cmp(v.dB, ".2f") if not v.baseline else "",
                     _f(v.dA.mdd, ".3f") if v.scored else "",
                     prediction_cell(v),
@@ -1202,7 +1248,10 @@ def verdict_legend(level: float = 0.9) -> list[str]:
         f"parameters, excepted) [{level:.0%} t-interval over them]; seeds: in the mean / all, (k at 1): seeds "
         f"censored at 1 (fitted A within {A_BOUND_TOL:g} of 1, or its bootstrap interval reaching 1), kept at "
         "their fitted value. Where at least half a variant's seeds are censored its A is not shown at this "
-        "budget (not bounded below 1) and not scored; no seed is left out for what its fit found.",
+        "budget (not bounded below 1) and not scored; no seed is left out for what its fit found. Such a "
+        "variant is still tested for a higher A than a baseline whose A is shown: its censored seeds at their "
+        'intervals\' lower ends, the others at their fitted A; "A higher" when even those lie above the '
+        "baseline's A, and ΔA (shown as >=) is then a lower bound.",
         "B @ A: every run refitted with A fixed to the baseline's A (the paper's protocol), the same "
         "estimator over every refitted seed (a B at its fit bound censored there). Where at least half of the "
         "baseline's seeds are censored at 1, A is fixed to 1 and only B is compared (the family is then B "
