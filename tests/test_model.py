@@ -153,7 +153,7 @@ def test_the_default_base_model_ships_with_the_package(tmp_path, caplog):
 WARMSTART_KEYS = {
     "default": ([], "e333dc09da4d70fd"),
     "loo study": (None, "e3063a463d1e8518"),
-    "loo_ceiling study": (None, "a4498214f563bb69"),
+    "loo_ceiling study": (None, "e90640dfb4be3462"),
     "multi": (["task=multi"], "0631039e92d61d86"),
     "code": (["task=code"], "46c7fc9dc6f2841a"),
     "qwen2": (["model.arch=qwen2", "model.num_kv_heads=2"], "357ac8c4a24fa48e"),

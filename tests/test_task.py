@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -202,22 +203,39 @@ def test_train_digits_draws_each_tier_at_its_share_and_leaves_the_default_draw_a
     assert dataclasses.replace(Addition(**fields), train_digits={2: 0.5, 3: 0.5}).check() == []
 
 
-def test_a_thinking_budget_of_20_to_24_admits_the_2_digit_scratchpad_and_cuts_the_3_digit_one():
-    """The reference ceiling by construction: under the forced interruptions' budget of 20-24
-    thinking tokens a clean 2-digit scratchpad and its ``</think>`` fit (19 tokens) and a 3-digit one
-    (27 before ``</think>``) is cut in its last column, whichever budget is drawn; at 28 both fit."""
+def test_a_thinking_budget_of_20_to_24_admits_the_2_digit_scratchpad_and_leaves_two_4_digit_columns_unwritten():
+    """The ceiling study's reference ceiling by construction (sweeps/loo_ceiling.yaml): under the
+    forced interruptions' budget of 20-24 thinking tokens a clean 2-digit scratchpad and its
+    ``</think>`` fit (19 tokens), and a 4-digit one (37) is cut in its third column whichever budget
+    is drawn, leaving two columns and their carries to the answer; the long budget (40-48) admits
+    both. A 3-digit tier would be one column short (28), which the policy learns to add in the answer
+    when it trains on that tier."""
+    import yaml
+
+    from scalerl.config import conf_dir
     from scalerl.model.tokenizer import build_char_tokenizer
 
+    study = yaml.safe_load((Path(conf_dir()).parent / "sweeps" / "loo_ceiling.yaml").read_text())
+    settings = dict(o.lstrip("+").split("=", 1) for o in study["base"])
+    budget = [int(settings[f"length_control.think_budget_{k}"]) for k in ("min", "max")]
+    long = dict(o.split("=", 1) for o in study["variants"]["long_budget"])
+    long_min = int(long["length_control.think_budget_min"])
+    assert settings["task.val_digits"] == settings["task.train_digits"] == "{2:0.75,4:0.25}"
+
     tok = build_char_tokenizer()
-    task = AdditionTask(**MIXED, num_val=64, num_train=1)
+    task = AdditionTask(
+        min_digits=2, max_digits=2, warmstart_max_digits=4, operand_width="own",
+        val_digits={2: 0.75, 4: 0.25}, train_digits={2: 0.75, 4: 0.25}, num_val=64, num_train=64,
+    )  # fmt: skip
     need = {}
-    for p in task.val_prompts():
+    for p in task.val_prompts() + task.train_prompts():
         a, b = map(int, p.text.rstrip("=").split("+"))
         think = task.scratchpad(a, b) + "</think>"
         need.setdefault(p.difficulty, set()).add(len(tok(think, add_special_tokens=False).input_ids))
-    assert need == {2: {19}, 3: {28}}
-    assert max(need[2]) <= 20 and min(need[3]) > 24 + 1  # the 3-digit tier's last column is never written
-    assert task.think_tokens_needed() == 27
+    assert need == {2: {19}, 4: {37}}
+    column = len(task.scratchpad(0, 0))  # 9 tokens a column
+    assert max(need[2]) <= budget[0] and budget[1] < 3 * column  # the third column is never finished
+    assert long_min >= max(need[4]) and task.think_tokens_needed() == 36
     # at the common width every scratchpad has the width's columns: 4 x 9 for the default's 3-4 digits
     assert AdditionTask(min_digits=3, max_digits=4, num_val=4, num_train=1).think_tokens_needed() == 36
 

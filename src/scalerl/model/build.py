@@ -149,6 +149,9 @@ def _warmstart_key(model, task) -> str:
     # train_digits, as min_digits: which problems RL trains on)
     for k in ("num_val", "num_train", "verifier_timeout_s", "min_digits", "val_digits", "train_digits"):
         t.pop(k, None)
+    for domain in (t.get("domains") or {}).values():  # task=multi: train_digits is RL's there too
+        if isinstance(domain, dict):
+            domain.pop("train_digits", None)
     if t.get("operand_width") == "common":  # the format of every base shipped before the option
         t.pop("operand_width")
     blob = json.dumps({"model": m, "task": t, "v": WARMSTART_VERSION}, sort_keys=True)  # m has warmstart_seed

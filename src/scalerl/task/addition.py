@@ -19,15 +19,15 @@ model that follows a forced "time is up" does. So under a thinking budget betwee
 scratchpads, forced interruptions fire and cost nothing once the columns are done, while a run
 without them must learn to stop re-checking before the token limit cuts the answer off.
 
-Mixed difficulty (``operand_width="own"``, ``val_digits``): each problem written at its own digits,
-``47+85=`` with two columns and ``347+589=`` with three, so the thinking a problem needs grows by 9
-tokens a digit; and a held-out set whose mix of digits is set apart from the training problems'
-(``val_digits={2: 0.75, 3: 0.25}``). Under a thinking budget of 20-24 tokens a 2-digit scratchpad
-(18) fits and a 3-digit one (27) does not: the 3-digit tier is cut in its last column and its answer
-is a guess, so the held-out pass rate cannot pass 0.75 however well the policy adds (the reference
-ceiling by construction; ``val/pass_rate_d2`` and ``val/pass_rate_d3`` check it per tier), while a
-longer budget admits both. ``train_digits`` sets the training problems' mix the same way
-(``{2: 0.75, 3: 0.25}``: the policy meets the tier a budget cuts in training too).
+Mixed difficulty (``operand_width="own"``, ``val_digits``, ``train_digits``): each problem written
+at its own digits, ``47+85=`` with two columns and ``3470+5891=`` with four, so the thinking a problem
+needs grows by 9 tokens a digit; and held-out and training sets whose mix of digits is set apart
+(``{2: 0.75, 4: 0.25}``). Under a thinking budget of 20-24 tokens a 2-digit scratchpad (18) fits and a
+4-digit one (36) does not: it is cut in its third column, two columns and their carries are left to
+the answer, a guess, so the held-out pass rate cannot pass 0.75 however well the policy adds (the
+reference ceiling by construction; ``val/pass_rate_d2`` and ``val/pass_rate_d4`` check it per tier),
+while a longer budget admits both. A tier one column past the budget is not enough where the policy
+trains on it: it learns to add that column in the answer.
 """
 
 from __future__ import annotations
