@@ -178,7 +178,9 @@ def test_a_variant_that_learns_the_whole_task_is_called_higher_by_its_seeds_lowe
     assert base.A.settled and abs(base.A.mean - 0.62) < 0.02
     assert not whole.A.settled and whole.A.censored >= 2, whole.A
     assert whole.label == "A higher" and whole.called == {"A": 1} and whole.dA.bound == "lower"
-    assert whole.verdict.startswith("A higher (ΔA >= +0.3"), whole.verdict
+    assert whole.verdict.startswith(
+        f"A higher (by at least {whole.dA.lo:+.3f}: its seeds' lower ends lie +0.3"
+    )
     # the lower ends: each censored seed's interval lower end, below its fitted A
     assert whole.dA.delta == pytest.approx(np.mean(whole.A.floors) - base.A.mean)
     assert whole.dA.delta <= whole.A.mean - base.A.mean and whole.dA.lo > MARGIN_A

@@ -1078,11 +1078,17 @@ def _verdict_bounded_below(v: VariantVerdict) -> str:
     c = v.dA
     if c.bound != "lower":
         return f"{NOT_SHOWN}: {v.A.unsettled}"
-    interval = f"ΔA >= {c.delta:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}] from its seeds' lower ends"
+    interval = f"{c.delta:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]"
     if c.called:
         v.called = {"A": 1}
-        return f"A higher ({interval}; its own A is not bounded below 1 at this budget)"
-    return f"{NOT_SHOWN}: {v.A.unsettled}; its seeds' lower ends do not place A above the baseline's ({interval})"
+        return (
+            f"A higher (by at least {c.lo:+.3f}: its seeds' lower ends lie {interval} above the baseline's A; "
+            "its own A is not bounded below 1 at this budget)"
+        )
+    return (
+        f"{NOT_SHOWN}: {v.A.unsettled}; its seeds' lower ends do not place A above the baseline's "
+        f"({interval} from them)"
+    )
 
 
 def equivalence_text(c: Comparison, fam: Family) -> str:
