@@ -536,7 +536,7 @@ def test_unsettled_seed_and_failed_run_are_noted_in_the_run_table(store, capsys)
 REPORT_KEYS = {"schema_version", "commit", "wall_s", "machine", "variants"}
 VARIANT_KEYS = {
     "variant", "baseline", "seeds", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "dA", "dA_lo",
-    "dA_hi", "dB", "dB_lo", "dB_hi", "verdict", "per_seed", "prediction",
+    "dA_hi", "dA_bound", "dB", "dB_lo", "dB_hi", "verdict", "per_seed", "prediction",
 }  # fmt: skip
 
 
@@ -605,6 +605,7 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
     base, dapo = by["cispo"], by["dapo"]
     assert base["baseline"] and base["verdict"] == "baseline" and base["dA"] is None  # NaN -> null
     assert dapo["verdict"] == "A lower" and dapo["dA_hi"] < 0 < dapo["C_mid"]
+    assert dapo["dA_bound"] is None  # the plain test (a lower bound only where A is censored at 1)
 
     # every number of the verdict table (fits.md) is report.json's, at the table's rounding
     md = (out / "fits.md").read_text()
