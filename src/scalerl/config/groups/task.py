@@ -98,8 +98,8 @@ class Addition(Option):
         if not out:
             out = problems(
                 one_of("operand_width", self.operand_width, OPERAND_WIDTHS),
-                self._check_val_digits(),
-                self._check_train_digits(),
+                self._check_mix("val_digits") or self._check_val_digits(),
+                self._check_mix("train_digits") or self._check_train_digits(),
             )
         if not out and not self.val_digits:
             n = distinct_problems(self.min_digits, self.max_digits)
@@ -110,8 +110,10 @@ class Addition(Option):
 
     def _check_mix(self, name: str):
         """The shape every digits mix (``val_digits``, ``train_digits``) must have: tiers the width
-        allows, shares in (0, 1] summing to 1."""
+        allows, shares in (0, 1] summing to 1 (an empty mix: the option unset)."""
         mix = dict(getattr(self, name))
+        if not mix:
+            return None
         # under the common width a tier wider than the warm-start's and training's problems would
         # change every prompt's padding (and so the base model): "own" writes it at its own digits
         top = self.widest() if self.operand_width == "common" else 12
@@ -129,12 +131,8 @@ class Addition(Option):
         return None
 
     def _check_train_digits(self):
+        """A well-shaped ``train_digits`` (:meth:`_check_mix`): every tier has problems left to train on."""
         mix = dict(self.train_digits)
-        if not mix:
-            return None
-        bad = self._check_mix("train_digits")
-        if bad:
-            return bad
         held = val_counts(dict(self.val_digits), self.num_val) if self.val_digits else {}
         for d in mix:  # a tier whose every problem is held out would leave nothing to train on
             n_val = (
@@ -148,12 +146,8 @@ class Addition(Option):
         return None
 
     def _check_val_digits(self):
+        """A well-shaped ``val_digits`` (:meth:`_check_mix`): every tier gets a prompt and leaves problems."""
         mix = dict(self.val_digits)
-        if not mix:
-            return None
-        bad = self._check_mix("val_digits")
-        if bad:
-            return bad
         for d, k in val_counts(mix, self.num_val).items():
             if k < 1:
                 return (
