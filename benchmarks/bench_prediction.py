@@ -18,7 +18,10 @@ step) with the report's own predictor (:func:`scalerl.analysis.verdicts.predict_
 3. **The real 2-digit runs** evaluated to 360 steps (3 seeds,
    benchmarks/results/2026-11-29_9842746_stability-2digit.json): the pooled fit of the seeds over
    steps 18..k predicts the seeds' mean at 2k, for k = 54..180: reach, horizon verdict, error, band,
-   persistence's error.
+   persistence's error. And the ceiling design's baseline (``sweeps/loo_ceiling.yaml``, early cut
+   at step 108) run to 1440 steps (3 seeds, an evaluation every 36,
+   benchmarks/results/2026-12-02_ca71813_ceiling-4x.json): the same, for k = 180..720 (k = 360 is
+   that design at a 720-step budget).
 4. **Where supported** (long budgets: the half window at 4.5-8x C_mid), sigmoids and rising curves
    with the band: coverage, median half-width, share within 0.03.
 """
@@ -53,6 +56,7 @@ SHAPES = {
 }
 C_MIDS = (60, 45, 36, 30, 26, 23, 20, 18, 15, 12)  # steps: the half window (90 steps) at 1.5-7.5x
 REAL = Path(__file__).parent / "results" / "2026-11-29_9842746_stability-2digit.json"
+CEILING = Path(__file__).parent / "results" / "2026-12-02_ca71813_ceiling-4x.json"
 
 
 def _seeds(make, rng, cmid, a=1.0, sd_log_cmid=0.05):
@@ -129,12 +133,13 @@ def rising(reps: int, rng, cmid_range) -> dict:
     return _summary(preds)
 
 
-def real_runs() -> list[dict]:
-    """The pooled fit over steps 18..k of the 2-digit runs predicting their mean at 2k (the report's
-    predictor on the runs cut at 2k)."""
-    seeds = json.loads(REAL.read_text())["settings"]["d2"]["seeds"]
+def real_runs(path: Path = REAL, setting: str = "d2", ks=range(54, 181, 9), min_step: int = 10) -> list[dict]:
+    """The pooled fit over the seeds' steps up to k (from ``min_step``, the protocol's early cut) of
+    the runs recorded in ``path`` predicting their mean at 2k (the report's predictor on the runs
+    cut at 2k)."""
+    seeds = json.loads(path.read_text())["settings"][setting]["seeds"]
     rows = []
-    for k in range(54, 181, 9):
+    for k in ks:
         runs = []
         for i, s in enumerate(seeds):
             st = np.array(s["steps"], dtype=float)
@@ -154,7 +159,7 @@ def real_runs() -> list[dict]:
                     y,
                 )
             )
-        pr, fit = predict_variant(runs, FitProtocol())
+        pr, fit = predict_variant(runs, FitProtocol(min_step=min_step))
         rows.append(
             dict(
                 window_end=k,
@@ -171,6 +176,19 @@ def real_runs() -> list[dict]:
             )
         )
     return rows
+
+
+def _real_table(rows: list[dict]) -> None:
+    print(
+        "| k | reach | supported | predicted | observed | error | band | inside | persistence's error | skill |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['window_end']} | {_f(r['reach'], '.2f')} | {r['supported']} | {_f(r['predicted'], '.3f')} | "
+            f"{_f(r['observed'], '.3f')} | {_f(r['err'], '+.3f')} | [{_f(r['lo'], '.3f')}, {_f(r['hi'], '.3f')}] | "
+            f"{r['inside']} | {_f(r['persistence_err'], '+.3f')} | {_f(r['skill'], '+.2f')} |"
+        )
 
 
 def main() -> None:
@@ -213,16 +231,13 @@ def main() -> None:
         )
     out["real"] = real_runs()
     print("\n## 3. The real 2-digit runs (3 seeds to 360 steps): fit over steps 18..k, predicting 2k\n")
+    _real_table(out["real"])
+    out["real_ceiling"] = real_runs(CEILING, "ceiling_4x", range(180, 721, 36), min_step=108)
     print(
-        "| k | reach | supported | predicted | observed | error | band | inside | persistence's error | skill |"
+        "\n## 3b. The ceiling design's baseline (sweeps/loo_ceiling.yaml, 3 seeds to 1440 steps, an evaluation "
+        "every 36): fit over steps 108..k, predicting 2k (k = 360: the design at a 720-step budget)\n"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in out["real"]:
-        print(
-            f"| {r['window_end']} | {r['reach']:.2f} | {r['supported']} | {r['predicted']:.3f} | {r['observed']:.3f} | "
-            f"{r['err']:+.3f} | [{r['lo']:.3f}, {r['hi']:.3f}] | {r['inside']} | {r['persistence_err']:+.3f} | "
-            f"{r['skill']:+.2f} |"
-        )
+    _real_table(out["real_ceiling"])
     out["wall_s"] = round(time.time() - t0, 1)
     out["commit"] = common.commit()
     out["machine"] = common.machine()

@@ -34,6 +34,7 @@ from scalerl.scaling.synthetic import RisingCurve, TrueCurve
 MEASURED = dict(B=1.15, B_late=2.23, rise_at=2.56, width=0.074)
 """The rising-exponent curve fitted to the real 2-digit runs' mean (benchmarks/bench_prediction.py)."""
 REAL = Path(__file__).parents[1] / "benchmarks" / "results" / "2026-11-29_9842746_stability-2digit.json"
+CEILING = Path(__file__).parents[1] / "benchmarks" / "results" / "2026-12-02_ca71813_ceiling-4x.json"
 
 
 def _seeds(rng, make, c_mid, a=1.0):
@@ -113,28 +114,40 @@ def test_horizon_rule_fires_on_curves_whose_exponent_rises():
     assert abs(np.mean([x.err for x in longer])) < 0.015
 
 
+def _recorded_runs(path: Path, setting: str, end: float) -> list[RunData]:
+    """The seeds recorded in ``path`` cut at step ``end``, as the report reads runs."""
+    out = []
+    for i, s in enumerate(json.loads(path.read_text())["settings"][setting]["seeds"]):
+        st = np.array(s["steps"], dtype=float)
+        keep = st <= end
+        params = {"eval.num_prompts": "192", "eval.samples_per_prompt": "4"}
+        y = np.array(s["pass_rate"], dtype=float)[keep]
+        out.append(RunData(f"s{i}", f"s{i}", "FINISHED", "0", params, {}, "steps", st[keep], st[keep], y))
+    return out
+
+
 def test_horizon_rule_on_the_real_runs():
     """The 2-digit runs evaluated to 360 steps (3 seeds): the pooled fit over steps 18-90 (the study's
     half window) is not supported and misses step 180 by about 0.06; the one over 18-180 (past 4.5x
     its C_mid) is supported and predicts step 360 within 0.01, inside its band."""
-    seeds = json.loads(REAL.read_text())["settings"]["d2"]["seeds"]
-
-    def runs(end):
-        out = []
-        for i, s in enumerate(seeds):
-            st = np.array(s["steps"], dtype=float)
-            keep = st <= end
-            params = {"eval.num_prompts": "192", "eval.samples_per_prompt": "4"}
-            y = np.array(s["pass_rate"], dtype=float)[keep]
-            out.append(RunData(f"s{i}", f"s{i}", "FINISHED", "0", params, {}, "steps", st[keep], st[keep], y))
-        return out
-
-    half, _ = predict_variant(runs(180), FitProtocol())
+    half, _ = predict_variant(_recorded_runs(REAL, "d2", 180), FitProtocol())
     assert half.supported is False and 2.0 < half.reach < 3.2 and half.err < -0.04
     assert 1.4 < half.more_compute < 2.3 and half.inside  # the band now holds the shape error
-    full, _ = predict_variant(runs(360), FitProtocol())
+    full, _ = predict_variant(_recorded_runs(REAL, "d2", 360), FitProtocol())
     assert full.supported is True and full.reach >= HORIZON
     assert abs(full.err) <= 0.01 and full.inside and full.skill > 0
+
+
+def test_horizon_rule_on_the_ceiling_design():
+    """The ceiling design's baseline (sweeps/loo_ceiling.yaml, its early cut at step 108) run to 1440
+    steps (3 seeds): at the study's 360-step budget the half window (108-180) ends at about 2.5x
+    C_mid and is not supported; at a 720-step budget (window 108-360) it is, and predicts step 720
+    within 0.01 of the seeds' mean, inside its band, below 1 (a ceiling below 1 predicted)."""
+    half, _ = predict_variant(_recorded_runs(CEILING, "ceiling_4x", 360), FitProtocol(min_step=108))
+    assert half.supported is False and 2.0 < half.reach < HORIZON and half.more_compute > 1.0
+    full, _ = predict_variant(_recorded_runs(CEILING, "ceiling_4x", 720), FitProtocol(min_step=108))
+    assert full.supported is True and full.reach >= HORIZON
+    assert abs(full.err) <= 0.01 and full.inside and 0.70 < full.predicted < 0.78
 
 
 def test_horizon_rule_numbers_and_words():
