@@ -199,11 +199,12 @@ def test_every_shipped_sweep_composes_and_validates_every_run(name, tmp_path):
 
 @pytest.mark.slow
 def test_loo_dry_run_through_sweep_py(tmp_path):
-    """`python sweep.py --loo --dry-run`: the baseline and 8 variants each reverting one component."""
+    """`python sweep.py --loo --dry-run`: sweeps/loo_ceiling.yaml's baseline, 8 variants each reverting
+    one component and the A-mover (a thinking budget that admits the cut tier)."""
     res = run_cli(["--loo", "--dry-run"], cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
     assert listing(tmp_path) == []  # nothing written in the working directory
-    spec = yaml.safe_load((REPO / "sweeps" / "loo.yaml").read_text())
+    spec = yaml.safe_load((REPO / "sweeps" / "loo_ceiling.yaml").read_text())
     base = " ".join(spec["base"])
     lines = [ln for ln in res.stdout.splitlines() if ln.split()[0].endswith("-seed0")]
     assert spec["seeds"] == [0, 1, 2] and len(res.stdout.splitlines()) == 3 * len(spec["variants"])
@@ -217,7 +218,9 @@ def test_loo_dry_run_through_sweep_py(tmp_path):
         "no_zero_var_filter": "filter.zero_variance=false",
         "no_npr": "filter.no_positive_resampling=false",
         # sized to the task: the penalty's own settings, not base's interruption budget
-        "length_penalty": "length_control=length_penalty length_control.l_max=32 length_control.l_cache=4",
+        "length_penalty": "length_control=length_penalty length_control.max_new_tokens=28 "
+        "length_control.l_max=28 length_control.l_cache=4",
+        "long_budget": "length_control.think_budget_min=40 length_control.think_budget_max=48",
     }
     by_name = {ln.split()[0].removesuffix("-seed0"): ln.split(None, 1)[1] for ln in lines}
     assert by_name["scalerl"] == f"{base} seed=0"
@@ -225,8 +228,9 @@ def test_loo_dry_run_through_sweep_py(tmp_path):
     assert len(interruption_budget) == 2
     for name, override in reverted.items():
         shared = base
-        if name == "length_penalty":
+        if name in ("length_penalty", "long_budget"):  # the variant's own budget replaces base's
             shared = " ".join(o for o in spec["base"] if o not in interruption_budget)
+        if name == "length_penalty":
             assert (
                 "note: variant 'length_penalty': the base's " + ", ".join(interruption_budget) in res.stderr
             )

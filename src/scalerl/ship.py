@@ -1,7 +1,7 @@
 """``python -m scalerl.ship``: warm-start the embedded base models a user runs first and put them
 in the package, ``scalerl/model/base/warmstart-<key>``, in place of those there: the default's (the
 default ``model`` and ``task`` settings, ``python train.py``) and the leave-one-out studies' (the
-``base`` of ``sweeps/loo.yaml``, ``python sweep.py --loo``, and of ``sweeps/loo_ceiling.yaml``), so
+``base`` of ``sweeps/loo.yaml`` and of ``sweeps/loo_ceiling.yaml``, ``python sweep.py --loo``), so
 that none trains a warm-start first and every machine starts from the same base. A base already in
 the warm-start cache (``model.cache_dir``) under the same key is shipped as it is: the key covers
 every setting and the procedure's version, so the cache holds what this would make again. Run it

@@ -1,11 +1,12 @@
 """python sweep.py: run a study (many training runs) and compare its variants by A and B.
 
-    python sweep.py --loo                               # sweeps/loo.yaml: ScaleRL + 8 leave-one-out variants
+    python sweep.py --loo                               # sweeps/loo_ceiling.yaml: ScaleRL + 8 leave-one-out variants + an A-mover
+    python sweep.py loo                                 # sweeps/loo.yaml: the same 8 on a task learnt whole (A = 1)
     python sweep.py sweeps/loss_comparison.yaml         # any sweep file (or its name: loss_comparison)
     python sweep.py --loo --dry-run                     # print the plan; launch and write nothing
     python sweep.py --loo trainer.total_steps=200       # extra overrides for every variant
     python sweep.py --loo launcher=slurm launcher.partition=gpu launcher.gpus_per_node=8
-    python sweep.py --report loo                        # re-fit and rewrite the report at any time
+    python sweep.py --report loo_ceiling                # re-fit and rewrite the report at any time
 
 Exit status: 0 all runs finished, 1 some run failed (the others complete; the report marks it),
 2 a problem with the sweep file or the command line (nothing was launched or written),
@@ -36,6 +37,11 @@ def sweeps_dir() -> Path:
     from scalerl.config import conf_dir
 
     return Path(conf_dir()).parent / "sweeps"
+
+
+LOO = "loo_ceiling"
+"""The shipped sweep ``--loo`` runs: the paper's leave-one-out variants where ceilings (A) can differ
+(``sweeps/loo.yaml`` runs them on a task every variant learns whole, comparing B alone)."""
 
 
 def shipped() -> list[str]:
@@ -72,7 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a sweep file (or a shipped sweep's name), then overrides for every variant "
         "(group=option, key=value, launcher=local|slurm, launcher.<key>=...)",
     )
-    p.add_argument("--loo", action="store_true", help="the leave-one-out study (sweeps/loo.yaml)")
+    p.add_argument(
+        "--loo",
+        action="store_true",
+        help="the leave-one-out study, on a task whose ceiling is below 1 (sweeps/loo_ceiling.yaml)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan, one line per run; launch nothing")
     p.add_argument(
         "--report", metavar="SWEEP", help="re-fit a launched sweep (name or file) and rewrite its report"
@@ -106,7 +116,7 @@ def _split_args(args, parser) -> tuple[str | None, list[str]]:
     if args.loo:
         if sweep is not None:
             raise SweepError(f"give either --loo or a sweep file, not both (got {sweep!r})")
-        sweep = str(resolve_file("loo"))
+        sweep = str(resolve_file(LOO))
     if sweep is None:
         raise SweepError("give a sweep file or --loo (shipped sweeps: " + ", ".join(shipped()) + ")")
     return sweep, overrides
