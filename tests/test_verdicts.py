@@ -118,6 +118,11 @@ def test_separated_ceilings_are_called_and_close_ones_are_not():
         assert v.prediction.inside is True and v.prediction.lo < v.prediction.hi
     table = verdict_table(list(vs.values()))
     assert table.splitlines()[2].startswith("| base | 3/3 | 0.6") and "A lower" in table
+    # the figures' panel titles say what the verdicts say
+    from scalerl.analysis.figures import _short
+
+    assert _short(lower).startswith("A lower") and _short(base) == "baseline"
+    assert _short(same) == f"A equivalent (±{same.family.eq_margin:g})"
 
 
 def test_one_seed_calls_nothing():
@@ -132,6 +137,9 @@ def test_one_seed_calls_nothing():
     assert math.isnan(other.A.sd) and other.A.n == 1
     assert other.called == {} and "no seed-to-seed spread" in other.verdict, other.verdict
     assert other.label == "not shown" and other.verdict.startswith("not shown at this budget")
+    from scalerl.analysis.figures import _short
+
+    assert _short(other) == "not shown at this budget"  # the panel's title says so too
 
 
 def test_censored_seeds_are_kept_in_the_mean_and_an_unbounded_A_is_never_called():

@@ -46,6 +46,10 @@ def _short(v: VariantVerdict) -> str:
         return ", ".join(f"{k} {'higher' if s > 0 else 'lower'}" for k, s in v.called.items())
     if v.verdict.startswith("unsettled") or v.verdict.startswith("not scored"):
         return "unsettled"
+    if v.label == "equivalent":
+        return f"A equivalent (±{v.dA.eq_margin:g})"
+    if v.label == "not shown":
+        return "not shown at this budget"
     return "inconclusive"
 
 
