@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from scalerl.analysis.figures import _short
 from scalerl.analysis.mlflow_io import RunData
 from scalerl.analysis.verdicts import (
     AT_MAX_NOTE,
@@ -119,8 +120,6 @@ def test_separated_ceilings_are_called_and_close_ones_are_not():
     table = verdict_table(list(vs.values()))
     assert table.splitlines()[2].startswith("| base | 3/3 | 0.6") and "A lower" in table
     # the figures' panel titles say what the verdicts say
-    from scalerl.analysis.figures import _short
-
     assert _short(lower).startswith("A lower") and _short(base) == "baseline"
     assert _short(same) == f"A equivalent (±{same.family.eq_margin:g})"
 
@@ -137,8 +136,6 @@ def test_one_seed_calls_nothing():
     assert math.isnan(other.A.sd) and other.A.n == 1
     assert other.called == {} and "no seed-to-seed spread" in other.verdict, other.verdict
     assert other.label == "not shown" and other.verdict.startswith("not shown at this budget")
-    from scalerl.analysis.figures import _short
-
     assert _short(other) == "not shown at this budget"  # the panel's title says so too
 
 
