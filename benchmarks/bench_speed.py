@@ -1,6 +1,7 @@
 """Generation speed of the default run against its counted-FLOP limit (issue 54): today's decode
 path (the slot cache through transformers' modules) against the lean path
-(``scalerl.generator.lean``), alternating in one process, and the machine's fp32 matmul rate
+(``scalerl.generator.lean``) with torch's attention ops and with the compiled decode attention
+(``scalerl.generator.kernels``), alternating in one process, and the machine's fp32 matmul rate
 measured in the same run.
 
     python benchmarks/bench_speed.py            # about 2 minutes on 2 cores
@@ -56,7 +57,10 @@ def main() -> None:
     rows = int(config.trainer.batch_size)
     prompts = PromptSampler(task.train_prompts(), seed=0).next(rows // per_prompt)
     gens = {}
-    for name, lean in (("today", False), ("lean", True)):
+    # today: the slot cache through transformers' modules; lean: the forward over the weights with
+    # torch's attention ops; fused: the same with the compiled decode attention
+    # (scalerl.generator.kernels, what the lean path uses by default on one thread)
+    for name, lean in (("today", False), ("lean", True), ("fused", True)):
         g = common.generator(config, model, tok, prec, seed=0)
         g.lean = lean
         gens[name] = g
@@ -75,9 +79,13 @@ def main() -> None:
             "steps": sess.steps,
             "tokens": tokens,
             "lean": sess.lean is not None,
+            "fused": sess.lean is not None and sess.lean.fused_attention() is not None,
         }
 
-    run(gens["today"]), run(gens["lean"])  # warm-up (first-call allocations)
+    for name, g in gens.items():  # warm-up (first-call allocations, the kernel's compilation)
+        run(g)
+        if name == "lean":
+            g._lean.use_kernel = False
     res: dict[str, list[dict]] = {k: [] for k in gens}
     rates = []
     for r in range(a.rounds):
@@ -104,7 +112,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     med = {}
     for name, rs in res.items():
-        assert all(x["lean"] == (name == "lean") for x in rs)
+        assert all(x["lean"] == (name != "today") and x["fused"] == (name == "fused") for x in rs)
         cpu = statistics.median(x["cpu"] for x in rs)
         wall = statistics.median(x["wall"] for x in rs)
         tokens = statistics.median(x["tokens"] for x in rs)
@@ -117,10 +125,12 @@ def main() -> None:
             f"| {name} | {cpu:.3f} ({each}) | {wall:.3f} | {steps:.0f} | {tokens:.0f} | {tokens / cpu:.0f} | "
             f"{1e3 * cpu / steps:.2f} | {flops / 1e9:.2f} | {limit:.4f} | {cpu / limit:.1f}x |"
         )
-    print(
-        f"\nlean vs today: {med['today'][0] / med['lean'][0]:.2f}x less CPU time, "
-        f"{med['today'][1] / med['lean'][1]:.2f}x less wall time a step (medians)"
-    )
+    print()
+    for a_, b_ in (("lean", "today"), ("fused", "today"), ("fused", "lean")):
+        print(
+            f"{a_} vs {b_}: {med[b_][0] / med[a_][0]:.2f}x less CPU time, "
+            f"{med[b_][1] / med[a_][1]:.2f}x less wall time a step (medians)"
+        )
     print(f"load at the end: {common.load()}")
 
 

@@ -76,17 +76,23 @@ INTERRUPT = LC(
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2", "llama"])
 @pytest.mark.parametrize("body,head", [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")])
 @pytest.mark.parametrize("lc", [None, INTERRUPT], ids=["none", "interruption"])
-def test_lean_decode_matches_transformers_logprobs_and_samples(arch, body, head, lc):
+@pytest.mark.parametrize("loops", [True, False], ids=["loops", "torch-ops"])
+def test_lean_decode_matches_transformers_logprobs_and_samples(arch, body, head, lc, loops, monkeypatch):
     """Batch generation (sync mode, evaluation): the lean path samples the same tokens as today's
     transformers path with the same seed and records the same log-probs (within 1e-5), for the fp32
     and the emulated-bf16 body, with and without an fp32 head, with interruption length control;
-    in fp32 the log-probs are those of one full forward of prompt + completion."""
+    in fp32 the log-probs are those of one full forward of prompt + completion. Both ways of
+    running the lean forward: its compiled loops (scalerl.generator.kernels, the default on one
+    thread) and torch's ops."""
+    monkeypatch.setattr(LeanModel, "use_kernel", None if loops else False)
     model = make_model(arch=arch, num_kv_heads=2 if arch != "gpt2" else 4)
     prec = Precision(body=body, head=head, impl="emulated")
     lean, ref = _gen(model, prec, True, lc), _gen(model, prec, False, lc)
     for prompts in (SAME_LEN, VAR_LEN):
         a = lean.generate(prompts, 3, version=5)
         assert lean._lean is not None and ref._lean is None  # each ran the path it names
+        assert (lean._lean.fused_attention() is not None) == loops
+        assert (lean._lean._round is not None) == (loops and body == "bf16")
         b = ref.generate(prompts, 3, version=5)
         _close(a, b, body)
         assert {v for s in flat(a) for v in s.versions} <= {5, -1}
@@ -108,7 +114,7 @@ def test_lean_decode_session_matches_the_slot_cache_through_transformers(arch):
     model = make_model(arch=arch)
     prec = Precision(body="bf16", head="fp32", impl="emulated")
     got = []
-    for lean in (True, False):
+    for lean in (True, False):  # lean: its compiled loops (one thread)
         gen = _gen(model, prec, lean)
         sess = gen.session(rows=4)
         assert (sess.lean is not None) == lean

@@ -25,9 +25,12 @@ transformers forward.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
+
+from scalerl.generator import kernels
 
 _ARCHS = ("gpt2", "qwen2", "llama")
 
@@ -61,6 +64,11 @@ class LeanModel:
     """The body of ``model`` (a transformers causal LM prepared by ``precision``) as tensors, and
     its forward over slot buffers (:meth:`prefill`, :meth:`decode`)."""
 
+    # the compiled loops (scalerl.generator.kernels): None uses them where they run (numba
+    # importable, a CPU, one torch thread: the loops are single-threaded); False keeps torch's ops,
+    # True uses them on any thread count (benchmarks and tests set it per instance or class)
+    use_kernel: bool | None = None
+
     def __init__(self, model: torch.nn.Module, precision):
         self.model = model
         self.arch = model.config.model_type
@@ -82,6 +90,9 @@ class LeanModel:
         # without walking the module tree at every decode step
         self._slots = [self._owner(name) for name, _ in self.body.named_parameters()]
         self._key: tuple | None = None
+        # the loops a forward uses (chosen at its start, :meth:`_choose`): in-place bf16 rounding and
+        # the fused round-GELU-round of the emulated body (None: torch's conversions and GELU)
+        self._round = self._gelu = None
         self.refreshes = 0  # weight copies made (tests: one per weight version)
         self.sync()
 
@@ -157,8 +168,14 @@ class LeanModel:
 
     # ------------------------------------------------------------------ pieces
     def _r(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` rounded to the body dtype (emulation; unchanged without). In place where the compiled
+        rounding applies: every caller passes a fresh result or one it no longer reads unrounded."""
         d = self.dtype
-        return x if d is None else x.to(d).to(x.dtype)
+        if d is None:
+            return x
+        if self._round is not None and kernels.usable(x):
+            return self._round(x)
+        return x.to(d).to(x.dtype)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # as the Qwen2 / Llama RMSNorm computes it (fp32 throughout here)
@@ -184,10 +201,9 @@ class LeanModel:
             q, k, v = qkv.view(B, T, -1).split(self.heads * D, dim=2)
         else:
             w, bias = blk[1]
-            qkv = F.linear(x, w, bias)
+            qkv = r(F.linear(x, w, bias))  # each projection's output rounded, as its layer rounds it
             nq, nk = self.heads * D, self.kv_heads * D
-            # each projection's output rounded on its own, as the three layers round them
-            q, k, v = (r(t) for t in qkv.split((nq, nk, nk), dim=2))
+            q, k, v = qkv.split((nq, nk, nk), dim=2)
         q = q.view(B, T, -1, D).transpose(1, 2)
         k = k.view(B, T, -1, D).transpose(1, 2)
         v = v.view(B, T, -1, D).transpose(1, 2)
@@ -208,14 +224,16 @@ class LeanModel:
             lw, lb = blk[3]
             x = r(F.layer_norm(h, (h.shape[-1],), lw, lb, self.eps)).view(B * T, -1)
             w, bias = blk[4]
-            x = r(F.gelu(r(torch.addmm(bias, x, w))))
+            x = torch.addmm(bias, x, w)
+            x = self._gelu(x) if self._gelu is not None else r(F.gelu(r(x)))
             w, bias = blk[5]
             return h + r(torch.addmm(bias, x, w)).view(B, T, -1)
         w, bias = blk[2]
         h = h + r(F.linear(att, w, bias)).view(B, T, -1)
         x = r(self._rms(h, blk[3]))
-        gate, up = F.linear(x, blk[4]).chunk(2, dim=-1)
-        x = r(F.silu(r(gate)) * r(up))
+        # gate and up rounded as their layers round them (elementwise: one rounding of both)
+        gate, up = r(F.linear(x, blk[4])).chunk(2, dim=-1)
+        x = r(F.silu(gate) * up)
         return h + r(F.linear(x, blk[5]))
 
     def _norm_in(self, blk, h: torch.Tensor) -> torch.Tensor:
@@ -233,6 +251,21 @@ class LeanModel:
     def _attend(self, q, k, v, mask) -> torch.Tensor:
         gqa = self.kv_heads != self.heads
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+    def _kernels_apply(self) -> bool:
+        if self.use_kernel is False or self.embed[0].device.type != "cpu":
+            return False
+        return self.use_kernel is True or torch.get_num_threads() == 1
+
+    def fused_attention(self):
+        """The compiled decode attention this forward uses now (None: the torch ops)."""
+        return kernels.attention() if self._kernels_apply() else None
+
+    def _choose(self) -> None:
+        """The compiled rounding and GELU for the next forward (bf16 emulation only)."""
+        on = self._kernels_apply() and self.dtype == torch.bfloat16
+        self._round = kernels.round_bf16() if on else None
+        self._gelu = kernels.gelu_bf16() if on and self.arch == "gpt2" else None
 
     # ------------------------------------------------------------------ forwards over slots
     def buffers(self, rows: int, capacity: int, old: list | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -257,6 +290,7 @@ class LeanModel:
         """Prompts ``ids`` [P, L] at positions ``pos`` with ``mask`` [P, 1, L, L] (bool); each
         prompt's keys and values written into its ``n`` slots of ``dst``. The last hidden states
         [P, L, hidden]."""
+        self._choose()
         h, rope = self._embed(ids, pos)
         L = ids.shape[1]
         for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
@@ -272,9 +306,30 @@ class LeanModel:
         attending over the first ``span`` positions under ``keymask`` [hi, 1, 1, span]. The
         hidden states [hi, hidden]."""
         hi = tok.shape[0]
+        self._choose()
         h, rope = self._embed(tok[:, None], pos[:, None])
-        rows = torch.arange(hi, device=tok.device)
         H, G, D = self.heads, self.heads // self.kv_heads, self.head_dim
+        fused = self.fused_attention()
+        if fused is not None:
+            # the loop indexes the buffers unchecked: the slots and positions must lie inside them
+            if hi > kv[0][0].shape[0] or span > kv[0][0].shape[2]:
+                raise ValueError(f"decode of {hi} slots to span {span} over buffers {tuple(kv[0][0].shape)}")
+            # the compiled loop (scalerl.generator.kernels): writes and attends per slot
+            p, scale = pos.numpy(), np.float32(D**-0.5)
+            for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
+                q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
+                att = torch.empty(hi, H, D)
+                fused(
+                    *(t[:, :, 0].contiguous().numpy() for t in (q, k, v)),
+                    kb.numpy(),
+                    vb.numpy(),
+                    p,
+                    att.numpy(),
+                    scale,
+                )
+                h = self._out(blk, h, att.view(hi, H, 1, D))
+            return self._final(h)[:, -1]
+        rows = torch.arange(hi, device=tok.device)
         # one query per slot: attention as two batched matmuls under an additive key mask (torch's
         # fused CPU kernel is built for long queries and costs several times more here)
         bias = torch.zeros(keymask.shape, device=tok.device).masked_fill_(~keymask, float("-inf"))

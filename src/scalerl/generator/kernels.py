@@ -1,0 +1,177 @@
+"""Compiled loops (numba) for the lean forward's decode on a CPU (:mod:`scalerl.generator.lean`).
+
+At the embedded model's sizes (128 slots of width 128) a decode step is not bound by arithmetic but
+by what torch does around it: about a microsecond of dispatch for each of the 1 x 32 by 32 x span
+products of the batched attention matmuls, two conversions and two allocations for each bf16
+rounding of the emulated body, an erf-GELU over every MLP activation. Three loops replace those:
+
+* :func:`attention`: one decode step's attention over the slot cache. Each slot's new key and value
+  are written at its position, then its query attends over that slot's own positions only (the
+  torch version pays for the longest slot's span under a key mask). fp32 throughout, a
+  max-subtracted softmax: the same arithmetic in another summation order (outputs about 1e-7 apart).
+* :func:`round_bf16`: an fp32 tensor rounded to bf16 precision in place, bit for bit what
+  ``x.to(torch.bfloat16).to(torch.float32)`` gives (round to nearest even; NaN stays NaN, as torch's
+  vectorised conversion writes it).
+* :func:`gelu_bf16`: the emulated MLP's ``round(gelu(round(x)))`` in one pass, in place. A rounded
+  input is one of 65,536 bf16 values, so the output is read from a table of torch's own GELU over
+  all of them, rounded (:func:`gelu_table`): bit for bit torch's result.
+
+All are single-threaded (they run inside an engine whose torch work is single-threaded), compiled at
+a process's first call and cached on disk by numba (a few seconds once, then a fraction of one).
+Each function is None where numba cannot be imported, and the lean forward keeps the torch ops.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+
+def _numba():
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is one of the project's dependencies
+        return None
+    return numba
+
+
+# reassociation lets the head-dim reductions vectorise; no assumption about NaN or inf
+_FAST = {"reassoc", "contract", "arcp"}
+
+
+@cache
+def attention():
+    """``(q, k, v, keys, values, pos, out, scale)``, or None without numba.
+
+    ``q`` [slots, heads, head dim] (contiguous), ``k``, ``v`` [slots, kv heads, head dim];
+    ``keys``, ``values`` [rows, kv heads, capacity, head dim] (contiguous fp32, rows >= slots);
+    ``pos`` [slots] int64 (each slot's new position, below capacity: unchecked here);
+    ``out`` [slots, heads, head dim]; ``scale`` an np.float32.
+    """
+    numba = _numba()
+    if numba is None:
+        return None
+    import numpy as np
+
+    @numba.njit(cache=True, nogil=True, fastmath=_FAST)
+    def attend(q, k, v, keys, values, pos, out, scale):
+        slots, heads, dim = q.shape
+        kv_heads = keys.shape[1]
+        group = heads // kv_heads
+        s = np.empty(keys.shape[2], dtype=np.float32)
+        o = np.empty(dim, dtype=np.float32)
+        for r in range(slots):
+            p = pos[r]
+            for h in range(kv_heads):
+                for d in range(dim):
+                    keys[r, h, p, d] = k[r, h, d]
+                    values[r, h, p, d] = v[r, h, d]
+            for hq in range(heads):
+                h = hq // group
+                top = np.float32(-3.0e38)
+                for j in range(p + 1):
+                    acc = np.float32(0.0)
+                    for d in range(dim):
+                        acc += q[r, hq, d] * keys[r, h, j, d]
+                    acc *= scale
+                    s[j] = acc
+                    if acc > top:
+                        top = acc
+                total = np.float32(0.0)
+                for j in range(p + 1):
+                    e = np.exp(s[j] - top)
+                    s[j] = e
+                    total += e
+                for d in range(dim):
+                    o[d] = 0.0
+                for j in range(p + 1):
+                    w = s[j]
+                    for d in range(dim):
+                        o[d] += w * values[r, h, j, d]
+                inv = np.float32(1.0) / total
+                for d in range(dim):
+                    out[r, hq, d] = o[d] * inv
+
+    return attend
+
+
+@cache
+def _loops():
+    numba = _numba()
+    if numba is None:
+        return None
+    import numpy as np
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def rne(b):
+        # fp32 bits -> the bits of the nearest bf16 (ties to even) in the upper half; every NaN ->
+        # the NaN torch's (vectorised) conversion gives
+        if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+            return np.uint32(0xFFFF0000)
+        return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+
+    @numba.njit(cache=True, nogil=True)
+    def round_(bits):
+        for i in range(bits.shape[0]):
+            bits[i] = rne(bits[i])
+
+    @numba.njit(cache=True, nogil=True)
+    def gelu_(bits, table):
+        for i in range(bits.shape[0]):
+            bits[i] = table[rne(bits[i]) >> np.uint32(16)]
+
+    return round_, gelu_
+
+
+def _bits(x: torch.Tensor):
+    """``x``'s storage as a flat uint32 array (a view: writes land in ``x``)."""
+    import numpy as np
+
+    return x.view(-1).numpy().view(np.uint32)
+
+
+@cache
+def gelu_table():
+    """Bits of ``round(gelu(v))`` for every bf16 value ``v`` (index: v's 16 bits), torch's GELU."""
+    import numpy as np
+
+    v = torch.from_numpy((np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)).view(np.float32))
+    return _bits(torch.nn.functional.gelu(v).to(torch.bfloat16).to(torch.float32).contiguous()).copy()
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the in-place loops can take ``x`` (contiguous fp32 on the CPU)."""
+    return x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu"
+
+
+@cache
+def round_bf16():
+    """``f(x)``: contiguous fp32 ``x`` rounded to bf16 precision in place, returned; None without
+    numba."""
+    loops = _loops()
+    if loops is None:
+        return None
+    round_ = loops[0]
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        round_(_bits(x))
+        return x
+
+    return f
+
+
+@cache
+def gelu_bf16():
+    """``f(x)``: contiguous fp32 ``x`` replaced by ``round(gelu(round(x)))`` in place (bf16 rounding,
+    torch's exact GELU), returned; None without numba."""
+    loops = _loops()
+    if loops is None:
+        return None
+    gelu_, table = loops[1], gelu_table()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        gelu_(_bits(x), table)
+        return x
+
+    return f
