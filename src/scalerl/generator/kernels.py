@@ -17,7 +17,8 @@ rounding of the emulated body, an erf-GELU over every MLP activation. Three loop
   all of them, rounded (:func:`gelu_table`): bit for bit torch's result.
 
 All are single-threaded (they run inside an engine whose torch work is single-threaded), compiled at
-a process's first call and cached on disk by numba (a few seconds once, then a fraction of one).
+a process's first call and cached on disk by numba (3-8 s once an install, then about 0.6 s a process
+to load: module-level functions only, as numba compiles closures again in every process).
 Each function is None where numba cannot be imported, and the lean forward keeps the torch ops.
 """
 
@@ -25,22 +26,88 @@ from __future__ import annotations
 
 from functools import cache
 
+import numpy as np
 import torch
 
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is one of the project's dependencies
+    numba = None
 
-def _numba():
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba is one of the project's dependencies
-        return None
-    return numba
+
+def _jit(**kw):
+    """numba's njit, cached on disk (module-level functions only: numba cannot cache closures and
+    would compile them again in every process); None without numba."""
+    if numba is None:  # pragma: no cover
+        return lambda f: None
+    return numba.njit(cache=True, nogil=True, **kw)
 
 
 # reassociation lets the head-dim reductions vectorise; no assumption about NaN or inf
 _FAST = {"reassoc", "contract", "arcp"}
 
 
-@cache
+@_jit(fastmath=_FAST)
+def _attend(q, k, v, keys, values, pos, out, scale):
+    slots, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    s = np.empty(keys.shape[2], dtype=np.float32)
+    o = np.empty(dim, dtype=np.float32)
+    for r in range(slots):
+        p = pos[r]
+        for h in range(kv_heads):
+            for d in range(dim):
+                keys[r, h, p, d] = k[r, h, d]
+                values[r, h, p, d] = v[r, h, d]
+        for hq in range(heads):
+            h = hq // group
+            top = np.float32(-3.0e38)
+            for j in range(p + 1):
+                acc = np.float32(0.0)
+                for d in range(dim):
+                    acc += q[r, hq, d] * keys[r, h, j, d]
+                acc *= scale
+                s[j] = acc
+                if acc > top:
+                    top = acc
+            total = np.float32(0.0)
+            for j in range(p + 1):
+                e = np.exp(s[j] - top)
+                s[j] = e
+                total += e
+            for d in range(dim):
+                o[d] = 0.0
+            for j in range(p + 1):
+                w = s[j]
+                for d in range(dim):
+                    o[d] += w * values[r, h, j, d]
+            inv = np.float32(1.0) / total
+            for d in range(dim):
+                out[r, hq, d] = o[d] * inv
+
+
+@_jit(inline="always")
+def _rne(b):
+    # fp32 bits -> the bits of the nearest bf16 (ties to even) in the upper half; every NaN -> the
+    # NaN torch's (vectorised) conversion gives
+    if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint32(0xFFFF0000)
+    return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+
+
+@_jit()
+def _round(bits):
+    for i in range(bits.shape[0]):
+        bits[i] = _rne(bits[i])
+
+
+@_jit()
+def _gelu(bits, table):
+    for i in range(bits.shape[0]):
+        bits[i] = table[_rne(bits[i]) >> np.uint32(16)]
+
+
 def attention():
     """``(q, k, v, keys, values, pos, out, scale)``, or None without numba.
 
@@ -49,93 +116,17 @@ def attention():
     ``pos`` [slots] int64 (each slot's new position, below capacity: unchecked here);
     ``out`` [slots, heads, head dim]; ``scale`` an np.float32.
     """
-    numba = _numba()
-    if numba is None:
-        return None
-    import numpy as np
-
-    @numba.njit(cache=True, nogil=True, fastmath=_FAST)
-    def attend(q, k, v, keys, values, pos, out, scale):
-        slots, heads, dim = q.shape
-        kv_heads = keys.shape[1]
-        group = heads // kv_heads
-        s = np.empty(keys.shape[2], dtype=np.float32)
-        o = np.empty(dim, dtype=np.float32)
-        for r in range(slots):
-            p = pos[r]
-            for h in range(kv_heads):
-                for d in range(dim):
-                    keys[r, h, p, d] = k[r, h, d]
-                    values[r, h, p, d] = v[r, h, d]
-            for hq in range(heads):
-                h = hq // group
-                top = np.float32(-3.0e38)
-                for j in range(p + 1):
-                    acc = np.float32(0.0)
-                    for d in range(dim):
-                        acc += q[r, hq, d] * keys[r, h, j, d]
-                    acc *= scale
-                    s[j] = acc
-                    if acc > top:
-                        top = acc
-                total = np.float32(0.0)
-                for j in range(p + 1):
-                    e = np.exp(s[j] - top)
-                    s[j] = e
-                    total += e
-                for d in range(dim):
-                    o[d] = 0.0
-                for j in range(p + 1):
-                    w = s[j]
-                    for d in range(dim):
-                        o[d] += w * values[r, h, j, d]
-                inv = np.float32(1.0) / total
-                for d in range(dim):
-                    out[r, hq, d] = o[d] * inv
-
-    return attend
-
-
-@cache
-def _loops():
-    numba = _numba()
-    if numba is None:
-        return None
-    import numpy as np
-
-    @numba.njit(cache=True, nogil=True, inline="always")
-    def rne(b):
-        # fp32 bits -> the bits of the nearest bf16 (ties to even) in the upper half; every NaN ->
-        # the NaN torch's (vectorised) conversion gives
-        if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-            return np.uint32(0xFFFF0000)
-        return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-
-    @numba.njit(cache=True, nogil=True)
-    def round_(bits):
-        for i in range(bits.shape[0]):
-            bits[i] = rne(bits[i])
-
-    @numba.njit(cache=True, nogil=True)
-    def gelu_(bits, table):
-        for i in range(bits.shape[0]):
-            bits[i] = table[rne(bits[i]) >> np.uint32(16)]
-
-    return round_, gelu_
+    return _attend
 
 
 def _bits(x: torch.Tensor):
     """``x``'s storage as a flat uint32 array (a view: writes land in ``x``)."""
-    import numpy as np
-
     return x.view(-1).numpy().view(np.uint32)
 
 
 @cache
 def gelu_table():
     """Bits of ``round(gelu(v))`` for every bf16 value ``v`` (index: v's 16 bits), torch's GELU."""
-    import numpy as np
-
     v = torch.from_numpy((np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)).view(np.float32))
     return _bits(torch.nn.functional.gelu(v).to(torch.bfloat16).to(torch.float32).contiguous()).copy()
 
@@ -149,13 +140,11 @@ def usable(x: torch.Tensor) -> bool:
 def round_bf16():
     """``f(x)``: contiguous fp32 ``x`` rounded to bf16 precision in place, returned; None without
     numba."""
-    loops = _loops()
-    if loops is None:
+    if _round is None:  # pragma: no cover
         return None
-    round_ = loops[0]
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        round_(_bits(x))
+        _round(_bits(x))
         return x
 
     return f
@@ -165,13 +154,12 @@ def round_bf16():
 def gelu_bf16():
     """``f(x)``: contiguous fp32 ``x`` replaced by ``round(gelu(round(x)))`` in place (bf16 rounding,
     torch's exact GELU), returned; None without numba."""
-    loops = _loops()
-    if loops is None:
+    if _gelu is None:  # pragma: no cover
         return None
-    gelu_, table = loops[1], gelu_table()
+    table = gelu_table()
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        gelu_(_bits(x), table)
+        _gelu(_bits(x), table)
         return x
 
     return f
