@@ -180,3 +180,28 @@ def test_sync_run_first_steps_with_the_loops_match_the_torch_ops(tmp_path, monke
             assert abs(have["train/correct"] - want["train/correct"]) <= 0.01, step
             assert abs(have["train/grad_norm"] - want["train/grad_norm"]) <= 0.05 * want["train/grad_norm"]
             assert abs(have["train/loss"] - want["train/loss"]) <= 0.005, step
+
+
+def test_without_numba_the_lean_forward_keeps_torchs_ops(monkeypatch):
+    """Where numba cannot be imported the loops are None, and the lean forward runs (and samples)
+    with torch's ops: the same tokens as with the loops on this model."""
+    from test_lean_decode import SAME_LEN, _gen, flat
+
+    model = make_model(arch="gpt2")
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with_loops = _gen(model, prec, True).generate(SAME_LEN, 2, version=0)
+        for name in ("_attend", "_round", "_gelu"):
+            monkeypatch.setattr(kernels, name, None)
+        kernels.round_bf16.cache_clear()
+        kernels.gelu_bf16.cache_clear()
+        gen = _gen(model, prec, True)
+        without = gen.generate(SAME_LEN, 2, version=0)
+        assert gen._lean.fused_attention() is None and gen._lean._round is None and gen._lean._gelu is None
+    finally:
+        torch.set_num_threads(threads)
+        kernels.round_bf16.cache_clear()
+        kernels.gelu_bf16.cache_clear()
+    assert [s.completion_ids for s in flat(with_loops)] == [s.completion_ids for s in flat(without)]
