@@ -118,7 +118,7 @@ def test_lean_decode_uses_the_loops_on_one_thread_and_refuses_a_slot_past_its_bu
         lean.use_kernel = None
         kv = lean.buffers(4, 8, None)
         tok, pos = torch.zeros(4, dtype=torch.long), torch.tensor([0, 1, 2, 8])
-        with pytest.raises(ValueError, match="span 9"):
+        with pytest.raises(ValueError, match="position 8"):
             lean.decode(kv, tok, pos, 9, torch.ones(4, 1, 1, 9, dtype=torch.bool))
     finally:
         torch.set_num_threads(threads)

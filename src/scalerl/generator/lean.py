@@ -4,8 +4,10 @@ The HF generator's time on the embedded model (a few layers of width 128) goes t
 module Python per token, not to arithmetic: every layer call, every hook of the bf16 emulation,
 the cache's update and the attention dispatch cost more than the matmuls they wrap. Here one
 decode step (or one prefill) is a flat sequence of tensor ops over the model's weights, reading
-and writing the :class:`~scalerl.generator.slots.SlotCache` buffers, with torch's fused
-``scaled_dot_product_attention`` under a per-slot key mask.
+and writing the :class:`~scalerl.generator.slots.SlotCache` buffers: a prefill's attention is
+torch's ``scaled_dot_product_attention``; a decode step's is a compiled loop over each slot's own
+positions (:mod:`scalerl.generator.kernels`, with the emulation's rounding and GELU), or, where
+the loops do not run (no numba, several torch threads), two batched matmuls under a key mask.
 
 Numerics: the same as the transformers forward under :class:`~scalerl.model.precision.Precision`,
 op for op. The emulated low-precision body (``impl=emulated``) rounds every linear / embedding
@@ -312,9 +314,13 @@ class LeanModel:
         fused = self.fused_attention()
         if fused is not None:
             # the loop indexes the buffers unchecked: the slots and positions must lie inside them
-            if hi > kv[0][0].shape[0] or span > kv[0][0].shape[2]:
-                raise ValueError(f"decode of {hi} slots to span {span} over buffers {tuple(kv[0][0].shape)}")
-            # the compiled loop (scalerl.generator.kernels): writes and attends per slot
+            top = int(pos.max()) if hi else 0
+            if hi > kv[0][0].shape[0] or top >= kv[0][0].shape[2] or int(pos.min()) < 0:
+                raise ValueError(
+                    f"decode of {hi} slots to position {top} over buffers {tuple(kv[0][0].shape)}"
+                )
+            # the compiled loop (scalerl.generator.kernels): writes, and attends over keys 0..pos of
+            # each slot (what ``keymask`` says)
             p, scale = pos.numpy(), np.float32(D**-0.5)
             for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
                 q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
