@@ -19,6 +19,19 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
+def test_loading_the_loops_leaves_llvmlite_scannable_by_vllm():
+    """vLLM's CPU start reads ``vars(x).get("kernel")`` of every module attribute (see
+    kernels.let_vllm_scan_llvmlite); numba's llvmlite must answer it with a dict."""
+    import sys
+
+    assert kernels.numba is not None
+    lib = sys.modules["llvmlite.binding.ffi"].lib
+    lib._fntab.pop("__dict__", None)
+    assert not isinstance(vars(lib), dict)
+    kernels.let_vllm_scan_llvmlite()
+    assert vars(lib) == {}
+
+
 def test_round_bf16_is_torchs_conversion_bit_for_bit():
     """Every kind of float: random bit patterns (normals, subnormals, NaNs, infinities), ties to even
     either way, values that round up to infinity, signed zeros."""
@@ -96,32 +109,31 @@ def test_decode_attention_matches_the_torch_ops(heads, kv_heads):
     assert torch.equal(kb, kb_ref) and torch.equal(vb, vb_ref)
 
 
-def test_lean_decode_uses_the_loops_on_one_thread_and_refuses_a_slot_past_its_buffers():
+def test_lean_decode_uses_the_loops_on_one_thread_and_refuses_a_slot_past_its_buffers(monkeypatch):
     """The rule of use: on one torch thread by default, not on two (the loops are single-threaded)
     unless asked, never when switched off; a decode whose span would read past the buffers raises
-    instead of indexing outside them (the loops do not check)."""
+    instead of indexing outside them (the loops do not check). The thread count is the one the rule
+    reads, set here without torch.set_num_threads: once a vLLM engine has started in a process (a test
+    run's worker), vLLM's CPU worker makes that call a no-op."""
     model = make_model(arch="gpt2")
     prec = Precision(body="bf16", head="fp32", impl="emulated")
     prec.prepare(model)
     lean = LeanModel(model, prec)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert lean.fused_attention() is not None
-        torch.set_num_threads(2)
-        assert lean.fused_attention() is None
-        lean.use_kernel = True
-        assert lean.fused_attention() is not None
-        lean.use_kernel = False
-        torch.set_num_threads(1)
-        assert lean.fused_attention() is None
-        lean.use_kernel = None
-        kv = lean.buffers(4, 8, None)
-        tok, pos = torch.zeros(4, dtype=torch.long), torch.tensor([0, 1, 2, 8])
-        with pytest.raises(ValueError, match="position 8"):
-            lean.decode(kv, tok, pos, 9, torch.ones(4, 1, 1, 9, dtype=torch.bool))
-    finally:
-        torch.set_num_threads(threads)
+    threads = [1]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads[0])
+    assert lean.fused_attention() is not None
+    threads[0] = 2
+    assert lean.fused_attention() is None
+    lean.use_kernel = True
+    assert lean.fused_attention() is not None
+    lean.use_kernel = False
+    threads[0] = 1
+    assert lean.fused_attention() is None
+    lean.use_kernel = None
+    kv = lean.buffers(4, 8, None)
+    tok, pos = torch.zeros(4, dtype=torch.long), torch.tensor([0, 1, 2, 8])
+    with pytest.raises(ValueError, match="position 8"):
+        lean.decode(kv, tok, pos, 9, torch.ones(4, 1, 1, 9, dtype=torch.bool))
 
 
 def _first_sync_steps(tmp_path, monkeypatch, loops: bool, steps: int = 3) -> list[dict]:

@@ -379,3 +379,41 @@ def test_only_exactly_representable_weights_are_sent_in_the_engines_dtype():
     assert out["b"].dtype == torch.float32 and torch.equal(out["b"], inexact)  # vLLM rounds it, and warns
     assert out["c"].dtype == torch.float64
     assert dict(_as_engine_dtype([("a", exact)], torch.float32))["a"].dtype == torch.float32
+
+
+def test_a_vllm_engine_starts_in_a_process_that_has_loaded_numba():
+    """The lean decode's compiled loops load numba, whose llvmlite answers vLLM's start-up scan of
+    every module attribute with something that is not a dict: every vLLM engine in that process
+    failed to start. The import of numba here comes from elsewhere (the fix at import in
+    scalerl.generator.kernels is undone), so it is the engine's start that must make it safe."""
+    import sys
+
+    import numba  # noqa: F401
+
+    from scalerl.generator.vllm_gen import VLLMGenerator
+
+    lib = sys.modules["llvmlite.binding.ffi"].lib
+    lib._fntab.pop("__dict__", None)
+    assert not isinstance(vars(lib), dict)  # what made vLLM's scan raise
+    lc = compose(["length_control=none", "length_control.max_new_tokens=8"]).length_control
+    gen = VLLMGenerator(policy(0), TOK, Precision(), lc, temperature=1.0, seed=5)
+    groups = gen.generate(PROMPTS, 2, version=0)
+    assert [len(g) for g in groups] == [2, 2, 2]
+    assert all(len(s.logprobs) == len(s.completion_ids) for g in groups for s in g)
+
+
+def test_the_process_keeps_its_torch_threads_after_a_vllm_engine_starts():
+    """vLLM's in-process CPU worker turns torch.set_num_threads into a no-op for the whole process
+    once it binds its threads; the engine's start gives the call back, and the engine still generates
+    after the trainer beside it changes its threads."""
+    gen = generator(["length_control=none", "length_control.max_new_tokens=24"], "none")
+    threads = torch.get_num_threads()
+    other = 1 if threads != 1 else 2
+    try:
+        torch.set_num_threads(other)
+        assert torch.get_num_threads() == other
+        groups = gen.generate(PROMPTS, 2, version=0)
+        assert [len(g) for g in groups] == [2, 2, 2]
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.get_num_threads() == threads

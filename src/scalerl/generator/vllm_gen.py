@@ -40,6 +40,7 @@ import dataclasses
 import multiprocessing
 import multiprocessing.util
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -332,9 +333,17 @@ def _start_llm(vllm, kwargs: dict, tensor_parallel_size: int, *, on_cuda: bool):
     daemon = me.daemon
     if tensor_parallel_size > 1 and daemon:
         me.daemon = False
+    if "llvmlite.binding.ffi" in sys.modules:  # numba is loaded: vLLM's start must be able to scan it
+        from scalerl.generator.kernels import let_vllm_scan_llvmlite
+
+        let_vllm_scan_llvmlite()
+    # an in-process CPU worker replaces torch.set_num_threads with a no-op once it binds its threads,
+    # for the whole process: the trainer beside it keeps its own threads only with the call restored
+    set_threads = torch.set_num_threads
     try:
         return vllm.LLM(**kwargs)
     finally:
+        torch.set_num_threads = set_threads
         me.daemon = daemon
         for k, v in saved.items():
             if v is None:
