@@ -106,6 +106,35 @@ def test_a_save_onto_a_full_disk_says_so_and_leaves_the_last_checkpoint(tmp_path
     assert sorted(p.name for p in ck.dir.iterdir()) == ["last.pt"]
 
 
+def test_a_signal_during_a_save_reaches_the_caller_as_itself(tmp_path):
+    """A second Ctrl-C that lands while torch.save writes (the run then stops at once) reaches the
+    caller as the signal's exception, so the command exits 130, not as torch's "unexpected pos"
+    RuntimeError raised over it when its zip writer closes (exit 1; seen in CI); the checkpoint
+    before it stays, and no temporary file is left."""
+    import signal
+
+    from scalerl.loop.signals import Interrupted
+    from scalerl.storage import save_atomic
+
+    ck = Checkpointer(tmp_path)
+    ck.save({"step": 1})
+    w = torch.zeros(50_000_000)  # 200 MB: the write outlasts the timer
+
+    def stop(signum, frame):
+        raise Interrupted(signum)
+
+    old = signal.signal(signal.SIGALRM, stop)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        with pytest.raises(Interrupted):
+            save_atomic({"step": 2, "w": w}, ck.path)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert ck.load()["step"] == 1
+    assert sorted(p.name for p in ck.dir.iterdir()) == ["last.pt"]
+
+
 class _Unpicklable:
     def __reduce__(self):
         raise OSError(28, "No space left on device")

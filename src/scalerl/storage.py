@@ -38,8 +38,11 @@ def save_atomic(obj, path: Path) -> None:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError):
-            raise e.__context__ from None  # torch's "unexpected pos ..." raised over the disk's error
+        # torch's zip writer raises "unexpected pos ..." as it closes over what stopped the write:
+        # the disk's error, or a signal that stops the run at once (which must reach the caller as
+        # itself, e.g. to exit 130)
+        if isinstance(e, RuntimeError) and isinstance(e.__context__, OSError | KeyboardInterrupt):
+            raise e.__context__ from None
         raise
     _fsync_dir(path.parent)
 

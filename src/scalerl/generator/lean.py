@@ -314,8 +314,8 @@ class LeanModel:
         fused = self.fused_attention()
         if fused is not None:
             # the loop indexes the buffers unchecked: the slots and positions must lie inside them
-            top = int(pos.max()) if hi else 0
-            if hi > kv[0][0].shape[0] or top >= kv[0][0].shape[2] or int(pos.min()) < 0:
+            top, low = (int(pos.max()), int(pos.min())) if hi else (0, 0)
+            if hi > kv[0][0].shape[0] or top >= kv[0][0].shape[2] or low < 0:
                 raise ValueError(
                     f"decode of {hi} slots to position {top} over buffers {tuple(kv[0][0].shape)}"
                 )
