@@ -1,9 +1,12 @@
-"""The trainer's step on the embedded default: plain against lean, and against its counted-FLOP limit.
+"""The trainer's step on the embedded default: its paths side by side, and against its counted-FLOP limit.
 
 Captures the default recipe's real batches (``async_mode=sync``, seed 0: its first steps, with the
-trainer's weights before them), then builds two trainers over the same weights in one process, the
-plain path (``precision.LEAN_EMULATION=False``, no weight cache) and the lean one, and alternates
-their steps on the same batches, pair by pair (the order flips each round). Reports per step: wall
+trainer's weights before them), then builds trainers over the same weights in one process and
+alternates their steps on the same batches (the order turns each round): ``plain``, the emulated
+bf16 body through plain hooks (``precision.LEAN_EMULATION=False``, no weight cache) with fp32 GEMMs;
+``lean``, the lean hooks and weight cache with fp32 GEMMs; ``bf16``, the lean path with its linear
+layers' GEMMs in bf16 (``precision.LOW_PRECISION_KERNELS=True``, the default on a CPU with AMX or
+AVX512-BF16: the same arithmetic up to the order of fp32 sums). Reports per step: wall
 and thread CPU seconds (medians), the counted training FLOPs (``6 x parameters x trained tokens``,
 as ``scalerl.loop.accounting`` counts them), the machine's fp32 matmul rate on large square
 matrices measured here with the same threads, and the step's time over the limit those give.
@@ -71,8 +74,10 @@ def main(argv=None) -> int:
     config = typed(cfg)
     task = common.task(config)
     trainers = {}
-    for name, lean in (("plain", False), ("lean", True)):
+    paths = {"plain": (False, False), "lean": (True, False), "bf16": (True, True)}  # (lean, bf16 GEMMs)
+    for name, (lean, kernels) in paths.items():
         precision_module.LEAN_EMULATION = lean
+        precision_module.LOW_PRECISION_KERNELS = kernels
         model, _, precision = common.policy(config, task, torch.device("cpu"))
         model.load_state_dict(state)
         tr = common.trainer(config, model, precision, device=torch.device("cpu"))
@@ -85,20 +90,25 @@ def main(argv=None) -> int:
     loads = [common.load().split()[0]]
     for r in range(args.rounds):
         for b in batches:
-            for k in common.in_turn(("plain", "lean"), r):
+            for k in common.in_turn(list(paths), r):
+                precision_module.LOW_PRECISION_KERNELS = paths[k][1]
                 t, c = time.perf_counter(), time.thread_time()
                 trainers[k].step(b)
                 wall[k].append(time.perf_counter() - t)
                 cpu[k].append(time.thread_time() - c)
         loads.append(common.load().split()[0])
+    precision_module.LOW_PRECISION_KERNELS = None
     rate = common.matmul_rate(best=True)
     limit = statistics.mean(flops) / rate
-    ratio = statistics.median(a / b for a, b in zip(cpu["lean"], cpu["plain"], strict=True))
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(cpu[a], cpu[b], strict=True))
+
     lines = [
         f"date {common.utc_now()}, commit {common.commit()}, {common.cpu_model()}, "
         f"{torch.get_num_threads()} thread(s), load average (1 min) over the timing: {' '.join(loads)}",
         "",
-        f"{len(batches)} default batches x {args.rounds} rounds, plain and lean alternated step by step;"
+        f"{len(batches)} default batches x {args.rounds} rounds, {', '.join(paths)} alternated step by step;"
         f" counted training FLOPs per step {statistics.mean(flops) / 1e9:.1f} G; fp32 matmul rate "
         f"(2048^2, thread CPU time) {rate / 1e9:.1f} GFLOP/s; limit {limit:.3f} s/step",
         "",
@@ -108,7 +118,11 @@ def main(argv=None) -> int:
     for k in trainers:
         c = statistics.median(cpu[k])
         lines.append(f"| {k} | {statistics.median(wall[k]):.3f} | {c:.3f} | {c / limit:.2f}x |")
-    lines += ["", f"lean / plain thread CPU, median of the pairs: {ratio:.3f}"]
+    lines += [
+        "",
+        f"thread CPU, median of the step-by-step ratios: lean / plain {ratio('lean', 'plain'):.3f}, "
+        f"bf16 / lean {ratio('bf16', 'lean'):.3f}",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -173,9 +173,13 @@ def test_sync_run_first_steps_with_the_loops_match_the_torch_ops(tmp_path, monke
     only the attention sums in another order (1e-7), which can move a bf16 rounding and so, rarely,
     a sampled token (seen here at step 3: one group of 17 fell out of training).
 
-    Stated tolerance. Steps 1-2: the same samples (pass rate, reward, length equal), loss, gradient
-    norm and entropy within 0.2%. Step 3: pass rate within 0.01, gradient norm within 5%, loss
-    within 0.005."""
+    Stated tolerance. Steps 1-2: the same samples (pass rate, reward, length equal). Step 1: loss,
+    gradient norm and entropy within 0.2%. Step 2 comes after one optimiser step, whose AdamW update
+    is about +-lr for each weight whatever the size of its gradient, so a 1e-7 difference in the
+    generator's log-probs that moves a bf16 rounding of a gradient moves weights: measured 0.3-0.7%
+    on the step-2 loss and up to 1.9% on its gradient norm (both bf16 GEMM paths, loops on and off);
+    entropy within 0.2%, loss within 0.001, gradient norm within 3%. Step 3: pass rate within 0.01,
+    gradient norm within 5%, loss within 0.005."""
     threads = torch.get_num_threads()
     try:
         ops = _first_sync_steps(tmp_path, monkeypatch, loops=False)
@@ -186,8 +190,14 @@ def test_sync_run_first_steps_with_the_loops_match_the_torch_ops(tmp_path, monke
         if step <= 2:
             for k in ("train/correct", "train/reward", "train/response_length"):
                 assert have[k] == want[k], (step, k, have[k], want[k])
-            for k in ("train/loss", "train/entropy", "train/grad_norm"):
+            keys = ("train/loss", "train/entropy", "train/grad_norm") if step == 1 else ("train/entropy",)
+            for k in keys:
                 assert abs(have[k] - want[k]) <= 0.002 * abs(want[k]), (step, k, have[k], want[k])
+            if step == 2:
+                assert abs(have["train/loss"] - want["train/loss"]) <= 0.001, (have, want)
+                assert (
+                    abs(have["train/grad_norm"] - want["train/grad_norm"]) <= 0.03 * want["train/grad_norm"]
+                )
         else:
             assert abs(have["train/correct"] - want["train/correct"]) <= 0.01, step
             assert abs(have["train/grad_norm"] - want["train/grad_norm"]) <= 0.05 * want["train/grad_norm"]

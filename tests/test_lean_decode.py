@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_generator import LC, PHRASE, SAME_LEN, VAR_LEN, Prompt, _update_at, flat, full_logprobs, make_model
 
+import scalerl.model.precision as precision_module
 from scalerl.generator import HFGenerator
 from scalerl.generator.lean import LeanModel, unsupported
 from scalerl.model.precision import Precision
@@ -202,12 +203,13 @@ def test_lean_weights_follow_a_parameter_replaced_by_a_new_tensor():
     assert torch.equal(lean.blocks[0][1][0], torch.ones_like(orig.original))
 
 
-def test_lean_decode_bf16_check_sees_a_missing_rounding():
+def test_lean_decode_bf16_check_sees_a_missing_rounding(monkeypatch):
     """The bf16 tolerance above is tight enough to see the emulation done wrong: a lean forward
-    that skips the activations' rounding (weights still rounded) fails it."""
+    that skips the activations' rounding (weights still rounded, its GEMMs in fp32) fails it."""
     model = make_model(arch="gpt2")
     prec = Precision(body="bf16", head="fp32", impl="emulated")
     lean, ref = _gen(model, prec, True), _gen(model, prec, False)
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", False)  # weights held in fp32
     lean._lean = LeanModel(lean.model, prec)
     lean._lean.dtype = None  # no activation rounding
     with pytest.raises(AssertionError):

@@ -39,7 +39,10 @@ def logprobs_and_grads(model, precision, opts, batch):
     return logp.detach(), entropy, float(loss.detach()), grads
 
 
-def assert_same(a, b, *, tol: float):
+def assert_same(a, b, *, tol: float, grad_tol: float = 1e-4):
+    """Log-probs and entropies within ``tol``, the loss within 1e-5, each gradient within
+    ``grad_tol`` of its norm (a bf16 body rounds its linear layers' gradients to bf16, as autocast
+    does: sums in another order move some of those roundings by one bf16 step, 2^-8)."""
     logp_a, ent_a, loss_a, g_a = a
     logp_b, ent_b, loss_b, g_b = b
     assert torch.allclose(logp_a, logp_b, atol=tol, rtol=0), (logp_a - logp_b).abs().max()
@@ -48,7 +51,7 @@ def assert_same(a, b, *, tol: float):
     assert g_a.keys() == g_b.keys() and len(g_a) > 0
     for k in g_a:
         err = float((g_a[k] - g_b[k]).norm() / g_a[k].norm().clamp_min(1e-12))
-        assert err < 1e-4, (k, err)
+        assert err < grad_tol, (k, err)
 
 
 # the fast selection keeps one case (the paper's fp32 head on a bf16 body, gpt2); the other five
@@ -77,7 +80,9 @@ def test_chunked_head_equals_the_whole_head(arch, body, head):
         for chunk in (1, 17, 40, positions // 2, positions + 5):
             got = logprobs_and_grads(model, precision, opts_with(chunk, share=share), batch)
             # bf16 emulation rounds the logits: a chunk's matmul may round one logit the other way
-            assert_same(got, ref, tol=2e-5 if head == "fp32" else 2e-2)
+            assert_same(
+                got, ref, tol=2e-5 if head == "fp32" else 2e-2, grad_tol=1e-4 if body == "fp32" else 2**-8
+            )
 
 
 def test_the_fp32_head_stays_fp32_when_chunked():

@@ -100,9 +100,16 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients_from_fewer_position
     assert torch.allclose(out[True][1], out[False][1], atol=2e-5)
     g0, g1 = out[False][2], out[True][2]
     assert g0.keys() == g1.keys() and len(g0) > 0
+    # a bf16 body rounds each linear layer's gradients to bf16 (as autocast does): sums taken in
+    # another order move some of those roundings, one bf16 step each: within 2^-8 in norm
+    tol = 1e-4 if body == "fp32" else 2**-8
+    total = torch.stack([g.norm() for g in g0.values()]).norm()
     for k in g0:
-        err = float((g1[k] - g0[k]).norm() / g0[k].norm().clamp_min(1e-12))
-        assert err < 1e-4, (k, err)
+        # a key projection's bias has no gradient in exact arithmetic (softmax does not see a shift
+        # that every key shares): what it gets is rounding, measured against the whole gradient
+        scale = total if k.endswith("k_proj.bias") else g0[k].norm()
+        err = float((g1[k] - g0[k]).norm() / scale.clamp_min(1e-12))
+        assert err < tol, (k, err)
 
 
 def test_rows_with_different_prompts_take_one_pass():

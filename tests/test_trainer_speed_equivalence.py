@@ -84,10 +84,10 @@ def test_trainer_speed_lean_step_has_the_plain_steps_gradients(monkeypatch):
         assert torch.equal(p, q), k
 
 
-def test_trainer_speed_lean_hooks_round_each_activation_once(monkeypatch):
-    """The lean hooks skip rounding a linear's input that a norm's rounded output already is (the
-    GPT-2 attention's and MLP's first matmuls), and round nothing else less: fewer rounding ops
-    than the plain hooks, the same output."""
+def test_trainer_speed_a_linear_layer_does_not_round_a_rounded_input_again(monkeypatch):
+    """An emulated linear layer (its fp32-GEMM path) skips rounding an input that a norm's rounded
+    output already is (the GPT-2 attention's and MLP's first matmuls), and rounds nothing else
+    less: fewer rounding ops than with that check off, the same output."""
     calls = {"n": 0}
     real = torch.Tensor.to
 
@@ -96,19 +96,22 @@ def test_trainer_speed_lean_hooks_round_each_activation_once(monkeypatch):
             calls["n"] += 1
         return real(self, *args, **kwargs)
 
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", False)
     model = default_shape_model()
     ids = torch.randint(2, VOCAB, (4, 12))
+    m = copy.deepcopy(model)
+    Precision.for_device("bf16", "fp32", "cpu", impl="emulated").prepare(m)
     out, counts = {}, {}
-    for lean in (False, True):
-        monkeypatch.setattr(precision_module, "LEAN_EMULATION", lean)
-        m = copy.deepcopy(model)
-        Precision.for_device("bf16", "fp32", "cpu", impl="emulated").prepare(m)
+    for skip in (False, True):
+        if not skip:
+            monkeypatch.setattr(precision_module, "_is_rounded", lambda x, dtype: False)
         calls["n"] = 0
         monkeypatch.setattr(torch.Tensor, "to", counting_to)
         with torch.no_grad():
-            out[lean] = m.get_decoder()(input_ids=ids).last_hidden_state
-        monkeypatch.setattr(torch.Tensor, "to", real)
-        counts[lean] = calls["n"]
+            out[skip] = m.get_decoder()(input_ids=ids).last_hidden_state
+        monkeypatch.undo()
+        monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", False)
+        counts[skip] = calls["n"]
     assert torch.equal(out[False], out[True])
     layers = model.config.n_layer
     # per layer, c_attn's and c_fc's inputs are ln_1's and ln_2's rounded outputs

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from scalerl.generator import kernels
+from scalerl.model.precision import low_precision_kernels, lp_addmm
 
 _ARCHS = ("gpt2", "qwen2", "llama")
 
@@ -129,17 +130,31 @@ class LeanModel:
         def b(module) -> torch.Tensor | None:
             return None if module.bias is None else module.bias.detach()
 
+        # a linear layer's (weight [in, out], bias) as :func:`lp_addmm` takes them: under emulation
+        # in the body dtype where the GEMMs run in it, else fp32 holding its values (the bias rounded
+        # too, as the emulated layer rounds it); without emulation the fp32 weights
+        d = self.dtype
+        self._kernels = d is not None and low_precision_kernels(d, next(self.body.parameters()).device)
+
+        def lin(weight: torch.Tensor, bias: torch.Tensor | None, *, rows_out: bool) -> tuple:
+            weight = weight.t() if rows_out else weight  # nn.Linear holds [out, in]
+            if d is None:
+                return weight, bias
+            if self._kernels:
+                return weight.to(d), None if bias is None else bias.to(d)
+            return weight, None if bias is None else bias.to(d).float()
+
         body = self.body
         if self.arch == "gpt2":
             self.embed = (w(body.wte), w(body.wpe))
             self.blocks = [
                 (
                     (w(blk.ln_1), b(blk.ln_1)),
-                    (w(blk.attn.c_attn), b(blk.attn.c_attn)),
-                    (w(blk.attn.c_proj), b(blk.attn.c_proj)),
+                    lin(w(blk.attn.c_attn), b(blk.attn.c_attn), rows_out=False),
+                    lin(w(blk.attn.c_proj), b(blk.attn.c_proj), rows_out=False),
                     (w(blk.ln_2), b(blk.ln_2)),
-                    (w(blk.mlp.c_fc), b(blk.mlp.c_fc)),
-                    (w(blk.mlp.c_proj), b(blk.mlp.c_proj)),
+                    lin(w(blk.mlp.c_fc), b(blk.mlp.c_fc), rows_out=False),
+                    lin(w(blk.mlp.c_proj), b(blk.mlp.c_proj), rows_out=False),
                 )
                 for blk in body.h
             ]
@@ -157,11 +172,11 @@ class LeanModel:
                 self.blocks.append(
                     (
                         w(lyr.input_layernorm),
-                        (wqkv, bqkv),
-                        (w(at.o_proj), b(at.o_proj)),
+                        lin(wqkv, bqkv, rows_out=True),
+                        lin(w(at.o_proj), b(at.o_proj), rows_out=True),
                         w(lyr.post_attention_layernorm),
-                        torch.cat([w(mlp.gate_proj), w(mlp.up_proj)]),
-                        w(mlp.down_proj),
+                        lin(torch.cat([w(mlp.gate_proj), w(mlp.up_proj)]), None, rows_out=True),
+                        lin(w(mlp.down_proj), None, rows_out=True),
                     )
                 )
             self.final = (w(body.norm),)
@@ -196,14 +211,10 @@ class LeanModel:
         """Queries, keys, values [B, heads, T, head dim] of normed ``x`` [B, T, hidden]."""
         B, T, _ = x.shape
         D = self.head_dim
-        r = self._r
+        qkv = self._linear(blk[1], x.reshape(B * T, -1)).view(B, T, -1)
         if self.arch == "gpt2":
-            w, bias = blk[1]
-            qkv = r(torch.addmm(bias, x.view(B * T, -1), w))
-            q, k, v = qkv.view(B, T, -1).split(self.heads * D, dim=2)
+            q, k, v = qkv.split(self.heads * D, dim=2)
         else:
-            w, bias = blk[1]
-            qkv = r(F.linear(x, w, bias))  # each projection's output rounded, as its layer rounds it
             nq, nk = self.heads * D, self.kv_heads * D
             q, k, v = qkv.split((nq, nk, nk), dim=2)
         q = q.view(B, T, -1, D).transpose(1, 2)
@@ -220,23 +231,26 @@ class LeanModel:
         B, T, _ = h.shape
         r = self._r
         att = r(att.transpose(1, 2).reshape(B * T, -1))  # the projection's input rounded
+        h = h + self._linear(blk[2], att).view(B, T, -1)
         if self.arch == "gpt2":
-            w, bias = blk[2]
-            h = h + r(torch.addmm(bias, att, w)).view(B, T, -1)
             lw, lb = blk[3]
             x = r(F.layer_norm(h, (h.shape[-1],), lw, lb, self.eps)).view(B * T, -1)
-            w, bias = blk[4]
-            x = torch.addmm(bias, x, w)
-            x = self._gelu(x) if self._gelu is not None else r(F.gelu(r(x)))
-            w, bias = blk[5]
-            return h + r(torch.addmm(bias, x, w)).view(B, T, -1)
-        w, bias = blk[2]
-        h = h + r(F.linear(att, w, bias)).view(B, T, -1)
-        x = r(self._rms(h, blk[3]))
-        # gate and up rounded as their layers round them (elementwise: one rounding of both)
-        gate, up = r(F.linear(x, blk[4])).chunk(2, dim=-1)
+            x = self._linear(blk[4], x)  # rounded as its layer rounds it
+            x = self._gelu(x) if self._gelu is not None else r(F.gelu(x))
+            return h + self._linear(blk[5], x).view(B, T, -1)
+        x = r(self._rms(h, blk[3])).view(B * T, -1)
+        # gate and up: one GEMM, each output rounded as its layer rounds it
+        gate, up = self._linear(blk[4], x).chunk(2, dim=-1)
         x = r(F.silu(gate) * up)
-        return h + r(F.linear(x, blk[5]))
+        return h + self._linear(blk[5], x).view(B, T, -1)
+
+    def _linear(self, wb: tuple, x: torch.Tensor) -> torch.Tensor:
+        """A linear layer over ``x`` [rows, in] (an input the emulation has already rounded), as the
+        emulated layer computes it (:func:`~scalerl.model.precision.lp_addmm`), or in fp32."""
+        w, bias = wb
+        if self.dtype is None:
+            return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
+        return lp_addmm(bias, x.to(self.dtype) if self._kernels else x, w, self.dtype, self._kernels)
 
     def _norm_in(self, blk, h: torch.Tensor) -> torch.Tensor:
         if self.arch == "gpt2":
@@ -286,6 +300,26 @@ class LeanModel:
                 v[: ok.shape[0], :, : ok.shape[2]] = ov
             out.append((k, v))
         return out
+
+    @torch.no_grad()
+    def hidden_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """The last hidden states [P, L, hidden] of right-padded sequences ``ids`` [P, L], each real
+        for its first ``lengths[p]`` positions: one forward from scratch, no cache (what a fresh
+        prefill computes; the padding after a sequence never reaches it). The weights are taken
+        again first if they changed."""
+        self.sync()
+        self._choose()
+        P, L = ids.shape
+        at = torch.arange(L, device=ids.device)
+        valid = at[None, :] < torch.tensor(lengths, device=ids.device)[:, None]  # [P, L] real keys
+        mask = (torch.ones(L, L, dtype=torch.bool, device=ids.device).tril()[None] & valid[:, None, :])[
+            :, None
+        ]
+        h, rope = self._embed(ids, at.expand(P, L))
+        for blk in self.blocks:
+            q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
+            h = self._out(blk, h, self._attend(q, k, v, mask))
+        return self._final(h)
 
     @torch.no_grad()
     def prefill(self, kv, ids, pos, mask, dst, n: int) -> torch.Tensor:

@@ -16,11 +16,19 @@ Two implementations of reduced precision:
   tensor-core GEMM. CPUs without native bf16 (this project's CI machines) run native bf16 about
   10-16x slower than fp32; emulation reproduces bf16's rounding at fp32 speed. It is the default
   on CPU; ``precision.impl=native`` forces real bf16 tensors there.
+
+  An emulated linear layer computes what ``torch.autocast``'s does (:class:`_LowPrecisionLinear`):
+  input, weight and bias in the low-precision dtype, products accumulated in fp32, the output
+  rounded once; in the backward the incoming gradient is rounded and so is each gradient GEMM's
+  output. On a CPU with bf16 matrix instructions (AMX, AVX512-BF16) these GEMMs run as real bf16
+  GEMMs (:func:`low_precision_kernels`), elsewhere as fp32 GEMMs over rounded values: the same
+  numbers up to the order of the fp32 sums.
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 from dataclasses import dataclass
 
 import torch
@@ -32,10 +40,10 @@ from scalerl.config.groups.precision import DTYPE_NAMES, IMPLS  # noqa: F401  (I
 # each dtype name the precision options may use -> its torch dtype
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
-# Emulation's hooks, as models prepared from now on get them: a fresh layer output is rounded in
-# place, and a layer input that is already a rounded output is not rounded again (both give the
-# same values and gradients as rounding a copy every time, with less memory traffic). False: the
-# plain hooks, kept so that tests can compare the two on one model.
+# Emulation's hooks, as models prepared from now on get them: a fresh embedding or norm output is
+# rounded in place (the same values and gradients as rounding a copy, with less memory traffic).
+# False: the plain hooks, kept so that tests can compare the two on one model. (A linear layer's
+# input that is already a rounded output is never rounded again: rounding is idempotent.)
 LEAN_EMULATION = True
 
 
@@ -55,6 +63,99 @@ def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype == x.dtype or not x.is_floating_point():
         return x
     return _RoundTo.apply(x, dtype)
+
+
+# An emulated bf16 body's linear layers as real bf16 GEMMs: None chooses by the machine (a CPU with
+# AMX or AVX512-BF16 instructions, :func:`low_precision_kernels`), True / False force them on / off
+# (tests compare the two; both compute the same numbers up to the order of the fp32 sums)
+LOW_PRECISION_KERNELS: bool | None = None
+
+
+def low_precision_kernels(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
+    """Whether an emulated linear layer in ``dtype`` on ``device`` runs as a real low-precision GEMM
+    (fp32 accumulation, output rounded once): bf16 on a CPU that has bf16 matrix instructions, where
+    it is 2-4x the fp32 rate at the embedded model's shapes; otherwise fp32 GEMMs over rounded values."""
+    if dtype != torch.bfloat16 or torch.device(device).type != "cpu":
+        return False
+    if LOW_PRECISION_KERNELS is not None:
+        return LOW_PRECISION_KERNELS
+    return _cpu_has_bf16_gemm()
+
+
+def _cpu_has_bf16_gemm() -> bool:
+    cpu = torch.cpu
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
+def _round_inplace(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.copy_(x.to(dtype))
+
+
+def lp_addmm(bias: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, kernels: bool):
+    """``round(x @ w + bias)`` as fp32, for ``x`` [M, K], ``w`` [K, N] and ``bias`` [N] already in
+    ``dtype`` (``kernels``: a real low-precision GEMM) or fp32 holding ``dtype``'s values (an fp32
+    GEMM, its output rounded in place). Forward only: the emulated linear layer's arithmetic, which
+    the lean decode uses too."""
+    if kernels:
+        y = torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
+        return y.float()
+    y = torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
+    return _round_inplace(y, dtype)
+
+
+class _LowPrecisionLinear(torch.autograd.Function):
+    """A linear layer as ``torch.autocast`` computes it in a low-precision dtype: ``x`` [M, K],
+    ``w`` [K, N] and ``bias`` [N] rounded, products accumulated in fp32, the output rounded once;
+    the backward rounds the incoming gradient, and each gradient's GEMM output (input and weight;
+    the bias's gradient is the rounded sum of the rounded gradient). Inputs and outputs are fp32
+    (holding low-precision values); ``kernels``: the GEMMs run in the low-precision dtype (the
+    machine's bf16 instructions), else in fp32 over rounded values: the same numbers up to the
+    order of the fp32 sums."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, dtype, kernels, rounded=False):  # type: ignore[override]
+        # rounded: ``x`` holds dtype's values already (a rounded layer output): not rounded again
+        if kernels:
+            xl, wl = x.to(dtype), w.to(dtype)
+            bl = None if bias is None else bias.to(dtype)
+        else:
+            xl = x if rounded else x.to(dtype).float()
+            wl = w.to(dtype).float()
+            bl = None if bias is None else bias.to(dtype).float()
+        ctx.save_for_backward(xl, wl)
+        ctx.dtype, ctx.kernels, ctx.has_bias = dtype, kernels, bias is not None
+        return lp_addmm(bl, xl, wl, dtype, kernels)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        xl, wl = ctx.saved_tensors
+        dtype, kernels = ctx.dtype, ctx.kernels
+        g = grad.to(dtype) if kernels else grad.to(dtype).float()
+
+        def out(y: torch.Tensor) -> torch.Tensor:
+            return y.float() if kernels else _round_inplace(y, dtype)
+
+        gx = out(g @ wl.t()) if ctx.needs_input_grad[0] else None
+        gw = out(xl.t() @ g) if ctx.needs_input_grad[1] else None
+        gb = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g.float().sum(0).to(dtype).float()
+        return gx, gw, gb, None, None, None
+
+
+def _emulated_linear_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The forward of an emulated linear layer (``nn.Linear`` or GPT-2's ``Conv1D``) in the
+    low-precision dtype ``module._scalerl_lp_dtype``: :class:`_LowPrecisionLinear`."""
+    dtype = module._scalerl_lp_dtype
+    w = module.weight  # [out, in] for nn.Linear, [in, out] for Conv1D
+    w = w.t() if isinstance(module, nn.Linear) else w
+    kernels = low_precision_kernels(dtype, x.device)
+    rounded = _is_rounded(x, dtype)
+    y = _LowPrecisionLinear.apply(x.reshape(-1, x.shape[-1]), w, module.bias, dtype, kernels, rounded)
+    y = y.view(*x.shape[:-1], y.shape[-1])
+    y._scalerl_rounded = (dtype, y._version)
+    return y
 
 
 # the layers whose forward returns a new tensor that no op of theirs saves for its backward: their
@@ -103,18 +204,6 @@ def _round_output_hook(dtype: torch.dtype, in_place: bool = False):
         if isinstance(output, torch.Tensor):
             return _rounded(output, dtype, in_place=in_place)
         return output
-
-    return hook
-
-
-def _round_input_hook(dtype: torch.dtype, skip_rounded: bool = False):
-    def hook(module, args):
-        return tuple(
-            _rounded(a, dtype, in_place=False)
-            if isinstance(a, torch.Tensor) and not (skip_rounded and _is_rounded(a, dtype))
-            else a
-            for a in args
-        )
 
     return hook
 
@@ -205,8 +294,11 @@ class Precision:
             if "weight" in params and isinstance(module, (*linear, nn.Embedding)):
                 parametrize.register_parametrization(module, "weight", _RoundedWeight(dtype))
             if isinstance(module, linear):
-                module.register_forward_pre_hook(_round_input_hook(dtype, skip_rounded=LEAN_EMULATION))
-            fresh = isinstance(module, (*_FRESH_OUTPUT, Conv1D))
+                # autocast's linear layer (the bias rounded too; gradients rounded in the backward)
+                module._scalerl_lp_dtype = dtype
+                module.forward = types.MethodType(_emulated_linear_forward, module)
+                continue
+            fresh = isinstance(module, _FRESH_OUTPUT)
             module.register_forward_hook(_round_output_hook(dtype, in_place=fresh and LEAN_EMULATION))
 
     # ------------------------------------------------------------------ the head

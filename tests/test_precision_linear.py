@@ -1,0 +1,118 @@
+"""An emulated low-precision linear layer computes what ``torch.autocast``'s bf16 linear computes.
+
+Input, weight and bias rounded to bf16, products accumulated in fp32, the output rounded once; the
+backward rounds the incoming gradient and each gradient GEMM's output. Two implementations: real
+bf16 GEMMs (the machine's bf16 instructions where it has them; torch runs them on any CPU, slower)
+and fp32 GEMMs over rounded values. They give the same numbers up to the order of the fp32 sums."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+import scalerl.model.precision as precision_module
+from scalerl.model.precision import Precision, low_precision_kernels
+
+BF16 = torch.bfloat16
+
+
+def r(t: torch.Tensor) -> torch.Tensor:
+    return t.to(BF16).float()
+
+
+def _layer(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "linear":
+        layer = nn.Linear(96, 80)
+    else:
+        layer = Conv1D(80, 96)  # GPT-2's: weight [in, out]
+        nn.init.normal_(layer.weight, std=0.1)
+    nn.init.normal_(layer.bias, std=0.5)  # a bias with more bits than bf16 holds
+    return layer
+
+
+def _weight_kn(layer: nn.Module) -> torch.Tensor:
+    return layer.weight.t() if isinstance(layer, nn.Linear) else layer.weight
+
+
+def _run(layer: nn.Module, kernels: bool, monkeypatch, x: torch.Tensor, g: torch.Tensor):
+    """(output, input gradient, weight gradient, bias gradient) of the emulated layer."""
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", kernels)
+    m = copy.deepcopy(layer)
+    Precision(body="bf16", head="fp32", impl="emulated")._emulate(m, BF16)
+    x = x.clone().requires_grad_(True)
+    y = m(x)
+    y.backward(g)
+    w = m.parametrizations.weight.original
+    return y.detach(), x.grad, w.grad, m.bias.grad
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many bf16 steps apart two tensors of bf16 values are, element by element."""
+    ai, bi = a.to(BF16).view(torch.int16).int(), b.to(BF16).view(torch.int16).int()
+    return (ai - bi).abs()
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_an_emulated_linear_layer_is_autocasts_bf16_linear(kind, monkeypatch):
+    """The real-bf16-GEMM path equals ``torch.autocast``'s linear bit for bit (output, input and
+    weight gradients); the fp32 path equals the formula computed in fp32 bit for bit; and the two
+    paths differ only where the order of fp32 sums moves a rounding: by one bf16 step at most, in
+    under 1% of the values."""
+    layer = _layer(kind)
+    torch.manual_seed(1)
+    x, g = torch.randn(3, 50, 96), torch.randn(3, 50, 80)
+    kern = _run(layer, True, monkeypatch, x, g)
+    emu = _run(layer, False, monkeypatch, x, g)
+
+    # autocast's bf16 linear over the same fp32 weights
+    w = _weight_kn(layer).detach().clone().requires_grad_(True)
+    b = layer.bias.detach().clone().requires_grad_(True)
+    xa = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=BF16):
+        ya = F.linear(xa, w.t(), b)
+    ya.backward(g.to(BF16))
+    assert ya.dtype == BF16
+    assert torch.equal(kern[0], ya.float())
+    assert torch.equal(kern[1], xa.grad)
+    assert torch.equal(kern[2], w.grad if kind == "conv1d" else w.grad.t())
+
+    # the formula, in fp32 over rounded values
+    wk = r(_weight_kn(layer).detach())
+    x2, g2 = r(x.reshape(-1, 96)), r(g.reshape(-1, 80))
+    want_y = r(torch.addmm(r(layer.bias.detach()), x2, wk)).view(3, 50, 80)
+    want_gx = r(g2 @ wk.t()).view(3, 50, 96)
+    want_gw = r(x2.t() @ g2)
+    want_gb = r(g2.sum(0))
+    assert torch.equal(emu[0], want_y)
+    assert torch.equal(emu[1], want_gx)
+    assert torch.equal(emu[2], want_gw if kind == "conv1d" else want_gw.t())
+    assert torch.equal(emu[3], want_gb)
+    # the bias is rounded too: a layer that kept it in fp32 would differ in many outputs
+    kept = r(torch.addmm(layer.bias.detach(), x2, wk)).view(3, 50, 80)
+    assert (kept != want_y).float().mean() > 0.05
+
+    for a, e in zip(kern, emu, strict=True):
+        apart = _ulps_apart(a, e)
+        assert int(apart.max()) <= 1
+        assert float((apart > 0).float().mean()) < 0.01
+
+
+def test_the_machine_chooses_the_bf16_gemms_only_for_bf16_on_a_cpu_that_has_them(monkeypatch):
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", None)
+    has = precision_module._cpu_has_bf16_gemm()
+    flags = [
+        getattr(torch.cpu, n, lambda: False)()
+        for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    ]
+    assert has == any(flags)
+    assert low_precision_kernels(BF16, "cpu") == has
+    assert not low_precision_kernels(torch.float16, "cpu")  # fp16: fp32 GEMMs over rounded values
+    assert not low_precision_kernels(BF16, "meta")
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", True)
+    assert low_precision_kernels(BF16, "cpu") and not low_precision_kernels(torch.float16, "cpu")
