@@ -708,3 +708,31 @@ def test_the_gpu_weight_group_check_runs_on_a_cpu(tmp_path):
     assert r["layout_gathers"] == 0 and r["group_closed"]
     assert r["bucketed_gather_bytes"] < r["whole_gather_bytes"] == r["model_bytes"]
     assert "default group ended: True" in report["teardown"]
+
+
+def test_an_engine_reads_the_announced_version_in_one_store_call_once_it_has_seen_one():
+    """Before any announcement the version is None (the key is checked first); once a version was
+    read, the key exists for good and a read is one store call (an engine reads it before every
+    piece of work it starts), with the newest value each time."""
+    from scalerl.transport import announced
+
+    spec = TransportSpec("gloo", "127.0.0.1", 0, world=1, timeout_s=20)
+    store = connect(spec, master=True)
+    calls: list[str] = []
+
+    class Counted:
+        def check(self, keys):
+            calls.append("check")
+            return store.check(keys)
+
+        def get(self, key):
+            calls.append("get")
+            return store.get(key)
+
+    assert announced(Counted()) is None and calls == ["check"]
+    store.set("weights/version", "3")
+    calls.clear()
+    assert announced(Counted()) == 3 and calls == ["check", "get"]
+    store.set("weights/version", "4")
+    calls.clear()
+    assert announced(Counted(), seen=True) == 4 and calls == ["get"]

@@ -438,9 +438,11 @@ class WeightReceiver:
         _end_group(group)
 
 
-def announced(store) -> int | None:
-    """The newest version the trainer announced in ``store``, or None before the first."""
-    if not store.check(["weights/version"]):
+def announced(store, *, seen: bool = False) -> int | None:
+    """The newest version the trainer announced in ``store``, or None before the first. ``seen``:
+    a version was read from this store before, so the key exists (it is never removed) and one
+    round trip reads it (an engine asks before every piece of work it starts)."""
+    if not seen and not store.check(["weights/version"]):
         return None
     return int(store.get("weights/version").decode())
 

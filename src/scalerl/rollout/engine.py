@@ -279,6 +279,7 @@ class _Engine:
         self.tokens = 0
         self._beat = 0.0
         self._polled = 0.0
+        self._announced = False  # a version was read from the store: its key exists from then on
         self._parts: dict[int, list] = {}  # continuous: work id -> its prompts, while generated
         self.steps = 0  # decode steps taken (training work)
         # tests and benchmarks: a list to receive ("start" | "end", work id, step) of every piece
@@ -404,7 +405,8 @@ class _Engine:
         if not force and now - self._polled < ANNOUNCE_POLL_S:
             return None
         self._polled = now
-        v = announced(self.store)
+        v = announced(self.store, seen=self._announced)
+        self._announced = self._announced or v is not None
         if v is None or v == self.gen.version:
             return None
         self.gen.receive_weights(v)
