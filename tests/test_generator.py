@@ -657,3 +657,51 @@ def test_stale_kv_gap_of_sequences_measured_together_is_each_ones_alone(arch):
         if b.stale_kv_gap is not None:
             assert a.stale_kv_gap == pytest.approx(b.stale_kv_gap, abs=1e-6)
     assert measure_stale_kv(model, prec, 0.7, [together], 2, limit=2) == 2
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+@pytest.mark.parametrize("body", ["fp32", "bf16"])
+def test_stale_kv_gap_through_the_lean_forward_is_the_transformers_ones(arch, body):
+    """An engine on the lean decode measures the stale-KV gap through the lean forward (one right-
+    padded forward over the weights, no cache): the gaps equal those of the transformers forward."""
+    from scalerl.generator.lean import LeanModel
+    from scalerl.generator.staleness import measure_stale_kv
+
+    model = make_model(seed=3, arch=arch)
+    prec = Precision(body=body, head="fp32", impl="emulated")
+    prec.prepare(model)
+    g = torch.Generator().manual_seed(1)
+    samples = []
+    for p_len, c_len, switch in [(5, 9, 3), (3, 14, 6), (8, 5, 1), (4, 11, 9)]:
+        ids = torch.randint(3, 40, (p_len + c_len,), generator=g).tolist()
+        samples.append(
+            Sample(
+                prompt_uid=0,
+                group_id=0,
+                prompt_ids=ids[:p_len],
+                completion_ids=ids[p_len:],
+                logprobs=(-torch.rand(c_len, generator=g)).tolist(),
+                versions=[1 if i < switch else 2 for i in range(c_len)],
+                loss_mask=[1] * c_len,
+                text="",
+                truncated=False,
+                interrupted=False,
+                think_tokens=c_len,
+            )
+        )
+    by_lean = copy.deepcopy(samples)
+    lean = LeanModel(model, prec)
+    assert measure_stale_kv(model, prec, 0.7, [samples], 2, limit=10) == 4
+    assert measure_stale_kv(model, prec, 0.7, [by_lean], 2, limit=10, lean=lean) == 4
+    for a, b in zip(samples, by_lean):
+        assert b.stale_kv_gap == pytest.approx(a.stale_kv_gap, abs=1e-5)
+    # new weights in place: the lean forward takes them before measuring
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+    again, again_lean = copy.deepcopy(samples), copy.deepcopy(samples)
+    measure_stale_kv(model, prec, 0.7, [again], 2, limit=10)
+    measure_stale_kv(model, prec, 0.7, [again_lean], 2, limit=10, lean=lean)
+    assert any(abs(a.stale_kv_gap - b.stale_kv_gap) > 1e-4 for a, b in zip(samples, again))
+    for a, b in zip(again, again_lean):
+        assert b.stale_kv_gap == pytest.approx(a.stale_kv_gap, abs=1e-5)

@@ -678,7 +678,9 @@ class _HFSession(GenerationSession):
         groups = self.gen._to_samples(w.prompts, w.prompt_ids, w.group_ids, w.n, result)
         if self.weight_update is not None:
             g = self.gen
-            measure_stale_kv(g.model, g.precision, g.temperature, groups, g.version, g.stale_kv_samples)
+            measure_stale_kv(
+                g.model, g.precision, g.temperature, groups, g.version, g.stale_kv_samples, lean=self.lean
+            )
         return groups
 
     def _recompute(self) -> None:

@@ -84,10 +84,13 @@ def measure_stale_kv(
     groups: Sequence[Sequence[Sample]],
     version: int,
     limit: int,
+    lean=None,
 ) -> int:
     """Set ``stale_kv_gap`` (mean |behaviour - fresh log-prob| over the tokens generated at
     ``version`` after an update) on up to ``limit`` samples; ``model`` holds ``version``'s weights.
-    Returns how many were measured."""
+    ``lean``: the generator's :class:`~scalerl.generator.lean.LeanModel` over ``model``, which then
+    runs the body's forward (the same numbers as the transformers forward, at a fraction of its
+    cost). Returns how many were measured."""
     if limit <= 0:
         return 0
     chosen = []  # (sample, index of its first token after the update)
@@ -114,8 +117,11 @@ def measure_stale_kv(
     was_training = model.training
     model.eval()
     try:
-        with precision.autocast(model):
-            hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
+        if lean is not None:
+            hidden = lean.hidden_states(ids, [len(x) for x in seqs])
+        else:
+            with precision.autocast(model):
+                hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
         for row, (s, start) in enumerate(chosen):
             p, n = len(s.prompt_ids), len(seqs[row])
             logits = precision.logits(model, hidden[row, p - 1 : n - 1])
