@@ -582,13 +582,20 @@ def test_interruption_inserts_the_phrase_and_respects_budgets(tiny_overrides):
         assert cfg.length_control.phrase in s.text
 
 
-@pytest.mark.parametrize("batch_prompts, sizes", [(0, [4, 4]), (8, [8]), (3, [3, 3, 2])])
+@pytest.mark.parametrize(
+    "batch_prompts, budget, sizes", [(0, None, [8]), (0, 1, [4, 4]), (8, None, [8]), (3, None, [3, 3, 2])]
+)
 def test_evaluation_decodes_as_many_prompts_together_as_eval_batch_prompts(
-    tiny_overrides, batch_prompts, sizes
+    tiny_overrides, batch_prompts, budget, sizes, monkeypatch
 ):
-    """8 held-out prompts x K=2 through the run's own generator: 0 = as many rows as a training batch
-    (batch_size 8 / K = 4 prompts a decode), else eval.batch_prompts prompts a decode."""
+    """8 held-out prompts x K=2 through the run's own generator: 0 = as many as the KV budget allows
+    (all 8 for a tiny model), at least a training batch's rows (batch_size 8 / K = 4 prompts a
+    decode, where the budget holds fewer); else eval.batch_prompts prompts a decode."""
+    import scalerl.loop.evaluate as evaluate_module
     from scalerl.loop.evaluate import evaluate_run
+
+    if budget is not None:
+        monkeypatch.setattr(evaluate_module, "EVAL_KV_BUDGET_BYTES", budget)
 
     cfg, run = make_run(
         [
@@ -982,3 +989,35 @@ def test_pipeline_trains_on_the_oldest_buffered_groups_first():
     batch, rest = mode._take()
     assert [g[0].group_id for g in batch] == [1, 3]
     assert [g[0].group_id for g in rest] == [2, 0]
+
+
+def test_the_evaluations_decode_batch_follows_the_kv_cache_its_rows_need():
+    """eval.batch_prompts=0: the embedded model's 128 held-out prompts x 6 decode at once (its cache
+    is small), a SmolLM2-135M-shaped model's as a training batch's rows (16 prompts x 8: 360 MiB a
+    row at its whole context); a set value is taken as it is; the wall-time estimate counts the
+    same batches for the embedded model."""
+    from transformers import GPT2Config, LlamaConfig
+
+    from scalerl.config import compose, typed
+    from scalerl.estimate import _tiny_kv_bytes_per_row
+    from scalerl.loop.evaluate import decode_prompts, kv_bytes_per_row
+
+    cfg = typed(compose([]))
+    m = cfg.model
+    tiny = GPT2Config(
+        n_embd=m.hidden_size, n_layer=m.num_layers, n_head=m.num_heads, n_positions=m.max_position_embeddings
+    )
+    assert kv_bytes_per_row(tiny) == _tiny_kv_bytes_per_row(m) == 2 * 4 * 3 * 4 * 32 * 128
+    assert decode_prompts(0, 128, 6, 128, kv_bytes_per_row(tiny)) == 128
+    smol = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+    )
+    assert kv_bytes_per_row(smol) == 2 * 4 * 30 * 3 * 64 * 8192
+    assert decode_prompts(0, 128, 8, 500, kv_bytes_per_row(smol)) == 16
+    assert decode_prompts(0, 128, 8, 500, None) == 16  # a config without the fields
+    assert kv_bytes_per_row(object()) is None
+    assert decode_prompts(5, 128, 6, 128, kv_bytes_per_row(tiny)) == 5

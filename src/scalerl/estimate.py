@@ -239,7 +239,9 @@ def work(*, trainer, generator, async_mode, filter, eval, length_control, task, 
     ):  # a task option with the field (champ validates a fraction; multi, its domains)
         n_val = min(n_val, int(task.num_val))
     evals = sum(evaluates_at(s, steps, int(eval.every)) for s in range(steps + 1))
-    bs = int(eval.batch_prompts) or max(1, B // K)
+    from scalerl.loop.evaluate import decode_prompts
+
+    bs = decode_prompts(eval.batch_prompts, B, K, n_val, _tiny_kv_bytes_per_row(model))
     prompt, note = _prompt_tokens(task)
     if note:
         notes.append(note)
@@ -257,6 +259,22 @@ def work(*, trainer, generator, async_mode, filter, eval, length_control, task, 
         generator=kind,
         warmstart=_warmstart_pending(model, task),
         notes=tuple(notes),
+    )
+
+
+def _tiny_kv_bytes_per_row(model) -> int | None:
+    """A row's KV cache bytes for the embedded model's option (None for another model: its config
+    is not read here, and the evaluation's batch is then a training batch's rows)."""
+    if str(getattr(model, "name", "")) != "tiny":
+        return None
+    heads = int(model.num_heads)
+    return (
+        2
+        * 4
+        * int(model.num_layers)
+        * int(model.num_kv_heads)
+        * (int(model.hidden_size) // heads)
+        * int(model.max_position_embeddings)
     )
 
 

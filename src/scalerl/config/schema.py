@@ -36,8 +36,10 @@ class EvalConfig(Option):
     # samples (Chen et al. 2021); pass@1 is val/pass_rate. [] logs none; scaling.metric may fit one
     pass_at_k: list[int] = field(default_factory=list)
     log_samples: int = 8  # generations logged as an artifact per evaluation
-    # prompts per decode batch: 0 = as many rows as a training batch (batch_size / K prompts); on a
-    # GPU a decode step costs about the same for 256 rows as for 32, so all of them at once is faster
+    # prompts per decode batch: 0 = as many rows as a training batch (batch_size / K prompts), or
+    # more, up to all of them, while their KV cache at the model's whole context fits 512 MiB (the
+    # embedded model: all at once; scalerl.loop.evaluate.decode_prompts); a decode step of a small
+    # model, or on a GPU, costs about the same for 256 rows as for 32, so fewer batches are faster
     batch_prompts: int = 0
 
     def check(self):
