@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -591,11 +592,11 @@ def test_evaluation_decodes_as_many_prompts_together_as_eval_batch_prompts(
     """8 held-out prompts x K=2 through the run's own generator: 0 = as many as the KV budget allows
     (all 8 for a tiny model), at least a training batch's rows (batch_size 8 / K = 4 prompts a
     decode, where the budget holds fewer); else eval.batch_prompts prompts a decode."""
-    import scalerl.loop.evaluate as evaluate_module
+    import scalerl.config.schema as schema_module
     from scalerl.loop.evaluate import evaluate_run
 
     if budget is not None:
-        monkeypatch.setattr(evaluate_module, "EVAL_KV_BUDGET_BYTES", budget)
+        monkeypatch.setattr(schema_module, "EVAL_KV_BUDGET_BYTES", budget)
 
     cfg, run = make_run(
         [
@@ -1000,10 +1001,15 @@ def test_the_evaluations_decode_batch_follows_the_kv_cache_its_rows_need():
 
     from scalerl.config import compose, typed
     from scalerl.estimate import _tiny_kv_bytes_per_row
-    from scalerl.loop.evaluate import decode_prompts, kv_bytes_per_row
+    from scalerl.model.kv_cache import kv_bytes_per_row
 
     cfg = typed(compose([]))
     m = cfg.model
+
+    def decode_prompts(batch_prompts, batch_size, K, n_val, row_bytes):
+        ev = dataclasses.replace(cfg.eval, batch_prompts=batch_prompts, samples_per_prompt=K)
+        return ev.decode_prompts(batch_size, n_val, row_bytes)
+
     tiny = GPT2Config(
         n_embd=m.hidden_size, n_layer=m.num_layers, n_head=m.num_heads, n_positions=m.max_position_embeddings
     )

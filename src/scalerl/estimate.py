@@ -239,9 +239,7 @@ def work(*, trainer, generator, async_mode, filter, eval, length_control, task, 
     ):  # a task option with the field (champ validates a fraction; multi, its domains)
         n_val = min(n_val, int(task.num_val))
     evals = sum(evaluates_at(s, steps, int(eval.every)) for s in range(steps + 1))
-    from scalerl.loop.evaluate import decode_prompts
-
-    bs = decode_prompts(eval.batch_prompts, B, K, n_val, _tiny_kv_bytes_per_row(model))
+    bs = eval.decode_prompts(B, n_val, _tiny_kv_bytes_per_row(model))
     prompt, note = _prompt_tokens(task)
     if note:
         notes.append(note)

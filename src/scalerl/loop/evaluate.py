@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from scalerl.loop.batch import mean
+from scalerl.model.kv_cache import kv_bytes_per_row
 from scalerl.scaling.pass_at_k import metric_name, pass_at_k
 from scalerl.state import RunState
 from scalerl.task.score import score_groups
@@ -20,39 +21,6 @@ if TYPE_CHECKING:
     from scalerl.config.options import Option
     from scalerl.config.schema import EvalConfig
     from scalerl.loop.components import Components
-
-
-# eval.batch_prompts=0: a decode batch takes a training batch's rows, or more held-out prompts (up
-# to all of them) while their KV cache at the model's whole context stays within this many bytes:
-# a small model's decode step costs about the same for 768 rows as for 128 (the embedded default's
-# evaluation: 1.6 -> 1.0 CPU s), a large model's cache does not fit more than a training batch
-EVAL_KV_BUDGET_BYTES = 512 * 2**20
-
-
-def kv_bytes_per_row(config) -> int | None:
-    """Bytes of one row's fp32 KV cache at the whole context of a transformers model ``config``
-    (None: a config without the fields)."""
-    try:
-        layers = int(config.num_hidden_layers)
-        heads = int(config.num_attention_heads)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
-        positions = int(config.max_position_embeddings)
-    except (AttributeError, TypeError, ValueError):
-        return None
-    return 2 * 4 * layers * kv_heads * head_dim * positions
-
-
-def decode_prompts(batch_prompts: int, batch_size: int, K: int, n_val: int, row_bytes: int | None) -> int:
-    """Held-out prompts a decode batch of the evaluation takes: ``eval.batch_prompts`` where set;
-    else a training batch's rows (``batch_size`` / ``K``), or more, up to all ``n_val``, while their
-    KV cache (``row_bytes`` a row) stays within :data:`EVAL_KV_BUDGET_BYTES`."""
-    if int(batch_prompts):
-        return int(batch_prompts)
-    base = max(1, int(batch_size) // K)
-    if not row_bytes:
-        return base
-    return max(base, min(int(n_val), EVAL_KV_BUDGET_BYTES // (row_bytes * K)))
 
 
 @torch.no_grad()
@@ -75,7 +43,7 @@ def evaluate(
     """``val/*`` metrics at ``state.step`` (rank 0; other ranks return {}), as the ``eval`` section
     (``options``) asks. Draws its own samples, seeded by the run's ``seed`` and the step, and leaves
     the generator's training stream where it was; ``batch_size``: the trainer's (a training batch's
-    rows per decode, or more: :func:`decode_prompts`); ``reward``, ``length_control`` and
+    rows per decode, or more: :meth:`EvalConfig.decode_prompts`); ``reward``, ``length_control`` and
     ``verifier_timeout_s``: how the samples are scored (:func:`~scalerl.task.score.score_groups`)."""
     K = int(options.samples_per_prompt)
     if not main:  # several trainer processes: rank 0 evaluates; under ZeRO-3 the gather is
@@ -89,13 +57,7 @@ def evaluate(
     whole = gathered() if generator.samples_from_trainer_module else contextlib.nullcontext()
     with whole:
         groups = []
-        # eval.batch_prompts, or as many as a training batch's rows or a KV budget allow (engines in
-        # other processes split the prompts)
-        config = getattr(getattr(generator, "model", None), "config", None)
-        row_bytes = kv_bytes_per_row(config) if config is not None else None
-        bs = decode_prompts(options.batch_prompts, batch_size, K, len(val), row_bytes)
-        if getattr(generator, "splits_work", False):
-            bs = len(val)
+        bs = _decode_prompts(generator, options, batch_size, len(val))
         for i in range(0, len(val), bs):
             groups.extend(generator.generate(val[i : i + bs], K, version=state.step))
     generator.set_rng_state(rng)
@@ -157,6 +119,17 @@ def evaluate(
                 lines.append(json.dumps(sample))
         tracker.log_artifact_text(f"samples/step_{state.step:06d}.jsonl", "\n".join(lines) + "\n")
     return out
+
+
+def _decode_prompts(generator, options: EvalConfig, batch_size: int, n_val: int) -> int:
+    """Held-out prompts a decode batch takes: all of them for engines in other processes (they
+    split the prompts), else ``eval.batch_prompts`` or the KV budget's rule over the generator's
+    model (:meth:`EvalConfig.decode_prompts`)."""
+    if getattr(generator, "splits_work", False):
+        return n_val
+    model_config = getattr(getattr(generator, "model", None), "config", None)
+    row_bytes = kv_bytes_per_row(model_config) if model_config is not None else None
+    return options.decode_prompts(batch_size, n_val, row_bytes)
 
 
 def evaluate_run(run: Components) -> dict[str, float]:

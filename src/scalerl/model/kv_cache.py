@@ -42,3 +42,18 @@ def output_cache(out: Any) -> Any:
     on transformers versions before the rename (reading that name on later ones warns)."""
     fields = getattr(type(out), "__dataclass_fields__", {})
     return out.cache if "cache" in fields else out.past_key_values
+
+
+def kv_bytes_per_row(model_config) -> int | None:
+    """Bytes of one row's fp32 KV cache at the whole context of a transformers model (its config;
+    None for a config without the fields)."""
+    c = model_config
+    try:
+        layers = int(c.num_hidden_layers)
+        heads = int(c.num_attention_heads)
+        kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(c, "head_dim", None) or int(c.hidden_size) // heads)
+        positions = int(c.max_position_embeddings)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return 2 * 4 * layers * kv_heads * head_dim * positions
