@@ -95,19 +95,23 @@ BASE = [
 ]
 
 
-def serve(cfg, gen, works: list[list], *, poll=None, timeout: float = 300.0):
+def serve(cfg, gen, works: list[list], *, poll=None, timeout: float = 300.0, store=None, need=()):
     """Run ``_Engine.serve`` over ``gen`` in a thread with ``works`` (lists of prompts, one piece of
     work each) queued before it starts; ``poll``: the engine's in-flight weight source (() -> new
-    version or None). Returns (the groups of each piece by work id, the engine's trace)."""
-    store = connect(TransportSpec("gloo", "127.0.0.1", 0, 1, timeout_s=60.0), master=True)
+    version or None; "store": none, the engine reads the version the trainer announced in
+    ``store``); ``need``: what each item carries after its group ids (``(version,)``: the oldest
+    weights it may start from). Returns (the groups of each piece by work id, the engine's trace)."""
+    store = store or connect(TransportSpec("gloo", "127.0.0.1", 0, 1, timeout_s=60.0), master=True)
     config = typed(cfg)  # as an engine process gets it (EngineSpec.config)
     spec = EngineSpec(config, 0, 1, TransportSpec("gloo", "127.0.0.1", store.port, 1), threads=1)
     task = build_task(config.task)
-    engine = _Engine.over(config, spec, store, task, gen, poll or (lambda: None))
+    engine = _Engine.over(
+        config, spec, store, task, gen, None if poll == "store" else (poll or (lambda: None))
+    )
     engine.trace = []
     gid = 0
     for wid, prompts in enumerate(works):
-        _push(store, "engines/work/0", ("train", wid, prompts, list(range(gid, gid + len(prompts)))))
+        _push(store, "engines/work/0", ("train", wid, prompts, list(range(gid, gid + len(prompts))), *need))
         gid += len(prompts)
     got: dict[int, list] = {}
     wrong: list = []
@@ -430,3 +434,34 @@ def test_continuous_hf_slots_match_the_batch_path_across_an_inflight_update(stal
     for a, b in pairs:
         assert a.completion_ids == b.completion_ids and a.versions == b.versions
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+@pytest.mark.parametrize("need, reads", [((3,), False), ((None,), True), ((), True)])
+def test_an_engine_reads_the_announcement_before_work_only_when_it_lacks_the_version_named(
+    continuous, need, reads, monkeypatch
+):
+    """Work names the oldest weights it may start from (the trainer's step when it gave it): an
+    engine that already holds them starts it without a store read; work that names none (or an
+    item of the older form) makes it read the announced version first, as before. The periodic
+    read is pushed out of the way (ANNOUNCE_POLL_S), so only those reads are counted."""
+    import scalerl.rollout.engine as engine_module
+
+    reads_seen: list[int | None] = []
+    real = engine_module.announced
+
+    def counted(store, **kw):
+        reads_seen.append(v := real(store, **kw))
+        return v
+
+    monkeypatch.setattr(engine_module, "announced", counted)
+    monkeypatch.setattr(engine_module, "ANNOUNCE_POLL_S", 1e9)
+    cfg = compose([*BASE, f"generator.continuous={str(continuous).lower()}"])
+    store = connect(TransportSpec("gloo", "127.0.0.1", 0, 1, timeout_s=60.0), master=True)
+    store.set("weights/version", "3")  # the trainer announced version 3
+    gen = hf_gen(cfg)
+    gen.version = 3  # ... and this engine holds it
+    got, _ = serve(cfg, gen, _work(cfg, 3), poll="store", store=store, need=need)
+    assert sorted(got) == [0, 1, 2]
+    assert bool(reads_seen) == reads, reads_seen
+    assert all(v == 3 for v in reads_seen)

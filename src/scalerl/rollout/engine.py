@@ -392,9 +392,11 @@ class _Engine:
     def weight_update(self, force: bool = False) -> int | None:
         """Take the newest weights the trainer announced, if newer than the engine's; their version.
         The announcement is read at most every ANNOUNCE_POLL_S, unless ``force``: before training
-        work starts. The trainer announces a version before it submits the work of that step, so a
-        forced read makes the work's first tokens come from weights at least as new as the step that
-        gave it, which its lag bound counts on (a piece started on the version before, polled a
+        work starts that names a version this engine does not hold yet, or names none (an engine
+        that holds it skips the read: one store round trip a piece). The trainer announces a
+        version before it submits the work of that step, so a forced read makes the work's first
+        tokens come from weights at least as new as the step that gave it, which its lag bound
+        counts on (a piece started on the version before, polled a
         moment earlier, is one version staler than the trainer allows for: dropped unused)."""
         now = time.monotonic()
         if now - self._beat > HEARTBEAT_S:  # tell the trainer this engine still runs
@@ -411,6 +413,13 @@ class _Engine:
             return None
         self.gen.receive_weights(v)
         return v
+
+    def _holds(self, need) -> bool:
+        """Whether this engine's weights are at least the version a piece of training work needs
+        (``need``: the item's fields after its group ids, ``[version]``, or empty or ``[None]``
+        where it names none): then the announcement need not be read before it starts."""
+        version = need[0] if need else None
+        return version is not None and self.gen.version is not None and self.gen.version >= int(version)
 
     def next_item(self):
         """The next piece of work; None to stop, also once the trainer is gone."""
@@ -491,7 +500,7 @@ class _Engine:
         )
         lo = 0
         done = []
-        for _, work_id, part, _ in items:
+        for _, work_id, part, *_ in items:
             hi = lo + len(part)
             done.append((work_id, groups[lo:hi], self.score(part, groups[lo:hi])))
             lo = hi
@@ -530,7 +539,7 @@ class _Engine:
             items, stop = self.next_batch()
             if not items:
                 break
-            self.weight_update(force=items[0][0] == "train")
+            self.weight_update(force=items[0][0] == "train" and not all(self._holds(it[4:]) for it in items))
             if items[0][0] == "eval":
                 self.evaluate(items[0])
             elif items[0][0] == "fingerprint":
@@ -609,8 +618,8 @@ class _Engine:
                 self.weight_update()
                 (self.evaluate if item[0] == "eval" else self.fingerprint)(item)
                 continue
-            _, work_id, prompts, group_ids = item
-            if not polled:
+            _, work_id, prompts, group_ids, *need = item
+            if not polled and not self._holds(need):
                 self.weight_update(force=True)
                 polled = True
             # a piece of work starts whole: where it fits (HF: its rows get slots at once), or, on

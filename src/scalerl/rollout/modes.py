@@ -331,7 +331,7 @@ class PipelineRL(AsyncMode):
             if n <= 0:
                 return
             prompts = r.sampler.next(n)
-            self.pool.submit(self.work_id, prompts, st.new_group_ids(len(prompts)))
+            self.pool.submit(self.work_id, prompts, st.new_group_ids(len(prompts)), version=st.step)
             self.outstanding[self.work_id] = (st.step, len(prompts))
             self.work_id += 1
 

@@ -316,12 +316,14 @@ class EnginePool(Generator):
                     raise TimeoutError("no answer from the generator engines")
 
     # ------------------------------------------------------------------ training work
-    def submit(self, work_id: int, prompts, group_ids: list[int]) -> None:
-        """Give training work to the engine with the least outstanding."""
+    def submit(self, work_id: int, prompts, group_ids: list[int], version: int | None = None) -> None:
+        """Give training work to the engine with the least outstanding; ``version``: the oldest
+        weights it may be generated from (the trainer's step when it gives the work, announced
+        before; None: whatever the trainer announced last)."""
         e = min(self.outstanding, key=lambda k: (self.outstanding[k], k))
         self.outstanding[e] += 1
         self._owner[work_id] = e
-        _push(self.store, f"engines/work/{e}", ("train", work_id, prompts, list(group_ids)))
+        _push(self.store, f"engines/work/{e}", ("train", work_id, prompts, list(group_ids), version))
 
     def receive(self, timeout: float = 900):
         """(work id, groups, verifier counts) of the next finished piece of training work."""
