@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig, Qwen2Config
 
-from scalerl.generator.vllm_gen import OWN_GPU_UTILIZATION, engine_kwargs, kv_bytes_per_token
+from scalerl.generator.vllm_gen import OWN_GPU_UTILIZATION, engine_kwargs
+from scalerl.model.kv_cache import kv_bytes_per_token
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30

@@ -618,6 +618,25 @@ def test_static_cache_from_the_config_and_its_limits():
         HFGenerator(model, TOK, Precision(), LC(), static_cache=True)
 
 
+def _spanning_sample(g: torch.Generator, p_len: int, c_len: int, switch: int) -> Sample:
+    """A sample of random tokens (drawn from ``g``) whose first ``switch`` completion tokens came
+    from version 1 and the rest from version 2 (an update inside it)."""
+    ids = torch.randint(3, 40, (p_len + c_len,), generator=g).tolist()
+    return Sample(
+        prompt_uid=0,
+        group_id=0,
+        prompt_ids=ids[:p_len],
+        completion_ids=ids[p_len:],
+        logprobs=(-torch.rand(c_len, generator=g)).tolist(),
+        versions=[1 if i < switch else 2 for i in range(c_len)],
+        loss_mask=[1] * c_len,
+        text="",
+        truncated=False,
+        interrupted=False,
+        think_tokens=c_len,
+    )
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
 def test_stale_kv_gap_of_sequences_measured_together_is_each_ones_alone(arch):
     """measure_stale_kv runs the chosen sequences of different lengths in one right-padded forward;
@@ -629,25 +648,8 @@ def test_stale_kv_gap_of_sequences_measured_together_is_each_ones_alone(arch):
     prec = Precision(body="bf16", head="fp32", impl="emulated")
     prec.prepare(model)
     g = torch.Generator().manual_seed(0)
-
-    def sample(p_len, c_len, switch):
-        ids = torch.randint(3, 40, (p_len + c_len,), generator=g).tolist()
-        return Sample(
-            prompt_uid=0,
-            group_id=0,
-            prompt_ids=ids[:p_len],
-            completion_ids=ids[p_len:],
-            logprobs=(-torch.rand(c_len, generator=g)).tolist(),
-            versions=[1 if i < switch else 2 for i in range(c_len)],
-            loss_mask=[1] * c_len,
-            text="",
-            truncated=False,
-            interrupted=False,
-            think_tokens=c_len,
-        )
-
     shapes = [(5, 9, 3), (7, 4, 10), (3, 12, 6), (6, 6, 2)]  # the second has no version-2 token
-    together = [sample(*s) for s in shapes]
+    together = [_spanning_sample(g, *s) for s in shapes]
     alone = copy.deepcopy(together)
     assert measure_stale_kv(model, prec, 0.7, [together], 2, limit=10) == 3
     for s in alone:
@@ -671,24 +673,7 @@ def test_stale_kv_gap_through_the_lean_forward_is_the_transformers_ones(arch, bo
     prec = Precision(body=body, head="fp32", impl="emulated")
     prec.prepare(model)
     g = torch.Generator().manual_seed(1)
-    samples = []
-    for p_len, c_len, switch in [(5, 9, 3), (3, 14, 6), (8, 5, 1), (4, 11, 9)]:
-        ids = torch.randint(3, 40, (p_len + c_len,), generator=g).tolist()
-        samples.append(
-            Sample(
-                prompt_uid=0,
-                group_id=0,
-                prompt_ids=ids[:p_len],
-                completion_ids=ids[p_len:],
-                logprobs=(-torch.rand(c_len, generator=g)).tolist(),
-                versions=[1 if i < switch else 2 for i in range(c_len)],
-                loss_mask=[1] * c_len,
-                text="",
-                truncated=False,
-                interrupted=False,
-                think_tokens=c_len,
-            )
-        )
+    samples = [_spanning_sample(g, *s) for s in [(5, 9, 3), (3, 14, 6), (8, 5, 1), (4, 11, 9)]]
     by_lean = copy.deepcopy(samples)
     lean = LeanModel(model, prec)
     assert measure_stale_kv(model, prec, 0.7, [samples], 2, limit=10) == 4

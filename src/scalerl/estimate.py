@@ -265,15 +265,18 @@ def _tiny_kv_bytes_per_row(model) -> int | None:
     is not read here, and the evaluation's batch is then a training batch's rows)."""
     if str(getattr(model, "name", "")) != "tiny":
         return None
-    heads = int(model.num_heads)
-    return (
-        2
-        * 4
-        * int(model.num_layers)
-        * int(model.num_kv_heads)
-        * (int(model.hidden_size) // heads)
-        * int(model.max_position_embeddings)
+    from types import SimpleNamespace
+
+    from scalerl.model.kv_cache import kv_bytes_per_row
+
+    shape = SimpleNamespace(
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+        num_key_value_heads=model.num_kv_heads,
+        hidden_size=model.hidden_size,
+        max_position_embeddings=model.max_position_embeddings,
     )
+    return kv_bytes_per_row(shape)
 
 
 # ---------------------------------------------------------------------------- the probe

@@ -55,6 +55,7 @@ from scalerl.generator.length import LengthControl
 from scalerl.generator.registry import register_generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
+from scalerl.model.kv_cache import kv_bytes_per_token
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights, checkpoint_state
 
@@ -115,18 +116,6 @@ def cpu_worker_env(tensor_parallel_size: int, threads: int, environ=os.environ) 
 # an engine on a GPU of its own (placement=split): the share of it vLLM may take, as vLLM's own
 # default; the rest is the CUDA context, NCCL's buffers and the receive buffer of one weight bucket
 OWN_GPU_UTILIZATION = 0.9
-
-
-def kv_bytes_per_token(model_config: Any, dtype: str, tensor_parallel_size: int = 1) -> int:
-    """Bytes of KV cache one token takes on each tensor-parallel worker: keys and values of every
-    layer's KV heads (a worker holds its share of them, at least one head)."""
-    layers = int(getattr(model_config, "num_hidden_layers", 0) or model_config.n_layer)
-    heads = int(getattr(model_config, "num_attention_heads", 0) or model_config.n_head)
-    kv_heads = int(getattr(model_config, "num_key_value_heads", 0) or heads)
-    head_dim = int(getattr(model_config, "head_dim", 0) or int(model_config.hidden_size) // heads)
-    per_worker = max(1, -(-kv_heads // max(1, int(tensor_parallel_size))))
-    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
-    return 2 * layers * per_worker * head_dim * itemsize
 
 
 def engine_kwargs(

@@ -44,16 +44,23 @@ def output_cache(out: Any) -> Any:
     return out.cache if "cache" in fields else out.past_key_values
 
 
-def kv_bytes_per_row(model_config) -> int | None:
+def kv_bytes_per_token(model_config: Any, dtype: str, tensor_parallel_size: int = 1) -> int:
+    """Bytes of KV cache one token takes on each tensor-parallel worker: keys and values of every
+    layer's KV heads (a worker holds its share of them, at least one head)."""
+    layers = int(getattr(model_config, "num_hidden_layers", 0) or model_config.n_layer)
+    heads = int(getattr(model_config, "num_attention_heads", 0) or model_config.n_head)
+    kv_heads = int(getattr(model_config, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(model_config, "head_dim", 0) or int(model_config.hidden_size) // heads)
+    per_worker = max(1, -(-kv_heads // max(1, int(tensor_parallel_size))))
+    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    return 2 * layers * per_worker * head_dim * itemsize
+
+
+def kv_bytes_per_row(model_config: Any) -> int | None:
     """Bytes of one row's fp32 KV cache at the whole context of a transformers model (its config;
     None for a config without the fields)."""
-    c = model_config
     try:
-        layers = int(c.num_hidden_layers)
-        heads = int(c.num_attention_heads)
-        kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(c, "head_dim", None) or int(c.hidden_size) // heads)
-        positions = int(c.max_position_embeddings)
+        positions = int(model_config.max_position_embeddings)
+        return positions * kv_bytes_per_token(model_config, "float32")
     except (AttributeError, TypeError, ValueError):
         return None
-    return 2 * 4 * layers * kv_heads * head_dim * positions

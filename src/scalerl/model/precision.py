@@ -97,11 +97,8 @@ def lp_addmm(bias: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor, dtype:
     ``dtype`` (``kernels``: a real low-precision GEMM) or fp32 holding ``dtype``'s values (an fp32
     GEMM, its output rounded in place). Forward only: the emulated linear layer's arithmetic, which
     the lean decode uses too."""
-    if kernels:
-        y = torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
-        return y.float()
     y = torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
-    return _round_inplace(y, dtype)
+    return y.float() if kernels else _round_inplace(y, dtype)
 
 
 class _LowPrecisionLinear(torch.autograd.Function):
