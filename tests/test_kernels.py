@@ -69,6 +69,23 @@ def test_gelu_bf16_is_round_gelu_round_bit_for_bit(shape):
     assert _same_bits(got[~nan], want[~nan])
 
 
+def test_the_attentions_exp_is_within_two_ulp_of_torchs():
+    """The decode attention's softmax exponent (a polynomial that vectorises, not libm's expf): over
+    200,001 shifted scores in [-87, 0] every value within 2 ulp of torch.exp and the returned sum
+    theirs within 1e-6; scores below -87 give a positive value under 1e-37 (flushed, never 0 or NaN)."""
+    x = torch.linspace(-87, 0, 200_001)
+    got = x.clone().numpy()
+    total = kernels._exp_shifted(got, got.shape[0], np.float32(0.0), np.empty(got.shape[0], np.int32))
+    want = torch.exp(x)
+    ulps = (torch.from_numpy(got).view(torch.int32).long() - want.view(torch.int32).long()).abs()
+    assert ulps.max() <= 2, ulps.max()
+    assert abs(total - float(want.double().sum())) <= 1e-6 * float(want.sum())
+    top = np.float32(3.0)
+    low = np.array([-200.0, -1e30, 3.0], dtype=np.float32)
+    kernels._exp_shifted(low, 3, top, np.empty(3, np.int32))
+    assert (low[:2] > 0).all() and (low[:2] < 1e-37).all() and low[2] == 1.0
+
+
 def _torch_attention(q, k, v, kb, vb, pos):
     """The lean forward's torch version: index writes, batched matmuls under an additive key mask."""
     hi, H, D = q.shape
@@ -107,6 +124,113 @@ def test_decode_attention_matches_the_torch_ops(heads, kv_heads):
     )
     assert (out - want).abs().max() <= 1e-6
     assert torch.equal(kb, kb_ref) and torch.equal(vb, vb_ref)
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16)
+
+
+def test_decode_attention_over_bf16_storage_is_the_fp32_loop_then_rounded():
+    """The bf16-storage attention (GPT-2's layout): queries, keys and values read from one bf16 row
+    a slot, the output written as bf16. Bit for bit the fp32 loop over the same (widened) values
+    followed by torch's bf16 conversion; the keys and values written into the fp32 buffers as the
+    fp32 loop writes them; nothing else touched."""
+    g = torch.Generator().manual_seed(4)
+    rows, slots, heads, cap, D = 12, 9, 4, 40, 32
+    kb = torch.randn(rows, heads, cap, D, generator=g)
+    vb = torch.randn(rows, heads, cap, D, generator=g)
+    pos = torch.tensor([0, 1, 5, 17, 39, 22, 3, 39, 8])
+    qkv = _bf16(torch.randn(slots, 3 * heads * D, generator=g) * 3)
+    q, k, v = (t.float().reshape(slots, heads, D).contiguous() for t in qkv.split(heads * D, dim=1))
+    kb_ref, vb_ref = kb.clone(), vb.clone()
+    want = torch.empty(slots, heads, D)
+    kernels.attention()(
+        q.numpy(), k.numpy(), v.numpy(), kb_ref.numpy(), vb_ref.numpy(), pos.numpy(), want.numpy(), np.float32(D**-0.5)
+    )
+    out = torch.full((slots, heads * D), float("nan"), dtype=torch.bfloat16)
+    kernels.attention_bf16()(
+        kernels.bits16(qkv), kb.numpy(), vb.numpy(), pos.numpy(), kernels.bits16(out), np.float32(D**-0.5)
+    )
+    assert torch.equal(out.view(torch.int16), _bf16(want.reshape(slots, -1)).view(torch.int16))
+    assert _same_bits(kb, kb_ref) and _same_bits(vb, vb_ref)
+
+
+def test_gelu_over_bf16_storage_is_the_round_gelu_round_loop():
+    """Every one of the 65,536 bf16 values: GELU over bf16 storage gives the bits the fp32 loop gives
+    for the same value (NaNs included)."""
+    x = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    want = kernels.gelu_bf16()(x.float())
+    got = kernels.gelu_bf16_storage()(x.clone())
+    assert torch.equal(got.float().view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("gemms", [True, False], ids=["bf16-gemms", "fp32-gemms"])
+def test_gpt2_decode_in_bf16_storage_equals_the_fp32_loops_bit_for_bit(gemms, monkeypatch):
+    """The lean decode of GPT-2 whose linear layers are bf16 GEMMs keeps the rounded activations in
+    bf16 storage (LeanModel._decode_bf16). Over ten decode steps of slots at their own positions: the
+    same hidden states and the same keys and values, bit for bit, as the loops over fp32 tensors
+    (_decode_loops). Chosen only there: with fp32 GEMMs over rounded values, for another
+    architecture and with the loops off, decode keeps the other paths."""
+    import scalerl.model.precision as precision_module
+
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", gemms)
+    monkeypatch.setattr(LeanModel, "use_kernel", True)
+    model = make_model(arch="gpt2")
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    prec.prepare(model)
+    lean = LeanModel(model, prec)
+    lean._choose()
+    assert lean._in_bf16() == gemms
+    if not gemms:
+        return
+    g = torch.Generator().manual_seed(1)
+    rows, cap = 6, 24
+    shape = (rows, lean.kv_heads, cap, lean.head_dim)
+    kv_a = [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(lean.layers)]
+    kv_b = [(k.clone(), v.clone()) for k, v in kv_a]
+    pos = torch.tensor([0, 3, 7, 1, 12, 5])
+    for _ in range(10):
+        tok = torch.randint(0, model.config.vocab_size, (rows,), generator=g)
+        a = lean._decode_loops(kv_a, tok, pos, kernels.attention())
+        b = lean._decode_bf16(kv_b, tok, pos)
+        assert _same_bits(a, b)
+        pos = pos + 1
+    for (ka, va), (kb_, vb_) in zip(kv_a, kv_b, strict=True):
+        assert _same_bits(ka, kb_) and _same_bits(va, vb_)
+    lean.use_kernel = False
+    lean._choose()
+    assert not lean._in_bf16()
+    qwen = make_model(arch="qwen2")
+    prec.prepare(qwen)
+    other = LeanModel(qwen, prec)
+    other._choose()
+    assert not other._in_bf16()
+
+
+def test_packed_bf16_gemms_give_addmms_bits_and_are_dropped_where_they_do_not(monkeypatch):
+    """The lean forward's bf16 linear layers run through weights packed once a version for oneDNN:
+    for every layer of the model and a decode step's row counts (1 to more than the packing's 128)
+    the same bits as ``addmm`` over the unpacked weight. Where the packed GEMM is not available or
+    not exact, the layers keep ``addmm``."""
+    import scalerl.generator.lean as lean_module
+    import scalerl.model.precision as precision_module
+
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", True)
+    model = make_model(arch="gpt2")
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    prec.prepare(model)
+    assert lean_module._packed_gemm_exact()  # this torch (CI's pin) has the packed ops, exact
+    lean = LeanModel(model, prec)
+    layers = [wb for blk in lean.blocks for wb in (blk[1], blk[2], blk[4], blk[5])]
+    assert all(wb.packed is not None for wb in layers)
+    g = torch.Generator().manual_seed(0)
+    for wb in layers:
+        for rows in (1, 37, 128, 200):
+            x = torch.randn(rows, wb.w.shape[0], generator=g).to(torch.bfloat16)
+            assert torch.equal(lean_module._mm(wb, x), torch.addmm(wb.bias, x, wb.w))
+    monkeypatch.setattr(lean_module, "_packed_gemm_exact", lambda: False)
+    lean.refresh()
+    assert all(wb.packed is None for blk in lean.blocks for wb in (blk[1], blk[2], blk[4], blk[5]))
 
 
 def test_lean_decode_uses_the_loops_on_one_thread_and_refuses_a_slot_past_its_buffers(monkeypatch):
@@ -215,10 +339,11 @@ def test_without_numba_the_lean_forward_keeps_torchs_ops(monkeypatch):
     torch.set_num_threads(1)
     try:
         with_loops = _gen(model, prec, True).generate(SAME_LEN, 2, version=0)
-        for name in ("_attend", "_round", "_gelu"):
+        for name in ("_attend", "_attend16", "_round", "_gelu", "_gelu16"):
             monkeypatch.setattr(kernels, name, None)
         kernels.round_bf16.cache_clear()
         kernels.gelu_bf16.cache_clear()
+        kernels.gelu_bf16_storage.cache_clear()
         gen = _gen(model, prec, True)
         without = gen.generate(SAME_LEN, 2, version=0)
         assert gen._lean.fused_attention() is None and gen._lean._round is None and gen._lean._gelu is None
@@ -226,4 +351,5 @@ def test_without_numba_the_lean_forward_keeps_torchs_ops(monkeypatch):
         torch.set_num_threads(threads)
         kernels.round_bf16.cache_clear()
         kernels.gelu_bf16.cache_clear()
+        kernels.gelu_bf16_storage.cache_clear()
     assert [s.completion_ids for s in flat(with_loops)] == [s.completion_ids for s in flat(without)]

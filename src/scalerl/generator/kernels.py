@@ -65,12 +65,39 @@ def _jit(**kw):
 _FAST = {"reassoc", "contract", "arcp"}
 
 
+@_jit(fastmath=_FAST, inline="always")
+def _exp_shifted(s, n, top, pow2):
+    # s[j] <- exp(s[j] - top) for j < n (each s[j] <= top, so each result in (0, 1]); returns their
+    # sum. Cody-Waite range reduction and a degree-7 polynomial (Cephes' expf coefficients), written
+    # so that the loops vectorise (numba's np.exp is a scalar libm call, a third of the attention):
+    # within 2 ulp of np.exp over [-87, 0]; below -87 the terms are flushed to ~1e-38, not 0
+    for j in range(n):
+        x = max(s[j] - top, np.float32(-87.0))
+        k = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+        r = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
+        y = np.float32(1.9875691500e-4)
+        y = y * r + np.float32(1.3981999507e-3)
+        y = y * r + np.float32(8.3334519073e-3)
+        y = y * r + np.float32(4.1665795894e-2)
+        y = y * r + np.float32(1.6666665459e-1)
+        y = y * r + np.float32(5.0000001201e-1)
+        s[j] = (y * r * r + r) + np.float32(1.0)
+        pow2[j] = (np.int32(k) + np.int32(127)) << np.int32(23)  # the bits of 2**k
+    two_k = pow2.view(np.float32)
+    total = np.float32(0.0)
+    for j in range(n):
+        s[j] *= two_k[j]
+        total += s[j]
+    return total
+
+
 @_jit(fastmath=_FAST)
 def _attend(q, k, v, keys, values, pos, out, scale):
     slots, heads, dim = q.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     s = np.empty(keys.shape[2], dtype=np.float32)
+    pow2 = np.empty(keys.shape[2], dtype=np.int32)
     o = np.empty(dim, dtype=np.float32)
     for r in range(slots):
         p = pos[r]
@@ -89,11 +116,7 @@ def _attend(q, k, v, keys, values, pos, out, scale):
                 s[j] = acc
                 if acc > top:
                     top = acc
-            total = np.float32(0.0)
-            for j in range(p + 1):
-                e = np.exp(s[j] - top)
-                s[j] = e
-                total += e
+            total = _exp_shifted(s, p + 1, top, pow2)
             for d in range(dim):
                 o[d] = 0.0
             for j in range(p + 1):
@@ -126,6 +149,58 @@ def _gelu(bits, table):
         bits[i] = table[_rne(bits[i]) >> np.uint32(16)]
 
 
+@_jit(fastmath=_FAST)
+def _attend16(qkv, keys, values, pos, out, scale):
+    # _attend's arithmetic over bf16 inputs and output: each slot's row of queries | keys | values
+    # widened to fp32 (exact), its attention output rounded to bf16 (RNE)
+    slots = qkv.shape[0]
+    heads, dim = keys.shape[1], keys.shape[3]
+    n = heads * dim
+    row = np.empty(3 * n, dtype=np.uint32)
+    f = row.view(np.float32)
+    s = np.empty(keys.shape[2], dtype=np.float32)
+    pow2 = np.empty(keys.shape[2], dtype=np.int32)
+    o = np.empty(dim, dtype=np.float32)
+    ob = o.view(np.uint32)
+    for r in range(slots):
+        p = pos[r]
+        for i in range(3 * n):
+            row[i] = np.uint32(qkv[r, i]) << np.uint32(16)
+        for h in range(heads):
+            for d in range(dim):
+                keys[r, h, p, d] = f[n + h * dim + d]
+                values[r, h, p, d] = f[2 * n + h * dim + d]
+        for h in range(heads):
+            top = np.float32(-3.0e38)
+            for j in range(p + 1):
+                acc = np.float32(0.0)
+                for d in range(dim):
+                    acc += f[h * dim + d] * keys[r, h, j, d]
+                acc *= scale
+                s[j] = acc
+                if acc > top:
+                    top = acc
+            total = _exp_shifted(s, p + 1, top, pow2)
+            for d in range(dim):
+                o[d] = 0.0
+            for j in range(p + 1):
+                w = s[j]
+                for d in range(dim):
+                    o[d] += w * values[r, h, j, d]
+            inv = np.float32(1.0) / total
+            for d in range(dim):
+                o[d] = o[d] * inv
+            for d in range(dim):
+                out[r, h * dim + d] = np.uint16(_rne(ob[d]) >> np.uint32(16))
+
+
+@_jit()
+def _gelu16(bits, table):
+    # _gelu over bf16 storage: the input already a bf16 value, the output its rounded GELU
+    for i in range(bits.shape[0]):
+        bits[i] = table[bits[i]]
+
+
 def attention():
     """``(q, k, v, keys, values, pos, out, scale)``, or None without numba.
 
@@ -135,6 +210,24 @@ def attention():
     ``out`` [slots, heads, head dim]; ``scale`` an np.float32.
     """
     return _attend
+
+
+def attention_bf16():
+    """``(qkv, keys, values, pos, out, scale)``, or None without numba: :func:`attention` over bf16
+    storage, for a body whose linear layers run in bf16 (GPT-2's layout: as many key as query heads).
+
+    ``qkv`` [slots, 3 x heads x head dim] (contiguous), a bf16 tensor's bits (uint16): each slot's
+    queries, keys and values, heads in order within each; ``out`` [slots, heads x head dim] the same
+    kind, each output rounded to bf16 (RNE), as the next layer's input is; ``keys``, ``values``,
+    ``pos`` and ``scale`` as for :func:`attention`. The same arithmetic as :func:`attention`
+    followed by the rounding (tested bit for bit).
+    """
+    return _attend16
+
+
+def bits16(x: torch.Tensor):
+    """A contiguous bf16 tensor's storage as a uint16 array of its shape (a view: writes land in ``x``)."""
+    return x.view(torch.int16).numpy().view(np.uint16)
 
 
 def _bits(x: torch.Tensor):
@@ -163,6 +256,22 @@ def round_bf16():
 
     def f(x: torch.Tensor) -> torch.Tensor:
         _round(_bits(x))
+        return x
+
+    return f
+
+
+@cache
+def gelu_bf16_storage():
+    """``f(x)``: a contiguous bf16 ``x`` replaced by ``round(gelu(x))`` in place (what
+    :func:`gelu_bf16` computes for an fp32 tensor holding those values), returned; None without
+    numba."""
+    if _gelu16 is None:  # pragma: no cover
+        return None
+    table = (gelu_table() >> np.uint32(16)).astype(np.uint16)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        _gelu16(bits16(x).reshape(-1), table)
         return x
 
     return f

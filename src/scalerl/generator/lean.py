@@ -27,6 +27,9 @@ transformers forward.
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -136,13 +139,14 @@ class LeanModel:
         d = self.dtype
         self._kernels = d is not None and low_precision_kernels(d, next(self.body.parameters()).device)
 
-        def lin(weight: torch.Tensor, bias: torch.Tensor | None, *, rows_out: bool) -> tuple:
+        def lin(weight: torch.Tensor, bias: torch.Tensor | None, *, rows_out: bool) -> _Linear:
             weight = weight.t() if rows_out else weight  # nn.Linear holds [out, in]
             if d is None:
-                return weight, bias
+                return _Linear(weight, bias)
             if self._kernels:
-                return weight.to(d), None if bias is None else bias.to(d)
-            return weight, None if bias is None else bias.to(d).float()
+                weight = weight.to(d)
+                return _Linear(weight, None if bias is None else bias.to(d), _packed(weight))
+            return _Linear(weight, None if bias is None else bias.to(d).float())
 
         body = self.body
         if self.arch == "gpt2":
@@ -244,13 +248,14 @@ class LeanModel:
         x = r(F.silu(gate) * up)
         return h + self._linear(blk[5], x).view(B, T, -1)
 
-    def _linear(self, wb: tuple, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, wb: _Linear, x: torch.Tensor) -> torch.Tensor:
         """A linear layer over ``x`` [rows, in] (an input the emulation has already rounded), as the
         emulated layer computes it (:func:`~scalerl.model.precision.lp_addmm`), or in fp32."""
-        w, bias = wb
         if self.dtype is None:
-            return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
-        return lp_addmm(bias, x.to(self.dtype) if self._kernels else x, w, self.dtype, self._kernels)
+            return _mm(wb, x)
+        if wb.packed is not None:
+            return _mm(wb, x.to(self.dtype)).float()
+        return lp_addmm(wb.bias, x.to(self.dtype) if self._kernels else x, wb.w, self.dtype, self._kernels)
 
     def _norm_in(self, blk, h: torch.Tensor) -> torch.Tensor:
         if self.arch == "gpt2":
@@ -343,32 +348,19 @@ class LeanModel:
         hidden states [hi, hidden]."""
         hi = tok.shape[0]
         self._choose()
-        h, rope = self._embed(tok[:, None], pos[:, None])
-        H, G, D = self.heads, self.heads // self.kv_heads, self.head_dim
         fused = self.fused_attention()
         if fused is not None:
-            # the loop indexes the buffers unchecked: the slots and positions must lie inside them
+            # the loops index the buffers unchecked: the slots and positions must lie inside them
             top, low = (int(pos.max()), int(pos.min())) if hi else (0, 0)
             if hi > kv[0][0].shape[0] or top >= kv[0][0].shape[2] or low < 0:
                 raise ValueError(
                     f"decode of {hi} slots to position {top} over buffers {tuple(kv[0][0].shape)}"
                 )
-            # the compiled loop (scalerl.generator.kernels): writes, and attends over keys 0..pos of
-            # each slot (what ``keymask`` says)
-            p, scale = pos.numpy(), np.float32(D**-0.5)
-            for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
-                q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
-                att = torch.empty(hi, H, D)
-                fused(
-                    *(t[:, :, 0].contiguous().numpy() for t in (q, k, v)),
-                    kb.numpy(),
-                    vb.numpy(),
-                    p,
-                    att.numpy(),
-                    scale,
-                )
-                h = self._out(blk, h, att.view(hi, H, 1, D))
-            return self._final(h)[:, -1]
+            if self._in_bf16():
+                return self._decode_bf16(kv, tok, pos)
+            return self._decode_loops(kv, tok, pos, fused)
+        h, rope = self._embed(tok[:, None], pos[:, None])
+        H, G, D = self.heads, self.heads // self.kv_heads, self.head_dim
         rows = torch.arange(hi, device=tok.device)
         # one query per slot: attention as two batched matmuls under an additive key mask (torch's
         # fused CPU kernel is built for long queries and costs several times more here)
@@ -384,6 +376,105 @@ class LeanModel:
             att = torch.bmm(torch.softmax(scores, dim=-1), vals).view(hi, H, 1, D)
             h = self._out(blk, h, att)
         return self._final(h)[:, -1]
+
+    def _decode_loops(self, kv, tok, pos, fused) -> torch.Tensor:
+        """:meth:`decode` with the compiled attention (``fused``: scalerl.generator.kernels), which
+        writes each slot's key and value and attends over keys 0..pos of that slot (``keymask``)."""
+        hi = tok.shape[0]
+        h, rope = self._embed(tok[:, None], pos[:, None])
+        H, D = self.heads, self.head_dim
+        p, scale = pos.numpy(), np.float32(D**-0.5)
+        for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
+            q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
+            att = torch.empty(hi, H, D)
+            fused(
+                *(t[:, :, 0].contiguous().numpy() for t in (q, k, v)),
+                kb.numpy(),
+                vb.numpy(),
+                p,
+                att.numpy(),
+                scale,
+            )
+            h = self._out(blk, h, att.view(hi, H, 1, D))
+        return self._final(h)[:, -1]
+
+    def _in_bf16(self) -> bool:
+        """Whether a decode step keeps its activations in bf16 storage between the linear layers
+        (:meth:`_decode_bf16`): GPT-2 with its linear layers as bf16 GEMMs and the loops on."""
+        return (
+            self.arch == "gpt2"
+            and self.dtype == torch.bfloat16
+            and self._kernels
+            and self._gelu is not None
+            and kernels.attention_bf16() is not None
+        )
+
+    def _decode_bf16(self, kv, tok, pos) -> torch.Tensor:
+        """:meth:`_decode_loops` for GPT-2 where the linear layers are bf16 GEMMs: every value the
+        emulation rounds before a linear layer is held as bf16 (a layer norm's output converted once,
+        the attention output rounded by its loop, the MLP's GELU applied over bf16 storage), and a
+        GEMM's bf16 output is read as it is, so no fp32 copy is made, rounded and converted back
+        between them. The residual stream stays fp32. The same numbers as :meth:`_decode_loops`
+        (tested bit for bit), with about half the tensor ops a layer."""
+        wte, wpe = self.embed
+        h = F.embedding(tok, wte) + F.embedding(pos, wpe)  # [hi, hidden] fp32
+        attend, gelu, bf16 = kernels.attention_bf16(), kernels.gelu_bf16_storage(), self.dtype
+        p, scale, width = pos.numpy(), np.float32(self.head_dim**-0.5), (h.shape[-1],)
+        for ((lw, lb), qkv_wb, out_wb, (lw2, lb2), fc_wb, proj_wb), (kb, vb) in zip(
+            self.blocks, kv, strict=True
+        ):
+            qkv = _mm(qkv_wb, F.layer_norm(h, width, lw, lb, self.eps).to(bf16))
+            att = torch.empty(h.shape, dtype=bf16)
+            attend(kernels.bits16(qkv), kb.numpy(), vb.numpy(), p, kernels.bits16(att), scale)
+            h = h + _mm(out_wb, att)  # fp32 + bf16: fp32
+            x = gelu(_mm(fc_wb, F.layer_norm(h, width, lw2, lb2, self.eps).to(bf16)))
+            h = h + _mm(proj_wb, x)
+        lw, lb = self.final
+        return self._r(F.layer_norm(h, width, lw, lb, self.eps))
+
+
+class _Linear(NamedTuple):
+    """A linear layer as the lean forward holds it: ``w`` [in, out], ``bias`` [out] or None, and
+    where its GEMMs run in bf16, ``w`` packed in oneDNN's layout (:func:`_packed`)."""
+
+    w: torch.Tensor
+    bias: torch.Tensor | None
+    packed: torch.Tensor | None = None
+
+
+def _mm(wb: _Linear, x: torch.Tensor) -> torch.Tensor:
+    """``x @ w + bias`` in the tensors' dtype: through the packed weight where there is one."""
+    if wb.packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, wb.packed, wb.bias, "none", [], "")
+    return torch.mm(x, wb.w) if wb.bias is None else torch.addmm(wb.bias, x, wb.w)
+
+
+def _packed(w: torch.Tensor) -> torch.Tensor | None:
+    """``w`` [in, out] (bf16, a CPU) packed once for oneDNN's linear, or None where the packed GEMM
+    is not :func:`_packed_gemm_exact` here. A small GEMM through ``addmm`` re-lays the weight out at
+    every call; packed at each weight version it costs about a quarter less at decode shapes
+    (``benchmarks/results``), with the same kernel and so the same bits."""
+    if not _packed_gemm_exact():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), _PACK_ROWS)
+
+
+_PACK_ROWS = 128  # the batch the packing is laid out for (any batch runs; a decode step's rows)
+
+
+@functools.cache
+def _packed_gemm_exact() -> bool:
+    """Whether this torch has oneDNN's packed linear and it gives ``addmm``'s bits, on a probe of
+    the decode's shapes (checked once a process: a torch without the private ops, or whose packed
+    kernel differs, keeps ``addmm``)."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, w, b = (torch.randn(*s, generator=g).to(torch.bfloat16) for s in ((37, 128), (128, 384), (384,)))
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), _PACK_ROWS)
+        got = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+        return torch.equal(got, torch.addmm(b, x, w))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
