@@ -106,7 +106,9 @@ def flat(groups: list[list[Sample]]) -> list[Sample]:
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_full_forward_fp32(temperature, arch):
-    model = make_model(bias={EOS: 2.5}, arch=arch)
+    # the eos bias scaled with the temperature: the same eos odds at both, so that the seed gives
+    # finished and truncated samples at both (at 0.7 a fixed 2.5 made truncation rare)
+    model = make_model(bias={EOS: 2.5 * temperature}, arch=arch)
     prec = Precision()
     gen = HFGenerator(model, TOK, prec, LC(max_new_tokens=16), temperature=temperature, seed=1)
     groups = gen.generate(SAME_LEN, 4, version=7, group_ids=[10, 11, 12])
@@ -128,6 +130,31 @@ def test_logprobs_match_full_forward_fp32(temperature, arch):
     # the seed gives both kinds, with different lengths finishing in one batch
     assert any(s.truncated for s in samples) and any(not s.truncated for s in samples)
     assert len({s.num_tokens for s in samples}) > 2
+
+
+def test_sampling_draws_each_token_at_its_probability_and_never_a_masked_one():
+    """The generator's sampler (Gumbel-max over uniforms): over 40,000 draws of rows holding a
+    peaked, a flat and a masked distribution (tokens at -inf), each token's frequency lies within 4.5
+    standard errors of its probability (temperature applied before, in the log-probs), no token of
+    probability 0 is ever drawn (the first and the last entries included), and temperature 0 takes
+    the argmax."""
+    gen = HFGenerator(make_model(arch="gpt2"), TOK, Precision(), LC(max_new_tokens=4), seed=5)
+    g = torch.Generator().manual_seed(0)
+    V, n = 40, 10_000
+    logits = torch.stack([torch.randn(V, generator=g) * 3, torch.zeros(V), torch.randn(V, generator=g)])
+    logits[2, :10] = logits[2, -5:] = float("-inf")
+    logits[2, 20] = float("-inf")
+    logp = torch.log_softmax(logits, -1).repeat(4, 1)
+    draws = torch.stack([gen._sample(logp) for _ in range(n)])  # [n, 12]
+    for row in range(3):
+        got = torch.cat([draws[:, row + 3 * k] for k in range(4)])
+        freq = torch.bincount(got, minlength=V).double() / got.numel()
+        p = logp[row].double().exp()
+        se = (p * (1 - p) / got.numel()).sqrt()
+        assert ((freq - p).abs() <= 4.5 * se + 1e-12).all(), (row, (freq - p).abs().max())
+        assert (freq[p == 0] == 0).all()
+    gen.temperature = 0.0
+    assert torch.equal(gen._sample(logp), logp.argmax(-1))
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
