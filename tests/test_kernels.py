@@ -145,7 +145,14 @@ def test_decode_attention_over_bf16_storage_is_the_fp32_loop_then_rounded():
     kb_ref, vb_ref = kb.clone(), vb.clone()
     want = torch.empty(slots, heads, D)
     kernels.attention()(
-        q.numpy(), k.numpy(), v.numpy(), kb_ref.numpy(), vb_ref.numpy(), pos.numpy(), want.numpy(), np.float32(D**-0.5)
+        q.numpy(),
+        k.numpy(),
+        v.numpy(),
+        kb_ref.numpy(),
+        vb_ref.numpy(),
+        pos.numpy(),
+        want.numpy(),
+        np.float32(D**-0.5),
     )
     out = torch.full((slots, heads * D), float("nan"), dtype=torch.bfloat16)
     kernels.attention_bf16()(
