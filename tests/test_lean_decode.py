@@ -128,6 +128,30 @@ def test_lean_decode_session_matches_the_slot_cache_through_transformers(arch):
         _close(got[0][tag], got[1][tag], "bf16")
 
 
+@pytest.mark.parametrize("loops", [True, False], ids=["loops", "torch-ops"])
+def test_a_batch_reuses_the_last_batchs_cache_and_samples_what_fresh_buffers_give(loops, monkeypatch):
+    """A batch (an evaluation) gives its KV buffers back when it ends and the next batch of the
+    generator takes them instead of allocating new ones (an evaluation's cache is a few hundred MB);
+    their stale contents change nothing: the same tokens and log-probs, bit for bit, as a fresh
+    generator's, with the loops (which read only written positions) and with torch's masked ops."""
+    monkeypatch.setattr(LeanModel, "use_kernel", None if loops else False)
+    model = make_model(arch="gpt2")
+    prec = Precision(body="bf16", head="fp32", impl="emulated")
+    gen = _gen(model, prec, True)
+    gen.generate(VAR_LEN, 3, version=0)
+    kv = gen._lean._spare
+    assert kv is not None
+    gen.manual_seed(7)
+    again = gen.generate(SAME_LEN, 2, version=0)
+    assert gen._lean._spare is kv  # taken, used and given back: no new buffers
+    fresh = _gen(model, prec, True)
+    fresh.manual_seed(7)
+    want = fresh.generate(SAME_LEN, 2, version=0)
+    assert fresh._lean._spare is not kv
+    assert [s.completion_ids for s in flat(again)] == [s.completion_ids for s in flat(want)]
+    assert [s.logprobs for s in flat(again)] == [s.logprobs for s in flat(want)]
+
+
 @pytest.mark.parametrize("stale_kv", ["keep", "recompute"])
 @pytest.mark.parametrize("body", ["bf16", "fp32"])
 def test_lean_decode_inflight_update_uses_the_new_weights_rounding(stale_kv, body):

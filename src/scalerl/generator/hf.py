@@ -172,6 +172,7 @@ class HFGenerator(Generator):
                     return session.drain()[0][1]
                 finally:
                     session.pause()
+                    session.cache.close()
             with _CachedWeights(self.model, enabled=self.cache_rounded_weights) as cached:
                 out = self._decode(prompt_ids, n, version, weight_update, on_step, cached)
         finally:

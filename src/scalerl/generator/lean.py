@@ -100,6 +100,8 @@ class LeanModel:
         # the fused round-GELU-round of the emulated body (None: torch's conversions and GELU)
         self._round = self._gelu = None
         self.refreshes = 0  # weight copies made (tests: one per weight version)
+        # the buffers of the last session that ended (:meth:`give_back`), for the next one to take
+        self._spare: list | None = None
         self.sync()
 
     # ------------------------------------------------------------------ weights
@@ -290,9 +292,19 @@ class LeanModel:
 
     # ------------------------------------------------------------------ forwards over slots
     def buffers(self, rows: int, capacity: int, old: list | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer ``(keys, values)`` of ``[rows, kv heads, capacity, head dim]`` (fp32), the
-        contents of ``old`` kept at their slots and positions."""
-        if old and old[0][0].shape[0] >= rows and old[0][0].shape[2] >= capacity:
+        """Per layer ``(keys, values)`` of at least ``[rows, kv heads, capacity, head dim]`` (fp32),
+        the contents of ``old`` kept at their slots and positions. A new session (``old`` None) takes
+        the buffers an ended session gave back where they are large enough: an evaluation's session
+        is a few hundred MB of cache, whose fresh pages cost 0.1-0.8 s at every evaluation. Their
+        old contents are finite values of earlier forwards (or zeros), which the torch ops' masked
+        attention may read and the loops never do."""
+
+        def fits(kv: list | None) -> bool:
+            return bool(kv) and kv[0][0].shape[0] >= rows and kv[0][0].shape[2] >= capacity
+
+        if old is None and fits(self._spare):
+            old, self._spare = self._spare, None
+        if fits(old):
             return old
         dev = self.embed[0].device
         shape = (rows, self.kv_heads, capacity, self.head_dim)
@@ -305,6 +317,12 @@ class LeanModel:
                 v[: ok.shape[0], :, : ok.shape[2]] = ov
             out.append((k, v))
         return out
+
+    def give_back(self, kv: list | None) -> None:
+        """A session ended: keep its buffers for the next session (:meth:`buffers`), the larger of
+        them and any kept before (one set is held at a time)."""
+        if kv and (not self._spare or kv[0][0].numel() > self._spare[0][0].numel()):
+            self._spare = kv
 
     @torch.no_grad()
     def hidden_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -194,6 +194,13 @@ class SlotCache:
         self.length[:hi] += live.long()
         return hidden[:, -1]
 
+    def close(self) -> None:
+        """The session is done with its slots: the lean forward's buffers go back to it for the
+        next session (:meth:`~scalerl.generator.lean.LeanModel.give_back`)."""
+        if self.lean is not None and self._kv is not None:
+            self.lean.give_back(self._kv)
+        self._kv = None
+
     def _lean_kv(self) -> list:
         """The lean forward's buffers, at the current rows and capacity (grown, contents kept)."""
         self._kv = self.lean.buffers(self.rows, self.capacity, self._kv)
