@@ -116,3 +116,37 @@ def test_the_machine_chooses_the_bf16_gemms_only_for_bf16_on_a_cpu_that_has_them
     assert not low_precision_kernels(BF16, "meta")
     monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", True)
     assert low_precision_kernels(BF16, "cpu") and not low_precision_kernels(torch.float16, "cpu")
+
+
+def test_a_layer_reads_the_bf16_copy_its_rounded_input_kept_with_the_same_bits(monkeypatch):
+    """A layer norm's rounded output keeps its bf16 copy, and the linear layer after it reads that
+    copy instead of converting again (one pass over the activation less a layer); a GPT-2 body's
+    loss and every parameter gradient are bit for bit those of converting again, and the kept copy
+    was used by both linear layers after a norm in every block."""
+    from test_generator import make_model
+
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", True)
+    base = make_model(arch="gpt2")
+    ids = torch.randint(0, base.config.vocab_size, (6, 20), generator=torch.Generator().manual_seed(0))
+    used = []
+    real = precision_module._low_copy
+
+    def counted(x, dtype):
+        out = real(x, dtype)
+        used.append(out is not None)
+        return out
+
+    results = []
+    for keep in (True, False):
+        model = copy.deepcopy(base).train()
+        Precision(body="bf16", head="fp32", impl="emulated").prepare(model)
+        used.clear()
+        monkeypatch.setattr(precision_module, "_low_copy", counted if keep else (lambda x, dtype: None))
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        if keep:
+            assert sum(used) >= 2 * model.config.n_layer, used
+    (la, ga), (lb, gb) = results
+    assert torch.equal(la, lb)
+    assert ga.keys() == gb.keys() and all(torch.equal(ga[n], gb[n]) for n in ga)

@@ -111,10 +111,11 @@ class _LowPrecisionLinear(torch.autograd.Function):
     order of the fp32 sums."""
 
     @staticmethod
-    def forward(ctx, x, w, bias, dtype, kernels, rounded=False):  # type: ignore[override]
-        # rounded: ``x`` holds dtype's values already (a rounded layer output): not rounded again
+    def forward(ctx, x, w, bias, dtype, kernels, rounded=False, low=None):  # type: ignore[override]
+        # rounded: ``x`` holds dtype's values already (a rounded layer output): not rounded again;
+        # low: ``x`` in ``dtype`` (kept when it was rounded): not converted again
         if kernels:
-            xl, wl = x.to(dtype), w.to(dtype)
+            xl, wl = (x.to(dtype) if low is None else low), w.to(dtype)
             bl = None if bias is None else bias.to(dtype)
         else:
             xl = x if rounded else x.to(dtype).float()
@@ -137,8 +138,9 @@ class _LowPrecisionLinear(torch.autograd.Function):
         gw = out(xl.t() @ g) if ctx.needs_input_grad[1] else None
         gb = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g.float().sum(0).to(dtype).float()
-        return gx, gw, gb, None, None, None
+            # the low-precision sum accumulates in fp32 and rounds once, as autocast's does
+            gb = (g.sum(0) if kernels else g.sum(0).to(dtype)).float()
+        return gx, gw, gb, None, None, None, None
 
 
 def _emulated_linear_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -149,7 +151,10 @@ def _emulated_linear_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor
     w = w.t() if isinstance(module, nn.Linear) else w
     kernels = low_precision_kernels(dtype, x.device)
     rounded = _is_rounded(x, dtype)
-    y = _LowPrecisionLinear.apply(x.reshape(-1, x.shape[-1]), w, module.bias, dtype, kernels, rounded)
+    low = _low_copy(x, dtype) if kernels and rounded else None
+    x2 = x.reshape(-1, x.shape[-1])
+    low = None if low is None else low.reshape(x2.shape)
+    y = _LowPrecisionLinear.apply(x2, w, module.bias, dtype, kernels, rounded, low)
     y = y.view(*x.shape[:-1], y.shape[-1])
     y._scalerl_rounded = (dtype, y._version)
     return y
@@ -173,8 +178,12 @@ def _rounded(x: torch.Tensor, dtype: torch.dtype, *, in_place: bool) -> torch.Te
         # backward would find its version changed and refuse (loudly). Through a Function with
         # mark_dirty the same would cost a CopySlices node per view (Conv1D's output is one).
         with torch.no_grad():
-            x.copy_(x.to(dtype))
+            low = x.to(dtype)
+            x.copy_(low)
         out = x
+        # the low-precision copy, for a linear layer that takes ``x`` next (its GEMMs then read it
+        # instead of converting ``x`` again: one pass over the activation less)
+        out._scalerl_low = (dtype, out._version, low)
     else:
         out = _RoundTo.apply(x, dtype)
     out._scalerl_rounded = (dtype, out._version)
@@ -183,6 +192,14 @@ def _rounded(x: torch.Tensor, dtype: torch.dtype, *, in_place: bool) -> torch.Te
 
 def _is_rounded(x: torch.Tensor, dtype: torch.dtype) -> bool:
     return getattr(x, "_scalerl_rounded", None) == (dtype, x._version)
+
+
+def _low_copy(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """``x`` in ``dtype`` as :func:`_rounded` kept it, while ``x`` is unchanged since (None: none)."""
+    kept = getattr(x, "_scalerl_low", None)
+    if kept is None or kept[0] != dtype or kept[1] != x._version or kept[2].shape != x.shape:
+        return None
+    return kept[2]
 
 
 class _RoundedWeight(nn.Module):
