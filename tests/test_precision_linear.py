@@ -150,3 +150,48 @@ def test_a_layer_reads_the_bf16_copy_its_rounded_input_kept_with_the_same_bits(m
     (la, ga), (lb, gb) = results
     assert torch.equal(la, lb)
     assert ga.keys() == gb.keys() and all(torch.equal(ga[n], gb[n]) for n in ga)
+
+
+def test_gpt2_layers_whose_output_stays_bf16_give_the_same_loss_and_gradients(monkeypatch):
+    """Where the linear layers run as bf16 GEMMs, GPT-2's MLP projections and attention output
+    projection return their output as bf16 (GELU and the residual adds read it as they read its
+    fp32 copy). A GPT-2 body's loss and every parameter gradient are bit for bit those of widening
+    every output to fp32, over two optimiser steps; the layers named do return bf16, the query/key/
+    value projection fp32."""
+    from test_generator import make_model
+
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", True)
+    base = make_model(arch="gpt2")
+    ids = torch.randint(0, base.config.vocab_size, (6, 20), generator=torch.Generator().manual_seed(0))
+    results = []
+    for low in (True, False):
+        monkeypatch.setattr(precision_module, "_LOW_OUTPUT", precision_module._LOW_OUTPUT if low else {})
+        model = copy.deepcopy(base).train()
+        Precision(body="bf16", head="fp32", impl="emulated").prepare(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        seen = {}
+        hooks = [
+            m.register_forward_hook(lambda m, a, y, n=n, seen=seen: seen.setdefault(n, y.dtype) and None)
+            for n, m in model.transformer.h[0].named_modules()
+            if n in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+        ]
+        steps = []
+        for _ in range(2):
+            opt.zero_grad()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            steps.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+            opt.step()
+        for h in hooks:
+            h.remove()
+        want = BF16 if low else torch.float32
+        assert seen == {
+            "attn.c_attn": torch.float32,
+            "attn.c_proj": want,
+            "mlp.c_fc": want,
+            "mlp.c_proj": want,
+        }
+        results.append(steps)
+    for (la, ga), (lb, gb) in zip(*results, strict=True):
+        assert torch.equal(la, lb)
+        assert all(torch.equal(ga[n], gb[n]) for n in ga), [n for n in ga if not torch.equal(ga[n], gb[n])]

@@ -111,9 +111,11 @@ class _LowPrecisionLinear(torch.autograd.Function):
     order of the fp32 sums."""
 
     @staticmethod
-    def forward(ctx, x, w, bias, dtype, kernels, rounded=False, low=None):  # type: ignore[override]
+    def forward(ctx, x, w, bias, dtype, kernels, rounded=False, low=None, low_out=False):  # type: ignore[override]
         # rounded: ``x`` holds dtype's values already (a rounded layer output): not rounded again;
-        # low: ``x`` in ``dtype`` (kept when it was rounded): not converted again
+        # low: ``x`` in ``dtype`` (kept when it was rounded): not converted again; low_out: with
+        # ``kernels``, the output is returned in ``dtype`` (the same values, not widened)
+        ctx.x_dtype, ctx.low_out = x.dtype, bool(kernels and low_out)
         if kernels:
             xl, wl = (x.to(dtype) if low is None else low), w.to(dtype)
             bl = None if bias is None else bias.to(dtype)
@@ -123,6 +125,8 @@ class _LowPrecisionLinear(torch.autograd.Function):
             bl = None if bias is None else bias.to(dtype).float()
         ctx.save_for_backward(xl, wl)
         ctx.dtype, ctx.kernels, ctx.has_bias = dtype, kernels, bias is not None
+        if ctx.low_out:
+            return torch.mm(xl, wl) if bl is None else torch.addmm(bl, xl, wl)
         return lp_addmm(bl, xl, wl, dtype, kernels)
 
     @staticmethod
@@ -134,13 +138,15 @@ class _LowPrecisionLinear(torch.autograd.Function):
         def out(y: torch.Tensor) -> torch.Tensor:
             return y.float() if kernels else _round_inplace(y, dtype)
 
-        gx = out(g @ wl.t()) if ctx.needs_input_grad[0] else None
+        gx = None
+        if ctx.needs_input_grad[0]:  # in the input's dtype: a low-precision input takes it as it is
+            gx = g @ wl.t() if kernels and ctx.x_dtype == dtype else out(g @ wl.t())
         gw = out(xl.t() @ g) if ctx.needs_input_grad[1] else None
         gb = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             # the low-precision sum accumulates in fp32 and rounds once, as autocast's does
             gb = (g.sum(0) if kernels else g.sum(0).to(dtype)).float()
-        return gx, gw, gb, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 
 def _emulated_linear_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -154,11 +160,20 @@ def _emulated_linear_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor
     low = _low_copy(x, dtype) if kernels and rounded else None
     x2 = x.reshape(-1, x.shape[-1])
     low = None if low is None else low.reshape(x2.shape)
-    y = _LowPrecisionLinear.apply(x2, w, module.bias, dtype, kernels, rounded, low)
+    low_out = getattr(module, "_scalerl_lp_out", False)
+    y = _LowPrecisionLinear.apply(x2, w, module.bias, dtype, kernels, rounded, low, low_out)
     y = y.view(*x.shape[:-1], y.shape[-1])
     y._scalerl_rounded = (dtype, y._version)
     return y
 
+
+# per architecture, the linear layers whose output may stay in the low-precision dtype where their
+# GEMMs run in it: every op that reads it computes the same there as over its fp32 copy. GPT-2's
+# c_fc feeds GELU (torch computes a bf16 GELU, and its backward, in fp32 and rounds once: the
+# emulation's round(gelu(x)), whose gradient the next layer rounds anyway); both c_proj feed a
+# residual add (bf16 + fp32 is the fp32 sum; the add's backward rounds the gradient the layer's
+# backward rounds). The query/key/value projection stays fp32: attention runs in fp32.
+_LOW_OUTPUT = {"gpt2": ("mlp.c_fc", "mlp.c_proj", "attn.c_proj")}
 
 # the layers whose forward returns a new tensor that no op of theirs saves for its backward: their
 # output may be rounded in place (a module that returned a view of its input, or an output its
@@ -301,7 +316,8 @@ class Precision:
         from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
 
         linear = (nn.Linear, Conv1D)
-        for module in body.modules():
+        low_out = _LOW_OUTPUT.get(getattr(getattr(body, "config", None), "model_type", None), ())
+        for name, module in body.named_modules():
             params = [n for n, _ in module.named_parameters(recurse=False)]
             if not params:
                 continue
@@ -310,6 +326,7 @@ class Precision:
             if isinstance(module, linear):
                 # autocast's linear layer (the bias rounded too; gradients rounded in the backward)
                 module._scalerl_lp_dtype = dtype
+                module._scalerl_lp_out = name.endswith(low_out) if low_out else False
                 module.forward = types.MethodType(_emulated_linear_forward, module)
                 continue
             fresh = isinstance(module, _FRESH_OUTPUT)
