@@ -454,3 +454,26 @@ def test_runs_started_together_on_a_new_sqlite_store_all_start(tmp_path):
     assert [p.returncode for p in procs] == [0] * 4, "\n".join(o[-1500:] for o in outs)
     client = MlflowClient(uri)
     assert len(client.search_runs([client.get_experiment_by_name("together").experiment_id])) == 4
+
+
+def test_a_store_found_mid_creation_is_opened_only_after_its_creator_is_done(tmp_path):
+    """The race behind a flaky start of four runs on one new sqlite store: a process that finds the
+    file already written (its first migration made it) but its creator still holding the creation
+    lock waits for the lock instead of migrating beside it, then opens the finished store."""
+    import threading
+
+    from scalerl.lock import hold
+    from scalerl.tracking.tracker import _client
+
+    db = tmp_path / "new.db"
+    uri = f"sqlite:///{db}"
+    got: list = []
+    with hold(db.with_name(db.name + ".lock"), "the new MLflow store", wait=True):
+        _client(f"sqlite:///{tmp_path / 'other.db'}")  # a store being made: written, not released
+        (tmp_path / "other.db").rename(db)
+        waiter = threading.Thread(target=lambda: got.append(_client(uri)))
+        waiter.start()
+        waiter.join(timeout=3)
+        assert waiter.is_alive() and not got  # waits for the creator's lock
+    waiter.join(timeout=60)
+    assert got and got[0].search_experiments(max_results=1)  # opened once the lock was free

@@ -120,15 +120,19 @@ def keyed_run(client, experiment_id: str, key: str):
 def _client(uri: str):
     """An MlflowClient of ``uri``. A sqlite file that does not exist yet is created under a lock
     beside it (``<file>.lock``): MLflow builds a new store's schema by migrations, and two runs
-    started at once on the same new file would both run them (one then fails on "duplicate column")."""
+    started at once on the same new file would both run them (one then fails on "duplicate column",
+    or on a migration step another process already made). A store that has that lock file is opened
+    under it too: the file exists as soon as its first migration writes, so a process that found
+    it then would otherwise run the remaining migrations beside the one making them."""
     from mlflow.tracking import MlflowClient
 
     db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
-    if db is None or (db.is_file() and db.stat().st_size > 0):
+    lock = None if db is None else db.with_name(db.name + ".lock")
+    if db is None or (db.is_file() and db.stat().st_size > 0 and not lock.exists()):
         return MlflowClient(tracking_uri=uri)
     from scalerl.lock import hold
 
-    with hold(db.with_name(db.name + ".lock"), f"the new MLflow store {db}", wait=True):
+    with hold(lock, f"the new MLflow store {db}", wait=True):
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # the store's tables made (or found made)
     return client
