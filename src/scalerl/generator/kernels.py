@@ -8,13 +8,17 @@ rounding of the emulated body, an erf-GELU over every MLP activation. Three loop
 * :func:`attention`: one decode step's attention over the slot cache. Each slot's new key and value
   are written at its position, then its query attends over that slot's own positions only (the
   torch version pays for the longest slot's span under a key mask). fp32 throughout, a
-  max-subtracted softmax: the same arithmetic in another summation order (outputs about 1e-7 apart).
+  max-subtracted softmax whose exponentials come from a polynomial that vectorises (within 2 ulp of
+  ``exp``): the same arithmetic in another summation order (outputs about 1e-7 apart).
+  :func:`attention_bf16` is the same loop reading bf16 queries, keys and values and writing its
+  output rounded to bf16, for a decode whose linear layers run as bf16 GEMMs.
 * :func:`round_bf16`: an fp32 tensor rounded to bf16 precision in place, bit for bit what
   ``x.to(torch.bfloat16).to(torch.float32)`` gives (round to nearest even; NaN stays NaN, as torch's
   vectorised conversion writes it).
 * :func:`gelu_bf16`: the emulated MLP's ``round(gelu(round(x)))`` in one pass, in place. A rounded
   input is one of 65,536 bf16 values, so the output is read from a table of torch's own GELU over
-  all of them, rounded (:func:`gelu_table`): bit for bit torch's result.
+  all of them, rounded (:func:`gelu_table`): bit for bit torch's result. :func:`gelu_bf16_storage`
+  reads the same table over a bf16 tensor.
 
 All are single-threaded (they run inside an engine whose torch work is single-threaded), compiled at
 a process's first call and cached on disk by numba (3-8 s once an install, then about 0.6 s a process
