@@ -95,6 +95,31 @@ def _exp_shifted(s, n, top, pow2):
     return total
 
 
+@_jit(fastmath=_FAST, inline="always")
+def _attend_one(q, keys, values, n, dim, scale, s, pow2, o):
+    # one query q [dim] over the first n of keys, values [capacity, dim]: o <- the softmax-weighted
+    # sum of the values (s, pow2: scratch of at least n); both decode loops below run through this
+    top = np.float32(-3.0e38)
+    for j in range(n):
+        acc = np.float32(0.0)
+        for d in range(dim):
+            acc += q[d] * keys[j, d]
+        acc *= scale
+        s[j] = acc
+        if acc > top:
+            top = acc
+    total = _exp_shifted(s, n, top, pow2)
+    for d in range(dim):
+        o[d] = 0.0
+    for j in range(n):
+        w = s[j]
+        for d in range(dim):
+            o[d] += w * values[j, d]
+    inv = np.float32(1.0) / total
+    for d in range(dim):
+        o[d] = o[d] * inv
+
+
 @_jit(fastmath=_FAST)
 def _attend(q, k, v, keys, values, pos, out, scale):
     slots, heads, dim = q.shape
@@ -111,25 +136,9 @@ def _attend(q, k, v, keys, values, pos, out, scale):
                 values[r, h, p, d] = v[r, h, d]
         for hq in range(heads):
             h = hq // group
-            top = np.float32(-3.0e38)
-            for j in range(p + 1):
-                acc = np.float32(0.0)
-                for d in range(dim):
-                    acc += q[r, hq, d] * keys[r, h, j, d]
-                acc *= scale
-                s[j] = acc
-                if acc > top:
-                    top = acc
-            total = _exp_shifted(s, p + 1, top, pow2)
+            _attend_one(q[r, hq], keys[r, h], values[r, h], p + 1, dim, scale, s, pow2, o)
             for d in range(dim):
-                o[d] = 0.0
-            for j in range(p + 1):
-                w = s[j]
-                for d in range(dim):
-                    o[d] += w * values[r, h, j, d]
-            inv = np.float32(1.0) / total
-            for d in range(dim):
-                out[r, hq, d] = o[d] * inv
+                out[r, hq, d] = o[d]
 
 
 @_jit(inline="always")
@@ -175,25 +184,7 @@ def _attend16(qkv, keys, values, pos, out, scale):
                 keys[r, h, p, d] = f[n + h * dim + d]
                 values[r, h, p, d] = f[2 * n + h * dim + d]
         for h in range(heads):
-            top = np.float32(-3.0e38)
-            for j in range(p + 1):
-                acc = np.float32(0.0)
-                for d in range(dim):
-                    acc += f[h * dim + d] * keys[r, h, j, d]
-                acc *= scale
-                s[j] = acc
-                if acc > top:
-                    top = acc
-            total = _exp_shifted(s, p + 1, top, pow2)
-            for d in range(dim):
-                o[d] = 0.0
-            for j in range(p + 1):
-                w = s[j]
-                for d in range(dim):
-                    o[d] += w * values[r, h, j, d]
-            inv = np.float32(1.0) / total
-            for d in range(dim):
-                o[d] = o[d] * inv
+            _attend_one(f[h * dim : (h + 1) * dim], keys[r, h], values[r, h], p + 1, dim, scale, s, pow2, o)
             for d in range(dim):
                 out[r, h * dim + d] = np.uint16(_rne(ob[d]) >> np.uint32(16))
 
