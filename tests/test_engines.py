@@ -152,6 +152,61 @@ def test_an_engine_that_dies_before_it_joins_is_named_at_once_and_the_pool_stops
     assert not closer.is_alive(), "stopping the pool waited behind the weight group's join"
 
 
+@pytest.mark.slow  # an engine process
+def test_an_engine_killed_while_the_trainer_waits_for_its_groups_is_named_within_seconds():
+    """The trainer waits for training groups blocked in the store (no polling); an engine killed
+    meanwhile ends the wait with a RunError naming it and the signal, within seconds, not the
+    read's timeout (900 s)."""
+    _, task, model, _, pool = _pool([])
+    try:
+        pool.load_weights(PolicyWeights(model), 0)
+        pool.wait_ready()
+        pool.submit(0, task.train_prompts()[:2], [0, 1])
+        pool.receive()  # the engine answers; nothing more is submitted: only the kill ends the next read
+        threading.Timer(1.0, pool.procs[0].kill).start()
+        t0 = time.monotonic()
+        with pytest.raises(RunError, match=r"generator engine 0 was killed by signal 9 \(SIGKILL\)"):
+            pool.receive()
+        assert time.monotonic() - t0 < 10
+    finally:
+        pool.close()
+
+
+def test_a_blocked_read_gets_an_item_pushed_later_uses_no_cpu_waiting_and_wakes_when_a_producer_is_gone():
+    """``_Waiter``: a read blocked on a store queue returns an item another client pushes later,
+    spends (almost) no CPU while it waits (a poll every millisecond spent about a twentieth of a core),
+    returns None at its timeout, and is woken by the watcher with the reason once ``gone`` names one."""
+    import pickle
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from scalerl.rollout.pool import _Waiter
+
+    master = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=30))
+    reason: list[str] = []
+    waiter = _Waiter(
+        client, lambda: reason[0] if reason else None, lambda item: master.queue_push("q", pickle.dumps(item))
+    )
+    try:
+        threading.Timer(1.5, lambda: master.queue_push("q", pickle.dumps(("groups", 0, 7, None)))).start()
+        cpu, t0 = time.thread_time(), time.monotonic()
+        assert waiter.get("q", timeout=30) == ("groups", 0, 7, None)
+        assert time.monotonic() - t0 >= 1.4
+        assert time.thread_time() - cpu < 0.05, "the read polled instead of blocking"
+        assert waiter.get("q", timeout=0.3) is None  # nothing pushed: the timeout
+        threading.Timer(0.5, lambda: reason.append("generator engine 0 died (exit code 1)")).start()
+        t0 = time.monotonic()
+        assert waiter.get("q", timeout=30) == ("gone", -1, None, "generator engine 0 died (exit code 1)")
+        assert time.monotonic() - t0 < 5
+    finally:
+        waiter.close()
+    assert not waiter._thread.is_alive()
+
+
 def test_an_engine_spec_carries_the_typed_config_and_the_engine_reads_its_parts_from_it():
     """An engine process gets the run's typed config (pickled, as the fork server sends it) and its
     setup hands each part its own settings: samples per prompt, a wave's prompts, continuous or not,

@@ -136,6 +136,7 @@ class EnginePool(Generator):
         self._owner: dict[int, int] = {}  # work id -> engine
         self._eval_id = 0
         self._early: list = []  # training results that came while waiting for evaluation
+        self._waiter: _Waiter | None = None  # blocks on the results queue (see _get)
         self.weight_seconds = 0.0  # spent handing weights over (packing, waiting for the last update)
         self.updates = 0
         # how long rank 0 waits at start for every engine to build its engine and join the
@@ -301,19 +302,25 @@ class EnginePool(Generator):
         return None
 
     def _get(self, timeout: float):
-        deadline = time.time() + timeout
-        last_check = time.time()
-        while True:
-            item = _pop(self.store, "results")
-            if item is not None:
-                return item
-            time.sleep(0.001)
-            if time.time() - last_check > 1.0:
-                last_check = time.time()
-                if (why := self.gone()) is not None:
-                    raise RunError(why)
-                if time.time() > deadline:
-                    raise TimeoutError("no answer from the generator engines")
+        """The next item of the engines' results queue. A waiting trainer blocks in the store (it
+        uses no CPU, which the engines need on a shared machine: polling the queue every
+        millisecond cost about a tenth of a study's CPU time) on a client of its own; every second
+        while it waits, a watcher thread asks whether an engine is gone and wakes it with the
+        reason (pushed to the queue: a ``gone`` item). ``timeout``: seconds without any item
+        before a TimeoutError."""
+        item = _pop(self.store, "results")
+        if item is not None:
+            return item
+        if self._waiter is None:
+            self._waiter = _Waiter(
+                connect(self.spec), self.gone, lambda why: _push(self.store, "results", why)
+            )
+        item = self._waiter.get("results", timeout)
+        if item is None:
+            raise TimeoutError("no answer from the generator engines")
+        if item[0] == "gone":
+            raise RunError(item[3])
+        return item
 
     # ------------------------------------------------------------------ training work
     def submit(self, work_id: int, prompts, group_ids: list[int], version: int | None = None) -> None:
@@ -417,7 +424,63 @@ class EnginePool(Generator):
             if self.sender is not None:
                 self.sender.close()  # the weight-update group torn down (the engines left it)
                 self.sender = None
+            if self._waiter is not None:
+                self._waiter.close()
+                self._waiter = None
             self.started = False
+
+
+class _Waiter:
+    """A blocking read of a store queue whose producers may die: ``get`` waits in the store on
+    ``client`` (a client of its own: a blocked read holds its client), while a daemon thread calls
+    ``gone`` every second and, where it names a reason, calls ``wake`` with the item ``("gone",
+    -1, None, reason)``, which the caller pushes to the queue to end the wait. The thread checks
+    only while a read waits; one that wakes a read that got its item meanwhile leaves the reason
+    queued for the next read (the engine is gone all the same)."""
+
+    def __init__(self, client, gone: Callable[[], str | None], wake: Callable[[tuple], None]):
+        import threading
+
+        self.client = client
+        self._gone, self._wake = gone, wake
+        self._waiting = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="scalerl-results-watch", daemon=True)
+        self._thread.start()
+
+    def get(self, key: str, timeout: float):
+        """The next item of queue ``key`` (unpickled), or None after ``timeout`` seconds."""
+        import pickle
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.client.set_timeout(timedelta(seconds=max(0.001, float(timeout))))
+        self._waiting.set()
+        try:
+            return pickle.loads(self.client.queue_pop(key, block=True))
+        except dist.DistStoreError:  # the timeout: the store's wait ended without an item
+            return None
+        finally:
+            self._waiting.clear()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self._waiting.wait(timeout=1.0)
+            if self._stop.wait(1.0) or not self._waiting.is_set():
+                continue
+            try:
+                why = self._gone()
+                if why is not None:
+                    self._wake(("gone", -1, None, why))
+                    self._waiting.clear()  # one wake-up a wait
+            except Exception:  # noqa: BLE001 - a store gone with a closing run: nothing to wake
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._waiting.set()  # ends the watcher's wait
+        self._thread.join(timeout=5)
 
 
 def _signal_name(signum: int) -> str:
