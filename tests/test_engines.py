@@ -174,8 +174,8 @@ def test_an_engine_killed_while_the_trainer_waits_for_its_groups_is_named_within
 
 def test_a_blocked_read_gets_an_item_pushed_later_uses_no_cpu_waiting_and_wakes_when_a_producer_is_gone():
     """``_Waiter``: a read blocked on a store queue returns an item another client pushes later,
-    spends (almost) no CPU while it waits (a poll every millisecond spent about a twentieth of a core),
-    returns None at its timeout, and is woken by the watcher with the reason once ``gone`` names one."""
+    spends (almost) no CPU while it waits (it does not poll), returns None at its timeout, and is
+    woken by the watcher with the reason once ``gone`` names one."""
     import pickle
     from datetime import timedelta
 

@@ -302,12 +302,12 @@ class EnginePool(Generator):
         return None
 
     def _get(self, timeout: float):
-        """The next item of the engines' results queue. A waiting trainer blocks in the store (it
-        uses no CPU, which the engines need on a shared machine: polling the queue every
-        millisecond cost about a tenth of a study's CPU time) on a client of its own; every second
-        while it waits, a watcher thread asks whether an engine is gone and wakes it with the
-        reason (pushed to the queue: a ``gone`` item). ``timeout``: seconds without any item
-        before a TimeoutError."""
+        """The next item of the engines' results queue. A waiting trainer blocks in the store on a
+        client of its own and uses no CPU, which the engines need where runs share the cores (a
+        study: polling the queue every millisecond was measurable there, see
+        benchmarks/results/*_blocking-wait-ceiling-study.md); every second while it waits, a
+        watcher thread asks whether an engine is gone and wakes it with the reason (pushed to the
+        queue: a ``gone`` item). ``timeout``: seconds without any item before a TimeoutError."""
         item = _pop(self.store, "results")
         if item is not None:
             return item
