@@ -207,6 +207,54 @@ def test_a_blocked_read_gets_an_item_pushed_later_uses_no_cpu_waiting_and_wakes_
     assert not waiter._thread.is_alive()
 
 
+def test_a_liveness_check_that_fails_ends_the_blocked_read_with_its_error_not_its_timeout():
+    """``_Waiter``: where ``gone`` raises (the check itself fails), the watcher does not stop
+    silently, leaving the read to wait out its timeout (900 s in a run): the read ends within
+    seconds, naming the error. Where the wake-up cannot be pushed either, the read ends at its
+    timeout with that reason instead of None, and every later read returns it at once."""
+    import pickle
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from scalerl.rollout.pool import _Waiter
+
+    def broken():
+        raise ConnectionResetError("the store went away")
+
+    master = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=30))
+    waiter = _Waiter(client, broken, lambda item: master.queue_push("q", pickle.dumps(item)))
+    try:
+        t0 = time.monotonic()
+        item = waiter.get("q", timeout=60)
+        assert time.monotonic() - t0 < 10, "the read waited out its timeout"
+        assert item == (
+            "gone",
+            -1,
+            None,
+            "could not check the generator engines (ConnectionResetError: the store went away)",
+        )
+    finally:
+        waiter.close()
+
+    def no_push(item):
+        raise ConnectionResetError("the store went away")
+
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=30))
+    waiter = _Waiter(client, broken, no_push)
+    try:
+        t0 = time.monotonic()
+        item = waiter.get("q", timeout=4)
+        assert time.monotonic() - t0 >= 3.9 and item[0] == "gone" and "ConnectionResetError" in item[3]
+        t0 = time.monotonic()
+        assert waiter.get("q", timeout=60) == item and time.monotonic() - t0 < 1
+    finally:
+        waiter.close()
+
+
 def test_an_engine_spec_carries_the_typed_config_and_the_engine_reads_its_parts_from_it():
     """An engine process gets the run's typed config (pickled, as the fork server sends it) and its
     setup hands each part its own settings: samples per prompt, a wave's prompts, continuous or not,

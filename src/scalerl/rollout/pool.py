@@ -19,7 +19,7 @@ from scalerl.config.groups.generator import GeneratorOption
 from scalerl.config.groups.precision import PrecisionOption
 from scalerl.generator.base import Generator
 from scalerl.generator.registry import generator_class
-from scalerl.messages import RunError
+from scalerl.messages import RunError, first_line
 from scalerl.rollout.engine import (
     JOIN_BARRIER_MARGIN_S,
     REMOTE_TIMEOUT_S,
@@ -436,7 +436,10 @@ class _Waiter:
     ``gone`` every second and, where it names a reason, calls ``wake`` with the item ``("gone",
     -1, None, reason)``, which the caller pushes to the queue to end the wait. The thread checks
     only while a read waits; one that wakes a read that got its item meanwhile leaves the reason
-    queued for the next read (the engine is gone all the same)."""
+    queued for the next read (the engine is gone all the same). A check that fails (``gone``
+    raises) is a reason too, as it was when the trainer's own thread checked: the read ends
+    with it, or, where the store cannot take the wake-up either, the read that the store then
+    fails returns it."""
 
     def __init__(self, client, gone: Callable[[], str | None], wake: Callable[[tuple], None]):
         import threading
@@ -445,22 +448,26 @@ class _Waiter:
         self._gone, self._wake = gone, wake
         self._waiting = threading.Event()
         self._stop = threading.Event()
+        self.reason: str | None = None  # why the watcher stopped: a read ends with it
         self._thread = threading.Thread(target=self._watch, name="scalerl-results-watch", daemon=True)
         self._thread.start()
 
     def get(self, key: str, timeout: float):
-        """The next item of queue ``key`` (unpickled), or None after ``timeout`` seconds."""
+        """The next item of queue ``key`` (unpickled); None after ``timeout`` seconds; the
+        watcher's ``gone`` item where it stopped and the store did not take its wake-up."""
         import pickle
         from datetime import timedelta
 
         import torch.distributed as dist
 
+        if self.reason is not None and not self._thread.is_alive():
+            return ("gone", -1, None, self.reason)
         self.client.set_timeout(timedelta(seconds=max(0.001, float(timeout))))
         self._waiting.set()
         try:
             return pickle.loads(self.client.queue_pop(key, block=True))
-        except dist.DistStoreError:  # the timeout: the store's wait ended without an item
-            return None
+        except dist.DistStoreError:  # the timeout, or a store gone: the wait ended without an item
+            return None if self.reason is None else ("gone", -1, None, self.reason)
         finally:
             self._waiting.clear()
 
@@ -471,11 +478,16 @@ class _Waiter:
                 continue
             try:
                 why = self._gone()
-                if why is not None:
-                    self._wake(("gone", -1, None, why))
-                    self._waiting.clear()  # one wake-up a wait
-            except Exception:  # noqa: BLE001 - a store gone with a closing run: nothing to wake
+            except Exception as e:  # noqa: BLE001 - said to the waiting read, as the trainer's own check did
+                why = f"could not check the generator engines ({type(e).__name__}: {first_line(e)})"
+            if why is None:
+                continue
+            self.reason = why
+            try:
+                self._wake(("gone", -1, None, why))
+            except Exception:  # noqa: BLE001 - the store is gone too: the read it fails returns the reason
                 return
+            self._waiting.clear()  # one wake-up a wait
 
     def close(self) -> None:
         self._stop.set()
