@@ -508,7 +508,10 @@ def test_rerun_skips_finished_variants_and_resumes_unfinished_ones(tiny_sweep, c
 def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _cache_dir):
     """The sweep's driver is killed (SIGKILL) while its local job trains: the job goes on; the same
     command again finds it running, waits for it instead of starting the run twice, and takes its
-    result (finished, exit 0, one MLflow run)."""
+    result (finished, exit 0, one MLflow run). The job is held stopped (SIGSTOP) until the relaunch
+    has said so: on a fast machine it could otherwise finish first. A run whose job finished while
+    no driver watched it (its status still ``running``) is skipped as finished, and its status
+    says so."""
     import signal
     import time
 
@@ -535,17 +538,46 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
     driver.wait()
     status = json.loads((tmp_path / "out" / "status.json").read_text())["cispo"]
     assert status["status"] == "running" and _LocalOrphan.attach(tmp_path / "out" / "logs", status["job_id"])
-    res = run_cli(args, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert (
-        f"cispo: still running from an earlier launch (job {status['job_id']}); waiting for it" in res.stderr
-    )
-    assert "cispo: finished in" in res.stderr and "cispo: submitted" not in res.stderr
-    assert json.loads((tmp_path / "out" / "status.json").read_text())["cispo"]["status"] == "finished"
+    job = int(status["job_id"])
+    waiting = f"cispo: still running from an earlier launch (job {job}); waiting for it"
+    os.kill(job, signal.SIGSTOP)  # alive, and it cannot finish before the relaunch has looked
+    seen: list[str] = []
+    try:
+        relaunch = subprocess.Popen(
+            [sys.executable, str(REPO / "sweep.py"), *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for line in relaunch.stderr:  # until it says what it found (or ends)
+            seen.append(line)
+            if "cispo:" in line:
+                break
+    finally:
+        os.kill(job, signal.SIGCONT)
+    _, rest = relaunch.communicate(timeout=420)
+    stderr = "".join(seen) + rest
+    assert relaunch.returncode == 0, stderr[-3000:]
+    assert waiting in stderr
+    assert "cispo: finished in" in stderr and "cispo: submitted" not in stderr
+    status_file = tmp_path / "out" / "status.json"
+    assert json.loads(status_file.read_text())["cispo"]["status"] == "finished"
     assert json.loads((tmp_path / "out" / "cispo" / "summary.json").read_text())["steps"] == 40
     assert [
         r.info.run_name for r in _runs(_client(uri), "s") if r.data.tags.get("sweep.role") != "parent"
     ] == ["cispo"]
+
+    # the job finished while no driver watched it: the status it left says running
+    entries = json.loads(status_file.read_text())
+    entries["cispo"]["status"] = "running"
+    status_file.write_text(json.dumps(entries))
+    res = run_cli(args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "cispo: already finished (40 steps" in res.stderr and "cispo: submitted" not in res.stderr
+    assert waiting not in res.stderr
+    assert json.loads(status_file.read_text())["cispo"]["status"] == "finished"
 
 
 def test_report_command_rewrites_the_report(tiny_sweep, capsys):

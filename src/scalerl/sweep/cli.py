@@ -325,7 +325,7 @@ def _launch(plan, header: str) -> int:
         if r.skip:
             launcher.not_run(r)
         elif is_finished(r):
-            say(f"{r.name}: already finished ({r.total_steps} steps in {display_path(r.out_dir)}); skipped")
+            launcher.already_finished(r)
         else:
             todo.append(r)
     try:

@@ -25,6 +25,7 @@ from scalerl.config.errors import override_key
 from scalerl.storage import write_text_atomic
 from scalerl.sweep.job import TrainJob
 from scalerl.sweep.plan import Plan, PlannedRun, run_settings
+from scalerl.sweep.spec import display_path
 
 # SLURM states that end a job without a result (submitit: UncompletedJobError after a wait)
 _BAD_STATES = ("CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED")
@@ -235,6 +236,15 @@ class Launcher:
         """``run`` is planned but not launched: its component cannot act where it would run."""
         self._record(run.name, status="not run", error=run.skip, job_id="", log="")
         self.say(f"{run.name}: not run: {run.skip}")
+
+    def already_finished(self, run: PlannedRun) -> None:
+        """``run`` finished before this launch (its summary says so), possibly while the driver that
+        launched it was gone: it is not launched, and its status no longer says ``running``."""
+        if (self._status.get(run.name) or {}).get("status") != "finished":
+            self._record(run.name, status="finished", error="")
+        self.say(
+            f"{run.name}: already finished ({run.total_steps} steps in {display_path(run.out_dir)}); skipped"
+        )
 
     def _finish(self, out: Outcome) -> None:
         self.outcomes[out.name] = out
