@@ -146,7 +146,10 @@ def test_slurm_sweep_reaches_mlflow_and_a_preempted_job_resumes(slurm_cluster, t
 
     log = Path(json.loads((out / "status.json").read_text())["cispo"]["log"])
     text = log.read_text() + log.with_suffix(".out").read_text()
-    assert "this job is preempted" in text and "Requeued job" in text
+    # preempted and requeued: submitit says so, unless SLURM's requeue, which signals the job's
+    # processes, ends submitit's `scontrol requeue` before it can (seen in CI): then SLURM's line
+    assert "this job is preempted" in text
+    assert "Requeued job" in text or "DUE TO JOB REQUEUE" in text, text[-3000:]
     assert "[sweep] requeued job (restart 1)" in text and "resumed" in text
     raw = slurm_cluster.run("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State")
     assert [ln.split()[0] for ln in raw.splitlines() if ln.strip()][:1] == ["REQUEUED"], raw
