@@ -540,6 +540,12 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
     assert status["status"] == "running" and _LocalOrphan.attach(tmp_path / "out" / "logs", status["job_id"])
     job = int(status["job_id"])
     waiting = f"cispo: still running from an earlier launch (job {job}); waiting for it"
+    # stopped once its checkpoint's metrics are in the store (the step after it is printed), so
+    # that it holds no write of the store that the relaunch would wait on
+    out_log = Path(status["stdout"])
+    while not any(f"step {n} reward" in out_log.read_text() for n in range(11, 20)):
+        assert time.time() < deadline, "the job printed no step after its first checkpoint"
+        time.sleep(0.05)
     os.kill(job, signal.SIGSTOP)  # alive, and it cannot finish before the relaunch has looked
     seen: list[str] = []
     try:
