@@ -2,7 +2,7 @@
 
 import sys
 
-from scalerl.sweep.cli import main
+from scalerl.sweep.cli import program
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(program())

@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from scalerl.config import conf_dir, register_configs, validate
+from scalerl.shutdown import skip_final_collection
 
 register_configs()
 
@@ -306,6 +307,8 @@ def main() -> None:
         _ignore_signals()
         print("[scalerl] interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
+    finally:  # the run is written and closed whatever the exit: end without Python's last sweep
+        skip_final_collection()
 
 
 if __name__ == "__main__":

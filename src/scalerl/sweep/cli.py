@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scalerl.messages import OneLineParser
+from scalerl.shutdown import skip_final_collection
 from scalerl.sweep.spec import SweepError, display_path
 
 if TYPE_CHECKING:
@@ -376,5 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def program() -> int:
+    """:func:`main` as a program (``python sweep.py``, ``scalerl-sweep``): the same, then the process
+    ends without Python's last sweep over its objects (:mod:`scalerl.shutdown`)."""
+    try:
+        return main()
+    finally:
+        skip_final_collection()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(program())

@@ -19,6 +19,7 @@ from collections.abc import Mapping, MutableMapping
 import submitit
 
 from scalerl.layout import MASTER_PORT_BASE, MASTER_PORT_SPAN, job_ports
+from scalerl.shutdown import skip_final_collection
 
 # the job's rendezvous port and, above it, its store's (scalerl.layout.job_ports): a pair per job
 # id, the same in every task and after a requeue; the next job id of an array takes the next pair
@@ -132,6 +133,12 @@ class TrainJob(submitit.helpers.Checkpointable):
     """``TrainJob()(overrides, settings, seed)`` -> the training summary (a dict)."""
 
     def __call__(self, overrides: list[str], settings: dict, seed: int | None = None) -> dict:
+        try:
+            return self._run(overrides, settings, seed)
+        finally:  # the job's process ends after this call, however it ends: without Python's last sweep
+            skip_final_collection()
+
+    def _run(self, overrides: list[str], settings: dict, seed: int | None) -> dict:
         from scalerl.config.settings import build_config
         from scalerl.loop import train
         from scalerl.rollout.engine import engine_role
