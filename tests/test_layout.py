@@ -116,7 +116,7 @@ def test_no_subprocess_goes_through_a_shell():
 # loop puts the pieces together; analysis reads what runs logged; sweeps and the CLI sit on top.
 LAYERS = [
     # leaves: pure tensor functions, helpers, the run's counters
-    {"messages", "lock", "distributed", "transport", "algo", "state", "shutdown"},
+    {"messages", "lock", "distributed", "transport", "algo", "state", "collector"},
     {"storage"},
     {"tracking", "scaling"},
     {"config"},

@@ -8,8 +8,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from scalerl.collector import skip_final_collection, uncollected_imports
 from scalerl.config import conf_dir, register_configs, validate
-from scalerl.shutdown import skip_final_collection
 
 register_configs()
 
@@ -52,12 +52,13 @@ def _main(cfg: DictConfig) -> None:
         print(f"error: {held}", file=sys.stderr)
         sys.exit(1)
 
-    from scalerl.lock import LockBusy
-    from scalerl.loop import RunError, train
-    from scalerl.loop.run import Stopped
-    from scalerl.loop.signals import Interrupted, exit_code
-    from scalerl.rollout.engine import engine_role
-    from scalerl.storage import CheckpointError
+    with uncollected_imports():  # torch, transformers: millions of objects the collector need not walk
+        from scalerl.lock import LockBusy
+        from scalerl.loop import RunError, train
+        from scalerl.loop.run import Stopped
+        from scalerl.loop.signals import Interrupted, exit_code
+        from scalerl.rollout.engine import engine_role
+        from scalerl.storage import CheckpointError
 
     try:  # a generator task of a multi-task job serves as its engine; every other process trains
         engine_role(cfg) or train(cfg)

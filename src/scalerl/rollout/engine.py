@@ -46,13 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # imported once, by the fork server, before the engine processes are forked from it
-_PRELOAD = [
-    "scalerl.generator",
-    "scalerl.generator.hf",
-    "scalerl.model.build",
-    "scalerl.task",
-    "scalerl.task.score",
-]
+_PRELOAD = ["scalerl.rollout.preload"]
 # what a launcher puts in a process's environment for its own process group: an engine must not
 # take it for its own (vLLM would join the trainer's world)
 _LAUNCHER_VARS = (

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scalerl.collector import skip_final_collection
 from scalerl.messages import OneLineParser
-from scalerl.shutdown import skip_final_collection
 from scalerl.sweep.spec import SweepError, display_path
 
 if TYPE_CHECKING:
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def program() -> int:
     """:func:`main` as a program (``python sweep.py``, ``scalerl-sweep``): the same, then the process
-    ends without Python's last sweep over its objects (:mod:`scalerl.shutdown`)."""
+    ends without Python's last sweep over its objects (:mod:`scalerl.collector`)."""
     try:
         return main()
     finally:

@@ -18,8 +18,8 @@ from collections.abc import Mapping, MutableMapping
 
 import submitit
 
+from scalerl.collector import skip_final_collection
 from scalerl.layout import MASTER_PORT_BASE, MASTER_PORT_SPAN, job_ports
-from scalerl.shutdown import skip_final_collection
 
 # the job's rendezvous port and, above it, its store's (scalerl.layout.job_ports): a pair per job
 # id, the same in every task and after a requeue; the next job id of an array takes the next pair

@@ -1,4 +1,4 @@
-"""Our entry points end without Python's last garbage collection (scalerl.shutdown): train.py,
+"""Our entry points end without Python's last garbage collection (scalerl.collector): train.py,
 sweep.py and a study's job leave every object they made frozen, whichever way they end."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalerl.shutdown import skip_final_collection
+from scalerl.collector import skip_final_collection
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +71,50 @@ def test_a_job_that_fails_ends_with_its_objects_frozen(tmp_path):
     n, r = _frozen(call, tmp_path)
     assert r.returncode == 1 and "trainer.lr" in r.stderr  # the job's error, raised as it is
     assert n > 10_000
+
+
+def test_imports_run_with_the_collector_paused_and_end_frozen_with_it_resumed():
+    import json
+
+    # in a fresh process: the import inside sees the collector off, and after it the heavy
+    # objects are frozen and the collector is back on; a disabled collector stays disabled
+    code = """
+import gc, json
+from scalerl.collector import uncollected_imports
+seen = {}
+with uncollected_imports():
+    seen["inside"] = gc.isenabled()
+    import torch  # noqa: F401
+seen["after"] = gc.isenabled()
+seen["frozen"] = gc.get_freeze_count()
+seen["left"] = len(gc.get_objects())
+gc.disable()
+with uncollected_imports():
+    pass
+seen["kept_off"] = not gc.isenabled()
+print(json.dumps(seen))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["inside"] is False and seen["after"] is True and seen["kept_off"] is True
+    assert seen["frozen"] > 50_000 and seen["left"] < 1_000
+
+
+def _freeze_count(queue):
+    queue.put(gc.get_freeze_count())
+
+
+def test_an_engine_process_starts_with_the_fork_servers_imports_frozen():
+    from scalerl.rollout.engine import process_context
+
+    ctx = process_context()
+    assert ctx.get_start_method() == "forkserver"  # Linux's; engines elsewhere are spawned
+    q = ctx.Queue()
+    p = ctx.Process(target=_freeze_count, args=(q,))
+    p.start()
+    try:
+        frozen = q.get(timeout=120)
+    finally:
+        p.join(timeout=60)
+    assert frozen > 50_000  # torch's and transformers' objects, frozen in the server before the fork
