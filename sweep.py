@@ -1,8 +1,6 @@
 """Run a study of many training runs: `python sweep.py --loo` (see `python sweep.py --help`, sweeps/README.md)."""
 
-import sys
-
 from scalerl.sweep.cli import program
 
 if __name__ == "__main__":
-    sys.exit(program())
+    program()

@@ -111,6 +111,23 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: files keep their order
 
 
+def pytest_collection_finish(session):
+    """Collection imported torch, transformers and MLflow: millions of objects that live as long as
+    the session. Frozen now, the collector's full collections during the tests walk only what the
+    tests make (the entry points do the same: scalerl.collector)."""
+    import gc
+
+    gc.freeze()
+
+
+def pytest_unconfigure(config):
+    """The session's objects unfrozen: the worker shuts down as Python always did (an extension such
+    as triton reports objects a shutdown left unfreed as leaks)."""
+    import gc
+
+    gc.unfreeze()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):
     """The warm-start and model caches, shared by the workers of one `pytest -n N` run (each entry is

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import errno
 import sys
+from typing import NoReturn
 
 import hydra
 from omegaconf import DictConfig
 
-from scalerl.collector import skip_final_collection, uncollected_imports
+from scalerl.collector import end_process, exit_status, uncollected_imports
 from scalerl.config import conf_dir, register_configs, validate
 
 register_configs()
@@ -294,10 +295,20 @@ def _help(args: list[str]) -> bool:
     return True
 
 
-def main() -> None:
+def main() -> NoReturn:
     """Exit codes: 0 done, 1 the run failed (or its metrics did not all reach the tracking store:
     running it again writes them), 2 bad input, 130 / 143 stopped by SIGINT / SIGTERM (with a
-    checkpoint to resume from, when it had one)."""
+    checkpoint to resume from, when it had one). The process ends without the interpreter's
+    finalisation once the run is written and closed (:func:`scalerl.collector.end_process`); an
+    error nobody caught ends it the ordinary way, with its traceback."""
+    try:
+        _program()
+    except SystemExit as e:
+        end_process(exit_status(e))
+    end_process(0)
+
+
+def _program() -> None:
     try:
         if _help(sys.argv[1:]):
             return
@@ -308,8 +319,6 @@ def main() -> None:
         _ignore_signals()
         print("[scalerl] interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
-    finally:  # the run is written and closed whatever the exit: end without Python's last sweep
-        skip_final_collection()
 
 
 if __name__ == "__main__":

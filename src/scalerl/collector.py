@@ -1,48 +1,98 @@
-"""How our processes use Python's garbage collector around the objects their imports make.
+"""How our processes start and end around the objects their imports make.
 
 torch, transformers and MLflow make a few million objects at import, and they live as long as the
-process. The cyclic collector walks all of them at each of its full collections: about a dozen
-while those imports run, and one more over all of them as the interpreter exits. Together that
-costs seconds of every ``python train.py``, every study job, every engine and every test that
-starts one (``benchmarks/results``). Two helpers keep the collector off them:
+process. Python's cyclic collector walks all of them at each full collection: about a dozen while
+those imports run, then several more while the interpreter shuts down, clearing module after
+module. That costs seconds of every ``python train.py``, every study and every test that starts one
+(``benchmarks/results``). Two helpers keep the collector off them:
 
-* :func:`uncollected_imports`: the heavy imports of an entry point run with the collector paused,
-  and what they made is then frozen (``gc.freeze``), so that the collections of the run itself
-  walk only what the run makes.
-* :func:`skip_final_collection`: the last thing an entry point does; its process then ends as soon
-  as its exit handlers (multiprocessing's, MLflow's, logging's) have run.
-
-What they give up: a reference cycle among frozen objects that becomes garbage is never collected,
-and cycles left at exit are left to the operating system instead of being finalised. Imports make
-few cycles that die, Python does not promise to finalise objects at exit, and nothing of ours relies
-on it: a run's metrics, checkpoints, summary and logs are written, flushed and closed before its
-entry point returns.
+* :func:`uncollected_imports`: an entry point's heavy imports run with the collector paused, and
+  what they made is then frozen (``gc.freeze``), so that the collections of the run itself walk only
+  what the run makes. A process that ends the ordinary way unfreezes them first (an exit handler),
+  so that its shutdown is the one Python always made: some extension modules (triton's) report the
+  objects a shutdown did not free as leaks.
+* :func:`end_process`: how ``train.py`` and ``sweep.py`` end: what an ordinary exit does that
+  matters (wait for the threads that are not daemons, run the exit handlers: multiprocessing's,
+  MLflow's, logging's, then flush the standard streams), without the interpreter's finalisation.
+  Nothing of ours relies on finalisation, which Python does not promise either: a run's metrics,
+  checkpoints, summary and logs are written and closed before its entry point returns.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
+import os
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
+
+_unfreeze_registered = False
 
 
 @contextmanager
 def uncollected_imports() -> Iterator[None]:
     """Run the body (a process's heavy imports) with the cyclic collector paused, then freeze every
-    object it tracks and resume it. Use it once, early, in a process that then runs long: it is
+    object it tracks and resume it. For a process's own entry point (or a fork server's preload),
     not for a library call inside someone else's process (it would freeze their objects too)."""
+    global _unfreeze_registered
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
+        if not _unfreeze_registered:  # run last of the exit handlers (they run in reverse order)
+            atexit.register(gc.unfreeze)
+            _unfreeze_registered = True
         if was:
             gc.enable()
 
 
-def skip_final_collection() -> None:
-    """Freeze every object the collector tracks now, so that the collection at this process's exit
-    has nothing to walk. Call it last in an entry point (``main``, a job's call), not in a process
-    that goes on working: a cycle among frozen objects that becomes garbage is never collected."""
-    gc.freeze()
+def end_at_exit() -> None:
+    """Make this process's ordinary exit end it without the interpreter's finalisation: an exit
+    handler registered now, and so run before those registered earlier, flushes the standard
+    streams and leaves (``os._exit``) with status 0. For a server process whose own end nobody
+    reads and that holds nothing to finalise (the engines' fork server): it then leaves no
+    finalisation running in a pipe its parent's caller is reading to its end."""
+    atexit.register(_leave)
+
+
+def _leave() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
+def exit_status(exc: SystemExit) -> int:
+    """The status an ordinary exit by ``exc`` would end the process with (printing a message that is
+    not a number to stderr, as Python does)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def end_process(status: int) -> NoReturn:
+    """End this process with ``status`` now: wait for its threads that are not daemons, run its exit
+    handlers and flush stdout and stderr, as an ordinary exit would, then leave without the
+    interpreter's finalisation (``os._exit``). The last call of an entry point that runs as its own
+    program, never inside another process (pytest's, a job's)."""
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader left
+            pass
+    os._exit(status)

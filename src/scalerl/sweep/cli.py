@@ -20,9 +20,9 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from scalerl.collector import skip_final_collection
+from scalerl.collector import end_process, exit_status
 from scalerl.messages import OneLineParser
 from scalerl.sweep.spec import SweepError, display_path
 
@@ -377,14 +377,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
-def program() -> int:
+def program() -> NoReturn:
     """:func:`main` as a program (``python sweep.py``, ``scalerl-sweep``): the same, then the process
-    ends without Python's last sweep over its objects (:mod:`scalerl.collector`)."""
+    ends without the interpreter's finalisation (:func:`scalerl.collector.end_process`)."""
     try:
-        return main()
-    finally:
-        skip_final_collection()
+        status = main()
+    except SystemExit as e:
+        end_process(exit_status(e))
+    end_process(status)
 
 
 if __name__ == "__main__":
-    sys.exit(program())
+    program()

@@ -18,7 +18,7 @@ from collections.abc import Mapping, MutableMapping
 
 import submitit
 
-from scalerl.collector import skip_final_collection
+from scalerl.collector import uncollected_imports
 from scalerl.layout import MASTER_PORT_BASE, MASTER_PORT_SPAN, job_ports
 
 # the job's rendezvous port and, above it, its store's (scalerl.layout.job_ports): a pair per job
@@ -133,15 +133,11 @@ class TrainJob(submitit.helpers.Checkpointable):
     """``TrainJob()(overrides, settings, seed)`` -> the training summary (a dict)."""
 
     def __call__(self, overrides: list[str], settings: dict, seed: int | None = None) -> dict:
-        try:
-            return self._run(overrides, settings, seed)
-        finally:  # the job's process ends after this call, however it ends: without Python's last sweep
-            skip_final_collection()
-
-    def _run(self, overrides: list[str], settings: dict, seed: int | None) -> dict:
         from scalerl.config.settings import build_config
-        from scalerl.loop import train
-        from scalerl.rollout.engine import engine_role
+
+        with uncollected_imports():  # torch, transformers: millions of objects the collector need not walk
+            from scalerl.loop import train
+            from scalerl.rollout.engine import engine_role
 
         env = export_task_env()
         _drop_stale_result()
