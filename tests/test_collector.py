@@ -104,7 +104,7 @@ def _freeze_count(queue):
 
 
 def test_an_engine_process_starts_with_the_fork_servers_imports_frozen():
-    from scalerl.rollout.engine import process_context
+    from scalerl.rollout.server import process_context
 
     ctx = process_context()
     assert ctx.get_start_method() == "forkserver"  # Linux's; engines elsewhere are spawned
@@ -139,3 +139,35 @@ sys.exit(3)
     assert r.stdout.endswith("unflushed output")
     assert "finalised" not in r.stdout and "an earlier exit handler" not in r.stdout
     assert "leaked" not in r.stderr
+
+
+# train.py up to the point where its heavy imports begin: there, the probe reports whether the
+# engines' fork server runs already and whether this process has imported transformers, and ends it
+EARLY = """
+import json, os, sys
+from multiprocessing import forkserver
+import scalerl.cli as cli
+
+def probe():
+    server = forkserver._forkserver._forkserver_pid
+    print(json.dumps({"server": server is not None, "transformers": "transformers" in sys.modules}), flush=True)
+    os._exit(0)
+
+cli.uncollected_imports = probe
+sys.argv = ["train.py", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_train_py_starts_the_engines_fork_server_before_its_own_heavy_imports(tmp_path):
+    def early(*args: str) -> dict:
+        over = [f"out_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}", *args]
+        r = subprocess.run(
+            [sys.executable, "-c", EARLY, *over], capture_output=True, text=True, cwd=tmp_path, timeout=300
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    # pipeline_rl (the default): the server imports on the other core while this process imports
+    assert early() == {"server": True, "transformers": False}
+    assert early("async_mode=sync") == {"server": False, "transformers": False}  # no engines to fork

@@ -312,10 +312,10 @@ def test_pipeline_engines_hold_the_next_steps_work_while_the_trainer_evaluates(t
 def test_generator_process_is_forked_with_its_imports_done():
     """pipeline_rl's generator process comes from a fork server that imported torch, transformers
     and scalerl while the trainer was still building (a spawned process would import them anew)."""
-    from scalerl.rollout import engine
+    from scalerl.rollout import server
 
-    engine.prestart()
-    ctx = engine.process_context()
+    server.prestart()
+    ctx = server.process_context()
     assert ctx.get_start_method() == "forkserver"
     check = "import sys; sys.exit(0 if {'transformers', 'scalerl.task.score'} <= set(sys.modules) else 3)"
     proc = ctx.Process(target=exec, args=(check,))

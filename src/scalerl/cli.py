@@ -29,6 +29,20 @@ def preflight(cfg: DictConfig) -> None:
     check_task(config.task, model=config.model, length_control=config.length_control, eval=config.eval)
 
 
+def _start_engine_server(cfg: DictConfig) -> None:
+    """A pipeline_rl run forks its local engines from a fork server that imports torch,
+    transformers and scalerl itself (:mod:`scalerl.rollout.server`): started now, before this
+    process imports transformers and MLflow, the two import side by side on two cores instead of
+    one after the other. Not for a multi-task job's processes (``placement.generator_tasks``): a generator task
+    serves as an engine itself and forks none, and a trainer task starts the server as its run's
+    setup places the engines, as before."""
+    if cfg.async_mode.name != "pipeline_rl" or int(cfg.placement.get("generator_tasks", 0)) > 0:
+        return
+    from scalerl.rollout.server import prestart
+
+    prestart()
+
+
 def check_layout(cfg: DictConfig, env=None):
     """The run's layout for the launch this process belongs to (torchrun's or a job's variables, else
     one process) is one that can work: every rank's devices, threads, ports and batch share
@@ -53,6 +67,7 @@ def _main(cfg: DictConfig) -> None:
         print(f"error: {held}", file=sys.stderr)
         sys.exit(1)
 
+    _start_engine_server(cfg)
     with uncollected_imports():  # torch, transformers: millions of objects the collector need not walk
         from scalerl.lock import LockBusy
         from scalerl.loop import RunError, train

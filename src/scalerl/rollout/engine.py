@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# imported once, by the fork server, before the engine processes are forked from it
-_PRELOAD = ["scalerl.rollout.preload"]
 # what a launcher puts in a process's environment for its own process group: an engine must not
 # take it for its own (vLLM would join the trainer's world)
 _LAUNCHER_VARS = (
@@ -69,33 +67,6 @@ REMOTE_TIMEOUT_S = 300.0  # an engine on another task silent for this long is ta
 # the other trainer ranks wait for the weight-update group this much longer than rank 0 waits for
 # the engines to join it (so rank 0's clear error comes first, and ends the job)
 JOIN_BARRIER_MARGIN_S = 120.0
-
-
-def process_context():
-    """The multiprocessing context of local engine processes.
-
-    ``forkserver`` where the platform has it: a fork server started early (:func:`prestart`)
-    imports torch, transformers and scalerl (about 5 s on one core) while the trainer builds its
-    model, and each engine process is then forked from it, its imports done. The server is a fresh
-    single-threaded process (no OpenMP pool, no CUDA context), which is what makes forking from it
-    safe, and lets each engine choose its GPUs before CUDA starts. Elsewhere: ``spawn``.
-    """
-    import torch.multiprocessing as mp
-
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
-
-
-def prestart() -> None:
-    """Start the fork server now, so its imports overlap with the caller's setup."""
-    ctx = process_context()
-    if ctx.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
 
 
 def _alive(pid: int) -> bool:

@@ -231,9 +231,9 @@ class PipelineRL(AsyncMode):
     def place(
         cls, options: layout.LayoutOptions, device: torch.device, world: int, threads: int
     ) -> Placement:
-        from scalerl.rollout import engine
+        from scalerl.rollout import server
 
-        engine.prestart()  # the engine processes' imports overlap with the model build
+        server.prestart()  # the engine processes' imports overlap with the model build (train.py: started already)
         return place_engines(options, device, world, threads)
 
     def load_weights(self, weights: PolicyWeights, version: int) -> None:

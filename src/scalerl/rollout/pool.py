@@ -26,10 +26,10 @@ from scalerl.rollout.engine import (
     EngineSpec,
     _pop,
     _push,
-    process_context,
     serve_engine,
 )
 from scalerl.rollout.placement import Placement
+from scalerl.rollout.server import process_context
 from scalerl.transport import DEFAULT_TIMEOUT_S, SharedMemoryTransport, TransportSpec, WeightSender, connect
 
 log = logging.getLogger(__name__)

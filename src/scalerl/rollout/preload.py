@@ -1,4 +1,4 @@
-"""What the engines' fork server imports before it forks them (:func:`scalerl.rollout.engine.process_context`):
+"""What the engines' fork server imports before it forks them (:mod:`scalerl.rollout.server`):
 the generator, the model builder and the tasks, with torch and transformers under them.
 
 Imported with the cyclic collector paused and then frozen (:func:`scalerl.collector.uncollected_imports`):
