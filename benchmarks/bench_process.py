@@ -12,8 +12,9 @@ start: the step-0 evaluation's line (imports, setup, the engine's start, the fir
 the last line (the summary), the process's end (what a shell waits for) and the end of its output
 pipe, which a caller that reads the output to its end (a test, a script) waits for: it stays open
 while any process that inherited it lives (the engines' fork server). ``steps``: step 0's line to
-the last; ``process ended`` and ``exit``: the last line to the process's end and to the pipe's. Medians over ``--rounds``, each round's values beside them; wall seconds on a machine
-whose load is printed with them.
+the last; ``process ended`` and ``exit``: the last line to the process's end and to the pipe's.
+Medians over ``--rounds``, each round's values beside them; wall seconds on a machine whose load
+is printed with them.
 """
 
 from __future__ import annotations

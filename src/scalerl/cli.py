@@ -33,9 +33,9 @@ def _start_engine_server(cfg: DictConfig) -> None:
     """A pipeline_rl run forks its local engines from a fork server that imports torch,
     transformers and scalerl itself (:mod:`scalerl.rollout.server`): started now, before this
     process imports transformers and MLflow, the two import side by side on two cores instead of
-    one after the other. Not for a multi-task job's processes (``placement.generator_tasks``): a generator task
-    serves as an engine itself and forks none, and a trainer task starts the server as its run's
-    setup places the engines, as before."""
+    one after the other. Not for a multi-task job's processes (``placement.generator_tasks``): a
+    generator task serves as an engine itself and forks none, and a trainer task starts the
+    server as its run's setup places the engines, as before."""
     if cfg.async_mode.name != "pipeline_rl" or int(cfg.placement.get("generator_tasks", 0)) > 0:
         return
     from scalerl.rollout.server import prestart
