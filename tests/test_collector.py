@@ -13,8 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # runs an entry point as its own program, with: an exit handler, a thread that is not a daemon and
-# is still working when the entry point returns, and an object whose finaliser only the
-# interpreter's finalisation would run
+# is still working when the entry point has begun to end the process (it waits to see the main
+# thread inside end_process), and an object whose finaliser only the interpreter's finalisation
+# would run
 PROBE = """
 import atexit, runpy, sys, threading, time
 
@@ -22,9 +23,23 @@ class Probe:
     def __del__(self):
         print("finalised", flush=True)
 
+def late():
+    main = threading.main_thread().ident
+    while True:
+        frame = sys._current_frames().get(main)
+        names = []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if "end_process" in names or not threading.main_thread().is_alive():
+            break
+        time.sleep(0.01)
+    time.sleep(0.3)
+    print("thread done", flush=True)
+
 probe = Probe()
 atexit.register(lambda: print("exit handlers ran", flush=True))
-threading.Thread(target=lambda: (time.sleep(1.0), print("thread done", flush=True))).start()
+threading.Thread(target=late).start()
 sys.argv = {argv!r}
 runpy.run_path({path!r}, run_name="__main__")
 """
