@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("override", nargs="*", help="config overrides for both (default: the default run)")
     a = ap.parse_args()
     here, other = common.ROOT, a.against.resolve()
-    names = {here: f"this ({common.commit()})", other: f"other ({_commit(other)})"}
+    names = {here: f"this ({common.commit()})", other: f"other ({common.commit(root=other)})"}
     store = empty_store(Path(tempfile.mkdtemp(prefix="bench-process-store-")))
     for c in (here, other):  # warm: the model cache, numba's cache, the files in the page cache
         one(c, a.override, store)
@@ -117,13 +117,6 @@ def main() -> None:
     for p in ("to step 0", "exit", "total"):
         d = statistics.median(x[p] for x in res[other]) - statistics.median(x[p] for x in res[here])
         print(f"{p}: {d:+.2f} s less in this checkout (medians)")
-
-
-def _commit(checkout: Path) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return out.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":

@@ -87,10 +87,11 @@ def load() -> str:
         return " ".join(f"{x:.2f}" for x in loadavg()) or "unknown"
 
 
-def commit(*, dirty: Sequence[str | Path] = ()) -> str:
-    """The checkout's short commit hash (``unknown`` outside a git checkout); with ``dirty`` (paths),
-    ``+uncommitted changes`` appended when any of them differs from that commit."""
-    git = ["git", "-C", str(ROOT)]
+def commit(*, dirty: Sequence[str | Path] = (), root: Path = ROOT) -> str:
+    """The short commit hash of the checkout at ``root`` (this one by default; ``unknown`` outside a
+    git checkout); with ``dirty`` (paths), ``+uncommitted changes`` appended when any of them
+    differs from that commit."""
+    git = ["git", "-C", str(root)]
     try:
         out = subprocess.run(
             [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10

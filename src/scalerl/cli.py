@@ -9,7 +9,7 @@ from typing import NoReturn
 import hydra
 from omegaconf import DictConfig
 
-from scalerl.collector import end_process, exit_status, uncollected_imports
+from scalerl.collector import run_as_program, uncollected_imports
 from scalerl.config import conf_dir, register_configs, validate
 
 register_configs()
@@ -314,13 +314,9 @@ def main() -> NoReturn:
     """Exit codes: 0 done, 1 the run failed (or its metrics did not all reach the tracking store:
     running it again writes them), 2 bad input, 130 / 143 stopped by SIGINT / SIGTERM (with a
     checkpoint to resume from, when it had one). The process ends without the interpreter's
-    finalisation once the run is written and closed (:func:`scalerl.collector.end_process`); an
+    finalisation once the run is written and closed (:func:`scalerl.collector.run_as_program`); an
     error nobody caught ends it the ordinary way, with its traceback."""
-    try:
-        _program()
-    except SystemExit as e:
-        end_process(exit_status(e))
-    end_process(0)
+    run_as_program(_program)
 
 
 def _program() -> None:

@@ -21,15 +21,14 @@ module. That costs seconds of every ``python train.py``, every study and every t
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
-
-_unfreeze_registered = False
 
 
 @contextmanager
@@ -37,18 +36,21 @@ def uncollected_imports() -> Iterator[None]:
     """Run the body (a process's heavy imports) with the cyclic collector paused, then freeze every
     object it tracks and resume it. For a process's own entry point (or a fork server's preload),
     not for a library call inside someone else's process (it would freeze their objects too)."""
-    global _unfreeze_registered
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
-        if not _unfreeze_registered:  # run last of the exit handlers (they run in reverse order)
-            atexit.register(gc.unfreeze)
-            _unfreeze_registered = True
+        _unfreeze_at_exit()
         if was:
             gc.enable()
+
+
+@functools.cache
+def _unfreeze_at_exit() -> None:
+    """Once a process: unfreeze last of the exit handlers (they run in reverse order)."""
+    atexit.register(gc.unfreeze)
 
 
 def end_at_exit() -> None:
@@ -61,15 +63,30 @@ def end_at_exit() -> None:
 
 
 def _leave() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush_std()
     os._exit(0)
 
 
-def exit_status(exc: SystemExit) -> int:
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader left
+            pass
+
+
+def run_as_program(entry: Callable[[], int | None]) -> NoReturn:
+    """Run ``entry`` (an entry point's body), then end the process with its status (what it
+    returns, None as 0, or the status of the ``SystemExit`` it raises) by :func:`end_process`. Any
+    other exception ends the process the ordinary way, with its traceback."""
+    try:
+        status = entry()
+    except SystemExit as e:
+        end_process(_exit_status(e))
+    end_process(status or 0)
+
+
+def _exit_status(exc: SystemExit) -> int:
     """The status an ordinary exit by ``exc`` would end the process with (printing a message that is
     not a number to stderr, as Python does)."""
     if exc.code is None:
@@ -90,9 +107,5 @@ def end_process(status: int) -> NoReturn:
         if t is not me and not t.daemon:
             t.join()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed, or a pipe whose reader left
-            pass
+    _flush_std()
     os._exit(status)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from scalerl.collector import end_process, exit_status
+from scalerl.collector import run_as_program
 from scalerl.messages import OneLineParser
 from scalerl.sweep.spec import SweepError, display_path
 
@@ -379,12 +379,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def program() -> NoReturn:
     """:func:`main` as a program (``python sweep.py``, ``scalerl-sweep``): the same, then the process
-    ends without the interpreter's finalisation (:func:`scalerl.collector.end_process`)."""
-    try:
-        status = main()
-    except SystemExit as e:
-        end_process(exit_status(e))
-    end_process(status)
+    ends without the interpreter's finalisation (:func:`scalerl.collector.run_as_program`)."""
+    run_as_program(main)
 
 
 if __name__ == "__main__":
