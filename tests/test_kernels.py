@@ -103,13 +103,16 @@ def _torch_attention(q, k, v, kb, vb, pos):
     return torch.bmm(torch.softmax(scores, dim=-1), vals).view(hi, H, D)
 
 
+@pytest.mark.parametrize("D", [32, 64, 16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
-def test_decode_attention_matches_the_torch_ops(heads, kv_heads):
-    """Slots at their own positions (0, mid, the last one the buffers hold), buffers with more rows
-    than slots, grouped-query heads: outputs within 1e-6 of the torch ops; the new keys and values
-    written at each slot's position; every other buffer entry untouched."""
+def test_decode_attention_matches_the_torch_ops(heads, kv_heads, D):
+    """Slots at their own positions (0, mid, the last one the buffers hold: spans of 1 to 40 keys,
+    every remainder of the vector loops' four keys), buffers with more rows than slots,
+    grouped-query heads; head dim 32 (the vector loops) and others (the scalar ones): outputs
+    within 1e-6 of the torch ops; the new keys and values written at each slot's position; every
+    other buffer entry untouched."""
     g = torch.Generator().manual_seed(2)
-    rows, slots, cap, D = 12, 9, 40, 32
+    rows, slots, cap = 12, 9, 40
     kb = torch.randn(rows, kv_heads, cap, D, generator=g)
     vb = torch.randn(rows, kv_heads, cap, D, generator=g)
     pos = torch.tensor([0, 1, 5, 17, 39, 22, 3, 39, 8])
