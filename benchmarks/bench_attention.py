@@ -113,8 +113,12 @@ def main() -> None:
             loop_us[name].append(1e6 * (time.thread_time() - c) / a.calls)
             batch_s[name].append(batch(name)[0])
 
-    print(f"# decode attention: {common.utc_now()}, this {common.commit()}, other {common.commit(root=a.against)}")
-    print(f"machine: {common.machine()}; load {common.load()}; one torch thread; {a.rounds} rounds alternated\n")
+    print(
+        f"# decode attention: {common.utc_now()}, this {common.commit()}, other {common.commit(root=a.against)}"
+    )
+    print(
+        f"machine: {common.machine()}; load {common.load()}; one torch thread; {a.rounds} rounds alternated\n"
+    )
     print(
         f"shape: {slots} slots x {heads} heads x head dim {dim}, capacity {cap}, positions 15-85; "
         f"outputs differing in bits: {differ:.2%}, largest difference {largest:.3g}; "
