@@ -174,12 +174,19 @@ def _vector_loops():
         )
         return b.fadd(shuffle(b, f, f, [0, 2, 4, 6]), shuffle(b, f, f, [1, 3, 5, 7]))
 
+    def rows32(*arrays) -> bool:  # float32 arrays whose rows the loops may read as contiguous
+        return all(
+            isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C" for x in arrays
+        )
+
     def greater(b, x, top):  # the scalar loop's ``if x > top: top = x`` (a NaN never replaces)
         return b.select(b.fcmp_ordered(">", x, top), x, top)
 
     @intrinsic
     def scores(typingctx, q, keys, n, scale, s):
         """s[j] <- (q . keys[j]) * scale for j < n; returns their maximum (-3e38 for n = 0)."""
+        if not rows32(q, keys, s):
+            return None
         sig = types.float32(q, keys, n, scale, s)
 
         def codegen(context, b, signature, args):
@@ -219,6 +226,8 @@ def _vector_loops():
     @intrinsic
     def weighted_sum(typingctx, s, values, n, o):
         """o[0:32] <- sum over j < n of s[j] * values[j], key by key."""
+        if not rows32(s, values, o):
+            return None
         sig = types.void(s, values, n, o)
 
         def codegen(context, b, signature, args):
