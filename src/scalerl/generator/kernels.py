@@ -108,44 +108,46 @@ def _exp_shifted(s, n, top, pow2):
 # contiguous (the callers' buffers are); on AVX2 or NEON LLVM splits each register in two or four.
 
 
-def _vector_loops():
-    """(scores, weighted sum): the two loops at head dim 32 as numba intrinsics."""
+try:  # llvmlite comes with numba
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
+except ImportError:  # pragma: no cover
+    ir = None
 
-    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-    v16, v4 = ir.VectorType(f32, 16), ir.VectorType(f32, 4)
+if ir is not None:
+    _f32, _i32, _i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    _v16, _v4 = ir.VectorType(_f32, 16), ir.VectorType(_f32, 4)
 
-    def const(x):
-        return ir.Constant(i64, x)
+    def _const(x):
+        return ir.Constant(_i64, x)
 
-    def shuffle(b, x, y, lanes):
-        return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, len(lanes)), lanes))
+    def _shuffle(b, x, y, lanes):
+        return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(lanes)), lanes))
 
-    def load16(b, p, at):  # 16 floats at p[at] (unaligned)
-        return b.load(b.bitcast(b.gep(p, [at]), v16.as_pointer()), align=4)
+    def _load16(b, p, at):  # 16 floats at p[at] (unaligned)
+        return b.load(b.bitcast(b.gep(p, [at]), _v16.as_pointer()), align=4)
 
-    def fma(b, x, y, z):
-        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(v16, [v16] * 3), "llvm.fma.v16f32")
+    def _fma(b, x, y, z):
+        fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_v16, [_v16] * 3), "llvm.fma.v16f32")
         return b.call(fn, [x, y, z])
 
-    def loop(b, start, stop, step, init, body):
+    def _loop(b, start, stop, step, init, body):
         """``for j in range(start, stop - step + 1, step)`` carrying the values ``init`` (``body(j,
         values)`` gives the next ones); returns (j at the exit, the values at the exit)."""
         before = b.block
         head, block, done = (b.append_basic_block(x) for x in ("head", "body", "done"))
         b.branch(head)
         b.position_at_end(head)
-        j = b.phi(i64)
+        j = b.phi(_i64)
         j.add_incoming(start, before)
         carried = []
         for v in init:
             carried.append(b.phi(v.type))
             carried[-1].add_incoming(v, before)
-        b.cbranch(b.icmp_signed("<", b.add(j, const(step - 1)), stop), block, done)
+        b.cbranch(b.icmp_signed("<", b.add(j, _const(step - 1)), stop), block, done)
         b.position_at_end(block)
-        nxt, j_next = body(j, carried), b.add(j, const(step))
+        nxt, j_next = body(j, carried), b.add(j, _const(step))
         b.branch(head)
         j.add_incoming(j_next, b.block)
         for phi, v in zip(carried, nxt, strict=True):
@@ -153,101 +155,106 @@ def _vector_loops():
         b.position_at_end(done)
         return j, carried
 
-    def data(context, b, ty, value):
+    def _data(context, b, ty, value):
         return context.make_array(ty)(context, b, value).data
 
-    def sum4(b, t):
+    def _sum4(b, t):
         """Four <16 x float> -> <4 x float> of their lane sums, each summed as reduce.fadd does."""
         lo, hi = list(range(8)), list(range(8, 16))
         a = b.fadd(
-            shuffle(b, t[0], t[1], lo + [16 + i for i in lo]),
-            shuffle(b, t[0], t[1], hi + [16 + i for i in hi]),
+            _shuffle(b, t[0], t[1], lo + [16 + i for i in lo]),
+            _shuffle(b, t[0], t[1], hi + [16 + i for i in hi]),
         )
         c = b.fadd(
-            shuffle(b, t[2], t[3], lo + [16 + i for i in lo]),
-            shuffle(b, t[2], t[3], hi + [16 + i for i in hi]),
+            _shuffle(b, t[2], t[3], lo + [16 + i for i in lo]),
+            _shuffle(b, t[2], t[3], hi + [16 + i for i in hi]),
         )
         g0, g1 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
-        e = b.fadd(shuffle(b, a, c, g0 + [16 + i for i in g0]), shuffle(b, a, c, g1 + [16 + i for i in g1]))
+        e = b.fadd(_shuffle(b, a, c, g0 + [16 + i for i in g0]), _shuffle(b, a, c, g1 + [16 + i for i in g1]))
         f = b.fadd(
-            shuffle(b, e, e, [0, 1, 4, 5, 8, 9, 12, 13]), shuffle(b, e, e, [2, 3, 6, 7, 10, 11, 14, 15])
+            _shuffle(b, e, e, [0, 1, 4, 5, 8, 9, 12, 13]), _shuffle(b, e, e, [2, 3, 6, 7, 10, 11, 14, 15])
         )
-        return b.fadd(shuffle(b, f, f, [0, 2, 4, 6]), shuffle(b, f, f, [1, 3, 5, 7]))
+        return b.fadd(_shuffle(b, f, f, [0, 2, 4, 6]), _shuffle(b, f, f, [1, 3, 5, 7]))
 
-    def rows32(*arrays) -> bool:  # float32 arrays whose rows the loops may read as contiguous
+    def _rows32(*arrays) -> bool:  # float32 arrays whose rows the loops may read as contiguous
         return all(
             isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C" for x in arrays
         )
 
-    def greater(b, x, top):  # the scalar loop's ``if x > top: top = x`` (a NaN never replaces)
+    def _greater(b, x, top):  # the scalar _loop's ``if x > top: top = x`` (a NaN never replaces)
         return b.select(b.fcmp_ordered(">", x, top), x, top)
+
+
+def _vector_loops():
+    """(scores, weighted sum): the two loops at head dim 32 as numba intrinsics."""
 
     @intrinsic
     def scores(typingctx, q, keys, n, scale, s):
         """s[j] <- (q . keys[j]) * scale for j < n; returns their maximum (-3e38 for n = 0)."""
-        if not rows32(q, keys, s):
+        if not _rows32(q, keys, s):
             return None
         sig = types.float32(q, keys, n, scale, s)
 
         def codegen(context, b, signature, args):
-            qp, kp, sp = (data(context, b, signature.args[i], args[i]) for i in (0, 1, 4))
+            qp, kp, sp = (_data(context, b, signature.args[i], args[i]) for i in (0, 1, 4))
             count = context.cast(b, args[2], signature.args[2], types.int64)
             sc = context.cast(b, args[3], signature.args[3], types.float32)
-            q0, q1 = load16(b, qp, const(0)), load16(b, qp, const(16))
+            q0, q1 = _load16(b, qp, _const(0)), _load16(b, qp, _const(16))
             reduce = cgutils.get_or_insert_function(
-                b.module, ir.FunctionType(f32, [f32, v16]), "llvm.vector.reduce.fadd.v16f32"
+                b.module, ir.FunctionType(_f32, [_f32, _v16]), "llvm.vector.reduce.fadd.v16f32"
             )
 
             def dot(j):  # q . keys[j] as 16 partial sums
-                row = b.mul(j, const(32))
-                return fma(b, q1, load16(b, kp, b.add(row, const(16))), b.fmul(q0, load16(b, kp, row)))
+                row = b.mul(j, _const(32))
+                return _fma(b, q1, _load16(b, kp, b.add(row, _const(16))), b.fmul(q0, _load16(b, kp, row)))
 
             def four(j, top):
                 x = b.fmul(
-                    sum4(b, [dot(b.add(j, const(i))) for i in range(4)]), shuffle(b, scale4, scale4, [0] * 4)
+                    _sum4(b, [dot(b.add(j, _const(i))) for i in range(4)]),
+                    _shuffle(b, scale4, scale4, [0] * 4),
                 )
-                b.store(x, b.bitcast(b.gep(sp, [j]), v4.as_pointer()), align=4)
-                return [greater(b, x, top[0])]
+                b.store(x, b.bitcast(b.gep(sp, [j]), _v4.as_pointer()), align=4)
+                return [_greater(b, x, top[0])]
 
             def one(j, top):
-                x = b.fmul(b.call(reduce, [ir.Constant(f32, -0.0), dot(j)], fastmath=("reassoc",)), sc)
+                x = b.fmul(b.call(reduce, [ir.Constant(_f32, -0.0), dot(j)], fastmath=("reassoc",)), sc)
                 b.store(x, b.gep(sp, [j]))
-                return [greater(b, x, top[0])]
+                return [_greater(b, x, top[0])]
 
-            scale4 = b.insert_element(ir.Constant(v4, ir.Undefined), sc, ir.Constant(i32, 0))
-            j, (tops,) = loop(b, const(0), count, 4, [ir.Constant(v4, [-3.0e38] * 4)], four)
-            top = b.extract_element(tops, ir.Constant(i32, 0))
+            scale4 = b.insert_element(ir.Constant(_v4, ir.Undefined), sc, ir.Constant(_i32, 0))
+            j, (tops,) = _loop(b, _const(0), count, 4, [ir.Constant(_v4, [-3.0e38] * 4)], four)
+            top = b.extract_element(tops, ir.Constant(_i32, 0))
             for i in range(1, 4):
-                top = greater(b, b.extract_element(tops, ir.Constant(i32, i)), top)
-            return loop(b, j, count, 1, [top], one)[1][0]
+                top = _greater(b, b.extract_element(tops, ir.Constant(_i32, i)), top)
+            return _loop(b, j, count, 1, [top], one)[1][0]
 
         return sig, codegen
 
     @intrinsic
     def weighted_sum(typingctx, s, values, n, o):
         """o[0:32] <- sum over j < n of s[j] * values[j], key by key."""
-        if not rows32(s, values, o):
+        if not _rows32(s, values, o):
             return None
         sig = types.void(s, values, n, o)
 
         def codegen(context, b, signature, args):
-            sp, vp, op = (data(context, b, signature.args[i], args[i]) for i in (0, 1, 3))
+            sp, vp, op = (_data(context, b, signature.args[i], args[i]) for i in (0, 1, 3))
             count = context.cast(b, args[2], signature.args[2], types.int64)
 
             def step(j, acc):
                 w = b.insert_element(
-                    ir.Constant(v16, ir.Undefined), b.load(b.gep(sp, [j])), ir.Constant(i32, 0)
+                    ir.Constant(_v16, ir.Undefined), b.load(b.gep(sp, [j])), ir.Constant(_i32, 0)
                 )
-                w, row = shuffle(b, w, w, [0] * 16), b.mul(j, const(32))
+                w, row = _shuffle(b, w, w, [0] * 16), b.mul(j, _const(32))
                 return [
-                    fma(b, w, load16(b, vp, row), acc[0]),
-                    fma(b, w, load16(b, vp, b.add(row, const(16))), acc[1]),
+                    _fma(b, w, _load16(b, vp, row), acc[0]),
+                    _fma(b, w, _load16(b, vp, b.add(row, _const(16))), acc[1]),
                 ]
 
-            zero = ir.Constant(v16, [0.0] * 16)
-            acc = loop(b, const(0), count, 1, [zero, zero], step)[1]
-            b.store(acc[0], b.bitcast(op, v16.as_pointer()), align=4)
-            b.store(acc[1], b.bitcast(b.gep(op, [const(16)]), v16.as_pointer()), align=4)
+            zero = ir.Constant(_v16, [0.0] * 16)
+            acc = _loop(b, _const(0), count, 1, [zero, zero], step)[1]
+            b.store(acc[0], b.bitcast(op, _v16.as_pointer()), align=4)
+            b.store(acc[1], b.bitcast(b.gep(op, [_const(16)]), _v16.as_pointer()), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -255,7 +262,7 @@ def _vector_loops():
     return scores, weighted_sum
 
 
-_scores32, _weighted_sum32 = _vector_loops() if numba is not None else (None, None)
+_scores32, _weighted_sum32 = _vector_loops() if numba is not None and ir is not None else (None, None)
 
 
 @_jit(fastmath=_FAST, inline="always")
