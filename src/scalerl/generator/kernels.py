@@ -181,7 +181,7 @@ if ir is not None:
             isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C" for x in arrays
         )
 
-    def _greater(b, x, top):  # the scalar _loop's ``if x > top: top = x`` (a NaN never replaces)
+    def _greater(b, x, top):  # the scalar loop's ``if x > top: top = x`` (a NaN never replaces)
         return b.select(b.fcmp_ordered(">", x, top), x, top)
 
 
@@ -209,10 +209,7 @@ def _vector_loops():
                 return _fma(b, q1, _load16(b, kp, b.add(row, _const(16))), b.fmul(q0, _load16(b, kp, row)))
 
             def four(j, top):
-                x = b.fmul(
-                    _sum4(b, [dot(b.add(j, _const(i))) for i in range(4)]),
-                    _shuffle(b, scale4, scale4, [0] * 4),
-                )
+                x = b.fmul(_sum4(b, [dot(b.add(j, _const(i))) for i in range(4)]), scale4)
                 b.store(x, b.bitcast(b.gep(sp, [j]), _v4.as_pointer()), align=4)
                 return [_greater(b, x, top[0])]
 
@@ -222,6 +219,7 @@ def _vector_loops():
                 return [_greater(b, x, top[0])]
 
             scale4 = b.insert_element(ir.Constant(_v4, ir.Undefined), sc, ir.Constant(_i32, 0))
+            scale4 = _shuffle(b, scale4, scale4, [0] * 4)  # the scale in all four lanes, once
             j, (tops,) = _loop(b, _const(0), count, 4, [ir.Constant(_v4, [-3.0e38] * 4)], four)
             top = b.extract_element(tops, ir.Constant(_i32, 0))
             for i in range(1, 4):
@@ -262,7 +260,7 @@ def _vector_loops():
     return scores, weighted_sum
 
 
-_scores32, _weighted_sum32 = _vector_loops() if numba is not None and ir is not None else (None, None)
+_scores32, _weighted_sum32 = _vector_loops() if ir is not None else (None, None)
 
 
 @_jit(fastmath=_FAST, inline="always")
