@@ -229,3 +229,42 @@ def test_a_signal_while_the_stopped_run_is_marked_waits_for_the_mark():
             time.sleep(0.05)
             marked.append("not reached")
     assert marked == ["KILLED"]
+
+
+def test_a_signal_that_lands_in_a_finalizer_still_stops_at_once_and_its_noise_is_left_out():
+    """A signal that stops at once raises where the main thread is. Inside a finalizer (a __del__, a
+    weak reference's callback: SQLAlchemy's sessions in MLflow's store have them) Python only reports
+    the exception and goes on, so the stop was lost; it is delivered again after the finalizer. The
+    errors the cut-short code's finalizers report after that are not printed; before it they are."""
+    from scalerl.loop.signals import Interrupted, StopSignals
+
+    class SignalledInside:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+            sum(range(10_000))  # the handler runs here, between this finalizer's bytecodes
+
+    class FailsInside:
+        def __del__(self):
+            raise AssertionError("a finalizer's own error")
+
+    reported, old = [], sys.unraisablehook
+    sys.unraisablehook = lambda report: reported.append(type(report.exc_value).__name__)
+    try:
+        with StopSignals(), pytest.raises(Interrupted) as e:
+            FailsInside()  # before any stop: reported as usual
+            SignalledInside()  # dropped at once: the signal lands in its finalizer
+            deadline = time.time() + 5
+            while time.time() < deadline:  # the loop the stop must end
+                time.sleep(0.001)
+        assert time.time() < deadline and e.value.signum == signal.SIGINT
+        assert reported == ["AssertionError"]
+        with StopSignals():
+            with pytest.raises(Interrupted):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+            FailsInside()  # after a stop at once: left out
+        assert reported == ["AssertionError"]
+        FailsInside()  # the handlers are gone: reported again
+        assert reported == ["AssertionError", "AssertionError"]
+    finally:
+        sys.unraisablehook = old

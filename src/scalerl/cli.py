@@ -72,7 +72,7 @@ def _main(cfg: DictConfig) -> None:
         from scalerl.lock import LockBusy
         from scalerl.loop import RunError, train
         from scalerl.loop.run import Stopped
-        from scalerl.loop.signals import Interrupted, exit_code
+        from scalerl.loop.signals import Interrupted, exit_code, quiet_finalizers
         from scalerl.rollout.engine import engine_role
         from scalerl.storage import CheckpointError
 
@@ -87,6 +87,7 @@ def _main(cfg: DictConfig) -> None:
         sys.exit(exit_code(e.signum))
     except Interrupted as e:  # a second signal: stopped at once
         _ignore_signals()
+        quiet_finalizers()
         print(f"[scalerl] {e.detail or 'interrupted'}", file=sys.stderr, flush=True)
         sys.exit(exit_code(e.signum))
     except (RunError, LockBusy) as e:

@@ -70,6 +70,7 @@ def checkpoint(run: Components, clock: Clock) -> None:
             f"could not write the checkpoint of step {st.step}: {e.strerror or first_line(e)} "
             f"({e.filename or run.ckpt.dir}); {kept}; run the same command again once it can be written"
         ) from None
+    run.checkpointed = st.step  # before the flush: a signal that stops it at once names this one
     if run.is_main:
         run.tracker.flush()
 

@@ -148,7 +148,6 @@ def _train(run: Components, stop: StopSignals, clock: Clock, progress: Progress)
         progress.update(st.step, stats, run.last_pass_rate)
         if st.step % c.checkpoint_every == 0 or last:
             checkpoint(run, clock)
-            run.checkpointed = st.step
         if _stop_agreed(run, stop.signum is not None) and not last:
             _stop_at_boundary(run, clock, stop.signum or signal.SIGTERM)
     stop.graceful = False

@@ -4,13 +4,23 @@ flushed, a checkpoint written), a second one at once.
 Handlers are installed only where the signal has its default handler and only in the main thread:
 a host that handles them itself (submitit's preemption handling in a sweep job, which bypasses
 SIGTERM and requeues on SIGUSR2) keeps its own.
+
+A signal that stops at once raises where the main thread happens to be. Where that is a finalizer (a
+weak reference's callback, a collector's callback), Python only reports the exception and goes on:
+while the handlers are installed, such a report is turned into the same signal again, delivered
+a moment later (after the finalizer) by :func:`_thread.interrupt_main`, so the stop is not lost.
+Once stopped at once, the finalizers of the library code the signal cut short (SQLAlchemy's half-done
+session in MLflow's store) report errors of their own as the process exits; :func:`quiet_finalizers`
+leaves them out.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -39,18 +49,33 @@ class StopSignals:
         self.graceful = False
         self._old: dict[int, object] = {}
         self._held: list[int] | None = None  # while the stopped run is marked: the signal that waits
+        self._hook = None  # the unraisable hook before ours, while ours is installed
+        self._at_once = False  # a signal was raised to stop at once
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
                     self._old[sig] = signal.signal(sig, self._handle)
+            if self._old:
+                self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
+        if self._hook is not None:
+            sys.unraisablehook, self._hook = self._hook, None
+
+    def _unraisable(self, report) -> None:
+        """An :class:`Interrupted` raised inside a finalizer was dropped: send the signal again."""
+        if isinstance(report.exc_value, Interrupted):
+            redeliver = threading.Timer(0.01, _thread.interrupt_main, args=(report.exc_value.signum,))
+            redeliver.daemon = True
+            redeliver.start()
+        elif self._hook is not None and not self._at_once:  # else: of the code the stop cut short
+            self._hook(report)
 
     @contextlib.contextmanager
     def marking(self):
@@ -64,6 +89,7 @@ class StopSignals:
         finally:
             held, self._held = self._held, None
             if held:
+                self._at_once = True
                 raise Interrupted(held[0])
 
     def _handle(self, signum: int, frame) -> None:
@@ -81,4 +107,11 @@ class StopSignals:
                 2, f"[scalerl] {name}: stopping after this step ({again} again stops at once)\n".encode()
             )
             return
+        self._at_once = True
         raise Interrupted(signum)
+
+
+def quiet_finalizers() -> None:
+    """For a process that stopped at once and now exits: errors that finalizers report (of the
+    library code the signal cut short) are left out instead of printed as tracebacks."""
+    sys.unraisablehook = lambda report: None
