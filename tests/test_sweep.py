@@ -566,8 +566,8 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
     _, rest = relaunch.communicate(timeout=420)
     stderr = "".join(seen) + rest
     assert relaunch.returncode == 0, stderr[-3000:]
-    assert waiting in stderr
-    assert "cispo: finished in" in stderr and "cispo: submitted" not in stderr
+    assert waiting in stderr, stderr[-3000:]
+    assert "cispo: finished in" in stderr and "cispo: submitted" not in stderr, stderr[-3000:]
     status_file = tmp_path / "out" / "status.json"
     assert json.loads(status_file.read_text())["cispo"]["status"] == "finished"
     assert json.loads((tmp_path / "out" / "cispo" / "summary.json").read_text())["steps"] == 40
