@@ -645,6 +645,27 @@ def test_a_second_signal_while_a_stopped_run_closes_still_names_its_checkpoint(t
     assert e.value.detail.startswith("interrupted by SIGINT at step 4/6; the last checkpoint (step 4) is in ")
 
 
+def test_a_signal_during_a_checkpoints_flush_names_that_checkpoint(tiny_overrides):
+    """A checkpoint is written, then the metrics it covers are sent to MLflow: a signal that stops
+    the run at once during that flush (CI saw one land there) names the checkpoint just written, the
+    one a resume starts from, not the one before it."""
+    from scalerl.loop.signals import Interrupted
+
+    cfg, run = make_run([*tiny_overrides, *SYNC, "trainer.total_steps=6", "checkpoint_every=2"])
+    flush = run.tracker.flush
+
+    def stopped_at_step_4():
+        if run.state.step == 4:
+            raise Interrupted(signal.SIGINT)
+        flush()
+
+    run.tracker.flush = stopped_at_step_4
+    with pytest.raises(Interrupted) as e:
+        train(cfg, components=run)
+    assert e.value.detail.startswith("interrupted by SIGINT at step 4/6; the last checkpoint (step 4) is in ")
+    assert torch.load(run.ckpt.path, weights_only=True)["step"] == 4
+
+
 class IgnoresWeights(HFGenerator):
     """A generator that keeps sampling from the weights it was built with."""
 

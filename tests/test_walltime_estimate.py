@@ -99,9 +99,37 @@ def test_estimate_follows_the_mode_the_run_uses():
     pipe = est.combine(w, p, apart=True)
     assert pipe.step_s < sync.step_s
     assert 1.0 < pipe.busy_threads <= 2.0 and sync.busy_threads == 1.0
-    # a longer cap on the completions: longer decodes and longer training rows
-    w_long, _ = _work("trainer.total_steps=100", "length_control.max_new_tokens=100")
+    # longer completions: longer decodes and longer training rows. Under forced interruptions the
+    # thinking and answer budgets bound them (with the forced phrase), not a larger cap alone
+    longer = ("trainer.total_steps=100", "length_control.max_new_tokens=100")
+    assert _work(*longer)[0].new_tokens == w.new_tokens
+    w_long, _ = _work(*longer, "length_control.think_budget_max=80")
+    assert w_long.new_tokens == w.new_tokens + 80 - 48
     assert est.combine(w_long, p, apart=True).step_s > pipe.step_s
+    w_cap, _ = _work("trainer.total_steps=100", "length_control=none", "length_control.max_new_tokens=100")
+    assert w_cap.new_tokens == 100  # no budgets: the cap
+
+
+def test_the_probe_times_the_lean_decode_where_the_generator_takes_it():
+    """The HF generator decodes the embedded model through its lean forward (the body over slot
+    buffers, the compiled attention, the bf16 emulation's GEMMs in bf16), about twice as fast as
+    transformers' forward here: the probe times that path in the run's precision where the run takes
+    it, and transformers' where it does not (a native low-precision body, the static cache)."""
+    import torch
+
+    o = typed(compose([]))
+    net = est._probe_model(o.model)
+    decoder = est._lean_decoder(net, o.precision)
+    assert decoder is not None
+    body, prec = decoder
+    assert body.dtype == torch.bfloat16 and (prec.body, prec.head) == ("bf16", "fp32")  # fp32_head
+    assert est._lean_decode_step_s(decoder, 8, 10, 20, 1_000_000) > 0
+    native = typed(compose(["precision.impl=native"]))
+    assert est._lean_decoder(est._probe_model(native.model), native.precision) is None
+    probes: dict = {}
+    for overrides in ([], ["generator.static_cache=true"]):
+        assert isinstance(est.estimate(compose(overrides), probes=probes, load=False), est.Estimate)
+    assert sorted(key[2] for key in probes) == [False, True]  # one probe a path
 
 
 def test_a_loaded_machine_stretches_the_estimate():

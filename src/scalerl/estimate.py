@@ -5,7 +5,8 @@ The estimate is built from what the run will do and what this machine does per u
 
 * **The work** (:func:`work`), from the resolved config alone: optimiser steps; samples a step
   (``trainer.batch_size``) and the rows a decode step carries; the tokens a sample may generate
-  (``length_control.max_new_tokens``) and the prompt's; how many batches a step generates
+  (``length_control.max_new_tokens``, or under forced interruptions the budgets and the forced
+  phrase where fewer) and the prompt's; how many batches a step generates
   (``async_mode=ppo_off_policy`` generates its minibatches' in one go, the same per step;
   ``filter.dynamic_sampling`` draws more groups as the policy solves prompts, up to
   ``filter.max_gen_batches``); the evaluations (``eval.every``, ``eval.num_prompts`` x
@@ -13,7 +14,9 @@ The estimate is built from what the run will do and what this machine does per u
 * **The rate** (:func:`probe`), measured here and now: the configured architecture built with random
   weights (the same transformers class and sizes the run builds; no weights read), timed for about
   a second at the run's shapes and thread counts: one decode step of as many rows as the
-  generator carries, and a forward + backward of training rows as long as the run's samples. The
+  generator carries (through the HF generator's lean forward in the run's precision where the run
+  decodes through it, else transformers' forward), and a forward + backward of training rows as
+  long as the run's samples. The
   probe sees this machine's speed and its present load, which counted FLOPs alone cannot: on the
   embedded model a decode step is bound by attention over many short rows and by per-operation
   overhead, not by its matmuls (benchmarks/results/2026-12-01_7007612_generation-speed.md).
@@ -24,8 +27,9 @@ The estimate is built from what the run will do and what this machine does per u
 The loop does more than the probe times (the samples' bookkeeping, the verifier, weight pushes,
 logging, checkpoints) and some of it faster (the project's own decode path, shared prompts), so each
 phase's probe time may be scaled by a factor; compared with whole runs on this machine kind
-(benchmarks/results/2026-12-01_98d4ed4_walltime-estimate.md) the unscaled sum already lands at or
-somewhat above the measured wall time, so the factors stay 1. The printed range is a spread around
+(benchmarks/results/2026-12-01_98d4ed4_walltime-estimate.md; with the lean decode timed,
+benchmarks/results/2026-12-04_da11bec_loo-study-time-and-estimate.md) the unscaled sum already
+lands at or somewhat above the measured wall time, so the factors stay 1. The printed range is a spread around
 it together with what the config cannot say in advance (how long the samples will be, how many extra
 batches dynamic sampling will draw). What the estimate cannot know it says instead of guessing: a
 GPU this machine does not have, a SLURM queue's wait, vLLM's engine start.
@@ -34,6 +38,7 @@ GPU this machine does not have, a SLURM queue's wait, vLLM's engine start.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -248,7 +253,7 @@ def work(*, trainer, generator, async_mode, filter, eval, length_control, task, 
         samples=B,
         gen_rows=rows,
         prompt_tokens=prompt,
-        new_tokens=int(length_control.max_new_tokens),
+        new_tokens=_decode_bound(length_control, model),
         gen_batches=batches,
         evals=evals,
         eval_samples=n_val * K,
@@ -258,6 +263,25 @@ def work(*, trainer, generator, async_mode, filter, eval, length_control, task, 
         warmstart=_warmstart_pending(model, task),
         notes=tuple(notes),
     )
+
+
+def _decode_bound(length_control, model) -> int:
+    """The decode steps a completion can take: ``max_new_tokens``; under forced interruptions at
+    most the thinking budget's maximum, the forced phrase and the answer budget where that is fewer
+    (the phrase's tokens counted with the embedded model's character tokenizer, about one per four
+    characters for another model's subword one)."""
+    cap = int(length_control.max_new_tokens)
+    if str(length_control.name) != "interruption":
+        return cap
+    phrase = str(length_control.phrase)
+    if str(model.name) == "tiny":
+        from scalerl.model.tokenizer import build_char_tokenizer
+
+        forced = len(build_char_tokenizer()(phrase, add_special_tokens=False).input_ids)
+    else:
+        forced = -(-len(phrase) // 4)
+    budget = int(length_control.think_budget_max) + int(length_control.answer_budget)
+    return min(cap, budget) + forced
 
 
 def _tiny_kv_bytes_per_row(model) -> int | None:
@@ -415,9 +439,49 @@ def _train_sample_s(model, samples: int, seq: int, n: int) -> float:
     return t / rows * seq / probe_seq
 
 
-def probe(model, w: Work) -> Probe | str:
+def _lean_decoder(net, precision):
+    """``net`` (prepared in place for ``precision``, the run's precision option) as the HF
+    generator's lean forward (:mod:`scalerl.generator.lean`: the body over slot buffers with the
+    compiled attention) with its precision, or None where the generator would not take that path
+    here (an architecture or precision it does not know, no compiled loops)."""
+    from scalerl.generator import lean
+    from scalerl.model.precision import Precision
+
+    prec = Precision.for_device(precision.body, precision.head, "cpu", impl=precision.impl)
+    if lean.unsupported(net, prec, "cpu") is not None:
+        return None
+    body = lean.LeanModel(prec.prepare(net, master_weights=False), prec)
+    return (body, prec) if body.fused_attention() is not None else None
+
+
+def _lean_decode_step_s(decoder, rows: int, prompt: int, new: int, n: int) -> float:
+    """One decode step of ``rows`` rows through ``decoder`` (:func:`_lean_decoder`) and the LM
+    head's log-probs, halfway through a completion of ``new`` tokens."""
+    import torch
+
+    body, prec = decoder
+    probe_rows = max(1, min(rows, int(PROBE_FLOPS / (2 * n))))
+    ctx = prompt + max(1, new // 2)
+    kv = body.buffers(probe_rows, ctx + 1, None)
+    tok = torch.randint(3, body.model.config.vocab_size, (probe_rows,))
+    pos = torch.full((probe_rows,), ctx)
+    keymask = (torch.arange(ctx + 1)[None, :] <= pos[:, None])[:, None, None, :]
+
+    def step():
+        hidden = body.decode(kv, tok, pos, ctx + 1, keymask)
+        return prec.log_softmax(prec.logits(body.model, hidden), 1.0)
+
+    with torch.inference_mode():
+        step()  # the loops compiled, or loaded from numba's cache
+        return _timed(step, PROBE_BUDGET_S) * rows / probe_rows
+
+
+def probe(model, w: Work, precision=None, lean: bool = False) -> Probe | str:
     """Time the unit operations of ``w`` on the architecture of ``model`` (the run's model option)
-    on one thread of this machine (about a second), or say why it cannot."""
+    on one thread of this machine (about a second), or say why it cannot. ``lean``: the run's
+    generator decodes through its lean forward where that applies (``generator=hf`` without the
+    static cache), timed in ``precision`` (the run's precision option); else, and where it does not
+    apply, transformers' forward is timed."""
     import torch
 
     t0 = time.perf_counter()
@@ -432,13 +496,17 @@ def probe(model, w: Work) -> Probe | str:
         n = max(1, num_params(net, exclude_embeddings=True))
         mid = max(1, round(w.new_tokens * LENGTH_FRACTION[1]))
         seq = min(w.prompt_tokens + mid, int(getattr(net.config, "max_position_embeddings", 1 << 20)))
-        decode = _decode_step_s(net, w.gen_rows, w.prompt_tokens, w.new_tokens, n)
-        eval_decode = (
-            decode
-            if w.eval_rows == w.gen_rows
-            else _decode_step_s(net, w.eval_rows, w.prompt_tokens, w.new_tokens, n)
-        )
         train = _train_sample_s(net, w.samples, seq, n)
+        step_s = functools.partial(_decode_step_s, net)
+        # the lean path where it applies: after the training probe, since it prepares the model for
+        # the precision (the emulation's hooks would slow the transformers forward timed above)
+        decoder = _lean_decoder(net, precision) if lean and precision is not None else None
+        if decoder is not None:
+            step_s = functools.partial(_lean_decode_step_s, decoder)
+        decode = step_s(w.gen_rows, w.prompt_tokens, w.new_tokens, n)
+        eval_decode = (
+            decode if w.eval_rows == w.gen_rows else step_s(w.eval_rows, w.prompt_tokens, w.new_tokens, n)
+        )
     finally:
         torch.set_num_threads(before)
     return Probe(
@@ -613,8 +681,17 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
         model=config.model,
     )
     gen_threads, train_threads, apart, _ = _threads(layout)
+    # the HF generator decodes through its lean forward on one thread (its compiled loops are
+    # single-threaded; the static cache is the GPU's path)
+    lean = (
+        w.generator == "hf"
+        and not bool(getattr(config.generator, "static_cache", False))
+        and gen_threads == 1
+    )
     key = (
         repr(dataclasses.asdict(config.model)),
+        repr(dataclasses.asdict(config.precision)),
+        lean,
         w.gen_rows,
         w.eval_rows,
         w.prompt_tokens,
@@ -623,7 +700,7 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
     )
     cache = probes if probes is not None else {}
     if key not in cache:
-        cache[key] = probe(config.model, w)
+        cache[key] = probe(config.model, w, config.precision, lean=lean)
     p = cache[key]
     if isinstance(p, str):
         return Unknown(p)
