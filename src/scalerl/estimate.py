@@ -16,10 +16,10 @@ The estimate is built from what the run will do and what this machine does per u
   a second at the run's shapes and thread counts: one decode step of as many rows as the
   generator carries (through the HF generator's lean forward in the run's precision where the run
   decodes through it, else transformers' forward), and a forward + backward of training rows as
-  long as the run's samples. The
-  probe sees this machine's speed and its present load, which counted FLOPs alone cannot: on the
-  embedded model a decode step is bound by attention over many short rows and by per-operation
-  overhead, not by its matmuls (benchmarks/results/2026-12-01_7007612_generation-speed.md).
+  long as the run's samples. The probe sees this machine's speed and its present load, which
+  counted FLOPs alone cannot: on the embedded model a decode step is bound by attention over many
+  short rows and by per-operation overhead, not by its matmuls
+  (benchmarks/results/2026-12-01_7007612_generation-speed.md).
 * **How a step combines them**: ``sync`` and ``ppo_off_policy`` generate, then train (the sum);
   ``pipeline_rl`` runs its engine beside the trainer, so a step costs the slower of the two where
   each has cores of its own, the sum where they share them.
@@ -29,9 +29,9 @@ logging, checkpoints) and some of it faster (the project's own decode path, shar
 phase's probe time may be scaled by a factor; compared with whole runs on this machine kind
 (benchmarks/results/2026-12-01_98d4ed4_walltime-estimate.md; with the lean decode timed,
 benchmarks/results/2026-12-04_da11bec_loo-study-time-and-estimate.md) the unscaled sum already
-lands at or somewhat above the measured wall time, so the factors stay 1. The printed range is a spread around
-it together with what the config cannot say in advance (how long the samples will be, how many extra
-batches dynamic sampling will draw). What the estimate cannot know it says instead of guessing: a
+lands at or somewhat above the measured wall time, so the factors stay 1. The printed range is a
+spread around it together with what the config cannot say in advance (how long the samples will
+be, how many extra batches dynamic sampling will draw). What the estimate cannot know it says instead of guessing: a
 GPU this machine does not have, a SLURM queue's wait, vLLM's engine start.
 """
 
