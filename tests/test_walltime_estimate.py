@@ -112,7 +112,7 @@ def test_estimate_follows_the_mode_the_run_uses():
 
 def test_the_probe_times_the_lean_decode_where_the_generator_takes_it():
     """The HF generator decodes the embedded model through its lean forward (the body over slot
-    buffers, the compiled attention, the bf16 emulation's GEMMs in bf16), about twice as fast as
+    buffers, the compiled attention, the bf16 emulation's GEMMs in bf16), faster than
     transformers' forward here: the probe times that path in the run's precision where the run takes
     it, and transformers' where it does not (a native low-precision body, the static cache)."""
     import torch
