@@ -29,6 +29,8 @@ def test_length_control_from_the_composed_config():
     assert lc.think_end_id == THINK_END
     assert (lc.think_budget_min, lc.think_budget_max, lc.answer_budget) == (40, 48, 8)
     assert lc.max_steps == cfg.max_new_tokens + len(lc.phrase_ids)
+    # the longest completion: 48 thinking, the phrase, 8 answer tokens (the cap of 64 not reached)
+    assert lc.longest == 48 + len(lc.phrase_ids) + 8 < lc.max_steps
     assert lc.answer_limit == 8
     assert LengthControl.build(lc, TOK) is lc  # built once, passed on as it is
 
@@ -38,6 +40,7 @@ def test_length_control_without_interruption_has_no_phrase_and_no_answer_limit(n
     lc = LengthControl.build(compose([f"length_control={name}"]).length_control, TOK)
     assert not lc.interrupts and lc.phrase_ids == () and lc.max_steps == lc.max_new_tokens == 64
     assert lc.answer_limit > lc.max_steps  # only max_new_tokens ends a completion
+    assert lc.longest == lc.max_steps
     assert lc.think_end_id == THINK_END  # thinking tokens are still counted up to </think>
 
 
@@ -146,3 +149,4 @@ def test_both_paths_of_the_hf_generator_read_one_length_control():
         assert a.loss_mask.index(0) == b.loss_mask.index(0)  # the phrase at the same drawn budget
         at = a.loss_mask.index(0)
         assert 2 <= at <= 6 and a.completion_ids[at : at + len(lc.phrase_ids)] == list(lc.phrase_ids)
+        assert len(a.completion_ids) <= lc.longest and len(b.completion_ids) <= lc.longest

@@ -266,22 +266,22 @@ def work(*, trainer, generator, async_mode, filter, eval, length_control, task, 
 
 
 def _decode_bound(length_control, model) -> int:
-    """The decode steps a completion can take: ``max_new_tokens``; under forced interruptions at
-    most the thinking budget's maximum, the forced phrase and the answer budget where that is fewer
-    (the phrase's tokens counted with the embedded model's character tokenizer, about one per four
-    characters for another model's subword one)."""
-    cap = int(length_control.max_new_tokens)
-    if str(length_control.name) != "interruption":
-        return cap
-    phrase = str(length_control.phrase)
+    """The decode steps a completion can take (:attr:`LengthControl.longest
+    <scalerl.generator.length.LengthControl.longest>`), its forced phrase counted with the embedded
+    model's character tokenizer, and for another model, whose tokenizer is not read here, as about
+    one token per four characters."""
+    from scalerl.generator.length import LengthControl
+
     if str(model.name) == "tiny":
         from scalerl.model.tokenizer import build_char_tokenizer
 
-        forced = len(build_char_tokenizer()(phrase, add_special_tokens=False).input_ids)
+        tokenizer = build_char_tokenizer()
     else:
-        forced = -(-len(phrase) // 4)
-    budget = int(length_control.think_budget_max) + int(length_control.answer_budget)
-    return min(cap, budget) + forced
+
+        def tokenizer(text: str, add_special_tokens: bool = False) -> dict:
+            return {"input_ids": [0] * -(-len(text) // 4)}
+
+    return LengthControl.build(length_control, tokenizer).longest
 
 
 def _tiny_kv_bytes_per_row(model) -> int | None:

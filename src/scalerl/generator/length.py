@@ -111,6 +111,15 @@ class LengthControl:
         return self.max_new_tokens + len(self.phrase_ids)
 
     @property
+    def longest(self) -> int:
+        """The most tokens a completion can take under these rules: :attr:`max_steps`, or when
+        interrupting, where fewer, the thinking budget's maximum and the answer budget sampled and
+        the phrase forced between them."""
+        if not self.interrupts:
+            return self.max_steps
+        return min(self.max_new_tokens, self.think_budget_max + self.answer_budget) + len(self.phrase_ids)
+
+    @property
     def answer_limit(self) -> int:
         """The answer tokens a completion may sample after ``</think>``: ``answer_budget`` when
         interrupting, else more than it can hold (only ``max_new_tokens`` ends it)."""
