@@ -393,6 +393,23 @@ def tiny_sweep(tmp_path_factory, _cache_dir):
     return {"root": root, "file": f, "uri": uri, "out": root / "out", "args": args, "res": res}
 
 
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    return tree
+
+
 def _client(uri):
     from mlflow.tracking import MlflowClient
 
@@ -546,7 +563,12 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
     while not any(f"step {n} reward" in out_log.read_text() for n in range(11, 20)):
         assert time.time() < deadline, "the job printed no step after its first checkpoint"
         time.sleep(0.05)
-    os.kill(job, signal.SIGSTOP)  # alive, and it cannot finish before the relaunch has looked
+    # alive, and it cannot finish before the relaunch has looked: the job id is submitit's
+    # controller, the run is its child, so the whole tree is stopped
+    tree = _process_tree(job)
+    assert len(tree) > 1, f"no process under submitit's controller {job}"
+    for pid in tree:
+        os.kill(pid, signal.SIGSTOP)
     seen: list[str] = []
     try:
         relaunch = subprocess.Popen(
@@ -562,7 +584,8 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
             if "cispo:" in line:
                 break
     finally:
-        os.kill(job, signal.SIGCONT)
+        for pid in tree:
+            os.kill(pid, signal.SIGCONT)
     _, rest = relaunch.communicate(timeout=420)
     stderr = "".join(seen) + rest
     assert relaunch.returncode == 0, stderr[-3000:]
