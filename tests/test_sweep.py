@@ -410,6 +410,15 @@ def _process_tree(pid: int) -> list[int]:
     return tree
 
 
+def _signal_all(pids: list[int], signum: int) -> None:
+    """``signum`` to each of ``pids`` that still runs."""
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
 def _client(uri):
     from mlflow.tracking import MlflowClient
 
@@ -567,8 +576,7 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
     # controller, the run is its child, so the whole tree is stopped
     tree = _process_tree(job)
     assert len(tree) > 1, f"no process under submitit's controller {job}"
-    for pid in tree:
-        os.kill(pid, signal.SIGSTOP)
+    _signal_all(tree, signal.SIGSTOP)
     seen: list[str] = []
     try:
         relaunch = subprocess.Popen(
@@ -584,8 +592,7 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
             if "cispo:" in line:
                 break
     finally:
-        for pid in tree:
-            os.kill(pid, signal.SIGCONT)
+        _signal_all(tree, signal.SIGCONT)  # every one, even where one of them has ended
     _, rest = relaunch.communicate(timeout=420)
     stderr = "".join(seen) + rest
     assert relaunch.returncode == 0, stderr[-3000:]
