@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow_server import free_port, unavailable_server
+from procs import descendants
 
 from scalerl.config import options
 from scalerl.sweep import load_spec, make_plan, plan_lines
@@ -393,23 +394,6 @@ def tiny_sweep(tmp_path_factory, _cache_dir):
     return {"root": root, "file": f, "uri": uri, "out": root / "out", "args": args, "res": res}
 
 
-def _process_tree(pid: int) -> list[int]:
-    """``pid`` and every process under it (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    return tree
-
-
 def _signal_all(pids: list[int], signum: int) -> None:
     """``signum`` to each of ``pids`` that still runs."""
     for pid in pids:
@@ -574,8 +558,9 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
         time.sleep(0.05)
     # alive, and it cannot finish before the relaunch has looked: the job id is submitit's
     # controller, the run is its child, so the whole tree is stopped
-    tree = _process_tree(job)
-    assert len(tree) > 1, f"no process under submitit's controller {job}"
+    under = descendants(job)
+    assert under, f"no process under submitit's controller {job}"
+    tree = [job, *under]
     _signal_all(tree, signal.SIGSTOP)
     seen: list[str] = []
     try:
