@@ -57,12 +57,12 @@ class _LC:
     max_new_tokens: int = 256
 
 
-def _model(shape: str, device: torch.device, max_len: int):
+def _model(shape: str, device: torch.device, max_len: int, impl: str = "auto"):
     sh = SHAPES[shape]
     mcfg = shape_cfg(shape, max_len)
     with torch.device(device):
         model = build_model(mcfg, sh["vocab"], seed=0, pad_token_id=0, eos_token_id=1)
-    precision = Precision.for_device("bf16", "fp32", device)
+    precision = Precision.for_device("bf16", "fp32", device, impl)
     precision.prepare(model)
     return model.eval(), precision, sh["vocab"]
 
@@ -93,6 +93,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one static call")
+    ap.add_argument(
+        "--impl",
+        default="auto",
+        choices=["auto", "native", "emulated"],
+        help="the bf16 body's precision.impl (auto: native on a GPU, emulated on a CPU)",
+    )
     ap.add_argument("--out")
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -100,7 +106,7 @@ def main() -> None:
     if device.type == "cpu" and a.shape is None:
         a.prompts, a.samples, a.new_tokens, a.repeats = 4, 2, 16, 1
     g = torch.Generator().manual_seed(0)
-    model, precision, vocab = _model(shape, device, 160 + a.new_tokens + 64)
+    model, precision, vocab = _model(shape, device, 160 + a.new_tokens + 64, a.impl)
     lens = torch.randint(60, 160, (a.prompts,), generator=g).tolist()
     prompt_ids = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lens]
     prompts = [_Prompt(i, ids) for i, ids in enumerate(prompt_ids)]
@@ -122,11 +128,16 @@ def main() -> None:
         "prompt_lengths": [min(lens), max(lens)],
     }
     greedy = {}
-    for static in (False, True):
-        name = "static" if static else "dynamic"
+    # the static cache twice where the body runs under autocast over fp32 master weights: with its
+    # matrix weights cast once per batch (the default) and cast at every step (cast_once=False)
+    variants = [("dynamic", False, True), ("static", True, True)]
+    if getattr(model, "_scalerl_autocast", None) is not None:
+        variants.insert(1, ("static_cast_every_step", True, False))
+    for name, static, cast_once in variants:
         gen = HFGenerator(
             model, _Tokenizer(), precision, lc, temperature=1.0, device=device, static_cache=static
         )
+        gen.cast_once = cast_once
         t0 = time.time()
         gen.generate(prompts, a.samples, version=0)  # warm-up (and the graph's capture)
         sync()
@@ -147,7 +158,7 @@ def main() -> None:
         if static:  # is the graph there, and what do a replay and an eager step cost alone?
             dec = next(iter(gen._static.values()))
             result["graph_captured"] = dec.graph is not None
-            print("graph captured:", result["graph_captured"], flush=True)
+            print(name, "graph captured:", result["graph_captured"], flush=True)
             if not result["graph_captured"] and device.type == "cuda":
                 import traceback
 
@@ -167,7 +178,7 @@ def main() -> None:
                     for _ in range(20):
                         fn()
                 sync()
-                result[f"static_{what}_ms"] = round((time.time() - t0) / 20 * 1e3, 2)
+                result[f"{name}_{what}_ms"] = round((time.time() - t0) / 20 * 1e3, 2)
         result[name] = {
             "first_call_s": round(first, 3),
             "call_s": [round(t, 3) for t in times],
@@ -204,6 +215,13 @@ def main() -> None:
     result["greedy_agreeing_prefix_share"] = round(agree / max(total, 1), 4)
     result["greedy_max_logprob_diff_on_prefix"] = lp_diff
     result["speedup"] = round(min(result["dynamic"]["call_s"]) / min(result["static"]["call_s"]), 2)
+    if "static_cast_every_step" in result:  # casting once: how much faster, and the same samples?
+        every = result["static_cast_every_step"]
+        result["cast_once_speedup"] = round(min(every["call_s"]) / min(result["static"]["call_s"]), 3)
+        result["cast_once_greedy_identical"] = all(
+            a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+            for a, b in zip(greedy["static_cast_every_step"], greedy["static"], strict=True)
+        )
     print(json.dumps(result, indent=1))
     if a.out:
         with open(a.out, "w") as f:

@@ -58,16 +58,21 @@ if [ "${1:-}" = "--pack" ]; then
         echo "gpu_trl_compare: the tree ($tree bytes) and the wheels ($rest bytes) do not fit one call" >&2
         exit 3
     fi
-    # parts 1..n-1 of the model as large as a call allows; the last part, its tail with the wheels,
-    # is what the run's call carries
-    n=1
-    while [ $(((n - 1) * room + room - rest)) -lt "$model" ]; do n=$((n + 1)); done
+    # the last part (what the run's call carries) holds the wheels and as much of the model's tail
+    # as fits beside them; the head before it goes in parts as large as a call allows
+    tail=$((room - rest < model ? room - rest : model))
+    head=$((model - tail))
+    n=$(((head + room - 1) / room + 1))
     last="$PACK/$n"
     mkdir -p "$last"
     mv "$PACK"/wheels/*.whl "$last/"
     off=0
     for i in $(seq 1 "$n"); do
-        size=$((i < n ? room : model - off))
+        if [ "$i" -lt "$n" ]; then
+            size=$((head - off < room ? head - off : room))
+        else
+            size=$tail
+        fi
         mkdir -p "$PACK/$i"
         dd if="$PACK/dl/$WHEEL" of="$PACK/$i/$WHEEL.part$i" bs=1M iflag=skip_bytes,count_bytes \
             skip="$off" count="$size" status=none

@@ -631,6 +631,60 @@ def test_static_cache_with_emulated_bf16_and_inflight_updates():
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_static_cache_casts_native_bf16_weights_once_per_batch_and_update(arch):
+    """A native bf16 body with fp32 master weights (autocast): the static decoder reads its matrix
+    weights from a copy cast once per batch and at each in-flight update, and samples the same
+    tokens with the same log-probs, bit for bit, as casting at every step, across an in-flight
+    update and a change of the weights between batches (the trainer's step). The master weights
+    stay fp32 and the copy shares the norms and embeddings."""
+    model = make_model(seed=0, bias={EOS: -30.0}, arch=arch)
+    news = [make_model(seed=s, bias={EOS: -30.0}, arch=arch) for s in (1, 2)]
+    prec = Precision(body="bf16", head="fp32", impl="native")
+
+    def load(m, src):  # in place, as the trainer's weights arrive
+        with torch.no_grad():
+            for (_, p), (_, q) in zip(m.named_parameters(), src.named_parameters(), strict=True):
+                p.copy_(q)
+
+    runs, gens = [], []
+    for cast_once in (False, True):
+        m = copy.deepcopy(model)
+        calls = []
+
+        def weight_update(m=m, calls=calls):
+            calls.append(1)
+            if len(calls) == 4:
+                load(m, news[0])
+                return 4
+            return None
+
+        gen = HFGenerator(m, TOK, prec, LC("none", max_new_tokens=10), seed=0, static_cache=True)
+        gen.cast_once = cast_once
+        first = flat(gen.generate(VAR_LEN, 2, version=3, weight_update=weight_update))
+        load(m, news[1])
+        second = flat(gen.generate(VAR_LEN, 2, version=5))
+        runs.append((first, second))
+        gens.append(gen)
+    (a1, a2), (b1, b2) = runs
+    for a, b in zip(a1 + a2, b1 + b2, strict=True):
+        assert a.completion_ids == b.completion_ids
+        assert a.logprobs == b.logprobs
+        assert a.versions == b.versions
+    assert a1[0].versions == [3, 3, 3] + [4] * 7
+    assert [s.completion_ids for s in a1] != [s.completion_ids for s in a2]  # the weights changed
+    low = gens[1]._low
+    assert gens[0]._low is None and low is not None
+    assert low.refreshes == 3  # batch 1, its in-flight update, batch 2: not one per step
+    m = gens[1].model
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in m.parameters())
+    assert low.pairs and all(c.dtype == torch.bfloat16 for c, _ in low.pairs)
+    shared = {id(p) for p in low.body.parameters()} & {id(p) for p in m.parameters()}
+    body = m.get_decoder()
+    assert {id(p) for p in body.parameters()} - {id(master) for _, master in low.pairs} == shared
+    assert all(torch.equal(c, master.to(torch.bfloat16)) for c, master in low.pairs)
+
+
 def test_static_cache_from_the_config_and_its_limits():
     cfg = _cfg("hf")
     cfg.generator.static_cache = True

@@ -23,7 +23,9 @@ a step costs one forward pass plus a fixed number of batched tensor ops whatever
   every row at once (:meth:`HFGenerator._advance`).
 * Finished rows leave the KV cache once they are half of it (a batch often waits on a few long
   samples); sampling still runs over all rows, so the random stream and the samples are unchanged.
-* Emulated low-precision weights are rounded once per weight version, not at every decode step.
+* Emulated low-precision weights are rounded once per weight version, not at every decode step;
+  a native low-precision body with fp32 master weights decodes over a static cache from its matrix
+  weights cast once per batch and per in-flight update (:class:`~scalerl.generator.static_decode.LowPrecisionCopy`).
 * The embedded model's architectures (GPT-2, Qwen2, Llama) on a CPU decode through
   :mod:`scalerl.generator.lean` (a forward over the weights on the slot cache, no per-layer module
   calls), batches as one session of the batch's size; ``lean=False`` (or another model, a native
@@ -116,6 +118,10 @@ class HFGenerator(Generator):
         if self.static_cache and (why := static_decode.supported(self.model)) is not None:
             raise ValueError(f"generator.static_cache=true is not possible with this model: {why}")
         self._static: dict[int, static_decode.StaticDecoder] = {}
+        # a native low-precision body with fp32 master weights: the static decoders read its matrix
+        # weights cast once per batch and per in-flight update, not at every step (switch: benchmarks)
+        self.cast_once = True
+        self._low: static_decode.LowPrecisionCopy | None = None
         # generator.lean: the embedded model's architectures decode through a forward written over
         # their weights (scalerl.generator.lean) where it applies (CPU, fp32 or emulated body)
         self.lean = bool(lean)
@@ -238,6 +244,8 @@ class HFGenerator(Generator):
             if self.static_cache
             else _make_cache(feed.L + max_steps)
         )
+        if self.static_cache and self._low is not None:
+            self._low.refresh()  # the weights of this batch's version
         record = _Record()
         tok = torch.empty(0, dtype=torch.long, device=self.device)  # the tokens fed at the next step
         # rows still in the KV cache (None: all B). Finished rows are dropped from the cache once they
@@ -279,6 +287,8 @@ class HFGenerator(Generator):
                 self.version = int(new_version)
                 if cached is not None:
                     cached.refresh()  # the weights were replaced in place
+                if self.static_cache and self._low is not None:
+                    self._low.refresh()
                 return self.version
         return None
 
@@ -356,6 +366,8 @@ class HFGenerator(Generator):
             self._static.pop(B, None)
             if len(self._static) >= 2:
                 self._static.clear()
+            if self._low is None and self.cast_once:
+                self._low = static_decode.low_precision_copy(self.model)
             dec = static_decode.StaticDecoder(
                 self.model,
                 self._head_logprobs,
@@ -366,6 +378,7 @@ class HFGenerator(Generator):
                 # emulated low precision rounds the weights into tensors made anew per version (and
                 # freed after each call), which a captured graph would go on reading: no graph then
                 graph=not _CachedWeights(self.model).active,
+                low=self._low if self.cast_once else None,
             )
             self._static[B] = dec
         return dec

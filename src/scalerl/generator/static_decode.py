@@ -14,10 +14,18 @@ Off a GPU the same steps run eagerly (no graph): the path the CPU tests compare 
 cache. The graph reads the model's parameters where they are; weights replaced in place (the
 trainer's optimizer, in-flight updates) are seen by the next replay, and parameters that moved
 (another storage) make the generator capture again.
+
+A model trained in native low precision keeps fp32 master weights and runs its body under
+``torch.autocast``, which casts every matrix weight to the body dtype at every forward: inside a
+captured step (where autocast's cache is off) that is every replay. :class:`LowPrecisionCopy` holds
+the body's matrix weights already cast, refreshed once per batch and at each in-flight weight update
+(:meth:`LowPrecisionCopy.refresh`); the decoder runs a body that reads them, under the same autocast.
+Casting once or at every step rounds the same way, so the log-probs are the same bits.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 import warnings
 from typing import Any
@@ -88,6 +96,63 @@ def supported(model: torch.nn.Module) -> str | None:
     return None
 
 
+def _matrix_modules(body: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``body`` whose weights autocast casts to the low dtype: linear layers
+    (``nn.Linear``; GPT-2's ``Conv1D``, an ``addmm``). Norms and embeddings run in fp32 under
+    autocast and are left as they are."""
+    kinds: tuple[type, ...] = (torch.nn.Linear,)
+    try:
+        from transformers.pytorch_utils import Conv1D
+
+        kinds += (Conv1D,)
+    except ImportError:
+        pass
+    return [m for m in body.modules() if isinstance(m, kinds)]
+
+
+class LowPrecisionCopy:
+    """A decoder body whose matrix weights (and their biases) are held in ``dtype``, for a model
+    whose fp32 master weights autocast would cast at every forward. The copy shares every other
+    parameter and buffer's storage with ``body`` (norms, embeddings: no second fp32 copy) and is
+    never trained; :meth:`refresh` casts the master weights into it in place (the tensors a captured
+    graph reads stay where they are). ``refreshes`` counts the refreshes (tests)."""
+
+    def __init__(self, body: torch.nn.Module, dtype: torch.dtype):
+        mats = _matrix_modules(body)
+        cast = {id(p) for m in mats for p in m.parameters(recurse=False)}
+        memo: dict[int, Any] = {}
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for p in body.parameters():
+            if id(p) in cast:
+                low = torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
+                memo[id(p)] = low
+                self.pairs.append((low, p))
+            else:
+                memo[id(p)] = p  # shared: the copy reads the master tensor
+        for b in body.buffers():
+            memo[id(b)] = b
+        self.body = copy.deepcopy(body, memo)
+        self.body.eval()
+        self.refreshes = 0
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        for low, master in self.pairs:
+            low.copy_(master)
+        self.refreshes += 1
+
+
+def low_precision_copy(model: torch.nn.Module) -> LowPrecisionCopy | None:
+    """The copy for ``model``'s body where its forward runs under autocast over fp32 master weights
+    (:meth:`~scalerl.model.precision.Precision.prepare`); None elsewhere (fp32, emulated or an
+    inference-only model already cast)."""
+    dtype = getattr(model, "_scalerl_autocast", None)
+    if dtype is None:
+        return None
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return LowPrecisionCopy(body, dtype)
+
+
 def capacity_for(needed: int) -> int:
     return -(-needed // _ROUND) * _ROUND
 
@@ -104,10 +169,23 @@ class StaticDecoder:
     """
 
     def __init__(
-        self, model: torch.nn.Module, logprobs_of, autocast, B: int, capacity: int, device, graph: bool
+        self,
+        model: torch.nn.Module,
+        logprobs_of,
+        autocast,
+        B: int,
+        capacity: int,
+        device,
+        graph: bool,
+        low: LowPrecisionCopy | None = None,
     ):
         self.model = model
-        self.body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        # the body the steps run: the low-precision copy where one is given (refreshed by its owner)
+        self.body = (
+            low.body
+            if low is not None
+            else (model.get_decoder() if hasattr(model, "get_decoder") else model.model)
+        )
         self.logprobs_of = logprobs_of
         self.autocast = autocast
         self.B, self.capacity = int(B), int(capacity)
