@@ -153,6 +153,7 @@ def main() -> None:
         gen_g = HFGenerator(
             model, _Tokenizer(), precision, lc, temperature=0.0, device=device, static_cache=static
         )
+        gen_g.cast_once = cast_once
         greedy[name] = [s for grp in gen_g.generate(prompts, 1, version=0) for s in grp]
         samples = [s for grp in groups for s in grp]
         if static:  # is the graph there, and what do a replay and an eager step cost alone?

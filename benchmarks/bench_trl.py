@@ -570,6 +570,15 @@ def child_trl(a, defaults: bool) -> dict:
             now = time.perf_counter()
             log["step_t"].append(now)
             log["cpu1"] = time.process_time()
+            # weights that went non-finite (a NaN sampled from fails the next generation): outside
+            # the step's time, as the snapshots below
+            bad = sum(int(not torch.isfinite(p).all()) for p in model.parameters())
+            log.setdefault("nonfinite_params", []).append(bad)
+            print(
+                f"[trl] step {state.global_step}: {bad} non-finite parameter tensors",
+                file=sys.stderr,
+                flush=True,
+            )
             if evaluating and (state.global_step % a.eval_every == 0 or state.global_step == a.steps):
                 log["snaps"].append(
                     (state.global_step, {k: v.detach().clone() for k, v in model.state_dict().items()})
@@ -618,6 +627,7 @@ def child_trl(a, defaults: bool) -> dict:
         "step_completion_tokens": [c for c, _ in log["step_tokens"]],
         "step_prompt_tokens": [p for _, p in log["step_tokens"]],
         "step_gen_s": log["step_gen_s"],
+        "nonfinite_params": log.get("nonfinite_params"),
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "trl_version": importlib.metadata.version("trl"),
         "peak_rss_mb": own,
