@@ -342,7 +342,7 @@ def child_ours(a) -> dict:
         gen_cpu1 = proc_cpu_seconds(gen_pid) if gen_pid else 0.0  # read while the generator is alive
         train_busy = st.train_busy
         if a.profile and mode == "sync" and a.sample_seed == 0:  # the first round only
-            profile = profile_trainer_step(run, groups)  # after the timed steps
+            profile = profile_trainer_step(run, groups, cuda)  # after the timed steps
     finally:
         run.source.close()
     wall = steps_log[-1]["t"] - start
@@ -387,17 +387,23 @@ def child_ours(a) -> dict:
     return res
 
 
-def profile_trainer_step(run, groups) -> dict:
+def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
     """torch.profiler over one more optimiser step of our trainer on the last step's groups (after
     the timed run; the profiler's own overhead makes this step a little slower than the timed ones):
     the top operators by self CPU time, the step split into backward, optimiser and the rest
     (forward, loss, clipping), and how fast the matmuls themselves ran (the profiler's FLOP count
-    of every mm / addmm / bmm over their self time)."""
+    of every mm / addmm / bmm over their self time).
+
+    ``cuda``: the GPU's kernels too: the seconds they kept the device busy against the step's wall
+    time (far less: the step waits on the host, launches or synchronisations, not on arithmetic),
+    the top operators by device time, and the seconds the batch's preparation took before the step."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from scalerl.loop.batch import prepare_batch
 
     cfg = run.config  # the run's typed options, as the loop reads them
+    t_prep = time.perf_counter()
     prepared = prepare_batch(
         groups,
         version=run.state.step,
@@ -406,9 +412,13 @@ def profile_trainer_step(run, groups) -> dict:
         pad_id=run.tokenizer.pad_token_id,
         exclude_truncated=bool(cfg.filter.exclude_truncated),
     )
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+    prepare_s = time.perf_counter() - t_prep
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
         t0 = time.perf_counter()
         run.trainer.step(prepared.batch)
+        if cuda:
+            torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     events = prof.events()
 
@@ -440,7 +450,29 @@ def profile_trainer_step(run, groups) -> dict:
                     "flops": float(k.flops or 0),
                 }
             )
+    device = {}
+    if cuda:
+
+        def dev(k) -> float:  # the key's own kernel time (the attribute's name before torch 2.4)
+            return float(getattr(k, "self_device_time_total", getattr(k, "self_cuda_time_total", 0.0)))
+
+        keys = prof.key_averages()
+        device = {
+            "prepare_s": prepare_s,
+            "device_busy_s": sum(dev(k) for k in keys) / 1e6,
+            "top_device_ops": [
+                {
+                    "op": k.key,
+                    "device_s": dev(k) / 1e6,
+                    "calls": k.count,
+                    "cpu_s": k.self_cpu_time_total / 1e6,
+                }
+                for k in sorted(keys, key=lambda k: -dev(k))[:15]
+            ],
+        }
     return {
+        **device,
+        "op_calls": sum(k.count for k in prof.key_averages()),  # on a GPU, about one launch each
         "wall_s": wall,
         "backward_s": backward,
         "optimizer_s": optimizer,

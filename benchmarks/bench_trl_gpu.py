@@ -207,6 +207,7 @@ def child_args(a, shape: str, folder: Path | None, system: str, pair: int) -> li
         f"--threads={a.threads}",
         f"--seed={a.seed}",
         f"--sample-seed={pair}",
+        f"--profile={a.profile}",
         *(f"--override={o}" for o in a.override),
     ]
     if folder is not None:
@@ -298,6 +299,35 @@ def ratio(xs: list[float]) -> dict:
 
 def fmt(x, spec=".2f"):
     return bench_trl.fmt(x, spec)
+
+
+def profile_lines(runs: list[dict]) -> list[str]:
+    """The profiled optimiser steps of ours (``--profile 1``), one block a shape: wall time, how
+    long the device was busy, and the top operators by device time."""
+    L = []
+    for r in runs:
+        p = r.get("profile")
+        if not p:
+            continue
+        L.append(
+            f"\nProfile, {SHAPE_LABEL[r['shape']]}: one more optimiser step of ours after the timed ones, "
+            f"{p['tokens']} completion tokens: {p['wall_s']:.2f} s with the profiler on (backward "
+            f"{p['backward_s']:.2f} s, optimiser {p['optimizer_s']:.2f} s, the rest {p['rest_s']:.2f} s)"
+            + (
+                f"; the device busy {p['device_busy_s']:.2f} s of it; the batch's preparation before it "
+                f"{p['prepare_s']:.2f} s; {p['op_calls']} operator calls\n"
+                if "device_busy_s" in p
+                else "\n"
+            )
+        )
+        if p.get("top_device_ops"):
+            L.append("| operator | device s | calls | host s (self) |")
+            L.append("|---|---:|---:|---:|")
+            L.extend(
+                f"| `{o['op'][:60]}` | {o['device_s']:.3f} | {o['calls']} | {o['cpu_s']:.3f} |"
+                for o in p["top_device_ops"]
+            )
+    return L
 
 
 def report(a, info: dict, peaks: dict, runs: list[dict]) -> tuple[str, dict]:
@@ -424,6 +454,7 @@ def report(a, info: dict, peaks: dict, runs: list[dict]) -> tuple[str, dict]:
             f"{fmt(r.get('process_seconds'), '.0f')} | {len(r.get('step_times', []))} | "
             f"{fmt(d.get('tok_s'), '.0f')} | {fmt(100 * d['mfu'] if d.get('mfu') else None, '.1f')}% |"
         )
+    L.extend(profile_lines(runs))
     md = "\n".join(L) + "\n"
     data = {
         "machine": info,
@@ -491,6 +522,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget-s", type=float, default=420.0, help="no run starts that would end after this")
     ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        choices=[0, 1],
+        help="1: one more optimiser step of ours_sync under torch.profiler after the first pair's timed "
+        "steps (the device's busy time against the step's wall time, the top kernels)",
+    )
+    ap.add_argument(
         "--override",
         action="append",
         default=None,
@@ -524,7 +563,7 @@ def main() -> int:
     if a.cmd == "_child":
         # what bench_trl's child functions read, beyond the arguments above
         a.model = "smollm2"
-        a.eval_every, a.eval_prompts, a.eval_k, a.profile, a.min_digits = 1_000_000, 0, 1, 0, 3
+        a.eval_every, a.eval_prompts, a.eval_k, a.min_digits = 1_000_000, 0, 1, 3
         res = child(a)
         Path(a.json_out).write_text(json.dumps(res))
         return 0
