@@ -421,6 +421,7 @@ def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     events = prof.events()
+    keys = prof.key_averages()  # aggregated once: every table below reads it
 
     def outermost(prefix: str) -> float:
         total = 0.0
@@ -437,7 +438,7 @@ def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
     optimizer = outermost("Optimizer.step")
     rows = []
     mm_s = mm_flops = 0.0
-    for k in sorted(prof.key_averages(), key=lambda k: -k.self_cpu_time_total):
+    for k in sorted(keys, key=lambda k: -k.self_cpu_time_total):
         if k.key in ("aten::mm", "aten::addmm", "aten::bmm"):
             mm_s += k.self_cpu_time_total / 1e6
             mm_flops += float(k.flops or 0)
@@ -456,7 +457,6 @@ def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
         def dev(k) -> float:  # the key's own kernel time (the attribute's name before torch 2.4)
             return float(getattr(k, "self_device_time_total", getattr(k, "self_cuda_time_total", 0.0)))
 
-        keys = prof.key_averages()
         device = {
             "prepare_s": prepare_s,
             "device_busy_s": sum(dev(k) for k in keys) / 1e6,
@@ -472,7 +472,7 @@ def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
         }
     return {
         **device,
-        "op_calls": sum(k.count for k in prof.key_averages()),  # on a GPU, about one launch each
+        "op_calls": sum(k.count for k in keys),  # on a GPU, about one launch each
         "wall_s": wall,
         "backward_s": backward,
         "optimizer_s": optimizer,
