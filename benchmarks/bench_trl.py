@@ -288,6 +288,7 @@ def child_ours(a) -> dict:
     snaps: list = []
     steps_log: list = []
     gen_s: list[float] = []  # generation (and scoring) seconds of each step
+    busy_s: list[float] = []  # the batch's preparation and the trainer's step, seconds of each step
 
     t0 = time.perf_counter()
     # MLflow off (TRL runs with report_to="none"): the loop gets a disabled tracker
@@ -321,11 +322,12 @@ def child_ours(a) -> dict:
     profile = None
     try:
         while st.step < total:
-            gen0 = st.gen_busy
+            gen0, busy0 = st.gen_busy, st.train_busy
             groups, _ = train_step(run)
             if cuda:  # the step's kernels finished: its time is the step's, not the next one's
                 torch.cuda.synchronize()
             gen_s.append(st.gen_busy - gen0)
+            busy_s.append(st.train_busy - busy0)
             if st.step % cfg.eval.every == 0 or st.step == total:
                 snapshot()
             samples = [s for g in groups for s in g]
@@ -359,6 +361,8 @@ def child_ours(a) -> dict:
         "step_completion_tokens": [s["completion_tokens"] for s in steps_log],
         "step_prompt_tokens": [s["prompt_tokens"] for s in steps_log],
         "step_gen_s": gen_s,
+        # sync: the rest of a step (weights to the generator, bookkeeping) is its time less these two
+        "step_train_busy_s": busy_s,
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "generated_tokens": st.gen_tokens,
         "max_policy_lag": max(s["lag"] for s in steps_log),

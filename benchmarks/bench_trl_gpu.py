@@ -277,6 +277,11 @@ def derive(res: dict, a, peak: float | None, measured: float) -> dict:
         "s_per_step": wall / steps if steps else None,
         "gen_s_per_step": gen_s / steps if steps else None,
         "train_s_per_step": train_s / steps if steps else None,
+        # ours: the batch's preparation and the trainer's step() within train_s (the rest: the new
+        # weights to the generator, the loop's bookkeeping; the last step's tail before synchronising)
+        "trainer_step_s_per_step": sum(res["step_train_busy_s"][warm:]) / steps
+        if steps and res.get("step_train_busy_s")
+        else None,
         "gen_tok_s": ct / gen_s if gen_s > 0 else None,
         "mfu": of(issue_flops, peak),
         "counted_mfu": of(counted, peak),
@@ -628,8 +633,8 @@ def main() -> int:
                         f"FAILED: {r['error'][:300]}"
                         if "error" in r
                         else f"{fmt(d['tok_s'], '.0f')} tok/s  {fmt(d['s_per_step'], '.2f')} s/step  "
-                        f"gen {fmt(d['gen_s_per_step'], '.2f')} s  train {fmt(d['train_s_per_step'], '.2f')} s  "
-                        f"MFU {fmt(100 * d['mfu'] if d['mfu'] else None, '.1f')}%"
+                        f"gen {fmt(d['gen_s_per_step'], '.2f')} s  train {fmt(d['train_s_per_step'], '.2f')} s "
+                        f"(step() {fmt(d['trainer_step_s_per_step'], '.2f')} s)  MFU {fmt(100 * d['mfu'] if d['mfu'] else None, '.1f')}%"
                     ),
                     flush=True,
                 )
