@@ -319,7 +319,6 @@ def child_ours(a) -> dict:
     startup = start - t0 if mode == "pipeline_rl" else spawned - t0
     cpu0 = time.process_time()
     gen_cpu0 = proc_cpu_seconds(gen_pid) if gen_pid else 0.0
-    profile = None
     try:
         while st.step < total:
             gen0, busy0 = st.gen_busy, st.train_busy
@@ -343,8 +342,6 @@ def child_ours(a) -> dict:
         cpu1 = time.process_time()
         gen_cpu1 = proc_cpu_seconds(gen_pid) if gen_pid else 0.0  # read while the generator is alive
         train_busy = st.train_busy
-        if a.profile and mode == "sync" and a.sample_seed == 0:  # the first round only
-            profile = profile_trainer_step(run, groups, cuda)  # after the timed steps
     finally:
         run.source.close()
     wall = steps_log[-1]["t"] - start
@@ -375,7 +372,7 @@ def child_ours(a) -> dict:
         "gen_s": st.gen_busy,
         "train_s": train_busy if mode == "pipeline_rl" else wall - sum(gen_s),
         "model_dims": model_dims(run.trainer.module),
-        "profile": profile,
+        "profile": None,
         "peak_rss_mb": own + (kids if mode == "pipeline_rl" else 0.0),
         "peak_rss_detail_mb": {"trainer": own, "generator": kids}
         if mode == "pipeline_rl"
@@ -388,73 +385,73 @@ def child_ours(a) -> dict:
     }
     if evaluating:
         res["evals"] = evaluate_snapshots(cfg, a, snaps)
+    if a.profile and mode == "sync" and a.sample_seed == 0:  # the first round only, after the timed steps
+        if getattr(a, "json_out", None):  # the timed figures kept should the profile not finish
+            Path(a.json_out).write_text(json.dumps({**res, "profile": {"error": "did not finish"}}))
+        # on a GPU one micro-batch's groups: a whole step's events (about a million) took minutes to
+        # collect; the step's structure (passes, backward, optimiser) is the same
+        mbs = int(config.trainer.micro_batch_size)
+        few = max(1, mbs // int(config.trainer.generations_per_prompt)) if mbs else len(groups)
+        res["profile"] = profile_trainer_step(run, groups[:few] if cuda else groups, cuda)
     return res
 
 
 def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
-    """torch.profiler over one more optimiser step of our trainer on the last step's groups (after
-    the timed run; the profiler's own overhead makes this step a little slower than the timed ones):
-    the top operators by self CPU time, the step split into backward, optimiser and the rest
-    (forward, loss, clipping), and how fast the matmuls themselves ran (the profiler's FLOP count
-    of every mm / addmm / bmm over their self time).
+    """torch.profiler over one more optimiser step of our trainer on ``groups`` (after the timed
+    run; the profiler's own overhead makes this step slower than the timed ones): the same step timed
+    without the profiler first, the top operators by self CPU time, the step split into backward,
+    optimiser and the rest (forward, loss, clipping), and how fast the matmuls themselves ran (the
+    profiler's FLOP count of every mm / addmm / bmm over their self time; CPU only: recording shapes
+    costs too much on a GPU).
 
     ``cuda``: the GPU's kernels too: the seconds they kept the device busy against the step's wall
     time (far less: the step waits on the host, launches or synchronisations, not on arithmetic),
-    the top operators by device time, and the seconds the batch's preparation took before the step."""
+    the top operators by device time, and the seconds the batch's preparation took before the step.
+    Everything is read from the aggregated table (``key_averages``), not the event tree, whose
+    traversal took minutes at a million events."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from scalerl.loop.batch import prepare_batch
 
     cfg = run.config  # the run's typed options, as the loop reads them
-    t_prep = time.perf_counter()
-    prepared = prepare_batch(
-        groups,
-        version=run.state.step,
-        zero_variance=False,  # a step to look at, whatever the rewards
-        norm=cfg.norm.name,
-        pad_id=run.tokenizer.pad_token_id,
-        exclude_truncated=bool(cfg.filter.exclude_truncated),
-    )
-    prepare_s = time.perf_counter() - t_prep
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+
+    def prepare():
+        return prepare_batch(
+            groups,
+            version=run.state.step,
+            zero_variance=False,  # a step to look at, whatever the rewards
+            norm=cfg.norm.name,
+            pad_id=run.tokenizer.pad_token_id,
+            exclude_truncated=bool(cfg.filter.exclude_truncated),
+        )
+
+    def step(batch) -> float:
         t0 = time.perf_counter()
-        run.trainer.step(prepared.batch)
+        run.trainer.step(batch)
         if cuda:
             torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    events = prof.events()
-    keys = prof.key_averages()  # aggregated once: every table below reads it
+        return time.perf_counter() - t0
 
-    def outermost(prefix: str) -> float:
-        total = 0.0
-        for e in events:
-            if e.name.startswith(prefix):
-                parent = e.cpu_parent
-                while parent is not None and not parent.name.startswith(prefix):
-                    parent = parent.cpu_parent
-                if parent is None:
-                    total += e.cpu_time_total
-        return total / 1e6
+    t_prep = time.perf_counter()
+    prepared = prepare()
+    prepare_s = time.perf_counter() - t_prep
+    unprofiled = step(prepared.batch)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, record_shapes=not cuda, with_flops=not cuda) as prof:
+        wall = step(prepared.batch)
+    keys = prof.key_averages()  # aggregated once: every figure below reads it
 
-    backward = outermost("autograd::engine::evaluate_function")
-    optimizer = outermost("Optimizer.step")
-    rows = []
-    mm_s = mm_flops = 0.0
-    for k in sorted(keys, key=lambda k: -k.self_cpu_time_total):
-        if k.key in ("aten::mm", "aten::addmm", "aten::bmm"):
-            mm_s += k.self_cpu_time_total / 1e6
-            mm_flops += float(k.flops or 0)
-        if len(rows) < 12:
-            rows.append(
-                {
-                    "op": k.key,
-                    "self_s": k.self_cpu_time_total / 1e6,
-                    "calls": k.count,
-                    "flops": float(k.flops or 0),
-                }
-            )
+    def total(prefix: str) -> float:  # the ranges never nest within their own kind
+        return sum(k.cpu_time_total for k in keys if k.key.startswith(prefix)) / 1e6
+
+    backward = total("autograd::engine::evaluate_function")
+    optimizer = total("Optimizer.step")
+    mm = [k for k in keys if k.key in ("aten::mm", "aten::addmm", "aten::bmm")]
+    rows = [
+        {"op": k.key, "self_s": k.self_cpu_time_total / 1e6, "calls": k.count, "flops": float(k.flops or 0)}
+        for k in sorted(keys, key=lambda k: -k.self_cpu_time_total)[:12]
+    ]
     device = {}
     if cuda:
 
@@ -476,13 +473,15 @@ def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
         }
     return {
         **device,
+        "groups": len(groups),
         "op_calls": sum(k.count for k in keys),  # on a GPU, about one launch each
+        "unprofiled_wall_s": unprofiled,
         "wall_s": wall,
         "backward_s": backward,
         "optimizer_s": optimizer,
         "rest_s": wall - backward - optimizer,
-        "matmul_s": mm_s,
-        "matmul_flops": mm_flops,
+        "matmul_s": sum(k.self_cpu_time_total for k in mm) / 1e6,
+        "matmul_flops": sum(float(k.flops or 0) for k in mm),
         "tokens": int(prepared.batch.mask.sum()),
         "top_ops": rows,
     }
@@ -1122,7 +1121,7 @@ def flops_section(a, present, med, derived, matmul, runs) -> list[str]:
             f"| {i} | {LABEL[r['system']]} | {r['loadavg_before'][0]:.2f} | {r['loadavg_after'][0]:.2f} | "
             f"{d['s_per_step_median']:.2f} | {d['wall_s']:.1f} |"
         )
-    prof = next((r["profile"] for r in runs if r.get("profile")), None)
+    prof = next((r["profile"] for r in runs if r.get("profile") and "error" not in r["profile"]), None)
     if prof:
         w = prof["wall_s"]
         mm_rate = prof["matmul_flops"] / prof["matmul_s"] / 1e9 if prof["matmul_s"] else float("nan")

@@ -226,6 +226,13 @@ def run_child(a, argv: list[str], timeout: float) -> dict:
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
+            kept = Path(f.name).read_text()  # a child profiling after its timed steps wrote them first
+            if kept:
+                res = json.loads(kept)
+                res["profile"] = {"error": f"stopped after {timeout:.0f} s (the budget) while profiling"}
+                res["loadavg_before"], res["loadavg_after"] = la0, common.loadavg()
+                res["process_seconds"] = time.time() - t0
+                return res
             return {
                 "error": f"stopped after {timeout:.0f} s (the budget)",
                 "process_seconds": time.time() - t0,
@@ -314,9 +321,13 @@ def profile_lines(runs: list[dict]) -> list[str]:
         p = r.get("profile")
         if not p:
             continue
+        if "error" in p:
+            L.append(f"\nProfile, {SHAPE_LABEL[r['shape']]}: {p['error']}\n")
+            continue
         L.append(
             f"\nProfile, {SHAPE_LABEL[r['shape']]}: one more optimiser step of ours after the timed ones, "
-            f"{p['tokens']} completion tokens: {p['wall_s']:.2f} s with the profiler on (backward "
+            f"on {p.get('groups', 'all')} groups ({p['tokens']} completion tokens): "
+            f"{fmt(p.get('unprofiled_wall_s'))} s, {p['wall_s']:.2f} s with the profiler on (backward "
             f"{p['backward_s']:.2f} s, optimiser {p['optimizer_s']:.2f} s, the rest {p['rest_s']:.2f} s)"
             + (
                 f"; the device busy {p['device_busy_s']:.2f} s of it; the batch's preparation before it "
