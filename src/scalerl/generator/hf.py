@@ -46,7 +46,7 @@ from scalerl.generator.length import LengthControl
 from scalerl.generator.registry import register_generator
 from scalerl.generator.sample import Sample
 from scalerl.generator.staleness import measure_stale_kv
-from scalerl.model.kv_cache import with_cache
+from scalerl.model.kv_cache import decoder, with_cache
 from scalerl.model.precision import Precision
 from scalerl.model.weights import PolicyWeights
 
@@ -204,7 +204,7 @@ class HFGenerator(Generator):
 
     # ------------------------------------------------------------------ internals
     def _logprobs(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
-        body = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        body = decoder(self.model)
         with self.precision.autocast(self.model):
             out = body(
                 input_ids=input_ids,
@@ -514,7 +514,7 @@ class _HFSession(GenerationSession):
         self.weight_update, self.on_step = weight_update, on_step
         self.max_steps = gen.lc.max_steps
         model = gen.model
-        body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        body = decoder(model)
         self.lean = gen._lean_model()
         self.cache = SlotCache(
             body, rows, 64 + self.max_steps, gen.device, lambda: gen.precision.autocast(model), self.lean

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from scalerl.generator import kernels
+from scalerl.model.kv_cache import decoder
 from scalerl.model.precision import low_precision_kernels, lp_addmm
 
 _ARCHS = ("gpt2", "qwen2", "llama")
@@ -78,7 +79,7 @@ class LeanModel:
     def __init__(self, model: torch.nn.Module, precision):
         self.model = model
         self.arch = model.config.model_type
-        self.body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.body = decoder(model)
         emulated = precision.body != "fp32" and precision.impl == "emulated"
         self.dtype = precision.body_dtype if emulated else None  # None: no rounding
         cfg = model.config

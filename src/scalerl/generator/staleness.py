@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from scalerl.generator.sample import Sample
+from scalerl.model.kv_cache import decoder
 from scalerl.model.precision import Precision
 
 
@@ -103,7 +104,7 @@ def measure_stale_kv(
     if not chosen:
         return 0
     device = next(model.parameters()).device
-    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    body = decoder(model)
     t = temperature if temperature > 0 else 1.0
     seqs = [s.prompt_ids + s.completion_ids for s, _ in chosen]
     L = max(len(x) for x in seqs)

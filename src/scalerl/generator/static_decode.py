@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from scalerl.model.kv_cache import cached_hidden
+from scalerl.model.kv_cache import cached_hidden, decoder
 
 _ROUND = 64  # capacities are rounded up to this many positions, so that most batches reuse a graph
 _local = threading.local()  # .gqa: a static decoder's forward runs in this thread
@@ -115,7 +115,8 @@ class LowPrecisionCopy:
     whose fp32 master weights autocast would cast at every forward. The copy shares every other
     parameter and buffer's storage with ``body`` (norms, embeddings: no second fp32 copy) and is
     never trained; :meth:`refresh` casts the master weights into it in place (the tensors a captured
-    graph reads stay where they are). ``refreshes`` counts the refreshes (tests)."""
+    graph reads stay where they are). Its matrix weights hold nothing until the first refresh, which
+    its owner runs before every batch. ``refreshes`` counts the refreshes (tests)."""
 
     def __init__(self, body: torch.nn.Module, dtype: torch.dtype):
         mats = _matrix_modules(body)
@@ -124,7 +125,7 @@ class LowPrecisionCopy:
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         for p in body.parameters():
             if id(p) in cast:
-                low = torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
+                low = torch.nn.Parameter(torch.empty_like(p, dtype=dtype), requires_grad=False)
                 memo[id(p)] = low
                 self.pairs.append((low, p))
             else:
@@ -149,7 +150,7 @@ def low_precision_copy(model: torch.nn.Module) -> LowPrecisionCopy | None:
     dtype = getattr(model, "_scalerl_autocast", None)
     if dtype is None:
         return None
-    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    body = decoder(model)
     return LowPrecisionCopy(body, dtype)
 
 
@@ -181,11 +182,7 @@ class StaticDecoder:
     ):
         self.model = model
         # the body the steps run: the low-precision copy where one is given (refreshed by its owner)
-        self.body = (
-            low.body
-            if low is not None
-            else (model.get_decoder() if hasattr(model, "get_decoder") else model.model)
-        )
+        self.body = low.body if low is not None else decoder(model)
         self.logprobs_of = logprobs_of
         self.autocast = autocast
         self.B, self.capacity = int(B), int(capacity)

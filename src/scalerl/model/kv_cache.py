@@ -1,6 +1,6 @@
 """The KV-cache argument of a transformers model's forward, across the versions the package allows:
 ``cache`` from transformers 5.2x on (where ``past_key_values`` is deprecated, with a FutureWarning at
-every call), ``past_key_values`` before."""
+every call), ``past_key_values`` before; and the transformer body the cache belongs to."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ import torch
 
 
 @functools.cache
+def decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer body of a causal LM (its decoder stack, without the LM head): transformers'
+    ``get_decoder()``, or the ``model`` attribute of a class without it."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model
+
+
 def _cache_kwarg_of(cls: type) -> str:
     params = inspect.signature(cls.forward).parameters  # follows the deprecation wrappers (__wrapped__)
     return "cache" if "cache" in params else "past_key_values"

@@ -36,6 +36,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from scalerl.config.groups.precision import DTYPE_NAMES, IMPLS  # noqa: F401  (IMPLS: declared with the option)
+from scalerl.model.kv_cache import decoder
 
 # each dtype name the precision options may use -> its torch dtype
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
@@ -279,7 +280,7 @@ class Precision:
         """
         if getattr(model, "_scalerl_precision", None) is not None:
             return model
-        body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        body = decoder(model)
         head = model.get_output_embeddings()
         cast = self.impl == "native" and not master_weights
         if self.body != "fp32":

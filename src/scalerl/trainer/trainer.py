@@ -42,7 +42,7 @@ from scalerl.config.groups.loss import LossOption
 from scalerl.config.groups.trainer import TorchTrainerOption
 from scalerl.config.options import Option
 from scalerl.distributed import merge_stats
-from scalerl.model.kv_cache import output_cache, with_cache
+from scalerl.model.kv_cache import decoder, output_cache, with_cache
 from scalerl.model.precision import head_logprobs
 from scalerl.model.weights import PolicyWeights
 from scalerl.trainer.batch import TrainBatch
@@ -157,7 +157,7 @@ class Trainer:
     def _logprobs(self, batch: TrainBatch, with_entropy: bool, prefixes):
         model = self.module
         with self.precision.autocast(model):
-            hidden = self.hidden_states(model.get_decoder(), batch, prefixes)
+            hidden = self.hidden_states(decoder(model), batch, prefixes)
         targets = batch.input_ids[:, batch.start + 1 :]
         return head_logprobs(
             self.precision,
