@@ -32,6 +32,9 @@ Shapes (``--shapes``):
 * ``tiny``: the same construction at a toy size (vocabulary 50,000, above the tokenizer's, as the
   0.5B shape's is): the CPU self-test.
 
+``--variant NAME=OVERRIDE[,...]`` adds a system: ours in sync mode with those settings as well,
+labelled by them, run in turn with the others (settings of ours compared in pairs on one machine).
+
 Runs alternate pair by pair (pair i runs each shape's systems in a rotated order), each a fresh
 process; pairs continue while ``--budget-s`` allows another run of the same length (the report is
 rewritten after every run, so a run cut short still leaves what it measured). The first optimiser
@@ -103,6 +106,7 @@ RANDOM_SHAPES = {
         tie_word_embeddings=True,
     ),
 }
+VARIANTS: dict[str, list[str]] = {}  # "ours_sync:NAME" -> its overrides (--variant)
 SHAPE_LABEL = {
     "smollm2": "SmolLM2-135M-Instruct",
     "qwen0.5b": "Qwen2.5-0.5B shape (random)",
@@ -192,9 +196,28 @@ def child(a) -> dict:
     return bench_trl.child_trl(a, defaults=False)
 
 
+def register_variants(specs: list[str]) -> dict[str, list[str]]:
+    """The systems of ``--variant`` specs (``NAME=OVERRIDE[,OVERRIDE...]``): ``ours_sync:NAME`` ->
+    its overrides, each given a label in ``LABEL``; ValueError names a malformed spec."""
+    out = {}
+    for spec in specs:
+        name, _, rest = spec.partition("=")
+        overrides = [o for o in rest.split(",") if o]
+        if not name or not name.isidentifier() or not overrides or any("=" not in o for o in overrides):
+            raise ValueError(
+                f"--variant {spec!r}: NAME=OVERRIDE[,OVERRIDE...], NAME an identifier, each override key=value"
+            )
+        system = f"ours_sync:{name}"
+        out[system] = overrides
+        VARIANTS[system] = overrides
+        LABEL[system] = f"ours, async_mode=sync, {' '.join(overrides)}"
+    return out
+
+
 def child_args(a, shape: str, folder: Path | None, system: str, pair: int) -> list[str]:
+    extra = VARIANTS.get(system, [])
     args = [
-        f"--system={system}",
+        f"--system={system.partition(':')[0]}",
         f"--shape={shape}",
         f"--device={a.device}",
         f"--precision={a.precision}",
@@ -208,7 +231,7 @@ def child_args(a, shape: str, folder: Path | None, system: str, pair: int) -> li
         f"--seed={a.seed}",
         f"--sample-seed={pair}",
         f"--profile={a.profile}",
-        *(f"--override={o}" for o in a.override),
+        *(f"--override={o}" for o in [*a.override, *extra]),
     ]
     if folder is not None:
         args.append(f"--model-path={folder}")
@@ -322,10 +345,10 @@ def profile_lines(runs: list[dict]) -> list[str]:
         if not p:
             continue
         if "error" in p:
-            L.append(f"\nProfile, {SHAPE_LABEL[r['shape']]}: {p['error']}\n")
+            L.append(f"\nProfile, {SHAPE_LABEL[r['shape']]}, {LABEL[r['system']]}: {p['error']}\n")
             continue
         L.append(
-            f"\nProfile, {SHAPE_LABEL[r['shape']]}: one more optimiser step of ours after the timed ones, "
+            f"\nProfile, {SHAPE_LABEL[r['shape']]}, {LABEL[r['system']]}: one more optimiser step after the timed ones, "
             f"on {p.get('groups', 'all')} groups ({p['tokens']} completion tokens): "
             f"{fmt(p.get('unprofiled_wall_s'))} s, {p['wall_s']:.2f} s with the profiler on (backward "
             f"{p['backward_s']:.2f} s, optimiser {p['optimizer_s']:.2f} s, the rest {p['rest_s']:.2f} s)"
@@ -551,6 +574,14 @@ def main() -> int:
         default=None,
         help="a config override of ours [cuda: generator.static_cache=true]",
     )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=OVERRIDE[,OVERRIDE...]",
+        help="one more system: ours_sync with these config overrides besides --override's, run in turn "
+        "with the others (e.g. noshare=trainer.share_prompts=false); repeatable",
+    )
     ap.add_argument("--cache", default=os.environ.get("SCALERL_CACHE") or str(Path.home() / ".cache/scalerl"))
     ap.add_argument("--out", default=str(HERE / "results" / "trl_vs_ours_gpu"), help="path without suffix")
     # a child's own
@@ -572,6 +603,10 @@ def main() -> int:
         bad = [x for x in got if x not in allowed]
         if bad or not got:
             ap.error(f"{what} {','.join(got)}: a comma-separated list of {', '.join(allowed)}")
+    try:
+        a.systems += list(register_variants(a.variant))
+    except ValueError as e:
+        ap.error(str(e))
     if (a.prompts * a.gens) % a.micro_batch:
         ap.error(f"--micro-batch {a.micro_batch}: must divide --prompts x --gens ({a.prompts * a.gens})")
     os.environ.setdefault("SCALERL_CACHE", a.cache)
@@ -587,6 +622,7 @@ def main() -> int:
     if a.cmd == "report":  # re-render from the JSON
         data = json.loads(out.with_suffix(".json").read_text())
         ra = argparse.Namespace(**data["args"])
+        register_variants(getattr(ra, "variant", []))
         md, data = report(ra, data["machine"], data["peaks"], data["runs"])
         out.with_suffix(".md").write_text(md)
         print(md)

@@ -20,6 +20,7 @@
 # The run's knobs (environment): SHAPES (smollm2,qwen0.5b), SYSTEMS (trl,ours_sync), PAIRS (2), STEPS
 # (4, the first a warm-up), PROMPTS (32) x GENS (8), MAX_NEW (256), MICRO (32), BUDGET_S (420: no run
 # starts that would end after it), EXTRA (more bench_trl_gpu.py flags, e.g. "--override generator.chunk_prompts=8",
+# "--variant noshare=trainer.share_prompts=false": ours with that setting as one more system in every pair,
 # or "--profile 1": one more step of ours, on one micro-batch, under torch.profiler: the device's busy time
 # against its wall time).
 set -uo pipefail
