@@ -20,7 +20,8 @@ def test_summary_names_the_fit_with_its_intervals():
     assert lines[:3] == [
         "done: 200 steps in 90 s",
         "held-out pass rate: 0.100 -> 0.450",
-        "scaling fit: A = 0.612 [0.55, 0.68], B = 1.8 [1.5, 2.1] (90% intervals)",
+        "scaling fit: A = 0.612 [0.55, 0.68], B = 1.8 [1.5, 2.1] (90% intervals of this run's points; "
+        "a repeat can land outside them: compare seeds)",
     ]
     assert lines[-1] == "open it: http://127.0.0.1:5000"  # a server: its own UI
     assert not any(line.startswith("scaling fit") for line in summary_lines({**base, "fit": {"fit/ok": 0.0}}))
@@ -34,7 +35,9 @@ def test_summary_names_the_fit_with_its_intervals():
 
 
 def test_fit_caveat_names_the_level_or_why_there_are_no_intervals():
-    assert fit_caveat({"fit/A": 0.6, "fit/A_lo": 0.5, "fit/n_points": 9.0}, 0.8) == "(80% intervals)"
+    assert fit_caveat({"fit/A": 0.6, "fit/A_lo": 0.5, "fit/n_points": 9.0}, 0.8) == (
+        "(80% intervals of this run's points; a repeat can land outside them: compare seeds)"
+    )
     assert fit_caveat({"fit/A": 1.0, "fit/A_lo": math.nan, "fit/n_points": 2.0}, 0.9) == (
         "(no intervals: 2 points after the early cut leave none to estimate them; "
         "A at its bound 1: these points do not determine the ceiling)"

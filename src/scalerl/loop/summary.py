@@ -108,14 +108,17 @@ def summary_lines(summary: dict) -> list[str]:
 
 
 def fit_caveat(fit: dict, level: float) -> str:
-    """What a run's fitted A and B can be read as: with their intervals, or why they have none and
-    whether the ceiling sits at its bound (then these points do not determine it)."""
+    """What a run's fitted A and B can be read as: with their intervals (of this run's points, not
+    of a repeat), or why they have none and whether the ceiling sits at its bound (then these points
+    do not determine it)."""
     n = int(fit.get("fit/n_points", 0) or 0)
     a, lo = fit.get("fit/A", math.nan), fit.get("fit/A_lo", math.nan)
     if math.isnan(lo):
         notes = [f"no intervals: {n} points after the early cut leave none to estimate them"]
     else:
-        notes = [f"{level:.0%} intervals"]
+        # the bootstrap of this run's points: a repeat of the run (pipeline_rl's timing differs
+        # between runs of one seed) can land outside them, so a run's spread comes from seeds
+        notes = [f"{level:.0%} intervals of this run's points; a repeat can land outside them: compare seeds"]
     if a >= 0.999:
         notes.append("A at its bound 1: these points do not determine the ceiling")
     return "(" + "; ".join(notes) + ")"
