@@ -599,11 +599,26 @@ def child_trl(a, defaults: bool) -> dict:
             log["start"] = time.perf_counter()
             log["cpu0"] = time.process_time()
 
+        def on_pre_optimizer_step(self, args_, state, control, **kw):
+            # the gradients the optimiser is about to apply (clipped already): where a non-finite
+            # step starts, in the gradient or in the update (outside the step's time)
+            t = time.perf_counter()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = (
+                float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])))
+                if grads
+                else 0.0
+            )
+            log.setdefault("grad_norms", []).append(norm)
+            log.setdefault("nonfinite_grads", []).append(sum(int(not torch.isfinite(g).all()) for g in grads))
+            log["pause"] = log.get("pause", 0.0) + (time.perf_counter() - t)
+
         def on_step_end(self, args_, state, control, **kw):
             if cuda:  # the step's kernels finished: its time is the step's, not the next one's
                 torch.cuda.synchronize()
             now = time.perf_counter()
-            log["step_t"].append(now)
+            # the clock less the checks made outside the steps' time so far (this step's included)
+            log["step_t"].append(now - log.get("pause", 0.0))
             log["cpu1"] = time.process_time()
             # weights that went non-finite (a NaN sampled from fails the next generation): outside
             # the step's time, as the snapshots below
@@ -663,6 +678,9 @@ def child_trl(a, defaults: bool) -> dict:
         "step_prompt_tokens": [p for _, p in log["step_tokens"]],
         "step_gen_s": log["step_gen_s"],
         "nonfinite_params": log.get("nonfinite_params"),
+        # each optimiser step's gradient before it is applied (clipped): its norm, non-finite tensors
+        "grad_norms": log.get("grad_norms"),
+        "nonfinite_grads": log.get("nonfinite_grads"),
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "trl_version": importlib.metadata.version("trl"),
         "peak_rss_mb": own,
