@@ -416,16 +416,6 @@ def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
 
     cfg = run.config  # the run's typed options, as the loop reads them
 
-    def prepare():
-        return prepare_batch(
-            groups,
-            version=run.state.step,
-            zero_variance=False,  # a step to look at, whatever the rewards
-            norm=cfg.norm.name,
-            pad_id=run.tokenizer.pad_token_id,
-            exclude_truncated=bool(cfg.filter.exclude_truncated),
-        )
-
     def step(batch) -> float:
         t0 = time.perf_counter()
         run.trainer.step(batch)
@@ -434,7 +424,14 @@ def profile_trainer_step(run, groups, cuda: bool = False) -> dict:
         return time.perf_counter() - t0
 
     t_prep = time.perf_counter()
-    prepared = prepare()
+    prepared = prepare_batch(
+        groups,
+        version=run.state.step,
+        zero_variance=False,  # a step to look at, whatever the rewards
+        norm=cfg.norm.name,
+        pad_id=run.tokenizer.pad_token_id,
+        exclude_truncated=bool(cfg.filter.exclude_truncated),
+    )
     prepare_s = time.perf_counter() - t_prep
     unprofiled = step(prepared.batch)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

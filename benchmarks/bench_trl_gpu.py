@@ -196,10 +196,10 @@ def child(a) -> dict:
     return bench_trl.child_trl(a, defaults=False)
 
 
-def register_variants(specs: list[str]) -> dict[str, list[str]]:
-    """The systems of ``--variant`` specs (``NAME=OVERRIDE[,OVERRIDE...]``): ``ours_sync:NAME`` ->
-    its overrides, each given a label in ``LABEL``; ValueError names a malformed spec."""
-    out = {}
+def register_variants(specs: list[str]) -> list[str]:
+    """The systems of ``--variant`` specs (``NAME=OVERRIDE[,OVERRIDE...]``), ``ours_sync:NAME``, each
+    with its overrides in ``VARIANTS`` and a label in ``LABEL``; ValueError names a malformed spec."""
+    systems = []
     for spec in specs:
         name, _, rest = spec.partition("=")
         overrides = [o for o in rest.split(",") if o]
@@ -208,10 +208,10 @@ def register_variants(specs: list[str]) -> dict[str, list[str]]:
                 f"--variant {spec!r}: NAME=OVERRIDE[,OVERRIDE...], NAME an identifier, each override key=value"
             )
         system = f"ours_sync:{name}"
-        out[system] = overrides
+        systems.append(system)
         VARIANTS[system] = overrides
         LABEL[system] = f"ours, async_mode=sync, {' '.join(overrides)}"
-    return out
+    return systems
 
 
 def child_args(a, shape: str, folder: Path | None, system: str, pair: int) -> list[str]:
@@ -604,7 +604,7 @@ def main() -> int:
         if bad or not got:
             ap.error(f"{what} {','.join(got)}: a comma-separated list of {', '.join(allowed)}")
     try:
-        a.systems += list(register_variants(a.variant))
+        a.systems += register_variants(a.variant)
     except ValueError as e:
         ap.error(str(e))
     if (a.prompts * a.gens) % a.micro_batch:
