@@ -112,6 +112,35 @@ print(json.dumps(seen), flush=True)
     assert "leaked" not in r.stderr  # ...which freed what the imports made
 
 
+def test_a_training_loop_runs_with_the_runs_parts_frozen_only_under_our_entry_point():
+    # in a fresh process: long_lived freezes nothing in a library call (nobody's entry point froze
+    # its imports: a test's or a notebook's objects are theirs); after uncollected_imports, the
+    # objects alive when it starts (a run's parts) are frozen for its body and unfrozen after it
+    code = """
+import gc, json
+from scalerl.collector import long_lived, uncollected_imports
+seen = {}
+with long_lived():
+    seen["library"] = gc.get_freeze_count()
+with uncollected_imports():
+    import scalerl.config  # noqa: F401
+imports = gc.get_freeze_count()
+parts = [[i] for i in range(50_000)]
+with long_lived():
+    seen["parts"] = gc.get_freeze_count() - imports
+    made = [[i] for i in range(1_000)]
+    seen["made_frozen"] = gc.get_freeze_count() - imports - seen["parts"]
+seen["after"] = gc.get_freeze_count()
+print(json.dumps(seen), flush=True)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = json.loads(r.stdout.strip().splitlines()[0])
+    assert seen["library"] == 0
+    assert seen["parts"] >= 50_000 and seen["made_frozen"] == 0
+    assert seen["after"] == 0
+
+
 def _freeze_count(queue):
     import gc
 

@@ -465,3 +465,34 @@ def test_an_engine_reads_the_announcement_before_work_only_when_it_lacks_the_ver
     assert sorted(got) == [0, 1, 2]
     assert bool(reads_seen) == reads, reads_seen
     assert all(v == 3 for v in reads_seen)
+
+
+def test_continuous_hf_session_rescores_a_few_sequences_a_weight_version_not_a_few_a_piece():
+    """gen/stale_kv_logprob_gap in a continuous session: ``stale_kv_samples`` sequences a weight
+    version are re-scored, however many pieces of work finish at it (an engine finishes many a
+    version, and re-scoring a few of each was a share of its time); the next version gets its own."""
+    LC = compose(["length_control=none", "length_control.max_new_tokens=12"]).length_control
+    gen = HFGenerator(policy(0), TOK, Precision(body="bf16", head="fp32"), LC, seed=3, stale_kv_samples=2)
+    calls = []
+
+    def weight_update():  # a new version before the 4th step and before the 8th
+        calls.append(1)
+        if len(calls) in (4, 8):
+            with torch.no_grad():
+                for p in gen.model.parameters():
+                    p.mul_(1.01)
+            gen.version += 1
+            return gen.version
+        return None
+
+    session = gen.session(weight_update=weight_update, rows=64)
+    for tag in range(4):
+        session.add(PROMPTS, 4, tag=tag)
+    done = session.drain()
+    assert len(done) == 4 and gen.version == 2
+    measured = [s for _, groups in done for g in groups for s in g if s.stale_kv_gap is not None]
+    by_version = {}
+    for s in measured:
+        by_version.setdefault(max(s.versions), []).append(s)
+    assert 1 <= len(by_version.get(2, [])) <= 2, {v: len(x) for v, x in by_version.items()}
+    assert len(measured) <= 4

@@ -1048,3 +1048,34 @@ def test_the_evaluations_decode_batch_follows_the_kv_cache_its_rows_need():
     assert decode_prompts(0, 128, 8, 500, None) == 16  # a config without the fields
     assert kv_bytes_per_row(object()) is None
     assert decode_prompts(5, 128, 6, 128, kv_bytes_per_row(tiny)) == 5
+
+
+def test_the_async_modes_signal_test_is_the_zero_variance_filters_on_float32_rewards():
+    """carries_signal (what dynamic sampling asks of every buffered group) keeps a group exactly
+    where algo.zero_variance_mask over its float32 rewards does: rewards equal as floats, equal only
+    in float32 (1 and 1 + 1e-9), and different; with exclude_truncated, a truncated sample's reward
+    left out."""
+    from scalerl.rollout.modes import carries_signal
+
+    def group(rewards, truncated=()):
+        return [
+            Sample(0, 0, [1], [2], [0.0], [0], [1], "", i in truncated, False, 1, reward=r)
+            for i, r in enumerate(rewards)
+        ]
+
+    cases = [
+        ([1.0, 1.0, 1.0], ()),
+        ([1.0, 1.0 + 1e-9, 1.0], ()),
+        ([0.0, 1.0, 1.0], ()),
+        ([0.25, 0.25 + 1e-3], ()),
+        ([0.0, 1.0, 1.0], (0,)),
+        ([0.0, 1.0, 0.0], (1,)),
+    ]
+    for rewards, truncated in cases:
+        for exclude in (False, True):
+            g = group(rewards, truncated)
+            kept = [s.reward for s in g if not (exclude and s.truncated)]
+            mask = algo.zero_variance_mask(
+                torch.tensor(kept, dtype=torch.float32), torch.zeros(len(kept), dtype=torch.long)
+            )
+            assert carries_signal(g, exclude) == bool(mask.any()), (rewards, truncated, exclude)

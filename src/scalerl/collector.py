@@ -11,6 +11,8 @@ module. That costs seconds of every ``python train.py``, every study and every t
   what the run makes. A process that ends the ordinary way unfreezes them first (an exit handler),
   so that its shutdown is the one Python always made: some extension modules (triton's) report the
   objects a shutdown did not free as leaks.
+* :func:`long_lived`: a training loop runs with the run's built parts frozen too (its model, its
+  task's prompts, what its setup imported), where the entry point froze its imports.
 * :func:`end_process`: how ``train.py`` and ``sweep.py`` end: what an ordinary exit does that
   matters (wait for the threads that are not daemons, run the exit handlers: multiprocessing's,
   MLflow's, logging's, then flush the standard streams), without the interpreter's finalisation.
@@ -36,15 +38,40 @@ def uncollected_imports() -> Iterator[None]:
     """Run the body (a process's heavy imports) with the cyclic collector paused, then freeze every
     object it tracks and resume it. For a process's own entry point (or a fork server's preload),
     not for a library call inside someone else's process (it would freeze their objects too)."""
+    global _entry_froze
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
+        _entry_froze = True
         _unfreeze_at_exit()
         if was:
             gc.enable()
+
+
+_entry_froze = False  # this process's entry point froze its imports (uncollected_imports)
+
+
+@contextmanager
+def long_lived() -> Iterator[None]:
+    """Run the body (a training loop) with every object alive now frozen as well: a run's built parts
+    (its model, its task's prompts, the modules its setup imported) live as long as the loop, and the
+    full collections a long loop makes would otherwise walk them each time. Unfrozen after, so that a
+    process that runs one run after another (Hydra's multirun) collects a finished run's parts. Only
+    where this process's entry point froze its imports (:func:`uncollected_imports`); elsewhere (a
+    library call in someone else's process: a test, a notebook) a no-op, as freezing and
+    unfreezing would reach their objects too."""
+    if not _entry_froze:
+        yield
+        return
+    gc.collect()  # the setup's garbage is not frozen with the parts
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @functools.cache

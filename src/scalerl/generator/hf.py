@@ -530,6 +530,7 @@ class _HFSession(GenerationSession):
         self.version = self._seen = gen.version
         self._cached: _CachedWeights | None = None
         self.steps = 0
+        self._stale_measured = (self.version, 0)  # (weight version, sequences re-scored at it)
 
     def _alloc_state(self, rows: int, old: _RowState | None = None) -> None:
         dev = self.gen.device
@@ -617,7 +618,10 @@ class _HFSession(GenerationSession):
                 self.lean.refresh()
             if gen.stale_kv == "recompute":
                 self._recompute()
-        elif self.lean is not None:  # weights changed in place without a new version (a shared module)
+        elif self.lean is not None and self.steps == 0:
+            # weights changed in place without a new version: a module shared with the trainer,
+            # whose optimiser steps between generation calls; within a session they change only
+            # with a version (in flight), so the check is made once, not at every decode step
             self.lean.sync()
         rs, S = self.rs, self.rs.done.shape[0]
         live = ~rs.done  # rows decoding (not the ones added since the last step)
@@ -668,18 +672,28 @@ class _HFSession(GenerationSession):
         if not slots:
             return []
         rs, out = self.rs, []
-        for slot in slots:
+        # every finished row's fields read out at once (a few tensor ops a step, not a few a row)
+        idx = torch.tensor(slots, dtype=torch.long, device=self.gen.device)
+        sampled = self.sampled_buf[idx]
+        cols = zip(
+            self.t[idx].tolist(),
+            self.tok_buf[idx].tolist(),
+            torch.where(sampled, self.lp_buf[idx], 0.0).tolist(),
+            sampled.long().tolist(),
+            self.ver_buf[idx].tolist(),
+            *(f[idx].tolist() for f in (rs.truncated, rs.interrupted, rs.n_think, rs.eos_hit)),
+        )
+        for slot, (n, tok, lp, mask, ver, truncated, interrupted, think, eos) in zip(slots, cols):
             key, r = self.slot_of.pop(slot)
-            n = int(self.t[slot])
             self.work[key].rows[r] = {
-                "tokens": self.tok_buf[slot, :n].tolist(),
-                "logprobs": torch.where(self.sampled_buf[slot, :n], self.lp_buf[slot, :n], 0.0).tolist(),
-                "mask": self.sampled_buf[slot, :n].long().tolist(),
-                "versions": self.ver_buf[slot, :n].tolist(),
-                "truncated": bool(rs.truncated[slot]),
-                "interrupted": bool(rs.interrupted[slot]),
-                "think_tokens": int(rs.n_think[slot]),
-                "eos": bool(rs.eos_hit[slot]),
+                "tokens": tok[:n],
+                "logprobs": lp[:n],
+                "mask": mask[:n],
+                "versions": ver[:n],
+                "truncated": bool(truncated),
+                "interrupted": bool(interrupted),
+                "think_tokens": int(think),
+                "eos": bool(eos),
             }
             self.work[key].left -= 1
         self.cache.release(slots)
@@ -694,10 +708,22 @@ class _HFSession(GenerationSession):
         result["lengths"] = [len(row["tokens"]) for row in rows]
         groups = self.gen._to_samples(w.prompts, w.prompt_ids, w.group_ids, w.n, result)
         if self.weight_update is not None:
+            # up to stale_kv_samples sequences a weight version: a continuous engine finishes many
+            # pieces of work a version, and re-scoring a few of each cost a share of its time
             g = self.gen
-            measure_stale_kv(
-                g.model, g.precision, g.temperature, groups, g.version, g.stale_kv_samples, lean=self.lean
-            )
+            version, done = self._stale_measured
+            done = done if version == g.version else 0
+            if done < g.stale_kv_samples:
+                done += measure_stale_kv(
+                    g.model,
+                    g.precision,
+                    g.temperature,
+                    groups,
+                    g.version,
+                    g.stale_kv_samples - done,
+                    lean=self.lean,
+                )
+            self._stale_measured = (g.version, done)
         return groups
 
     def _recompute(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass
@@ -10,7 +11,9 @@ class Sample:
     """One generated sequence.
 
     ``completion_ids``, ``logprobs``, ``versions`` and ``loss_mask`` are aligned token by token.
-    Forced tokens (the interruption phrase) have log-prob 0.0, version -1 and mask 0.
+    Forced tokens (the interruption phrase) have log-prob 0.0, version -1 and mask 0. They are fixed
+    once the sample is made: :attr:`num_sampled` and :attr:`min_version` are computed once (the
+    async modes ask them of every buffered group, again at every group that arrives).
     """
 
     prompt_uid: int  # Prompt.uid
@@ -33,7 +36,7 @@ class Sample:
     def num_tokens(self) -> int:
         return len(self.completion_ids)
 
-    @property
+    @cached_property
     def num_sampled(self) -> int:
         return sum(self.loss_mask)
 
@@ -42,7 +45,7 @@ class Sample:
         """Ended by eos (not by a length limit)."""
         return not self.truncated
 
-    @property
+    @cached_property
     def min_version(self) -> int:
         """Oldest policy version among the sampled tokens (-1 if none was sampled)."""
         vs = [v for v in self.versions if v >= 0]

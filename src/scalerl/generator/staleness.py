@@ -116,7 +116,8 @@ def measure_stale_kv(
         ids[i, : len(x)] = torch.tensor(x, dtype=torch.long, device=device)
         mask[i, : len(x)] = 1
     was_training = model.training
-    model.eval()
+    if was_training:  # (a module tree walk each way: an engine's model is in eval already)
+        model.eval()
     try:
         if lean is not None:
             hidden = lean.hidden_states(ids, [len(x) for x in seqs])
@@ -134,5 +135,6 @@ def measure_stale_kv(
             gen = torch.tensor([s.logprobs[i] for i in idx], dtype=torch.float32)
             s.stale_kv_gap = float((gen - fresh[idx].cpu()).abs().mean())
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
     return len(chosen)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from scalerl.collector import long_lived
 from scalerl.config import evaluates_at, typed
 from scalerl.config.variants import group_variants
 from scalerl.lock import hold, out_dir_lock
@@ -131,6 +132,11 @@ def _recipe(run: Components, stop: StopSignals) -> dict:
 
 def _train(run: Components, stop: StopSignals, clock: Clock, progress: Progress) -> None:
     """The loop: every step trains; evaluations, the final fit and checkpoints at their cadences."""
+    with long_lived():  # the parts built for the run stay out of the collector's walks
+        _loop(run, stop, clock, progress)
+
+
+def _loop(run: Components, stop: StopSignals, clock: Clock, progress: Progress) -> None:
     c, st, total = run.config, run.state, int(run.config.trainer.total_steps)
     hand_over_weights(run)
     if not st.evals:  # step 0, before any update

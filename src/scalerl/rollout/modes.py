@@ -53,8 +53,10 @@ def carries_signal(group: list[Sample], exclude_truncated: bool = False) -> bool
     (those not cut off at the token budget, with ``exclude_truncated``) are not all equal. The same
     test as :func:`algo.zero_variance_mask` on the float32 rewards :func:`prepare_batch` builds
     (exact equality), without a tensor per group: the async modes ask it of every buffered group."""
-    rewards = {float(np.float32(s.reward)) for s in group if not (exclude_truncated and s.truncated)}
-    return len(rewards) > 1
+    kept = [s.reward for s in group if not (exclude_truncated and s.truncated)]
+    if not kept or all(r == kept[0] for r in kept):  # equal floats stay equal in float32
+        return False
+    return len({float(np.float32(r)) for r in kept}) > 1
 
 
 @dataclass
