@@ -467,28 +467,74 @@ def test_an_engine_reads_the_announcement_before_work_only_when_it_lacks_the_ver
     assert all(v == 3 for v in reads_seen)
 
 
-def test_continuous_hf_session_rescores_a_few_sequences_a_weight_version_not_a_few_a_piece():
-    """gen/stale_kv_logprob_gap in a continuous session: ``stale_kv_samples`` sequences a weight
-    version are re-scored, however many pieces of work finish at it (an engine finishes many a
-    version, and re-scoring a few of each was a share of its time); the next version gets its own."""
+def _hf_rescoring():
     LC = compose(["length_control=none", "length_control.max_new_tokens=12"]).length_control
     gen = HFGenerator(policy(0), TOK, Precision(body="bf16", head="fp32"), LC, seed=3, stale_kv_samples=2)
+
+    def update(version: int) -> None:  # new weights in place, as the shared-memory transport puts them
+        with torch.no_grad():
+            for p in gen.model.parameters():
+                p.mul_(1.01)
+
+    return gen, update
+
+
+def _vllm_rescoring(copy: bool):
+    """The vLLM engine with an HF copy of its weights (``copy``: re-scored by that copy's forward)
+    or without one (re-scored by fresh prefills on the engine beside its running requests)."""
+
+    def make():
+        base = long_tailed(policy(0))
+        gen = vllm_gen(compose(BASE), base)
+        gen.model = base if copy else None
+        gen.stale_kv_samples = 2
+        models = {0: base, 1: _perturbed(base, 1), 2: _perturbed(base, 2)}
+
+        def update(version: int) -> None:
+            gen.load_weights(PolicyWeights(models[version]), version)
+            if copy:
+                gen.model = models[version]  # the copy follows the engine's weights
+
+        return gen, update
+
+    return make
+
+
+RESCORING = {
+    "hf": _hf_rescoring,
+    "vllm_copy": pytest.param(_vllm_rescoring(True), marks=[pytest.mark.slow, pytest.mark.vllm]),
+    "vllm_engine": pytest.param(_vllm_rescoring(False), marks=[pytest.mark.slow, pytest.mark.vllm]),
+}
+
+
+@pytest.mark.parametrize("make", list(RESCORING.values()), ids=list(RESCORING))
+def test_continuous_session_rescores_a_few_sequences_a_weight_version_not_a_few_a_piece(make):
+    """gen/stale_kv_logprob_gap in a continuous session: ``stale_kv_samples`` sequences a weight
+    version are re-scored, however many pieces of work finish at it (an engine finishes many a
+    version, and re-scoring a few of each was a share of its time); the next version gets its own.
+    The same rule on every engine: the HF slots, and vLLM with an HF copy of its weights or with
+    fresh prefills on the engine."""
+    gen, update = make()
+    model, samples_before = gen.model, gen.stale_kv_samples
     calls = []
 
     def weight_update():  # a new version before the 4th step and before the 8th
         calls.append(1)
         if len(calls) in (4, 8):
-            with torch.no_grad():
-                for p in gen.model.parameters():
-                    p.mul_(1.01)
-            gen.version += 1
-            return gen.version
+            v = 1 if len(calls) == 4 else 2
+            update(v)
+            gen.version = v
+            return v
         return None
 
-    session = gen.session(weight_update=weight_update, rows=64)
-    for tag in range(4):
-        session.add(PROMPTS, 4, tag=tag)
-    done = session.drain()
+    try:
+        gen.version = 0
+        session = gen.session(weight_update=weight_update, rows=64)
+        for tag in range(4):
+            session.add(PROMPTS, 4, tag=tag)
+        done = session.drain()
+    finally:
+        gen.model, gen.stale_kv_samples = model, samples_before
     assert len(done) == 4 and gen.version == 2
     measured = [s for _, groups in done for g in groups for s in g if s.stale_kv_gap is not None]
     by_version = {}

@@ -205,6 +205,22 @@ class GenerationSession(abc.ABC):
 
     def __init__(self, gen: Generator):
         self.gen = gen
+        self._stale_measured = (gen.version, 0)  # (weight version, sequences re-scored at it)
+
+    def stale_kv_left(self) -> int:
+        """How many more sequences the stale-KV gap (``gen/stale_kv_logprob_gap``) may re-score at
+        the generator's present weight version: ``stale_kv_samples`` a version, over every piece of
+        work the session finishes at it (a continuous engine finishes many a version, and re-scoring
+        a few of each would cost a share of its time)."""
+        version, done = self._stale_measured
+        spent = done if version == self.gen.version else 0
+        return max(0, int(getattr(self.gen, "stale_kv_samples", 0)) - spent)
+
+    def stale_kv_spent(self, n: int) -> None:
+        """``n`` more sequences re-scored (or sent to be) at the present weight version."""
+        version, done = self._stale_measured
+        v = self.gen.version
+        self._stale_measured = (v, (done if version == v else 0) + int(n))
 
     @property
     @abc.abstractmethod

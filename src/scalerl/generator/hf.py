@@ -530,7 +530,6 @@ class _HFSession(GenerationSession):
         self.version = self._seen = gen.version
         self._cached: _CachedWeights | None = None
         self.steps = 0
-        self._stale_measured = (self.version, 0)  # (weight version, sequences re-scored at it)
 
     def _alloc_state(self, rows: int, old: _RowState | None = None) -> None:
         dev = self.gen.device
@@ -708,22 +707,14 @@ class _HFSession(GenerationSession):
         result["lengths"] = [len(row["tokens"]) for row in rows]
         groups = self.gen._to_samples(w.prompts, w.prompt_ids, w.group_ids, w.n, result)
         if self.weight_update is not None:
-            # up to stale_kv_samples sequences a weight version: a continuous engine finishes many
-            # pieces of work a version, and re-scoring a few of each cost a share of its time
             g = self.gen
-            version, done = self._stale_measured
-            done = done if version == g.version else 0
-            if done < g.stale_kv_samples:
-                done += measure_stale_kv(
-                    g.model,
-                    g.precision,
-                    g.temperature,
-                    groups,
-                    g.version,
-                    g.stale_kv_samples - done,
-                    lean=self.lean,
+            left = self.stale_kv_left()  # up to stale_kv_samples sequences a weight version
+            if left:
+                self.stale_kv_spent(
+                    measure_stale_kv(
+                        g.model, g.precision, g.temperature, groups, g.version, left, lean=self.lean
+                    )
                 )
-            self._stale_measured = (g.version, done)
         return groups
 
     def _recompute(self) -> None:

@@ -748,7 +748,8 @@ class _VLLMSession(GenerationSession):
     one ``engine.step()`` and turns its outputs into tokens, each stamped with the generator's
     version at that step; length control continues a row as a new request (its next phase) as in
     a batch. A piece of work is returned once all its rows finished; with ``measure`` its stale-KV
-    gap is measured first by fresh prefills added beside the running requests (stepped with them).
+    gap is measured first (up to ``stale_kv_samples`` sequences a weight version over the session's
+    pieces of work), by fresh prefills added beside the running requests (stepped with them).
 
     Budgets and request seeds are drawn from the generator's stream when the work is added and
     when a phase starts, so one piece of work added to an empty session draws what a batch draws.
@@ -865,19 +866,21 @@ class _VLLMSession(GenerationSession):
         w["groups"] = gen._to_samples(
             w["prompts"], w["group_ids"], [self.rows[r] for r in w["rids"]], self.eos
         )
-        if self.measure and gen.model is not None:  # an HF copy holds vLLM's weights
-            measure_stale_kv(
-                gen.model, gen.precision, gen.temperature, w["groups"], gen.version, gen.stale_kv_samples
+        left = self.stale_kv_left() if self.measure else 0  # up to stale_kv_samples a weight version
+        if left and gen.model is not None:  # an HF copy holds vLLM's weights
+            self.stale_kv_spent(
+                measure_stale_kv(gen.model, gen.precision, gen.temperature, w["groups"], gen.version, left)
             )
-        elif self.measure:  # fresh prefills on the engine, beside the running requests
+        elif left:  # fresh prefills on the engine, beside the running requests
             added = 0
             for s in (s for g in w["groups"] for s in g):
-                if added >= gen.stale_kv_samples:
+                if added >= left:
                     break
                 rid = gen._stale_kv_request(s)
                 if rid is not None:
                     self.measuring[rid] = (key, s)
                     added += 1
+            self.stale_kv_spent(added)
             if added:
                 return []
         return [self._report(key)]

@@ -17,8 +17,8 @@ class GeneratorOption(Option):
     temperature: float = 1.0
     chunk_prompts: int = 4  # prompts generated together (pipeline_rl streams groups per chunk)
     # sequences whose tokens after an in-flight update are re-scored from scratch, per generation
-    # call (per weight version in a continuous HF engine) (gen/stale_kv_logprob_gap: what the stale
-    # KV cache costs); 0: off
+    # call (per weight version in a continuous engine, HF or vLLM) (gen/stale_kv_logprob_gap: what
+    # the stale KV cache costs); 0: off
     stale_kv_samples: int = 4
     # the KV cache of sequences running when new weights arrive in flight (pipeline_rl): keep
     # (stale: later tokens read keys/values the old weights computed, as in PipelineRL) or recompute
