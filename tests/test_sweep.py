@@ -21,7 +21,7 @@ from scalerl.config import options
 from scalerl.sweep import load_spec, make_plan, plan_lines
 from scalerl.sweep.cli import main
 from scalerl.sweep.launch import _LocalOrphan
-from scalerl.sweep.plan import points_past_cut
+from scalerl.sweep.plan import launch_order, points_past_cut
 from scalerl.sweep.spec import SweepError
 
 LOSS_OPTIONS = ", ".join(sorted(options("loss")))  # every registered loss, as the error lists them
@@ -673,6 +673,24 @@ def test_a_variant_whose_component_cannot_act_where_it_would_run_is_planned_not_
     assert _skips(variants, ["trainer.device=cpu", "precision.impl=native"], tmp_path)["bf16"] == ""
     # the baseline itself is never skipped: it is what every variant is compared with
     assert _skips({"base": ["precision=bf16"], "x": []}, ["trainer.device=cpu"], tmp_path)["base"] == ""
+
+
+def test_the_local_launcher_starts_the_runs_with_the_most_work_first(tmp_path):
+    """A sweep's runs start longest first (by the tokens their configs process: a longer thinking
+    budget more, no dynamic sampling and a shorter budget less), so that its last minutes run short
+    runs side by side rather than a long one alone; runs of equal work keep the file's order."""
+    variants = {
+        "short": ["length_control.think_budget_min=10", "length_control.think_budget_max=12"],
+        "base": [],
+        "no_ds": ["filter.dynamic_sampling=false"],
+        "long": ["length_control.think_budget_min=50", "length_control.think_budget_max=56"],
+        "dapo": ["loss=dapo"],
+    }
+    write_sweep(tmp_path / "s.yaml", variants, name="s", baseline="base", seeds=[0, 1])
+    plan = make_plan(load_spec(tmp_path / "s.yaml"), [], sweep_dir=tmp_path / "out")
+    order = [r.name for r in launch_order(plan.runs)]
+    want = ["long", "base", "dapo", "no_ds", "short"]
+    assert order == [f"{v}-seed{s}" for v in want for s in (0, 1)], order
 
 
 @pytest.mark.slow

@@ -85,6 +85,14 @@ class Work:
     warmstart: tuple[int, int] = (0, 0)  # (steps, batch size) of a warm-start still to train; (0, 0) none
     notes: tuple[str, ...] = ()
 
+    @property
+    def tokens(self) -> float:
+        """The token positions the run processes at most, central case: its training samples (each
+        dynamic-sampling batch generated counted) and its evaluations' samples, each at its prompt
+        and its longest completion. What orders a sweep's runs, longest first; no time."""
+        samples = self.steps * self.samples * self.gen_batches[1] + self.evals * self.eval_samples
+        return float(samples * (self.prompt_tokens + self.new_tokens))
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -262,6 +270,20 @@ def work(*, trainer, generator, async_mode, filter, eval, length_control, task, 
         generator=kind,
         warmstart=_warmstart_pending(model, task),
         notes=tuple(notes),
+    )
+
+
+def work_of(config) -> Work:
+    """:func:`work` of a typed config (:func:`scalerl.config.typed`)."""
+    return work(
+        trainer=config.trainer,
+        generator=config.generator,
+        async_mode=config.async_mode,
+        filter=config.filter,
+        eval=config.eval,
+        length_control=config.length_control,
+        task=config.task,
+        model=config.model,
     )
 
 
@@ -670,16 +692,7 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
         return Unknown("a SLURM job runs on its nodes, whose speed and queue this machine does not know")
     if layout.trainers > 1:
         return Unknown(f"{layout.trainers} trainer ranks: only a single trainer's step is probed")
-    w = work(
-        trainer=config.trainer,
-        generator=config.generator,
-        async_mode=config.async_mode,
-        filter=config.filter,
-        eval=config.eval,
-        length_control=config.length_control,
-        task=config.task,
-        model=config.model,
-    )
+    w = work_of(config)
     gen_threads, train_threads, apart, _ = _threads(layout)
     # the HF generator decodes through its lean forward on one thread (its compiled loops are
     # single-threaded; the static cache is the GPU's path)

@@ -258,12 +258,14 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
 def estimate_line(plan) -> str:
     """The sweep's estimated wall time (:mod:`scalerl.estimate`): each variant's run as its job
     will run it (its overrides, the launcher's and the thread share the local launcher gives it),
-    probed once per model shape, then its runs scheduled as many at once as the launcher starts,
+    probed once per model shape, then its runs scheduled in the launcher's order (the most work
+    first: :func:`~scalerl.sweep.plan.launch_order`) as many at once as the launcher starts,
     each slowed by the cores the runs at once and the machine's present load share. A SLURM sweep
     runs on nodes and behind a queue this machine does not know: said, not guessed."""
     from scalerl import estimate
     from scalerl.config.settings import build_config
     from scalerl.sweep.launch import local_threads, max_parallel
+    from scalerl.sweep.plan import launch_order
 
     lc = plan.launcher
     if lc["name"] != "local":
@@ -274,7 +276,7 @@ def estimate_line(plan) -> str:
     per_variant: dict[str, object] = {}
     runs = []
     try:
-        for r in plan.runs:
+        for r in launch_order(plan.runs):  # scheduled as the launcher starts them
             if r.skip:
                 continue
             if r.variant not in per_variant:

@@ -24,7 +24,7 @@ import submitit
 from scalerl.config.errors import override_key
 from scalerl.storage import write_text_atomic
 from scalerl.sweep.job import TrainJob
-from scalerl.sweep.plan import Plan, PlannedRun, run_settings
+from scalerl.sweep.plan import Plan, PlannedRun, launch_order, run_settings
 from scalerl.sweep.spec import display_path
 
 # SLURM states that end a job without a result (submitit: UncompletedJobError after a wait)
@@ -327,9 +327,9 @@ class Launcher:
             return {}
         executor = make_executor(self.plan)
         fn = TrainJob()
-        pending = list(runs)
-        running: dict[str, tuple[PlannedRun, object, float]] = {}
         local = self.plan.launcher["name"] == "local"
+        pending = launch_order(runs) if local else list(runs)
+        running: dict[str, tuple[PlannedRun, object, float]] = {}
         limit = max_parallel(self.plan.launcher) if local else len(runs)
         for r in list(pending):
             job = self._reattach(r)

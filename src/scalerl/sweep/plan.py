@@ -425,6 +425,28 @@ def _too_short(steps: int, every: int, cut: int) -> str:
     )
 
 
+def run_work(run: PlannedRun) -> float:
+    """The token positions ``run`` processes by its config (:attr:`scalerl.estimate.Work.tokens`;
+    0 where that is not countable here: it only orders runs, and never stops a sweep)."""
+    from scalerl.estimate import work_of
+
+    try:
+        return work_of(typed(build_config(run.overrides, {}))).tokens
+    except Exception:
+        return 0.0
+
+
+def launch_order(runs: list[PlannedRun]) -> list[PlannedRun]:
+    """The order the local launcher starts ``runs`` in: the most work first (ties in plan order), so
+    that a sweep's last minutes run short runs side by side rather than a long one alone. A
+    variant's seeds do the same work: composed once per variant."""
+    work: dict[str, float] = {}
+    for r in runs:
+        if r.variant not in work:
+            work[r.variant] = run_work(r)
+    return sorted(runs, key=lambda r: -work[r.variant])
+
+
 def _new_run(spec: SweepSpec, vname: str, seed: int | None, overrides: list[str], sdir: Path) -> PlannedRun:
     """Run ``vname`` (its seed ``seed``, None: the config's) as named and placed in the sweep folder
     ``sdir``, before its config is composed (which sets its seed and length)."""
