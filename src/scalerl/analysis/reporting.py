@@ -199,12 +199,18 @@ def _seed(r: RunData) -> int | None:
         return None
 
 
+def _runs_commits(runs: Sequence[RunData]) -> list[str]:
+    """The commits the runs logged (tag ``git_commit``), each once, sorted."""
+    return sorted({r.tags.get("git_commit", "") for r in runs} - {""})
+
+
 def _runs_commit(runs: Sequence[RunData]) -> str | None:
     """The commit the runs logged (tag ``git_commit``) when they agree; the report's own code's
-    where none logged one; None where they disagree (no one commit made the study)."""
-    logged = {r.tags.get("git_commit", "") for r in runs} - {""}
+    where none logged one; None where they disagree (no one commit made the study: ``commits``
+    lists them)."""
+    logged = _runs_commits(runs)
     if len(logged) == 1:
-        return logged.pop()
+        return logged[0]
     return code_commit() if not logged else None
 
 
@@ -278,13 +284,15 @@ def report_json(
     wall_s: float | None = None,
 ) -> dict:
     """The machine-readable report (``report.json``): ``schema_version`` (:data:`REPORT_SCHEMA`),
-    ``commit`` (:func:`_runs_commit`), ``wall_s`` (the study's wall time where the caller knows it,
+    ``commit`` (:func:`_runs_commit`), ``commits`` (every commit the runs logged: several where the
+    code changed while the study ran), ``wall_s`` (the study's wall time where the caller knows it,
     else None), ``machine`` (:func:`machine`), ``variants`` (:func:`variant_json`, in the verdict
     table's order; ``verdict`` one of :data:`~scalerl.analysis.verdicts.LABELS`). NaN is None."""
     by_id = {r.run_id: r for r in runs}
     doc = {
         "schema_version": REPORT_SCHEMA,
         "commit": _runs_commit(runs),
+        "commits": _runs_commits(runs),
         "wall_s": wall_s,
         "machine": machine(),
         "variants": [variant_json(v, by_id, fits) for v in verdicts],
