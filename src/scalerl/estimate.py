@@ -273,20 +273,6 @@ def work(*, trainer, generator, async_mode, filter, eval, length_control, task, 
     )
 
 
-def work_of(config) -> Work:
-    """:func:`work` of a typed config (:func:`scalerl.config.typed`)."""
-    return work(
-        trainer=config.trainer,
-        generator=config.generator,
-        async_mode=config.async_mode,
-        filter=config.filter,
-        eval=config.eval,
-        length_control=config.length_control,
-        task=config.task,
-        model=config.model,
-    )
-
-
 def _decode_bound(length_control, model) -> int:
     """The decode steps a completion can take (:attr:`LengthControl.longest
     <scalerl.generator.length.LengthControl.longest>`), its forced phrase counted with the embedded
@@ -692,7 +678,16 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
         return Unknown("a SLURM job runs on its nodes, whose speed and queue this machine does not know")
     if layout.trainers > 1:
         return Unknown(f"{layout.trainers} trainer ranks: only a single trainer's step is probed")
-    w = work_of(config)
+    w = work(
+        trainer=config.trainer,
+        generator=config.generator,
+        async_mode=config.async_mode,
+        filter=config.filter,
+        eval=config.eval,
+        length_control=config.length_control,
+        task=config.task,
+        model=config.model,
+    )
     gen_threads, train_threads, apart, _ = _threads(layout)
     # the HF generator decodes through its lean forward on one thread (its compiled loops are
     # single-threaded; the static cache is the GPU's path)

@@ -428,10 +428,20 @@ def _too_short(steps: int, every: int, cut: int) -> str:
 def run_work(run: PlannedRun) -> float:
     """The token positions ``run`` processes by its config (:attr:`scalerl.estimate.Work.tokens`;
     0 where that is not countable here: it only orders runs, and never stops a sweep)."""
-    from scalerl.estimate import work_of
+    from scalerl.estimate import work
 
     try:
-        return work_of(typed(build_config(run.overrides, {}))).tokens
+        o = typed(build_config(run.overrides, {}))
+        return work(
+            trainer=o.trainer,
+            generator=o.generator,
+            async_mode=o.async_mode,
+            filter=o.filter,
+            eval=o.eval,
+            length_control=o.length_control,
+            task=o.task,
+            model=o.model,
+        ).tokens
     except Exception:
         return 0.0
 
