@@ -110,12 +110,40 @@ def test_the_machine_chooses_the_bf16_gemms_only_for_bf16_on_a_cpu_that_has_them
         getattr(torch.cpu, n, lambda: False)()
         for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     ]
-    assert has == any(flags)
+    assert has == (any(flags) and precision_module.onednn_allows_bf16())
     assert low_precision_kernels(BF16, "cpu") == has
     assert not low_precision_kernels(torch.float16, "cpu")  # fp16: fp32 GEMMs over rounded values
     assert not low_precision_kernels(BF16, "meta")
     monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", True)
     assert low_precision_kernels(BF16, "cpu") and not low_precision_kernels(torch.float16, "cpu")
+
+
+@pytest.mark.parametrize(
+    "env, cap, allowed",
+    [
+        ("ONEDNN_MAX_CPU_ISA", "AVX2", False),
+        ("ONEDNN_MAX_CPU_ISA", "avx512_core", False),  # AVX-512 without its bf16 instructions
+        ("DNNL_MAX_CPU_ISA", "AVX2_VNNI", False),  # the older name of the same cap
+        ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", True),
+        ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX", True),
+        ("ONEDNN_MAX_CPU_ISA", "ALL", True),
+        ("ONEDNN_MAX_CPU_ISA", "", True),  # unset: oneDNN uses what the CPU has
+    ],
+)
+def test_oneDNN_capped_below_its_bf16_kernels_keeps_the_fp32_gemms(monkeypatch, env, cap, allowed):
+    """Where ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below its bf16 instructions (how a newer CPU runs an
+    AVX2 machine's paths), a bf16 GEMM is a slow reference loop: the emulated layers keep fp32
+    GEMMs over rounded values, whatever the CPU has."""
+    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", None)
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(env, cap)
+    flags = any(
+        getattr(torch.cpu, n, lambda: False)()
+        for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    )
+    assert precision_module.onednn_allows_bf16() is allowed
+    assert low_precision_kernels(BF16, "cpu") == (flags and allowed)
 
 
 def test_a_layer_reads_the_bf16_copy_its_rounded_input_kept_with_the_same_bits(monkeypatch):

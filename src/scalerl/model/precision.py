@@ -28,6 +28,7 @@ Two implementations of reduced precision:
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 from dataclasses import dataclass
 
@@ -74,8 +75,9 @@ LOW_PRECISION_KERNELS: bool | None = None
 
 def low_precision_kernels(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
     """Whether an emulated linear layer in ``dtype`` on ``device`` runs as a real low-precision GEMM
-    (fp32 accumulation, output rounded once): bf16 on a CPU that has bf16 matrix instructions, where
-    it is 2-4x the fp32 rate at the embedded model's shapes; otherwise fp32 GEMMs over rounded values."""
+    (fp32 accumulation, output rounded once): bf16 on a CPU that has bf16 matrix instructions and
+    whose oneDNN may use them (:func:`onednn_allows_bf16`), where it is 2-4x the fp32 rate at the
+    embedded model's shapes; otherwise fp32 GEMMs over rounded values."""
     if dtype != torch.bfloat16 or torch.device(device).type != "cpu":
         return False
     if LOW_PRECISION_KERNELS is not None:
@@ -83,7 +85,23 @@ def low_precision_kernels(dtype: torch.dtype, device: torch.device | str = "cpu"
     return _cpu_has_bf16_gemm()
 
 
+# oneDNN's instruction-set caps (``ONEDNN_MAX_CPU_ISA``, formerly ``DNNL_MAX_CPU_ISA``) below its
+# bf16 GEMM kernels: under one of them a bf16 GEMM falls back to a reference loop, about 100x
+# slower than an fp32 one at the embedded model's shapes
+_ONEDNN_NO_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"})
+
+
+def onednn_allows_bf16() -> bool:
+    """Whether oneDNN may use its bf16 instructions here: False where ``ONEDNN_MAX_CPU_ISA`` (or
+    ``DNNL_MAX_CPU_ISA``) caps it below them (e.g. ``AVX2``, to reproduce an AVX2 machine's paths on a
+    newer CPU); True where it is unset or names a bf16-capable or unknown set."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return cap.strip().upper() not in _ONEDNN_NO_BF16
+
+
 def _cpu_has_bf16_gemm() -> bool:
+    if not onednn_allows_bf16():
+        return False
     cpu = torch.cpu
     checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
