@@ -310,35 +310,32 @@ def test_sync_run_first_steps_with_the_loops_match_the_torch_ops(tmp_path, monke
     only the attention sums in another order (1e-7), which can move a bf16 rounding and so, rarely,
     a sampled token (seen here at step 3: one group of 17 fell out of training).
 
-    Stated tolerance. Steps 1-2: the same samples (pass rate, reward, length equal). Step 1: loss,
-    gradient norm and entropy within 0.2%. Step 2 comes after one optimiser step, whose AdamW update
-    is about +-lr for each weight whatever the size of its gradient, so a 1e-7 difference in the
-    generator's log-probs that moves a bf16 rounding of a gradient moves weights: measured 0.3-0.7%
-    on the step-2 loss and up to 1.9% on its gradient norm (both bf16 GEMM paths, loops on and off);
-    entropy within 0.2%, loss within 0.001, gradient norm within 3%. Step 3: pass rate within 0.01,
-    gradient norm within 5%, loss within 0.005."""
+    Stated tolerance. Step 1 (the same weights on both sides): the same samples (pass rate, reward,
+    length equal); loss, gradient norm and entropy within 0.2%. Steps 2-3 come after optimiser steps
+    whose AdamW update is about +-lr for each weight whatever the size of its gradient, so a 1e-7
+    difference in the generator's log-probs that moves a bf16 rounding of a gradient moves weights,
+    and from there the two runs are two trajectories that drift apart: on AVX-512 with bf16 GEMMs
+    the step-2 samples stayed equal (0.3-0.7% apart on its loss, up to 1.9% on its gradient norm);
+    with an AVX2 machine's paths (fp32 GEMMs over rounded values, ``ONEDNN_MAX_CPU_ISA=AVX2``) one
+    sample of 192 differed at step 2 and the pass rates were 0.032 apart at step 3, the loss 0.0046,
+    the gradient norm 5.3%. So: pass rate within 0.05, entropy within 1%, loss within 0.01,
+    gradient norm within 10%."""
     threads = torch.get_num_threads()
     try:
         ops = _first_sync_steps(tmp_path, monkeypatch, loops=False)
         fused = _first_sync_steps(tmp_path, monkeypatch, loops=True)
     finally:
         torch.set_num_threads(threads)
-    for step, (want, have) in enumerate(zip(ops, fused, strict=True), start=1):
-        if step <= 2:
-            for k in ("train/correct", "train/reward", "train/response_length"):
-                assert have[k] == want[k], (step, k, have[k], want[k])
-            keys = ("train/loss", "train/entropy", "train/grad_norm") if step == 1 else ("train/entropy",)
-            for k in keys:
-                assert abs(have[k] - want[k]) <= 0.002 * abs(want[k]), (step, k, have[k], want[k])
-            if step == 2:
-                assert abs(have["train/loss"] - want["train/loss"]) <= 0.001, (have, want)
-                assert (
-                    abs(have["train/grad_norm"] - want["train/grad_norm"]) <= 0.03 * want["train/grad_norm"]
-                )
-        else:
-            assert abs(have["train/correct"] - want["train/correct"]) <= 0.01, step
-            assert abs(have["train/grad_norm"] - want["train/grad_norm"]) <= 0.05 * want["train/grad_norm"]
-            assert abs(have["train/loss"] - want["train/loss"]) <= 0.005, step
+    (want, have), later = (ops[0], fused[0]), list(zip(ops[1:], fused[1:], strict=True))
+    for k in ("train/correct", "train/reward", "train/response_length"):
+        assert have[k] == want[k], (1, k, have[k], want[k])
+    for k in ("train/loss", "train/entropy", "train/grad_norm"):
+        assert abs(have[k] - want[k]) <= 0.002 * abs(want[k]), (1, k, have[k], want[k])
+    for step, (want, have) in enumerate(later, start=2):
+        assert abs(have["train/correct"] - want["train/correct"]) <= 0.05, (step, have, want)
+        assert abs(have["train/entropy"] - want["train/entropy"]) <= 0.01 * want["train/entropy"], step
+        assert abs(have["train/loss"] - want["train/loss"]) <= 0.01, (step, have, want)
+        assert abs(have["train/grad_norm"] - want["train/grad_norm"]) <= 0.1 * want["train/grad_norm"], step
 
 
 def test_without_numba_the_lean_forward_keeps_torchs_ops(monkeypatch):
