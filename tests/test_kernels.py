@@ -4,6 +4,12 @@ order (1e-6) with every key and value written where torch writes it and nothing 
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -363,3 +369,35 @@ def test_without_numba_the_lean_forward_keeps_torchs_ops(monkeypatch):
         kernels.gelu_bf16.cache_clear()
         kernels.gelu_bf16_storage.cache_clear()
     assert [s.completion_ids for s in flat(with_loops)] == [s.completion_ids for s in flat(without)]
+
+
+# an AVX2 machine's code paths on a newer CPU, by each library's own cap (benchmarks/bench_isa.py)
+AVX2_PATHS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "NUMBA_CPU_NAME": "haswell",
+}
+
+
+@pytest.mark.slow
+def test_the_loops_and_the_lean_decode_hold_on_an_avx2_machines_paths():
+    """CI's machines have AVX-512, most with bf16 instructions. An AVX2 machine runs the emulated
+    bf16 layers as fp32 GEMMs over rounded values, the loops as 256-bit vector code and torch's
+    kernels at their AVX2 level; each library's cap selects those paths here. This file's and
+    test_lean_decode.py's fast tests run again under them, in a process of their own (the caps are
+    read when the libraries load), after a probe of that process confirms the paths it takes."""
+    env = {**os.environ, **AVX2_PATHS}
+    probe = (
+        "import torch; from numba.core import config; "
+        "from scalerl.model.precision import low_precision_kernels; "
+        "print(config.CPU_NAME, low_precision_kernels(torch.bfloat16), torch.backends.cpu.get_cpu_capability())"
+    )
+    got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert got.stdout.split() == ["haswell", "False", "AVX2"], got.stderr[-2000:]
+    here = Path(__file__).resolve().parent
+    files = [str(here / "test_kernels.py"), str(here / "test_lean_decode.py")]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *files]
+    run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900, cwd=here.parent)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert re.search(r"\b\d+ passed", run.stdout) and " failed" not in run.stdout, run.stdout[-2000:]
