@@ -86,8 +86,8 @@ def low_precision_kernels(dtype: torch.dtype, device: torch.device | str = "cpu"
 
 
 # oneDNN's instruction-set caps (``ONEDNN_MAX_CPU_ISA``, formerly ``DNNL_MAX_CPU_ISA``) below its
-# bf16 GEMM kernels: under one of them a bf16 GEMM falls back to a reference loop, about 100x
-# slower than an fp32 one at the embedded model's shapes
+# bf16 GEMM kernels: under one of them a bf16 GEMM falls back to a reference loop, far slower than
+# an fp32 GEMM (benchmarks/results/2026-12-05_25b39c5_avx2-paths.md)
 _ONEDNN_NO_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"})
 
 
