@@ -71,16 +71,19 @@ def start(folder: Path, seed: int, env: dict, overrides: list[str]) -> subproces
         f"out_dir={folder / f'run-{seed}'}",
         f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
     ]
-    log = open(folder / f"run-{seed}.log", "w")
+    log_path = folder / f"run-{seed}.log"
     pythonpath = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
     full = {**os.environ, **env, "PYTHONPATH": pythonpath}
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=full)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=full)
+    proc.log_path = log_path  # type: ignore[attr-defined]  (said by finish when the run fails)
+    return proc
 
 
 def finish(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.wait() != 0:
-            raise SystemExit(f"a run failed (exit {p.returncode}): see {p.args[-3]}'s log")
+            raise SystemExit(f"a run failed (exit {p.returncode}): see {p.log_path}")
 
 
 def end_pass_rate(log: Path) -> float:
