@@ -27,7 +27,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -61,29 +60,10 @@ def cpu_seconds() -> float:
 
 
 def start(folder: Path, seed: int, env: dict, overrides: list[str]) -> subprocess.Popen:
-    args = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        *STUDY,
-        *overrides,
-        "progress=log",
-        f"seed={seed}",
-        f"out_dir={folder / f'run-{seed}'}",
-        f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
-    ]
-    log_path = folder / f"run-{seed}.log"
+    """A run of the study's base with ``overrides`` under ``env``, this checkout's ``src/`` first."""
     pythonpath = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
     full = {**os.environ, **env, "PYTHONPATH": pythonpath}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=full)
-    proc.log_path = log_path  # type: ignore[attr-defined]  (said by finish when the run fails)
-    return proc
-
-
-def finish(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.wait() != 0:
-            raise SystemExit(f"a run failed (exit {p.returncode}): see {p.log_path}")
+    return common.start_train(folder, seed, [*STUDY, *overrides, "progress=log"], env=full)
 
 
 def end_pass_rate(log: Path) -> float:
@@ -106,13 +86,15 @@ def main() -> None:
         for name, env in PATHS.items():
             warm = Path(tmp) / f"warm-{name.replace(' ', '-')}"
             warm.mkdir()
-            finish([start(warm, 0, env, [*a.overrides, "trainer.total_steps=2", "eval.every=1000"])])
+            common.wait_train(
+                [start(warm, 0, env, [*a.overrides, "trainer.total_steps=2", "eval.every=1000"])]
+            )
         for r in range(a.first_round, a.first_round + a.rounds):
             for name in common.in_turn(list(PATHS), r):
                 folder = Path(tmp) / f"{r}-{name.replace(' ', '-')}"
                 folder.mkdir()
                 load0, cpu0, t0 = common.loadavg(), cpu_seconds(), time.time()
-                finish([start(folder, s, PATHS[name], a.overrides) for s in range(a.runs)])
+                common.wait_train([start(folder, s, PATHS[name], a.overrides) for s in range(a.runs)])
                 wall, cpu = time.time() - t0, cpu_seconds() - cpu0
                 rows.append(
                     {

@@ -17,8 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,26 +36,6 @@ LOO = [
 ]
 
 
-def start(folder: Path, seed: int, extra: list[str]) -> subprocess.Popen:
-    args = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        *LOO,
-        *extra,
-        f"seed={seed}",
-        f"out_dir={folder / f'run-{seed}'}",
-        f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
-    ]
-    log = open(folder / f"run-{seed}.log", "w")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-
-
-def finish(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.wait() != 0:
-            raise SystemExit(f"a run failed (exit {p.returncode}): {p.args}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=2)
@@ -72,7 +50,9 @@ def main() -> None:
         # the shipped base model into the cache, so no timed run pays for it
         warm = Path(tmp) / "warm"
         warm.mkdir()
-        finish([start(warm, 0, [*a.overrides, "trainer.total_steps=1", "eval.every=1000"])])
+        common.wait_train(
+            [common.start_train(warm, 0, [*LOO, *a.overrides, "trainer.total_steps=1", "eval.every=1000"])]
+        )
         for r in range(a.first_round, a.first_round + a.rounds):
             for how in common.in_turn(("at once", "one at a time"), r):
                 folder = Path(tmp) / f"{r}-{how.replace(' ', '-')}"
@@ -80,10 +60,14 @@ def main() -> None:
                 t0 = time.time()
                 if how == "at once":  # each run the share of the cores the local launcher gives it
                     share = local_threads({"max_parallel": a.runs}, a.overrides)
-                    finish([start(folder, s, [*a.overrides, *share]) for s in range(a.runs)])
+                    common.wait_train(
+                        [common.start_train(folder, s, [*LOO, *a.overrides, *share]) for s in range(a.runs)]
+                    )
                 else:
                     for s in range(a.runs):
-                        finish([start(folder, s, [*a.overrides, "trainer.threads=0"])])
+                        common.wait_train(
+                            [common.start_train(folder, s, [*LOO, *a.overrides, "trainer.threads=0"])]
+                        )
                 wall = time.time() - t0
                 rows.append({"round": r, "how": how, "runs": a.runs, "wall_s": round(wall, 1)})
                 print(json.dumps(rows[-1]), flush=True)

@@ -8,6 +8,8 @@
   scripts set their counted-FLOP limits.
 * **Alternating timing**: :func:`in_turn`, the order of a round's contenders (rotated each round, so
   drift and the machine's other load fall on all of them alike).
+* **Whole runs**: :func:`start_train` (``python train.py`` in a folder of its own, its output to a
+  log) and :func:`wait_train` (all of them, stopping the script where one failed).
 * **A run's parts** as ``python train.py`` builds them: :func:`options` (the config composed and read
   once into its typed options), :func:`task`, :func:`policy`, :func:`loaded_policy`,
   :func:`trainer`, :func:`generator`, each from the typed options, as the run's setup hands them
@@ -156,6 +158,37 @@ def in_turn(contenders: Sequence[T], round_: int) -> list[T]:
     items = list(contenders)
     k = round_ % max(1, len(items))
     return items[k:] + items[:k]
+
+
+# ---------------------------------------------------------------------------- whole runs
+def start_train(
+    folder: Path, seed: int, overrides: Sequence[str], *, env: dict | None = None
+) -> subprocess.Popen:
+    """``python train.py <overrides> seed=<seed>`` of this checkout, started in the background: its
+    out_dir ``folder/run-<seed>``, its MLflow store ``folder/mlflow.db``, its output to
+    ``folder/run-<seed>.log`` (the process's ``log_path``); ``env``: the process's environment
+    (None: this one's)."""
+    args = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *overrides,
+        f"seed={seed}",
+        f"out_dir={folder / f'run-{seed}'}",
+        f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
+    ]
+    log_path = folder / f"run-{seed}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    proc.log_path = log_path  # type: ignore[attr-defined]  (said by wait_train where the run fails)
+    return proc
+
+
+def wait_train(procs: Sequence[subprocess.Popen]) -> None:
+    """Wait for every run of :func:`start_train`; the script stops, naming the run's log and
+    command, where one failed."""
+    for p in procs:
+        if p.wait() != 0:
+            raise SystemExit(f"a run failed (exit {p.returncode}): see {p.log_path} ({p.args})")
 
 
 # ---------------------------------------------------------------------------- a run's parts
