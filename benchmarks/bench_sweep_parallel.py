@@ -59,7 +59,9 @@ def main() -> None:
                 folder.mkdir()
                 t0 = time.time()
                 if how == "at once":  # each run the share of the cores the local launcher gives it
-                    share = local_threads({"max_parallel": a.runs}, a.overrides)
+                    share = local_threads(
+                        {"max_parallel": a.runs, "nodes": 1, "tasks_per_node": 1}, a.overrides
+                    )
                     common.wait_train(
                         [common.start_train(folder, s, [*LOO, *a.overrides, *share]) for s in range(a.runs)]
                     )
