@@ -35,16 +35,11 @@ import common
 
 common.use_checkout()
 
+from scalerl.model.precision import AVX2_PATHS  # noqa: E402
 from scalerl.sweep import load_spec  # noqa: E402
 
 ROOT = common.ROOT
-AVX2 = {
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-    "NUMBA_CPU_NAME": "haswell",
-}
-PATHS = {"this CPU": {}, "AVX2": AVX2}
+PATHS = {"this CPU": {}, "AVX2": AVX2_PATHS}
 STUDY = load_spec(ROOT / "sweeps" / "loo_ceiling.yaml").base
 
 
@@ -110,7 +105,7 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     result = {
         **common.environment(),
-        "avx2_env": AVX2,
+        "avx2_env": AVX2_PATHS,
         "settings": [*STUDY, *a.overrides],
         "rows": rows,
         "load_after": common.loadavg(),

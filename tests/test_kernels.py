@@ -18,7 +18,7 @@ from test_generator import make_model
 
 from scalerl.generator import kernels
 from scalerl.generator.lean import LeanModel
-from scalerl.model.precision import Precision
+from scalerl.model.precision import AVX2_PATHS, Precision
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -367,15 +367,6 @@ def test_without_numba_the_lean_forward_keeps_torchs_ops(monkeypatch):
         kernels.gelu_bf16.cache_clear()
         kernels.gelu_bf16_storage.cache_clear()
     assert [s.completion_ids for s in flat(with_loops)] == [s.completion_ids for s in flat(without)]
-
-
-# an AVX2 machine's code paths on a newer CPU, by each library's own cap (benchmarks/bench_isa.py)
-AVX2_PATHS = {
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-    "NUMBA_CPU_NAME": "haswell",
-}
 
 
 @pytest.mark.slow

@@ -90,6 +90,16 @@ def low_precision_kernels(dtype: torch.dtype, device: torch.device | str = "cpu"
 # an fp32 GEMM (benchmarks/results/2026-12-05_25b39c5_avx2-paths.md)
 _ONEDNN_NO_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"})
 
+AVX2_PATHS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "NUMBA_CPU_NAME": "haswell",
+}
+"""The environment under which a process on a newer CPU takes an AVX2 machine's code paths: each
+library's own cap (torch's kernels, oneDNN's and MKL's GEMMs, numba's compiled loops), read when the
+library loads, so it is set before the process starts (benchmarks/bench_isa.py, tests/test_kernels.py)."""
+
 
 def onednn_allows_bf16() -> bool:
     """Whether oneDNN may use its bf16 instructions here: False where ``ONEDNN_MAX_CPU_ISA`` (or
