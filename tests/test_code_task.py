@@ -158,17 +158,19 @@ def test_a_timed_out_program_is_killed(where):
 
 @pytest.mark.parametrize("where", available())
 def test_the_time_limit_counts_from_the_program_s_start_not_the_sandbox_s(where):
-    """A correct program is not scored 0 for the sandbox's own start (namespaces, the interpreter:
-    0.03-0.2 s here, seconds on a loaded machine): a limit a third of the whole run's wall time
+    """A correct program is not scored 0 for the sandbox's own start (namespaces, the interpreter,
+    reading its arguments: here made most of the run by a large argument, so the start takes
+    about 0.1-0.2 s, seconds on a loaded machine): a limit a third of the whole run's wall time
     still lets a program that takes microseconds report; a program that sleeps past it is still
-    stopped at about its limit."""
-    quick = "def f(x):\n    return x + 1\n"
+    stopped at about its limit. (With a small argument the start is about 20 ms on a fast machine,
+    and a third of it is within one lost time slice of a busy one.)"""
+    quick, big = "def f(x):\n    return len(x)\n", list(range(100_000))
     t0 = time.monotonic()
-    assert run_program(quick, [("f", (1,))], FAST, boundary_name=where).results == [("ok", 2)]
+    assert run_program(quick, [("f", (big,))], FAST, boundary_name=where).results == [("ok", len(big))]
     whole = time.monotonic() - t0  # mostly the sandbox's start
     tight = Limits(timeout_s=whole / 3, cpu_s=2, memory_mb=256)
-    out = run_program(quick, [("f", (1,))], tight, boundary_name=where)
-    assert (out.kind, out.results) == (None, [("ok", 2)])
+    out = run_program(quick, [("f", (big,))], tight, boundary_name=where)
+    assert (out.kind, out.results) == (None, [("ok", len(big))])
     t0 = time.monotonic()
     slow = run_program("import time\ntime.sleep(30)\n", [], FAST, boundary_name=where)
     assert slow.kind == "timeout" and time.monotonic() - t0 < FAST.timeout_s + 5
