@@ -359,6 +359,25 @@ def test_pooled_seeds():
     assert abs(pooled.A - truth.A) <= abs(single.A - truth.A) + 0.01
 
 
+def test_pooled_seeds_kept_bootstrap_holds_these_seeds_not_others():
+    """With the seeds resampled, the bootstrap of a pooled fit holds seed-to-seed variation (seeds
+    whose ceilings lie 0.06 apart give A a wide interval, R0 re-drawn); with ``resample_runs=False``
+    every seed is kept once and only residuals are redrawn: R0 stays the seeds' mean and A's
+    interval is that of these seeds' mean curve, narrower than the spread between them."""
+    rng = np.random.default_rng(5)
+    runs = [
+        sample_run(TrueCurve(0.15 + d / 3, 0.62 + d, 1.8, 2000.0), rng, reach=6, trials=TRIALS)
+        for d in (-0.06, 0.0, 0.06)
+    ]
+    seeds = fit_sigmoid_runs(runs, bootstrap=200)
+    kept = fit_sigmoid_runs(runs, bootstrap=200, resample_runs=False)
+    assert seeds.A == kept.A and seeds.B == kept.B  # the point fit is the same
+    assert np.ptp(seeds.boot[:, 3]) > 0.01 and np.all(kept.boot[:, 3] == kept.R0)
+    width = {k: f.ci["A"][1] - f.ci["A"][0] for k, f in (("seeds", seeds), ("kept", kept))}
+    assert width["kept"] < width["seeds"] / 2, width
+    assert kept.ci["A"][0] <= kept.A <= kept.ci["A"][1]
+
+
 def test_linearised_is_line_of_slope_B():
     truth = TrueCurve(0.2, 0.6, 1.7, 300.0)
     c = np.linspace(0, 2000, 30)

@@ -66,8 +66,8 @@ def plot_variants(
     """Small multiples, one panel per variant: each seed's evaluations (hollow: before the early
     cut), the pooled fit of all seeds (solid) and its extrapolation (dashed), the baseline's pooled
     fit (grey), the pooled fit of the first half of the compute (orange) with its prediction of the
-    mean last evaluation (orange bar: the prediction band) against the observed mean (black
-    diamond), the early cut and half-budget lines."""
+    observed end (orange bar: the prediction band) against the observed end (black diamond: the
+    mean of the seeds' evaluations in the last tenth of the compute), the early cut and half-budget lines."""
     n = max(len(vs), 1)
     ncols = min(3, n)
     nrows = math.ceil(n / ncols)
@@ -142,7 +142,7 @@ def plot_variants(
         Line2D([], [], color=BASE, lw=1.4, label="baseline's pooled fit"),
         Line2D([], [], color=HALF, ls=":", lw=1.8, label="fit on the first half"),
         Line2D([], [], color=HALF, lw=3, alpha=0.5, label=f"predicted end, {PRED_LEVEL:.0%} band"),
-        Line2D([], [], marker="D", color="black", lw=0, label="observed end (mean of last evaluations)"),
+        Line2D([], [], marker="D", color="black", lw=0, label="observed end (mean of the last evaluations)"),
         Line2D([], [], color="0.3", ls=(0, (1, 2)), label="early cut"),
         Line2D([], [], color="0.3", ls="-.", label="half budget"),
     ]
@@ -211,8 +211,9 @@ def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
 
 
 def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
-    """Left: predicted (from the first half of the compute) against observed mean last evaluation
-    per variant, the diagonal and the ±0.03 tolerance (misses named). Right: the error per variant,
+    """Left: predicted (from the first half of the compute) against observed end (the seeds' mean
+    over their evaluations in the last tenth of the compute) per variant, the diagonal and the ±0.03
+    tolerance (misses named). Right: the error per variant,
     observed - predicted, with the prediction band around it (relative to the prediction)."""
     pts = [v for v in vs if math.isfinite(v.prediction.err)]
     n = max(len(pts), 1)
@@ -251,7 +252,7 @@ def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> 
     ax.set_aspect("equal")
     ax.grid(True, alpha=0.25)
     ax.set_xlabel("predicted from the first half of the compute", fontsize=9)
-    ax.set_ylabel("observed: mean of the seeds' last evaluations", fontsize=9)
+    ax.set_ylabel("observed end: the seeds' last evaluations", fontsize=9)
     ax.set_title(f"grey band: ±{PRED_TOLERANCE:g}; misses named", fontsize=9)
     axe = fig.add_subplot(1, 2, 2)
     ys = np.arange(len(pts))[::-1]

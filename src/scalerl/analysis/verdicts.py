@@ -61,8 +61,9 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   in its runs (no prompt retired, policy lag never beyond the smaller k, no interruption, no
   zero-variance group) is reported as such and left out of the family.
 - **Prediction** (:class:`Prediction`): the pooled fit of the seeds' first half of the compute
-  predicts the mean of the seeds' last evaluations; the 90% prediction band combines the half fit's
-  bootstrap (seeds, then residuals within each seed) with the binomial noise of those evaluations
+  predicts the seeds' observed end (their evaluations in the last :data:`END_WINDOW` of the
+  compute); the 90% prediction band combines the half fit's bootstrap (residuals within each seed,
+  the seeds kept: the target is these seeds' end) with the binomial noise of those evaluations
   (their logged ``eval.num_prompts x eval.samples_per_prompt``; the half fit's rmse when not
   logged) and the shape error at the half window's reach (:mod:`scalerl.scaling.horizon`). The
   horizon rule: a prediction is *supported* only where the half window reaches
@@ -103,7 +104,12 @@ A_BOUND_TOL = 0.005
 """A seed whose fitted A lies within this of 1 is censored at 1 (A at the pass rate's maximum)."""
 A_UNSETTLED = 1.0 - A_BOUND_TOL
 PRED_TOLERANCE = 0.03
-"""A prediction within this of the observed mean of the last evaluations counts as predicted."""
+"""A prediction within this of the observed end (:func:`end_points`, the mean over seeds) counts as predicted."""
+END_WINDOW = 0.1
+"""A run's observed end: its evaluations in this last share of its compute (at least its last one).
+One evaluation's binomial noise is about half the prediction tolerance at the studies' sample counts;
+the few evaluations of the last tenth, where a curve past its bend moves less than that noise,
+measure the end it converged to more closely."""
 PRED_LEVEL = 0.9
 """Level of the prediction band."""
 PRED_GOAL_SHARE = 0.75
@@ -182,7 +188,7 @@ class Comparison:
 
 @dataclass
 class Prediction:
-    """The half-budget prediction of a variant's mean last evaluation."""
+    """The half-budget prediction of a variant's observed end (the mean over seeds of :func:`end_points`)."""
 
     predicted: float = math.nan
     observed: float = math.nan
@@ -253,8 +259,8 @@ class VariantVerdict:
     pooled: SigmoidFit | None = None  # the pooled fit of all the variant's fitted seeds (figures)
     half: SigmoidFit | None = None  # the pooled fit of the seeds' first half (the prediction)
     prediction: Prediction = field(default_factory=Prediction)
-    final_sd: float = math.nan  # sd over seeds of the observed final pass rate
-    final_se: float = math.nan  # binomial standard error of one final evaluation (its samples)
+    final_sd: float = math.nan  # sd over seeds of the observed end (end_points)
+    final_se: float = math.nan  # binomial standard error of one seed's observed end (its samples)
     half_points: float = math.nan  # mean points per seed the half-budget fit rests on
     cannot_act: str = ""  # why the component cannot act on this hardware
     inactive: str = ""  # why the variant's component never acted ("" = active or unknown)
@@ -646,8 +652,16 @@ def _pooled_sd(estimates: Sequence[Estimate]) -> tuple[float, int]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _pooled(runs: Sequence[RunData], p: FitProtocol, *, half: bool = False, bootstrap: int | None = None):
-    """The pooled fit of ``runs`` (``half``: each run's points up to half its compute)."""
+def _pooled(
+    runs: Sequence[RunData],
+    p: FitProtocol,
+    *,
+    half: bool = False,
+    bootstrap: int | None = None,
+    resample_runs: bool = True,
+):
+    """The pooled fit of ``runs`` (``half``: each run's points up to half its compute;
+    ``resample_runs``: :meth:`~scalerl.scaling.FitProtocol.fit_runs`')."""
     series, cuts = [], []
     for r in runs:
         c, y = r.compute, r.reward
@@ -657,13 +671,23 @@ def _pooled(runs: Sequence[RunData], p: FitProtocol, *, half: bool = False, boot
             c, y = c[keep], y[keep]
         series.append((c, y))
         cuts.append(p.cut_of(r))
-    return p.fit_runs(series, cuts, bootstrap=bootstrap)
+    return p.fit_runs(series, cuts, bootstrap=bootstrap, resample_runs=resample_runs)
 
 
 def _last_point(r: RunData) -> int | None:
     """Index of the run's evaluation at its largest finite compute (None: no finite point)."""
     fin = np.isfinite(r.compute) & np.isfinite(r.reward)
     return int(np.argmax(np.where(fin, r.compute, -np.inf))) if fin.any() else None
+
+
+def end_points(r: RunData) -> np.ndarray:
+    """Indices of the run's evaluations in the last :data:`END_WINDOW` of its compute (its last
+    evaluation at least): the run's observed end, which the half-budget prediction is scored on."""
+    fin = np.isfinite(r.compute) & np.isfinite(r.reward)
+    if not fin.any():
+        return np.zeros(0, dtype=int)
+    top = float(np.max(r.compute[fin]))
+    return np.flatnonzero(fin & (r.compute >= (1.0 - END_WINDOW) * top))
 
 
 def _half_last(r: RunData) -> float:
@@ -688,9 +712,12 @@ def eval_trials(r: RunData) -> float:
 def predict_variant(
     runs: Sequence[RunData], p: FitProtocol, *, draws: int = 4000
 ) -> tuple[Prediction, SigmoidFit | None]:
-    """The pooled fit of the seeds' first half of the compute, its prediction of the mean of the
-    seeds' last evaluations and the :data:`PRED_LEVEL` band: the half fit's bootstrap, the
-    evaluations' binomial noise and the shape error at the half window's reach
+    """The pooled fit of the seeds' first half of the compute, its prediction of the seeds' observed
+    end (the mean over seeds of each seed's evaluations in the last :data:`END_WINDOW` of its compute,
+    predicted at those same points) and the :data:`PRED_LEVEL` band: the half fit's bootstrap with
+    the seeds kept (the target is these seeds' end, whose seed-to-seed spread the first half already
+    shows; resampling seeds would add the spread of other seeds'), the binomial noise of the end's
+    evaluations and the shape error at the half window's reach
     (:func:`~scalerl.scaling.horizon.shape_error`: a sigmoid fixed by the first half cannot foresee a
     curve that steepens after it; calibrated on rising-exponent curves and the real runs). The
     horizon rule says whether the extrapolation is supported (the window's end past
@@ -699,14 +726,14 @@ def predict_variant(
     usable = [r for r in runs if _last_point(r) is not None and r.compute.size >= 2]
     if not usable:
         return Prediction(reason="no evaluations"), None
-    fit = _pooled(usable, p, half=True)
+    fit = _pooled(usable, p, half=True, resample_runs=False)
     if not fit.ok:
         return Prediction(n=len(usable), reason=f"the half-budget fit failed: {fit.reason}"), fit
-    last_c = np.array([r.compute[_last_point(r)] for r in usable], dtype=float)
-    last_y = np.array([r.reward[_last_point(r)] for r in usable], dtype=float)
+    ends = [end_points(r) for r in usable]
+    end_c = [r.compute[i] for r, i in zip(usable, ends, strict=True)]
     pr = Prediction(n=len(usable))
-    pr.predicted = float(np.mean(fit.predict(last_c)))
-    pr.observed = float(np.mean(last_y))
+    pr.predicted = float(np.mean([np.mean(fit.predict(c)) for c in end_c]))
+    pr.observed = float(np.mean([np.mean(r.reward[i]) for r, i in zip(usable, ends, strict=True)]))
     pr.persistence = float(np.mean([_half_last(r) for r in usable]))
     h = fit_horizon(fit)
     pr.supported, pr.reach, pr.more_compute, pr.bias, pr.shape_sd = (
@@ -716,16 +743,19 @@ def predict_variant(
         h.bias,
         h.shape_sd,
     )
-    trials = np.array([eval_trials(r) for r in usable])
+    trials = np.array([eval_trials(r) * i.size for r, i in zip(usable, ends, strict=True)])
     q = min(max(pr.predicted, 0.0), 1.0)
     if np.isfinite(trials).all():
         per = q * (1 - q) / trials
-    else:
-        per = np.full(len(usable), fit.rmse**2 if math.isfinite(fit.rmse) else math.nan)
+    else:  # the half fit's residual spread stands in for one evaluation's noise
+        per = fit.rmse**2 / np.array([i.size for i in ends], dtype=float)
     pr.noise_sd = float(math.sqrt(np.sum(per)) / len(usable))
     if fit.boot is not None and len(fit.boot) >= 2 and math.isfinite(pr.noise_sd):
         b = fit.boot
-        reps = _predict(last_c[None, :], b[:, 3:4], b[:, 0:1], b[:, 1:2], b[:, 2:3]).mean(axis=1)
+        reps = np.mean(
+            [_predict(c[None, :], b[:, 3:4], b[:, 0:1], b[:, 1:2], b[:, 2:3]).mean(axis=1) for c in end_c],
+            axis=0,
+        )
         rng = np.random.default_rng(p.seed)
         sim = reps[rng.integers(0, reps.size, draws)] + rng.normal(0.0, pr.noise_sd, draws)
         if math.isfinite(pr.shape_sd):
@@ -736,18 +766,18 @@ def predict_variant(
 
 
 def _prediction_limits(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, float, float]:
-    """What bounds a half-budget prediction of these runs: the sd over seeds of the final pass rate,
-    one final evaluation's binomial standard error (from its logged sample count), and the points
-    per seed left to the half-budget fit after the early cut."""
+    """What bounds a half-budget prediction of these runs: the sd over seeds of their observed end
+    (:func:`end_points`), the binomial standard error of one seed's end (from the logged sample
+    count), and the points per seed left to the half-budget fit after the early cut."""
     finals, ses, points = [], [], []
     for r in runs:
-        last = _last_point(r)
-        if last is None:
+        end = end_points(r)
+        if not end.size:
             continue
         fin = np.isfinite(r.compute) & np.isfinite(r.reward)
-        y = float(r.reward[last])
+        y = float(np.mean(r.reward[end]))
         finals.append(y)
-        n = eval_trials(r)
+        n = eval_trials(r) * end.size
         if math.isfinite(n):
             ses.append(math.sqrt(max(y * (1 - y), 0.0) / n))
         half = float(np.max(r.compute[fin])) / 2
@@ -821,8 +851,8 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
     else:
         cov_txt = "coverage not measured (no bootstrap)" if sup else "coverage not measured (none supported)"
     text = (
-        f"Prediction (fit on the first half of the compute, seeds pooled; the mean of the last "
-        f"evaluations): {len(sup)} of {len(scored)} supported (the half window past {HORIZON:g}x its "
+        f"Prediction (fit on the first half of the compute, seeds pooled; the end: their evaluations in "
+        f"the last {END_WINDOW:.0%} of the compute): {len(sup)} of {len(scored)} supported (the half window past {HORIZON:g}x its "
         "fitted C_mid)"
     )
     if sup:
@@ -888,7 +918,7 @@ def _skill_text(scored: Sequence[VariantVerdict]) -> str:
 
 def _why_missed(scored: Sequence[VariantVerdict], uns: Sequence[VariantVerdict]) -> list[str]:
     """What in the data stands in the way of a missed prediction goal: an unsupported half window,
-    the final evaluation's noise, the seeds' spread, too few points, a one-sided bias."""
+    the observed end's noise, the seeds' spread, too few points, a one-sided bias."""
     why = []
     if uns:
         why.append(
@@ -898,8 +928,9 @@ def _why_missed(scored: Sequence[VariantVerdict], uns: Sequence[VariantVerdict])
     se = [v.final_se for v in scored if math.isfinite(v.final_se)]
     if se and float(np.median(se)) >= PRED_TOLERANCE / 2:
         why.append(
-            f"one final evaluation measures the pass rate with a standard error of about "
-            f"{float(np.median(se)):.3f} (its sample count), comparable to the {PRED_TOLERANCE:g} tolerance"
+            f"a seed's observed end (its evaluations in the last {END_WINDOW:.0%} of the compute) measures the "
+            f"pass rate with a standard error of about {float(np.median(se)):.3f} (their sample count), "
+            f"comparable to the {PRED_TOLERANCE:g} tolerance"
         )
     sd = [v.final_sd for v in scored if math.isfinite(v.final_sd)]
     if sd and float(np.median(sd)) > PRED_TOLERANCE:
@@ -1275,8 +1306,9 @@ def verdict_legend(level: float = 0.9) -> list[str]:
         "CPU), or never acted in its or the baseline's runs (0 prompts retired or under one epoch, policy lag "
         "never beyond the smaller k, no interruption, no zero-variance group): not scored, not in the family.",
         f"Predicted vs observed end: the pooled fit of the seeds' first half of the compute predicts the mean of "
-        f"their last evaluations; ok when within {PRED_TOLERANCE:g}; the {PRED_LEVEL:.0%} band combines the half "
-        "fit's bootstrap (seeds, then residuals), the evaluations' binomial noise and the shape error measured at "
+        f"their evaluations in the last {END_WINDOW:.0%} of the compute (the observed end); ok when within "
+        f"{PRED_TOLERANCE:g}; the {PRED_LEVEL:.0%} band combines the half fit's bootstrap (residuals within each "
+        "seed, the seeds kept: the target is their end), those evaluations' binomial noise and the shape error at "
         f"the half window's reach; not supported where that window ends before {HORIZON:g}x the half fit's C_mid "
         "(the curves' shape past the bend is not yet set: the measured bias and the budget that would support it "
         "are given); skill: 1 - |error| / |persistence's error|, persistence the first half's last value.",

@@ -33,7 +33,8 @@ EVAL_KV_BUDGET_BYTES = 512 * 2**20
 @dataclass
 class EvalConfig(Option):
     # the default's design: 128 prompts x 6 samples (one point's standard error <= 0.018; the mean of
-    # 3 seeds' last evaluations, the end the prediction is checked on, <= 0.011), every 15 steps
+    # 3 seeds' last evaluation, <= 0.011: the end the prediction is checked on averages the last tenth
+    # of the compute, one or more of them), every 15 steps
     # (10 points after the early cut in the first half of 300 steps; about a sixth of the run's time)
     every: int = 15  # evaluate every N optimiser steps (and at step 0)
     num_prompts: int = 128

@@ -218,9 +218,15 @@ class FitProtocol:
         )
 
     def fit_runs(
-        self, runs: Sequence[tuple], cuts: Sequence[float], *, bootstrap: int | None = None
+        self,
+        runs: Sequence[tuple],
+        cuts: Sequence[float],
+        *,
+        bootstrap: int | None = None,
+        resample_runs: bool = True,
     ) -> SigmoidFit:
-        """The pooled fit of several runs' ``(compute, reward)`` with this protocol, each above its cut."""
+        """The pooled fit of several runs' ``(compute, reward)`` with this protocol, each above its
+        cut (``resample_runs``: :func:`~scalerl.scaling.sigmoid.fit_sigmoid_runs`')."""
         return fit_sigmoid_runs(
             runs,
             min_compute=list(cuts),
@@ -229,6 +235,7 @@ class FitProtocol:
             level=self.level,
             seed=self.seed,
             drop_nonfinite=True,
+            resample_runs=resample_runs,
             **self.grid,
         )
 

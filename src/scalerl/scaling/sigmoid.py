@@ -458,11 +458,12 @@ def _grid_b_curve_fit(x, y, r0, aa, uu):
 # ------------------------------------------------------------------------------------------------
 
 
-def _bootstrap(x, y, r0, theta, *, groups, r0_runs, r0_n, n_boot, rng, a_fixed=None):
+def _bootstrap(x, y, r0, theta, *, groups, r0_runs, r0_n, n_boot, rng, a_fixed=None, resample_runs=True):
     """Residual bootstrap, warm-started batched refits.
 
     ``groups``: integer run id per point (all zeros for a single run). With several runs the
-    runs are resampled with replacement first (seed-level variation, entering as point weights),
+    runs are resampled with replacement first (seed-level variation, entering as point weights;
+    ``resample_runs`` False: every run kept once, for the uncertainty of these runs' own curve),
     then residuals are resampled within each run.
     ``r0_runs``: the observed start reward of each run id (None when R0 was given); with several
     runs R0 is re-drawn as the mean over the resampled runs.  ``r0_n``: for a single run, how many
@@ -483,7 +484,7 @@ def _bootstrap(x, y, r0, theta, *, groups, r0_runs, r0_n, n_boot, rng, a_fixed=N
     w = np.ones((n_boot, n))
     r0_star = np.full(n_boot, r0)
     for k in range(n_boot):
-        if n_runs > 1:
+        if n_runs > 1 and resample_runs:
             pick = rng.integers(0, n_runs, n_runs)
             counts = np.bincount(pick, minlength=n_runs)
             for j, idx in enumerate(members):
@@ -564,6 +565,7 @@ def _finish(
     x=None,
     y=None,
     w=None,
+    resample_runs=True,
 ):
     n = int(p.used.sum())
     fit = SigmoidFit(
@@ -599,6 +601,7 @@ def _finish(
             n_boot=int(bootstrap),
             rng=rng,
             a_fixed=a_fixed,
+            resample_runs=resample_runs,
         )
         if boot is not None:
             fit.boot = boot
@@ -669,12 +672,15 @@ def fit_sigmoid_runs(
     drop_nonfinite: bool = False,
     grid_A=None,
     grid_C_mid=None,
+    resample_runs: bool = True,
 ) -> SigmoidFit:
     """Fit one curve to several runs (seeds) of the same recipe, pooling their points.
 
     R0 (when not given) is the mean of the runs' start rewards.  The bootstrap resamples runs
     with replacement, then residuals within each run, so the intervals include seed-to-seed
-    variation.  ``fit.run_index`` tells which run each point of ``fit.compute`` came from.
+    variation: the uncertainty of the recipe's curve. ``resample_runs`` False keeps every run once
+    and resamples residuals alone: the uncertainty of these runs' own mean curve (what a prediction
+    of these same seeds' later evaluations needs; their seed-to-seed spread is already in the data).  ``fit.run_index`` tells which run each point of ``fit.compute`` came from.
     ``min_compute``: one cut for every run, or one per run (e.g. :func:`early_cutoff` of each run's
     steps: the compute at a given step differs between seeds).
     """
@@ -721,6 +727,7 @@ def fit_sigmoid_runs(
         run_index=ri,
         x=x,
         y=y,
+        resample_runs=resample_runs,
     )
 
 
