@@ -594,7 +594,7 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
     assert not [p.name for p in out.iterdir() if p.name.startswith(".report.json")]  # renamed into place
     text = path.read_text()
     doc = _strict_json(text)
-    assert set(doc) == REPORT_KEYS and doc["schema_version"] == 1 and doc["wall_s"] is None
+    assert set(doc) == REPORT_KEYS and doc["schema_version"] == 2 and doc["wall_s"] is None
     assert doc["commit"] is None and doc["commits"] == ["a" * 40, "b" * 40]  # no one commit: both named
     assert isinstance(doc["machine"]["cpu"], str) and doc["machine"]["cores"] == os.cpu_count()
     by = {v["variant"]: v for v in doc["variants"]}

@@ -139,9 +139,10 @@ def verdict_row(v: VariantVerdict) -> dict:
     }
 
 
-REPORT_SCHEMA = 1
+REPORT_SCHEMA = 2
 """``report.json``'s ``schema_version``: raised when a key changes meaning or goes away (a new key
-does not raise it)."""
+does not raise it). 2: ``prediction.observed`` is the seeds' end over the last tenth of the compute
+(1: their last evaluation), ``predicted`` and the band are of that end."""
 
 
 def _json_safe(x):
