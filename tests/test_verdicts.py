@@ -382,6 +382,28 @@ def test_inactive_variants_are_flagged_not_scored():
     assert "inactive" in verdict_table(list(vs.values()))
 
 
+def test_the_design_s_resolution_leaves_out_variants_whose_ceiling_is_not_shown():
+    """The seeds' spread that describes the design (the detectable ΔA, the equivalence margin it
+    resolves) is pooled over the variants whose A is shown. A variant whose seeds' ceilings reach 1
+    (A not shown) spreads from a seed at 0.70 to seeds at the bound; counted, it would make the design
+    look unable to resolve anything and widen the equivalence margin."""
+    groups = {
+        "base": _runs("base", BASE),
+        "same": _runs("same", TrueCurve(0.15, 0.622, 1.9, 1000.0), params={"loss": "gspo"}),
+    }
+    wild = _runs("wild", TrueCurve(0.15, 1.0, 1.9, 1000.0), params={"loss": "dapo"})
+    lone = _runs("lone", TrueCurve(0.15, 0.70, 1.9, 1000.0), seeds=1, params={"loss": "dapo"})[0]
+    wild[0].compute, wild[0].reward = lone.compute, lone.reward  # one seed settles at 0.70
+    alone = _verdicts(groups)
+    vs = _verdicts({**groups, "wild": wild})
+    assert not vs["wild"].A.settled and vs["wild"].A.sd > 0.1  # shown neither as A nor as spread
+    pooled = math.sqrt((vs["base"].A.sd ** 2 + vs["same"].A.sd ** 2) / 2)
+    fam = vs["base"].family
+    assert fam.sd_A == pytest.approx(pooled) and fam.df_sd == 4
+    assert fam.sd_A == pytest.approx(alone["base"].family.sd_A) and fam.sd_A < 0.02
+    assert fam.eq_resolution == pytest.approx(alone["base"].family.eq_resolution, rel=0.5)
+
+
 def test_the_prediction_summary_says_why_the_goal_was_missed():
     """Precise, dense curves whose first half reaches past the horizon (budget 12x C_mid) meet the
     half-budget prediction goal; one seed apart from the others, with 512-sample evaluations and 10

@@ -638,10 +638,12 @@ def equivalence_margin(resolution: float) -> float:
 
 
 def _pooled_sd(estimates: Sequence[Estimate]) -> tuple[float, int]:
-    """The within-variant sd pooled over variants with 2+ settled seeds, and its degrees of freedom."""
+    """The within-variant sd pooled over the variants whose value is shown (2+ usable seeds, fewer
+    than half censored at a bound), and its degrees of freedom. A variant not shown is left out: its
+    seeds at the bound are limits, not estimates, and their spread says nothing of the design's."""
     ss, df = 0.0, 0
     for e in estimates:
-        if e.n >= 2 and math.isfinite(e.sd):
+        if e.n >= 2 and math.isfinite(e.sd) and e.settled:
             ss += e.sd**2 * (e.n - 1)
             df += e.n - 1
     return (math.sqrt(ss / df), df) if df else (math.nan, 0)
