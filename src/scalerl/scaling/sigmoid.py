@@ -680,7 +680,8 @@ def fit_sigmoid_runs(
     with replacement, then residuals within each run, so the intervals include seed-to-seed
     variation: the uncertainty of the recipe's curve. ``resample_runs`` False keeps every run once
     and resamples residuals alone: the uncertainty of these runs' own mean curve (what a prediction
-    of these same seeds' later evaluations needs; their seed-to-seed spread is already in the data).  ``fit.run_index`` tells which run each point of ``fit.compute`` came from.
+    of these same seeds' later evaluations needs; their seed-to-seed spread is already in the data).
+    ``fit.run_index`` tells which run each point of ``fit.compute`` came from.
     ``min_compute``: one cut for every run, or one per run (e.g. :func:`early_cutoff` of each run's
     steps: the compute at a given step differs between seeds).
     """
