@@ -676,12 +676,6 @@ def _pooled(
     return p.fit_runs(series, cuts, bootstrap=bootstrap, resample_runs=resample_runs)
 
 
-def _last_point(r: RunData) -> int | None:
-    """Index of the run's evaluation at its largest finite compute (None: no finite point)."""
-    fin = np.isfinite(r.compute) & np.isfinite(r.reward)
-    return int(np.argmax(np.where(fin, r.compute, -np.inf))) if fin.any() else None
-
-
 def end_points(r: RunData) -> np.ndarray:
     """Indices of the run's evaluations in the last :data:`END_WINDOW` of its compute (its last
     evaluation at least): the run's observed end, which the half-budget prediction is scored on."""
@@ -725,7 +719,7 @@ def predict_variant(
     horizon rule says whether the extrapolation is supported (the window's end past
     :data:`~scalerl.scaling.horizon.HORIZON` x the half fit's C_mid); the persistence forecast (the
     seeds' last first-half values) is kept for the skill score."""
-    usable = [r for r in runs if _last_point(r) is not None and r.compute.size >= 2]
+    usable = [r for r in runs if end_points(r).size and r.compute.size >= 2]
     if not usable:
         return Prediction(reason="no evaluations"), None
     fit = _pooled(usable, p, half=True, resample_runs=False)
