@@ -12,7 +12,8 @@ rounding of the emulated body, an erf-GELU over every MLP activation. Three loop
   ``exp``): the same arithmetic in another summation order (outputs about 1e-7 apart). At head
   dim 32 its two inner loops are written as LLVM vector code (numba's ``intrinsic``).
   :func:`attention_bf16` is the same loop reading bf16 queries, keys and values and writing its
-  output rounded to bf16, for a decode whose linear layers run as bf16 GEMMs.
+  output rounded to bf16, for a decode whose linear layers run as bf16 GEMMs;
+  :func:`attention_bf16_held` that loop over a cache held as bf16 (half the bytes to read).
 * :func:`round_bf16`: an fp32 tensor rounded to bf16 precision in place, bit for bit what
   ``x.to(torch.bfloat16).to(torch.float32)`` gives (round to nearest even; NaN stays NaN, as torch's
   vectorised conversion writes it).
@@ -118,6 +119,7 @@ except ImportError:  # pragma: no cover
 if ir is not None:
     _f32, _i32, _i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
     _v16, _v4 = ir.VectorType(_f32, 16), ir.VectorType(_f32, 4)
+    _h16, _w16 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(_i32, 16)
 
     def _const(x):
         return ir.Constant(_i64, x)
@@ -127,6 +129,11 @@ if ir is not None:
 
     def _load16(b, p, at):  # 16 floats at p[at] (unaligned)
         return b.load(b.bitcast(b.gep(p, [at]), _v16.as_pointer()), align=4)
+
+    def _load16_bf16(b, p, at):  # 16 bf16 values (their uint16 bits) at p[at], widened to floats (exact)
+        bits = b.load(b.bitcast(b.gep(p, [at]), _h16.as_pointer()), align=2)
+        wide = b.shl(b.zext(bits, _w16), ir.Constant(_w16, [16] * 16))
+        return b.bitcast(wide, _v16)
 
     def _fma(b, x, y, z):
         fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_v16, [_v16] * 3), "llvm.fma.v16f32")
@@ -176,10 +183,8 @@ if ir is not None:
         )
         return b.fadd(_shuffle(b, f, f, [0, 2, 4, 6]), _shuffle(b, f, f, [1, 3, 5, 7]))
 
-    def _rows32(*arrays) -> bool:  # float32 arrays whose rows the loops may read as contiguous
-        return all(
-            isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C" for x in arrays
-        )
+    def _rows32(*arrays, dtype=types.float32) -> bool:  # arrays whose rows the loops read as contiguous
+        return all(isinstance(x, types.Array) and x.dtype == dtype and x.layout == "C" for x in arrays)
 
     def _greater(b, x, top):  # the scalar loop's ``if x > top: top = x`` (a NaN never replaces)
         return b.select(b.fcmp_ordered(">", x, top), x, top)
@@ -261,6 +266,35 @@ def _vector_loops():
 
 
 _scores32, _weighted_sum32 = _vector_loops() if ir is not None else (None, None)
+
+
+def _widen_loop():
+    """widen(src, dst, n): the first ``n`` floats of ``dst`` <- the bf16 values whose bits are the
+    first ``n`` of ``src`` (uint16), exact; ``n`` a multiple of 16 (rows of 32)."""
+
+    @intrinsic
+    def widen(typingctx, src, dst, n):
+        if not (_rows32(src, dtype=types.uint16) and _rows32(dst)):
+            return None
+        sig = types.void(src, dst, n)
+
+        def codegen(context, b, signature, args):
+            sp, dp = (_data(context, b, signature.args[i], args[i]) for i in (0, 1))
+            count = context.cast(b, args[2], signature.args[2], types.int64)
+
+            def step(j, _):
+                b.store(_load16_bf16(b, sp, j), b.bitcast(b.gep(dp, [j]), _v16.as_pointer()), align=4)
+                return []
+
+            _loop(b, _const(0), count, 16, [], step)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return widen
+
+
+_widen16 = _widen_loop() if ir is not None else None
 
 
 @_jit(fastmath=_FAST, inline="always")
@@ -364,6 +398,39 @@ def _attend16(qkv, keys, values, pos, out, scale):
                 out[r, h * dim + d] = np.uint16(_rne(ob[d]) >> np.uint32(16))
 
 
+@_jit(fastmath=_FAST)
+def _attend16_held16(qkv, keys, values, pos, out, scale):
+    # _attend16 over a cache held as bf16 (the uint16 bits): each slot's key and value stored as the
+    # bits they came as; a row and head's keys and values read once from the cache (half the bytes)
+    # and widened into an fp32 scratch that stays in L1, over which the same loop runs as in
+    # _attend16 (so LLVM compiles the same arithmetic: the same bits, tested)
+    slots = qkv.shape[0]
+    heads, dim = keys.shape[1], keys.shape[3]
+    n = heads * dim
+    row = np.empty(3 * n, dtype=np.uint32)
+    f = row.view(np.float32)
+    s = np.empty(keys.shape[2], dtype=np.float32)
+    pow2 = np.empty(keys.shape[2], dtype=np.int32)
+    o = np.empty(dim, dtype=np.float32)
+    ob = o.view(np.uint32)
+    kf = np.empty((keys.shape[2], dim), dtype=np.float32)
+    vf = np.empty((keys.shape[2], dim), dtype=np.float32)
+    for r in range(slots):
+        p = pos[r]
+        for i in range(3 * n):
+            row[i] = np.uint32(qkv[r, i]) << np.uint32(16)
+        for h in range(heads):
+            for d in range(dim):
+                keys[r, h, p, d] = qkv[r, n + h * dim + d]
+                values[r, h, p, d] = qkv[r, 2 * n + h * dim + d]
+        for h in range(heads):
+            _widen16(keys[r, h], kf, (p + 1) * dim)
+            _widen16(values[r, h], vf, (p + 1) * dim)
+            _attend_one(f[h * dim : (h + 1) * dim], kf, vf, p + 1, dim, scale, s, pow2, o)
+            for d in range(dim):
+                out[r, h * dim + d] = np.uint16(_rne(ob[d]) >> np.uint32(16))
+
+
 @_jit()
 def _gelu16(bits, table):
     # _gelu over bf16 storage: the input already a bf16 value, the output its rounded GELU
@@ -393,6 +460,15 @@ def attention_bf16():
     followed by the rounding (tested bit for bit).
     """
     return _attend16
+
+
+def attention_bf16_held():
+    """``(qkv, keys, values, pos, out, scale)``, or None without numba or the vector loops:
+    :func:`attention_bf16` over a cache held as bf16, ``keys`` and ``values`` the uint16 bits of
+    bf16 tensors [rows, heads, capacity, 32] (head dim 32 only). The keys and values a bf16 decode
+    writes are bf16 values already, so the cache holds them exactly in half the bytes, which is what
+    the loop waits on at the decode's row counts; the same outputs, bit for bit (tested)."""
+    return _attend16_held16 if _scores32 is not None else None
 
 
 def bits16(x: torch.Tensor):

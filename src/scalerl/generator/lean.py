@@ -293,15 +293,23 @@ class LeanModel:
 
     # ------------------------------------------------------------------ forwards over slots
     def buffers(self, rows: int, capacity: int, old: list | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer ``(keys, values)`` of at least ``[rows, kv heads, capacity, head dim]`` (fp32),
-        the contents of ``old`` kept at their slots and positions. A new session (``old`` None) takes
+        """Per layer ``(keys, values)`` of at least ``[rows, kv heads, capacity, head dim]`` (of
+        :meth:`kv_dtype`), the contents of ``old`` kept at their slots and positions (converted where
+        the dtype changed). A new session (``old`` None) takes
         the buffers an ended session gave back where they are large enough: an evaluation's session
         is a few hundred MB of cache, whose fresh pages cost 0.1-0.8 s at every evaluation. Their
         old contents are finite values of earlier forwards (or zeros), which the torch ops' masked
         attention may read and the loops never do."""
 
+        dtype = self.kv_dtype()
+
         def fits(kv: list | None) -> bool:
-            return bool(kv) and kv[0][0].shape[0] >= rows and kv[0][0].shape[2] >= capacity
+            return (
+                bool(kv)
+                and kv[0][0].shape[0] >= rows
+                and kv[0][0].shape[2] >= capacity
+                and kv[0][0].dtype == dtype
+            )
 
         if old is None and fits(self._spare):
             old, self._spare = self._spare, None
@@ -311,13 +319,22 @@ class LeanModel:
         shape = (rows, self.kv_heads, capacity, self.head_dim)
         out = []
         for i in range(self.layers):
-            k, v = torch.zeros(shape, device=dev), torch.zeros(shape, device=dev)
+            k, v = torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev)
             if old:
                 ok, ov = old[i]
                 k[: ok.shape[0], :, : ok.shape[2]] = ok
                 v[: ok.shape[0], :, : ok.shape[2]] = ov
             out.append((k, v))
         return out
+
+    def kv_dtype(self) -> torch.dtype:
+        """What the slot buffers hold keys and values as: bf16 where the decode runs in bf16 storage
+        (:meth:`_in_bf16`, at head dim 32, the vector loops'), whose keys and values are bf16 values
+        already, so the cache holds them exactly in half the bytes the attention loop reads; else
+        fp32. Decided when :meth:`buffers` is called, as the forwards decide their path."""
+        self._choose()
+        held = self._in_bf16() and self.head_dim == 32 and kernels.attention_bf16_held() is not None
+        return torch.bfloat16 if held else torch.float32
 
     def give_back(self, kv: list | None) -> None:
         """A session ended: keep its buffers for the next session (:meth:`buffers`), the larger of
@@ -355,8 +372,9 @@ class LeanModel:
         L = ids.shape[1]
         for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
             q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
-            kb[dst, :, :L] = k if n == 1 else k.repeat_interleave(n, 0)
-            vb[dst, :, :L] = v if n == 1 else v.repeat_interleave(n, 0)
+            # (a cache held as bf16 takes them exactly: a bf16 decode's keys and values are bf16 values)
+            kb[dst, :, :L] = (k if n == 1 else k.repeat_interleave(n, 0)).to(kb.dtype)
+            vb[dst, :, :L] = (v if n == 1 else v.repeat_interleave(n, 0)).to(vb.dtype)
             h = self._out(blk, h, self._attend(q, k, v, mask))
         return self._final(h)
 
@@ -437,14 +455,17 @@ class LeanModel:
         (tested bit for bit), with about half the tensor ops a layer."""
         wte, wpe = self.embed
         h = F.embedding(tok, wte) + F.embedding(pos, wpe)  # [hi, hidden] fp32
-        attend, gelu, bf16 = kernels.attention_bf16(), kernels.gelu_bf16_storage(), self.dtype
+        gelu, bf16 = kernels.gelu_bf16_storage(), self.dtype
+        held = kv[0][0].dtype == torch.bfloat16  # the cache as bf16 (kv_dtype), or fp32
+        attend = kernels.attention_bf16_held() if held else kernels.attention_bf16()
+        store = kernels.bits16 if held else torch.Tensor.numpy
         p, scale, width = pos.numpy(), np.float32(self.head_dim**-0.5), (h.shape[-1],)
         for ((lw, lb), qkv_wb, out_wb, (lw2, lb2), fc_wb, proj_wb), (kb, vb) in zip(
             self.blocks, kv, strict=True
         ):
             qkv = _mm(qkv_wb, F.layer_norm(h, width, lw, lb, self.eps).to(bf16))
             att = torch.empty(h.shape, dtype=bf16)
-            attend(kernels.bits16(qkv), kb.numpy(), vb.numpy(), p, kernels.bits16(att), scale)
+            attend(kernels.bits16(qkv), store(kb), store(vb), p, kernels.bits16(att), scale)
             h = h + _mm(out_wb, att)  # fp32 + bf16: fp32
             x = gelu(_mm(fc_wb, F.layer_norm(h, width, lw2, lb2, self.eps).to(bf16)))
             h = h + _mm(proj_wb, x)
