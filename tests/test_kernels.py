@@ -353,6 +353,71 @@ def test_lean_decode_uses_the_loops_on_one_thread_and_refuses_a_slot_past_its_bu
         lean.decode(kv, tok, pos, 9, torch.ones(4, 1, 1, 9, dtype=torch.bool))
 
 
+def _row_steps(monkeypatch, lc, loops: bool, rows: int = 48, steps: int = 60) -> list[tuple]:
+    """A continuous session's row bookkeeping alone (HFGenerator._advance, then _HFSession._record)
+    over ``steps`` steps of ``rows`` rows, with the compiled loops or the torch ops: from a random
+    start, tokens drawn with eos, ``</think>`` and the phrase's tokens frequent, finished rows
+    restarted with a fresh budget. Every step's outputs and the whole state after it."""
+    from test_generator import EOS, PHRASE_IDS, THINK_END, TOK
+
+    from scalerl.generator import HFGenerator
+
+    with monkeypatch.context() as m:
+        if not loops:
+            m.setattr(kernels, "_advance_rows", None)
+            m.setattr(kernels, "_record_rows", None)
+        gen = HFGenerator(make_model(), TOK, Precision(body="fp32", head="fp32"), lc, seed=0)
+        session = gen.session(rows=rows)
+        g = torch.Generator().manual_seed(5)
+        rs = session.rs
+        rs.done[:] = torch.rand(rows, generator=g) < 0.3
+        rs.budget[:] = torch.randint(0, 7, (rows,), generator=g)
+        often = torch.tensor([EOS, THINK_END, *PHRASE_IDS])
+        out = []
+        for _ in range(steps):
+            tok = torch.where(
+                torch.rand(rows, generator=g) < 0.3,
+                often[torch.randint(0, len(often), (rows,), generator=g)],
+                torch.randint(0, len(TOK), (rows,), generator=g),
+            )
+            lp = torch.randn(rows, generator=g)
+            tok, sampled, active = gen._advance(rs, tok)
+            ended = session._record(tok, lp, sampled, active)
+            state = [getattr(rs, f).clone() for f in rs.__dataclass_fields__ if f != "answer_budget"]
+            out.append((tok.clone(), sampled.clone(), active.clone(), ended, *state, *session._buffers()))
+            out[-1] = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in out[-1])
+            back = rs.done & (torch.rand(rows, generator=g) < 0.5)
+            for f in (rs.done, rs.eos_hit, rs.truncated, rs.answering, rs.interrupted):
+                f[back] = False
+            for f in (rs.n_sampled, rs.n_think, rs.n_answer, session.t):
+                f[back] = 0
+            rs.force_idx[back] = -1
+            rs.budget[back] = torch.randint(0, 7, (rows,), generator=g)[back]
+    return out
+
+
+@pytest.mark.parametrize("name", ["interruption", "none"])
+def test_the_row_loops_keep_the_torch_ops_row_state_and_records(monkeypatch, name):
+    """A decode step's row bookkeeping through the compiled loops (kernels.advance_rows, record_rows)
+    against the torch ops they replace, under forced interruptions and without: over 60 steps of 48
+    rows, every token fed, sampled and active flag, finished row, state field and recorded token,
+    log-prob, mask and version equal at every step."""
+    from test_generator import LC, PHRASE
+
+    lc = LC(
+        name=name, max_new_tokens=14, think_budget_min=1, think_budget_max=6, answer_budget=3, phrase=PHRASE
+    )
+    want = _row_steps(monkeypatch, lc, loops=False)
+    have = _row_steps(monkeypatch, lc, loops=True)
+    assert len(want) == len(have)
+    forced = 0
+    for a, b in zip(want, have, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert (x == y) if isinstance(x, list) else torch.equal(x, y)
+        forced += int((a[2] & ~a[1]).sum())  # active rows fed a phrase token, not a sampled one
+    assert (forced > 0) == (name == "interruption")
+
+
 def _first_sync_steps(tmp_path, monkeypatch, loops: bool, steps: int = 3) -> list[dict]:
     """The embedded default's first ``steps`` steps in async_mode=sync (seed 0, one thread) with the
     lean decode's loops on or off."""

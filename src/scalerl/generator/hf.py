@@ -387,8 +387,28 @@ class HFGenerator(Generator):
         """One step of every row's state: force the phrase's next token where a thinking budget ran
         out (interruption), count sampled/thinking/answer tokens, finish rows at eos or a limit
         (the rules of :mod:`scalerl.generator.length`, for every row at once).
-        Returns (the tokens to record and feed, which rows sampled theirs, which rows were active)."""
+        Returns (the tokens to record and feed, which rows sampled theirs, which rows were active).
+        On a CPU with numba, one compiled loop over the rows does it (the same results: integer
+        logic, tested against these ops)."""
         lc = self.lc
+        loop = _loops().advance_rows() if tok.device.type == "cpu" else None
+        if loop is not None:
+            sampled, active = torch.empty_like(rs.done), torch.empty_like(rs.done)
+            loop(
+                *(x.numpy() for x in (tok, rs.done, rs.answering, rs.force_idx, rs.n_think, rs.budget)),
+                *(x.numpy() for x in (rs.interrupted, rs.n_sampled, rs.n_answer, rs.eos_hit, rs.truncated)),
+                self._phrase.numpy(),
+                len(lc.phrase_ids),
+                bool(lc.interrupts),
+                -1 if self.eos_id is None else int(self.eos_id),
+                -1 if lc.think_end_id is None else int(lc.think_end_id),
+                self.pad_id,
+                int(lc.max_new_tokens),
+                int(rs.answer_budget),
+                sampled.numpy(),
+                active.numpy(),
+            )
+            return tok, sampled, active
         active = ~rs.done
         if lc.interrupts:
             start = active & ~rs.answering & (rs.force_idx < 0) & (rs.n_think >= rs.budget)
@@ -455,6 +475,14 @@ class HFGenerator(Generator):
                 )
             )
         return groups
+
+
+def _loops():
+    """:mod:`scalerl.generator.kernels`, imported where a CPU decode first needs it (numba with it),
+    as the lean forward imports it: not when this module loads."""
+    from scalerl.generator import kernels
+
+    return kernels
 
 
 @register_generator("hf", generator=HFGenerator)
@@ -648,7 +676,32 @@ class _HFSession(GenerationSession):
         tok = gen._sample(logp)
         lp = logp.gather(1, tok[:, None]).squeeze(1).float()
         tok, sampled, active = gen._advance(rs, tok)
-        rows = torch.arange(S, device=gen.device)
+        ended = self._record(tok, lp, sampled, active)
+        self.last = tok
+        self.steps += 1
+        done = self._finish(ended)
+        if not self.running:  # idle: the rounded weights are not held past the last sequence
+            self.pause()
+        if self.on_step is not None:
+            self.on_step()
+        return done
+
+    def _record(self, tok, lp, sampled, active) -> list[int]:
+        """Each active row's token, its log-prob where sampled, whether sampled and its version, at the
+        row's next column; returns the rows that finished at this step (on a CPU with numba one
+        compiled loop: the same writes)."""
+        done = self.rs.done
+        loop = _loops().record_rows() if tok.device.type == "cpu" else None
+        if loop is not None:
+            finished = torch.empty(done.shape[0], dtype=torch.long)
+            bufs = (self.tok_buf, self.lp_buf, self.sampled_buf, self.ver_buf, self.t, finished)
+            n = loop(
+                *(x.numpy() for x in (tok, lp, sampled, active, done)),
+                int(self.version),
+                *(x.numpy() for x in bufs),
+            )
+            return finished[:n].tolist()
+        rows = torch.arange(done.shape[0], device=tok.device)
         at = self.t.clamp_max(self.max_steps - 1)
         self.tok_buf[rows, at] = torch.where(active, tok, self.tok_buf[rows, at])
         self.lp_buf[rows, at] = torch.where(active & sampled, lp, self.lp_buf[rows, at])
@@ -657,14 +710,7 @@ class _HFSession(GenerationSession):
             active, torch.where(sampled, self.version, -1), self.ver_buf[rows, at]
         )
         self.t += active.long()
-        self.last = tok
-        self.steps += 1
-        done = self._finish((active & rs.done).nonzero().squeeze(1).tolist())
-        if not self.running:  # idle: the rounded weights are not held past the last sequence
-            self.pause()
-        if self.on_step is not None:
-            self.on_step()
-        return done
+        return (active & done).nonzero().squeeze(1).tolist()
 
     def _finish(self, slots: list[int]) -> list[tuple[Any, list[list[Sample]]]]:
         """The rows in ``slots`` finished: their fields kept, their slots freed; the work done."""

@@ -536,3 +536,97 @@ def gelu_bf16():
         return x
 
     return f
+
+
+# ---------------------------------------------------------------- a decode step's row bookkeeping
+# The generator's per-row state after sampling (HFGenerator._advance: forced phrases, budgets, eos)
+# and, in a continuous session, the recording of each row's token (_HFSession.step) are a few dozen
+# tensor ops over [rows] tensors a step, each a few microseconds of dispatch on 128 rows: a fifth of
+# the embedded model's engine time on the study's plateau. Integer and copy logic only, so the loops
+# below give exactly the torch ops' results (tested against them on random states).
+
+
+@_jit()
+def _advance_rows(
+    tok, done, answering, force_idx, n_think, budget, interrupted, n_sampled, n_answer, eos_hit, truncated,
+    phrase, phrase_len, interrupts, eos_id, think_end_id, pad_id, max_new, answer_budget, sampled, active,
+):  # fmt: skip
+    # HFGenerator._advance row by row; tok, the state and sampled / active (outputs) in place
+    for r in range(tok.shape[0]):
+        act = not done[r]
+        t = tok[r]
+        forcing = False
+        phrase_done = False
+        if interrupts:
+            if act and not answering[r] and force_idx[r] < 0 and n_think[r] >= budget[r]:
+                interrupted[r] = True
+                force_idx[r] = 0
+            if force_idx[r] >= 0:  # a row finished inside the phrase keeps stepping through it, as there
+                forcing = True
+                t = phrase[force_idx[r]]
+                force_idx[r] += 1
+                if force_idx[r] >= phrase_len:
+                    phrase_done = True
+                    force_idx[r] = -1
+        s = act and not forcing
+        if not act:
+            t = pad_id
+        eos = s and t == eos_id
+        think_end = s and not answering[r] and t == think_end_id
+        if s:
+            n_sampled[r] += 1
+            if answering[r]:
+                n_answer[r] += 1
+            elif not think_end and not eos:
+                n_think[r] += 1
+        if think_end or phrase_done:
+            answering[r] = True
+        if eos:
+            eos_hit[r] = True
+            done[r] = True
+        elif act and (n_sampled[r] >= max_new or (answering[r] and n_answer[r] >= answer_budget)):
+            truncated[r] = True
+            done[r] = True
+        tok[r] = t
+        sampled[r] = s
+        active[r] = act
+
+
+@_jit()
+def _record_rows(tok, lp, sampled, active, done, version, tok_buf, lp_buf, sampled_buf, ver_buf, t, finished):
+    # _HFSession.step's recording: each active row's token, its log-prob where sampled, whether it was
+    # sampled and the version it came from, at the row's next column (the last one past its end);
+    # returns how many rows finished this step, their indices in finished[:n]
+    last = tok_buf.shape[1] - 1
+    n = 0
+    for r in range(tok.shape[0]):
+        if not active[r]:
+            continue
+        at = min(t[r], last)
+        tok_buf[r, at] = tok[r]
+        if sampled[r]:
+            lp_buf[r, at] = lp[r]
+        sampled_buf[r, at] = sampled[r]
+        ver_buf[r, at] = version if sampled[r] else -1
+        t[r] += 1
+        if done[r]:
+            finished[n] = r
+            n += 1
+    return n
+
+
+def advance_rows():
+    """``(tok, done, answering, force_idx, n_think, budget, interrupted, n_sampled, n_answer, eos_hit,
+    truncated, phrase, phrase_len, interrupts, eos_id, think_end_id, pad_id, max_new, answer_budget,
+    sampled, active)``, or None without numba: :meth:`HFGenerator._advance
+    <scalerl.generator.hf.HFGenerator._advance>` over numpy views of its CPU tensors, the state,
+    ``tok`` and the outputs ``sampled``, ``active`` (bool) written in place."""
+    return _advance_rows
+
+
+def record_rows():
+    """``(tok, lp, sampled, active, done, version, tok_buf, lp_buf, sampled_buf, ver_buf, t,
+    finished) -> n``, or None without numba: a continuous session's recording of a step
+    (:meth:`_HFSession.step <scalerl.generator.hf._HFSession.step>`) in place; ``finished[:n]``
+    the rows that finished at this step (active before it, done after)."""
+    return _record_rows
