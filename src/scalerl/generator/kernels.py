@@ -407,7 +407,7 @@ def _attend16_held16(qkv, keys, values, pos, out, scale):
     slots = qkv.shape[0]
     heads, dim = keys.shape[1], keys.shape[3]
     n = heads * dim
-    row = np.empty(3 * n, dtype=np.uint32)
+    row = np.empty(n, dtype=np.uint32)  # the queries (the keys and values are stored as they came)
     f = row.view(np.float32)
     s = np.empty(keys.shape[2], dtype=np.float32)
     pow2 = np.empty(keys.shape[2], dtype=np.int32)
@@ -417,7 +417,7 @@ def _attend16_held16(qkv, keys, values, pos, out, scale):
     vf = np.empty((keys.shape[2], dim), dtype=np.float32)
     for r in range(slots):
         p = pos[r]
-        for i in range(3 * n):
+        for i in range(n):
             row[i] = np.uint32(qkv[r, i]) << np.uint32(16)
         for h in range(heads):
             for d in range(dim):
