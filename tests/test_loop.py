@@ -1079,3 +1079,46 @@ def test_the_async_modes_signal_test_is_the_zero_variance_filters_on_float32_rew
                 torch.tensor(kept, dtype=torch.float32), torch.zeros(len(kept), dtype=torch.long)
             )
             assert carries_signal(g, exclude) == bool(mask.any()), (rewards, truncated, exclude)
+
+
+def test_pipeline_engines_get_whole_chunks_as_pieces_come_back(tiny_overrides):
+    """As a piece of work comes back, the room it frees is refilled in whole chunks
+    (generator.chunk_prompts) while other work is out: a refill cut to the room left at each return
+    shrinks the pieces to a prompt or two, each a prefill, a message and a scoring of its own. Only
+    the run's last work (what it still needs) may be smaller; a step's hand-over still gives the
+    engines the whole capacity (the test above)."""
+    # dynamic sampling: a piece's groups that carry no signal free their room as it comes back
+    # (this tiny model's groups mostly do not)
+    overrides = [
+        *tiny_overrides, "async_mode=pipeline_rl", "filter.dynamic_sampling=true", "trainer.total_steps=8",
+        "eval.every=100",
+    ]  # fmt: skip
+    cfg, run = make_run(overrides)
+    src, pool = run.source, run.source.pool
+    submit, receive_one, inside = pool.submit, src.receive_one, []
+    pieces = []  # (prompts, the most a refill may give: a chunk, or what the run still needs)
+
+    def record(work_id, prompts, group_ids, version=None):
+        if inside and src.outstanding:
+            ahead = sum(map(src.signal, src.buffer)) + sum(n for _, n in src.outstanding.values())
+            needed = (int(cfg.trainer.total_steps) - run.state.step) * src.P
+            pieces.append((len(prompts), min(src.chunk, needed - ahead)))
+        return submit(work_id, prompts, group_ids, version=version)
+
+    def returned(oldest_ok):
+        inside.append(True)
+        try:
+            return receive_one(oldest_ok)
+        finally:
+            inside.pop()
+
+    pool.submit, src.receive_one = record, returned
+    try:
+        hand_over_weights(run)
+        for _ in range(6):
+            train_step(run)
+    finally:
+        src.close()
+    assert len(pieces) >= 4, pieces  # refills happened as pieces came back
+    assert all(n == most for n, most in pieces), pieces
+    assert src.chunk > 1 and max(n for n, _ in pieces) == src.chunk

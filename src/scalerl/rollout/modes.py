@@ -316,12 +316,17 @@ class PipelineRL(AsyncMode):
         fresh = [g for g in self.buffer if _oldest_version(g) >= oldest_ok]
         st.stale_dropped += len(self.buffer) - len(fresh)
         self.buffer = fresh
-        self._feed()  # replaces what was dropped (else nothing might be left to wait for)
+        # replaces what was dropped (else nothing might be left to wait for), in whole chunks while
+        # other work is out: a piece back frees the room of one. Cut to the room left at every
+        # return, the pieces shrink to a prompt or two where most groups carry no signal (dynamic
+        # sampling's plateau), each a prefill, a message and a scoring of its own
+        self._feed(whole=True)
 
-    def _feed(self) -> None:
+    def _feed(self, whole: bool = False) -> None:
         """Give the engines work up to the capacity, and no more than the run's last step needs.
         Work given at step s is generated from weights of version >= s and, with the capacity at
-        (1 + max_lag) batches, trained on by step s + max_lag at the latest: within the lag."""
+        (1 + max_lag) batches, trained on by step s + max_lag at the latest: within the lag.
+        ``whole``: no piece smaller than a chunk while work is outstanding (except the run's last)."""
         r, st, P = self.r, self.r.state, self.P
         needed = (r.total_steps - st.step) * P
         while True:
@@ -330,7 +335,7 @@ class PipelineRL(AsyncMode):
             # a chunk larger than the room left is cut to it: nothing outstanding and too little
             # room for a whole chunk would otherwise leave the trainer waiting for nothing
             n = min(self.chunk, needed - ahead, self.capacity - ahead)
-            if n <= 0:
+            if n <= 0 or (whole and self.outstanding and n < min(self.chunk, needed - ahead)):
                 return
             prompts = r.sampler.next(n)
             self.pool.submit(self.work_id, prompts, st.new_group_ids(len(prompts)), version=st.step)
