@@ -1086,7 +1086,7 @@ def test_pipeline_engines_get_whole_chunks_as_pieces_come_back(tiny_overrides):
     (generator.chunk_prompts) while other work is out: a refill cut to the room left at each return
     shrinks the pieces to a prompt or two, each a prefill, a message and a scoring of its own. Only
     the run's last work (what it still needs) may be smaller; a step's hand-over still gives the
-    engines the whole capacity (the test above)."""
+    engines the whole capacity (test_pipeline_engines_hold_the_next_steps_work_while_the_trainer_evaluates)."""
     # dynamic sampling: a piece's groups that carry no signal free their room as it comes back
     # (this tiny model's groups mostly do not)
     overrides = [
