@@ -541,9 +541,9 @@ def gelu_bf16():
 # ---------------------------------------------------------------- a decode step's row bookkeeping
 # The generator's per-row state after sampling (HFGenerator._advance: forced phrases, budgets, eos)
 # and, in a continuous session, the recording of each row's token (_HFSession.step) are a few dozen
-# tensor ops over [rows] tensors a step, each a few microseconds of dispatch on 128 rows: a fifth of
-# the embedded model's engine time on the study's plateau. Integer and copy logic only, so the loops
-# below give exactly the torch ops' results (tested against them on random states).
+# tensor ops over [rows] tensors a step, each a few microseconds of dispatch on 128 rows (measured in
+# benchmarks/results/*_bf16-held-cache.md). Integer and copy logic only, so the loops below give
+# exactly the torch ops' results (tested against them on random states).
 
 
 @_jit()
