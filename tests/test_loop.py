@@ -191,6 +191,13 @@ def test_every_option_trains(option, tiny_overrides):
 
 
 # ---------------------------------------------------------------------- pipeline_rl
+# a generator slower than the trainer, so that every weight update lands while sequences run (what
+# mixes versions in a batch): a piece of 2 prompts (8 rows) is more than the engine's 4 running rows,
+# so it starts only once the engine is empty, one piece at a time. The tiny model's chunk of 8 prompts
+# ran whole, between two updates, whenever the trainer's step outlasted it
+GENERATOR_BOUND = ("generator.chunk_prompts=2", "generator.max_running=4")
+
+
 def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
     k = 2
     overrides = [
@@ -199,7 +206,7 @@ def test_pipeline_mixes_policy_versions_within_the_lag(tiny_overrides):
         f"async_mode.max_lag={k}",
         "trainer.total_steps=8",
         "eval.every=4",
-        "generator.chunk_prompts=8",
+        *GENERATOR_BOUND,
         "filter.zero_variance=false",
     ]
     summary = train(compose(overrides))
@@ -233,7 +240,7 @@ def test_pipeline_stale_kv_switch_reaches_the_generator_process(tiny_overrides, 
         "trainer.total_steps=6",
         "eval.every=100",
         "checkpoint_every=100",
-        "generator.chunk_prompts=8",
+        *GENERATOR_BOUND,
         "filter.zero_variance=false",
         f"generator.stale_kv={stale_kv}",
     ]
