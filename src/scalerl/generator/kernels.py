@@ -71,24 +71,34 @@ def _jit(**kw):
 _FAST = {"reassoc", "contract", "arcp"}
 
 
+@_jit(inline="always")
+def _padded(n):
+    # n rounded up to a multiple of 16: the length of _exp_shifted's scratch for up to n keys
+    return (n + 15) >> 4 << 4
+
+
 @_jit(fastmath=_FAST, inline="always")
 def _exp_shifted(s, n, top, pow2):
     # s[j] <- exp(s[j] - top) for j < n (each s[j] <= top, so each result in (0, 1]); returns their
     # sum. Cody-Waite range reduction and a degree-7 polynomial (Cephes' expf coefficients), written
     # so that the loops vectorise (numba's np.exp is a scalar libm call, a third of the attention):
-    # within 2 ulp of np.exp over [-87, 0]; below -87 the terms are flushed to ~1e-38, not 0
-    for j in range(n):
-        x = max(s[j] - top, np.float32(-87.0))
-        k = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
-        r = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
-        y = np.float32(1.9875691500e-4)
-        y = y * r + np.float32(1.3981999507e-3)
-        y = y * r + np.float32(8.3334519073e-3)
-        y = y * r + np.float32(4.1665795894e-2)
-        y = y * r + np.float32(1.6666665459e-1)
-        y = y * r + np.float32(5.0000001201e-1)
-        s[j] = (y * r * r + r) + np.float32(1.0)
-        pow2[j] = (np.int32(k) + np.int32(127)) << np.int32(23)  # the bits of 2**k
+    # within 2 ulp of np.exp over [-87, 0]; below -87 the terms are flushed to ~1e-38, not 0. The
+    # polynomial runs over whole blocks of 16 (the scratch is _padded): the lanes past n are computed
+    # and never read, and no key goes through a scalar remainder loop (same bits for every j < n)
+    for block in range((n + 15) >> 4):
+        for lane in range(16):
+            j = (block << 4) + lane
+            x = max(s[j] - top, np.float32(-87.0))
+            k = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+            r = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
+            y = np.float32(1.9875691500e-4)
+            y = y * r + np.float32(1.3981999507e-3)
+            y = y * r + np.float32(8.3334519073e-3)
+            y = y * r + np.float32(4.1665795894e-2)
+            y = y * r + np.float32(1.6666665459e-1)
+            y = y * r + np.float32(5.0000001201e-1)
+            s[j] = (y * r * r + r) + np.float32(1.0)
+            pow2[j] = (np.int32(k) + np.int32(127)) << np.int32(23)  # the bits of 2**k
     two_k = pow2.view(np.float32)
     total = np.float32(0.0)
     for j in range(n):
@@ -297,6 +307,31 @@ def _widen_loop():
 _widen16 = _widen_loop() if ir is not None else None
 
 
+def _copy_loop():
+    """copy(src, src_at, dst, dst_at, n): ``n`` uint16 from ``src``'s flat index ``src_at`` to
+    ``dst``'s ``dst_at`` (both contiguous), one memcpy: numba's element loop over the 4-d cache's
+    indices stores them one at a time."""
+
+    @intrinsic
+    def copy(typingctx, src, src_at, dst, dst_at, n):
+        if not _rows32(src, dst, dtype=types.uint16):
+            return None
+        sig = types.void(src, src_at, dst, dst_at, n)
+
+        def codegen(context, b, signature, args):
+            sp, dp = (_data(context, b, signature.args[i], args[i]) for i in (0, 2))
+            at = [context.cast(b, args[i], signature.args[i], types.int64) for i in (1, 3, 4)]
+            cgutils.raw_memcpy(b, b.gep(dp, [at[1]]), b.gep(sp, [at[0]]), at[2], 2)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return copy
+
+
+_copy16 = _copy_loop() if ir is not None else None
+
+
 @_jit(fastmath=_FAST, inline="always")
 def _attend_one(q, keys, values, n, dim, scale, s, pow2, o):
     # one query q [dim] over the first n of keys, values [capacity, dim]: o <- the softmax-weighted
@@ -334,8 +369,8 @@ def _attend(q, k, v, keys, values, pos, out, scale):
     slots, heads, dim = q.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
-    s = np.empty(keys.shape[2], dtype=np.float32)
-    pow2 = np.empty(keys.shape[2], dtype=np.int32)
+    s = np.zeros(_padded(keys.shape[2]), dtype=np.float32)
+    pow2 = np.zeros(_padded(keys.shape[2]), dtype=np.int32)
     o = np.empty(dim, dtype=np.float32)
     for r in range(slots):
         p = pos[r]
@@ -380,8 +415,8 @@ def _attend16(qkv, keys, values, pos, out, scale):
     n = heads * dim
     row = np.empty(3 * n, dtype=np.uint32)
     f = row.view(np.float32)
-    s = np.empty(keys.shape[2], dtype=np.float32)
-    pow2 = np.empty(keys.shape[2], dtype=np.int32)
+    s = np.zeros(_padded(keys.shape[2]), dtype=np.float32)
+    pow2 = np.zeros(_padded(keys.shape[2]), dtype=np.int32)
     o = np.empty(dim, dtype=np.float32)
     ob = o.view(np.uint32)
     for r in range(slots):
@@ -404,13 +439,13 @@ def _attend16_held16(qkv, keys, values, pos, out, scale):
     # bits they came as; a row and head's keys and values read once from the cache (half the bytes)
     # and widened into an fp32 scratch that stays in L1, over which the same loop runs as in
     # _attend16 (so LLVM compiles the same arithmetic: the same bits, tested)
-    slots = qkv.shape[0]
-    heads, dim = keys.shape[1], keys.shape[3]
+    slots, width = qkv.shape
+    heads, cap, dim = keys.shape[1], keys.shape[2], keys.shape[3]
     n = heads * dim
     row = np.empty(n, dtype=np.uint32)  # the queries (the keys and values are stored as they came)
     f = row.view(np.float32)
-    s = np.empty(keys.shape[2], dtype=np.float32)
-    pow2 = np.empty(keys.shape[2], dtype=np.int32)
+    s = np.zeros(_padded(keys.shape[2]), dtype=np.float32)
+    pow2 = np.zeros(_padded(keys.shape[2]), dtype=np.int32)
     o = np.empty(dim, dtype=np.float32)
     ob = o.view(np.uint32)
     kf = np.empty((keys.shape[2], dim), dtype=np.float32)
@@ -420,9 +455,9 @@ def _attend16_held16(qkv, keys, values, pos, out, scale):
         for i in range(n):
             row[i] = np.uint32(qkv[r, i]) << np.uint32(16)
         for h in range(heads):
-            for d in range(dim):
-                keys[r, h, p, d] = qkv[r, n + h * dim + d]
-                values[r, h, p, d] = qkv[r, 2 * n + h * dim + d]
+            at = ((r * heads + h) * cap + p) * dim
+            _copy16(qkv, r * width + n + h * dim, keys, at, dim)
+            _copy16(qkv, r * width + 2 * n + h * dim, values, at, dim)
         for h in range(heads):
             _widen16(keys[r, h], kf, (p + 1) * dim)
             _widen16(values[r, h], vf, (p + 1) * dim)
