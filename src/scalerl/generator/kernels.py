@@ -200,13 +200,16 @@ if ir is not None:
         return b.select(b.fcmp_ordered(">", x, top), x, top)
 
 
-def _vector_loops():
-    """(scores, weighted sum): the two loops at head dim 32 as numba intrinsics."""
+def _vector_loops(held: bool = False):
+    """(scores, weighted sum): the two loops at head dim 32 as numba intrinsics. ``held``: the keys
+    and values are the bits of bf16 values (uint16), each row widened in registers as it is loaded
+    (exact: the same floats, so the same arithmetic and bits as over their fp32 copy)."""
+    load, kv_dtype = (_load16_bf16, types.uint16) if held else (_load16, types.float32)
 
     @intrinsic
     def scores(typingctx, q, keys, n, scale, s):
         """s[j] <- (q . keys[j]) * scale for j < n; returns their maximum (-3e38 for n = 0)."""
-        if not _rows32(q, keys, s):
+        if not (_rows32(q, s) and _rows32(keys, dtype=kv_dtype)):
             return None
         sig = types.float32(q, keys, n, scale, s)
 
@@ -221,7 +224,7 @@ def _vector_loops():
 
             def dot(j):  # q . keys[j] as 16 partial sums
                 row = b.mul(j, _const(32))
-                return _fma(b, q1, _load16(b, kp, b.add(row, _const(16))), b.fmul(q0, _load16(b, kp, row)))
+                return _fma(b, q1, load(b, kp, b.add(row, _const(16))), b.fmul(q0, load(b, kp, row)))
 
             def four(j, top):
                 x = b.fmul(_sum4(b, [dot(b.add(j, _const(i))) for i in range(4)]), scale4)
@@ -246,7 +249,7 @@ def _vector_loops():
     @intrinsic
     def weighted_sum(typingctx, s, values, n, o):
         """o[0:32] <- sum over j < n of s[j] * values[j], key by key."""
-        if not _rows32(s, values, o):
+        if not (_rows32(s, o) and _rows32(values, dtype=kv_dtype)):
             return None
         sig = types.void(s, values, n, o)
 
@@ -260,8 +263,8 @@ def _vector_loops():
                 )
                 w, row = _shuffle(b, w, w, [0] * 16), b.mul(j, _const(32))
                 return [
-                    _fma(b, w, _load16(b, vp, row), acc[0]),
-                    _fma(b, w, _load16(b, vp, b.add(row, _const(16))), acc[1]),
+                    _fma(b, w, load(b, vp, row), acc[0]),
+                    _fma(b, w, load(b, vp, b.add(row, _const(16))), acc[1]),
                 ]
 
             zero = ir.Constant(_v16, [0.0] * 16)
@@ -276,35 +279,7 @@ def _vector_loops():
 
 
 _scores32, _weighted_sum32 = _vector_loops() if ir is not None else (None, None)
-
-
-def _widen_loop():
-    """widen(src, dst, n): the first ``n`` floats of ``dst`` <- the bf16 values whose bits are the
-    first ``n`` of ``src`` (uint16), exact; ``n`` a multiple of 16 (rows of 32)."""
-
-    @intrinsic
-    def widen(typingctx, src, dst, n):
-        if not (_rows32(src, dtype=types.uint16) and _rows32(dst)):
-            return None
-        sig = types.void(src, dst, n)
-
-        def codegen(context, b, signature, args):
-            sp, dp = (_data(context, b, signature.args[i], args[i]) for i in (0, 1))
-            count = context.cast(b, args[2], signature.args[2], types.int64)
-
-            def step(j, _):
-                b.store(_load16_bf16(b, sp, j), b.bitcast(b.gep(dp, [j]), _v16.as_pointer()), align=4)
-                return []
-
-            _loop(b, _const(0), count, 16, [], step)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return widen
-
-
-_widen16 = _widen_loop() if ir is not None else None
+_scores32_held, _weighted_sum32_held = _vector_loops(held=True) if ir is not None else (None, None)
 
 
 def _copy_loop():
@@ -436,9 +411,8 @@ def _attend16(qkv, keys, values, pos, out, scale):
 @_jit(fastmath=_FAST)
 def _attend16_held16(qkv, keys, values, pos, out, scale):
     # _attend16 over a cache held as bf16 (the uint16 bits): each slot's key and value stored as the
-    # bits they came as; a row and head's keys and values read once from the cache (half the bytes)
-    # and widened into an fp32 scratch that stays in L1, over which the same loop runs as in
-    # _attend16 (so LLVM compiles the same arithmetic: the same bits, tested)
+    # bits they came as, and read by the vector loops as bf16 (half the bytes), widened in registers:
+    # the same floats, so the same arithmetic as _attend16's and the same bits (tested). Head dim 32
     slots, width = qkv.shape
     heads, cap, dim = keys.shape[1], keys.shape[2], keys.shape[3]
     n = heads * dim
@@ -448,8 +422,6 @@ def _attend16_held16(qkv, keys, values, pos, out, scale):
     pow2 = np.zeros(_padded(keys.shape[2]), dtype=np.int32)
     o = np.empty(dim, dtype=np.float32)
     ob = o.view(np.uint32)
-    kf = np.empty((keys.shape[2], dim), dtype=np.float32)
-    vf = np.empty((keys.shape[2], dim), dtype=np.float32)
     for r in range(slots):
         p = pos[r]
         for i in range(n):
@@ -459,9 +431,12 @@ def _attend16_held16(qkv, keys, values, pos, out, scale):
             _copy16(qkv, r * width + n + h * dim, keys, at, dim)
             _copy16(qkv, r * width + 2 * n + h * dim, values, at, dim)
         for h in range(heads):
-            _widen16(keys[r, h], kf, (p + 1) * dim)
-            _widen16(values[r, h], vf, (p + 1) * dim)
-            _attend_one(f[h * dim : (h + 1) * dim], kf, vf, p + 1, dim, scale, s, pow2, o)
+            q = f[h * dim : (h + 1) * dim]
+            total = _exp_shifted(s, p + 1, _scores32_held(q, keys[r, h], p + 1, scale, s), pow2)
+            _weighted_sum32_held(s, values[r, h], p + 1, o)
+            inv = np.float32(1.0) / total
+            for d in range(dim):
+                o[d] = o[d] * inv
             for d in range(dim):
                 out[r, h * dim + d] = np.uint16(_rne(ob[d]) >> np.uint32(16))
 
