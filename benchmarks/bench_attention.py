@@ -2,19 +2,22 @@
 (issue 54: the loop that is a quarter of the default run's engine).
 
     python benchmarks/bench_attention.py --against /tmp/old-checkout      # about 2 minutes
+    python benchmarks/bench_attention.py --against /tmp/old-checkout --held   # the bf16-held cache
 
 Two measurements, each round taking the two kernels in turn (the order alternating), one torch
 thread, the thread's CPU time (``time.thread_time``: on a shared machine the other load is not
 counted):
 
-* **the loop alone**: ``kernels.attention_bf16()`` over the default run's decode shape (a
+* **the loop alone**: ``kernels.attention_bf16()`` (``--held``: ``kernels.attention_bf16_held()``,
+  the loop over a cache held as bf16, which the default run's decode uses where its linear layers
+  run as bf16 GEMMs and the head dim is 32) over the default run's decode shape (a
   training batch's slots, the default model's heads and head dim, the buffers' capacity of prompt
   plus ``max_new_tokens``), every slot at a position drawn in [15, 85] (prompts of about 15 tokens
   plus the generated ones), bf16 inputs; ``--calls`` calls a round; microseconds per call;
 * **a training batch's generation**: what ``bench_speed.py`` calls the fused path (the default
   policy, a session of one training batch drained), with the other checkout's loop put in place of
-  this one's (``kernels._attend16``); CPU seconds per batch, and whether both sampled the same
-  tokens.
+  this one's (``kernels._attend16``, ``--held``: ``kernels._attend16_held16``; the session takes
+  whichever its cache calls for); CPU seconds per batch, and whether both sampled the same tokens.
 
 The two loops' outputs over the same inputs are compared too: the share of bf16 outputs whose bits
 differ and the largest difference. Medians over ``--rounds``.
@@ -50,6 +53,7 @@ def main() -> None:
     ap.add_argument("--against", type=Path, required=True, help="the other checkout")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--held", action="store_true", help="the loop over a cache held as bf16")
     a = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -57,7 +61,8 @@ def main() -> None:
     from scalerl.rollout.prompts import PromptSampler
 
     other = other_kernels(a.against)
-    loops = {"this": kernels.attention_bf16(), "other": other.attention_bf16()}
+    factory = "attention_bf16_held" if a.held else "attention_bf16"
+    loops = {"this": getattr(kernels, factory)(), "other": getattr(other, factory)()}
 
     _, config = common.options(["out_dir=/tmp/scalerl-bench-attention"])
     slots = int(config.trainer.batch_size)
@@ -65,13 +70,14 @@ def main() -> None:
     dim = int(config.model.hidden_size) // heads
     cap = 16 + int(config.length_control.max_new_tokens) + int(config.length_control.answer_budget)
     g = torch.Generator().manual_seed(0)
-    kv = torch.randn(slots, heads, cap, dim, generator=g).to(torch.bfloat16).float()
+    kv = torch.randn(slots, heads, cap, dim, generator=g).to(torch.bfloat16)
+    cache = kernels.bits16(kv) if a.held else kv.float().numpy()
     qkv = torch.randn(slots, 3 * heads * dim, generator=g).to(torch.bfloat16)
     pos = torch.randint(15, 86, (slots,), generator=g).numpy()
     scale = np.float32(dim**-0.5)
 
     def call(loop, out) -> None:
-        loop(kernels.bits16(qkv), kv.numpy(), kv.numpy(), pos, kernels.bits16(out), scale)
+        loop(kernels.bits16(qkv), cache, cache, pos, kernels.bits16(out), scale)
 
     outs = {}
     for name, loop in loops.items():  # compiled (or loaded from numba's cache) before timing
@@ -85,10 +91,11 @@ def main() -> None:
     per_prompt = int(config.trainer.generations_per_prompt)
     prompts = PromptSampler(task.train_prompts(), seed=0).next(slots // per_prompt)
     gen = common.generator(config, model, tok, prec, seed=0)
-    own = kernels._attend16
+    fn = "_attend16_held16" if a.held else "_attend16"
+    own = getattr(kernels, fn)
 
     def batch(name: str) -> tuple[float, list]:
-        kernels._attend16 = own if name == "this" else other._attend16
+        setattr(kernels, fn, own if name == "this" else getattr(other, fn))
         try:
             gen.manual_seed(0)
             sess = gen.session(rows=slots)
@@ -98,7 +105,7 @@ def main() -> None:
             cpu = time.thread_time() - c
             assert sess.lean is not None and sess.lean.fused_attention() is not None
         finally:
-            kernels._attend16 = own
+            setattr(kernels, fn, own)
         return cpu, [s.completion_ids for grp in done[0][1] for s in grp]
 
     tokens = {name: batch(name)[1] for name in loops}  # warm-up
@@ -120,7 +127,8 @@ def main() -> None:
         f"machine: {common.machine()}; load {common.load()}; one torch thread; {a.rounds} rounds alternated\n"
     )
     print(
-        f"shape: {slots} slots x {heads} heads x head dim {dim}, capacity {cap}, positions 15-85; "
+        f"loop: kernels.{factory}; shape: {slots} slots x {heads} heads x head dim {dim}, capacity {cap}, "
+        "positions 15-85; "
         f"outputs differing in bits: {differ:.2%}, largest difference {largest:.3g}; "
         f"the batch's sampled tokens the same: {tokens['this'] == tokens['other']}\n"
     )
