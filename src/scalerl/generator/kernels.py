@@ -85,7 +85,7 @@ def _exp_shifted(s, n, top, pow2):
     # within 2 ulp of np.exp over [-87, 0]; below -87 the terms are flushed to ~1e-38, not 0. The
     # polynomial runs over whole blocks of 16 (the scratch is _padded): the lanes past n are computed
     # and never read, and no key goes through a scalar remainder loop (same bits for every j < n)
-    for block in range((n + 15) >> 4):
+    for block in range(_padded(n) >> 4):
         for lane in range(16):
             j = (block << 4) + lane
             x = max(s[j] - top, np.float32(-87.0))
@@ -196,25 +196,31 @@ if ir is not None:
     def _rows32(*arrays, dtype=types.float32) -> bool:  # arrays whose rows the loops read as contiguous
         return all(isinstance(x, types.Array) and x.dtype == dtype and x.layout == "C" for x in arrays)
 
+    def _kv_rows(x) -> bool:  # keys or values the loops read: fp32 rows, or bf16 rows as their uint16 bits
+        return _rows32(x) or _rows32(x, dtype=types.uint16)
+
+    def _load_row(ty):  # how the loops load keys or values of array type ty: bf16 widened in registers
+        return _load16_bf16 if ty.dtype == types.uint16 else _load16
+
     def _greater(b, x, top):  # the scalar loop's ``if x > top: top = x`` (a NaN never replaces)
         return b.select(b.fcmp_ordered(">", x, top), x, top)
 
 
-def _vector_loops(held: bool = False):
-    """(scores, weighted sum): the two loops at head dim 32 as numba intrinsics. ``held``: the keys
-    and values are the bits of bf16 values (uint16), each row widened in registers as it is loaded
-    (exact: the same floats, so the same arithmetic and bits as over their fp32 copy)."""
-    load, kv_dtype = (_load16_bf16, types.uint16) if held else (_load16, types.float32)
+def _vector_loops():
+    """(scores, weighted sum): the two loops at head dim 32 as numba intrinsics. The keys and values
+    are fp32, or the bits of bf16 values (uint16, a cache held as bf16), each row then widened in
+    registers as it is loaded (exact: the same floats, so the same arithmetic and bits)."""
 
     @intrinsic
     def scores(typingctx, q, keys, n, scale, s):
         """s[j] <- (q . keys[j]) * scale for j < n; returns their maximum (-3e38 for n = 0)."""
-        if not (_rows32(q, s) and _rows32(keys, dtype=kv_dtype)):
+        if not (_rows32(q, s) and _kv_rows(keys)):
             return None
         sig = types.float32(q, keys, n, scale, s)
 
         def codegen(context, b, signature, args):
             qp, kp, sp = (_data(context, b, signature.args[i], args[i]) for i in (0, 1, 4))
+            load = _load_row(signature.args[1])
             count = context.cast(b, args[2], signature.args[2], types.int64)
             sc = context.cast(b, args[3], signature.args[3], types.float32)
             q0, q1 = _load16(b, qp, _const(0)), _load16(b, qp, _const(16))
@@ -249,12 +255,13 @@ def _vector_loops(held: bool = False):
     @intrinsic
     def weighted_sum(typingctx, s, values, n, o):
         """o[0:32] <- sum over j < n of s[j] * values[j], key by key."""
-        if not (_rows32(s, o) and _rows32(values, dtype=kv_dtype)):
+        if not (_rows32(s, o) and _kv_rows(values)):
             return None
         sig = types.void(s, values, n, o)
 
         def codegen(context, b, signature, args):
             sp, vp, op = (_data(context, b, signature.args[i], args[i]) for i in (0, 1, 3))
+            load = _load_row(signature.args[1])
             count = context.cast(b, args[2], signature.args[2], types.int64)
 
             def step(j, acc):
@@ -279,7 +286,6 @@ def _vector_loops(held: bool = False):
 
 
 _scores32, _weighted_sum32 = _vector_loops() if ir is not None else (None, None)
-_scores32_held, _weighted_sum32_held = _vector_loops(held=True) if ir is not None else (None, None)
 
 
 def _copy_loop():
@@ -432,8 +438,8 @@ def _attend16_held16(qkv, keys, values, pos, out, scale):
             _copy16(qkv, r * width + 2 * n + h * dim, values, at, dim)
         for h in range(heads):
             q = f[h * dim : (h + 1) * dim]
-            total = _exp_shifted(s, p + 1, _scores32_held(q, keys[r, h], p + 1, scale, s), pow2)
-            _weighted_sum32_held(s, values[r, h], p + 1, o)
+            total = _exp_shifted(s, p + 1, _scores32(q, keys[r, h], p + 1, scale, s), pow2)
+            _weighted_sum32(s, values[r, h], p + 1, o)
             inv = np.float32(1.0) / total
             for d in range(dim):
                 o[d] = o[d] * inv
