@@ -421,6 +421,46 @@ def test_the_row_loops_keep_the_torch_ops_row_state_and_records(monkeypatch, nam
     assert (forced > 0) == (name == "interruption")
 
 
+def test_the_samplers_argmax_loop_gives_torchs_indices(monkeypatch):
+    """kernels.gumbel_argmax against torch's ``(logp - noise).argmax(-1)`` it replaces: on random
+    rows, rows whose maximum is tied (the first one taken), rows with a NaN (the first NaN taken),
+    all -inf and inf noise, each index equal; and the generator's sampler draws the same tokens from
+    the same stream with the loop and without it."""
+    from test_generator import LC, TOK
+
+    from scalerl.generator import HFGenerator
+
+    g = torch.Generator().manual_seed(3)
+    logp = torch.log_softmax(torch.randn(64, 37, generator=g) * 3, -1)
+    noise = torch.rand(64, 37, generator=g).log_().neg_().log_()
+    logp[1, 5] = logp[1, 30] = noise[1, 5] = noise[1, 30] = 0.0
+    logp[1, 5] = logp[1, 30] = 50.0  # a tie at the top: the first
+    logp[2, 7] = logp[2, 20] = float("nan")  # the first NaN, though larger values follow
+    logp[2, 30] = 99.0
+    logp[3, 0] = float("nan")
+    logp[4] = float("-inf")
+    noise[5, :10] = float("inf")  # u = 0: that token's race lost
+    logp[6, :] = float("-inf")
+    logp[6, 9] = 0.0
+    want = (logp - noise).argmax(-1)
+    have = torch.empty(64, dtype=torch.long)
+    kernels.gumbel_argmax()(logp.numpy(), noise.numpy(), have.numpy())
+    assert torch.equal(have, want)
+    assert have[1] == 5 and have[2] == 7 and have[3] == 0 and have[4] == 0 and have[6] == 9
+
+    gen = HFGenerator(make_model(), TOK, Precision(body="fp32", head="fp32"), LC(max_new_tokens=4), seed=0)
+    lp = torch.log_softmax(torch.randn(128, len(TOK), generator=g), -1)
+    draws = {}
+    for loop in (True, False):
+        with monkeypatch.context() as m:
+            if not loop:
+                m.setattr(kernels, "_gumbel_argmax", None)
+            gen.rng.manual_seed(11)
+            draws[loop] = torch.stack([gen._sample(lp) for _ in range(20)])
+    assert torch.equal(draws[True], draws[False])
+    assert len(set(draws[True][:, 0].tolist())) > 1  # drawn, not a fixed argmax
+
+
 def _first_sync_steps(tmp_path, monkeypatch, loops: bool, steps: int = 3) -> list[dict]:
     """The embedded default's first ``steps`` steps in async_mode=sync (seed 0, one thread) with the
     lean decode's loops on or off."""

@@ -229,7 +229,13 @@ class HFGenerator(Generator):
         # faster than exponential_, which cost a tenth of a small model's decode step). A token of
         # probability 0 (log p = -inf) is never drawn
         u = torch.rand(logp.shape, dtype=torch.float32, generator=self.rng, device=logp.device)
-        return (logp.float() - u.log_().neg_().log_()).argmax(-1)
+        noise, logp = u.log_().neg_().log_(), logp.float()
+        loop = _loops().gumbel_argmax() if logp.device.type == "cpu" else None
+        if loop is None or not logp.is_contiguous():
+            return (logp - noise).argmax(-1)
+        tok = torch.empty(logp.shape[0], dtype=torch.long)
+        loop(logp.numpy(), noise.numpy(), tok.numpy())  # the same indices, without the difference's tensor
+        return tok
 
     def _decode(self, prompt_ids, n, version, weight_update, on_step, cached=None) -> dict[str, Any]:
         """Decode all ``len(prompt_ids) * n`` rows together, one token per step: take new weights,

@@ -558,7 +558,8 @@ def gelu_bf16():
 # The generator's per-row state after sampling (HFGenerator._advance: forced phrases, budgets, eos)
 # and, in a continuous session, the recording of each row's token (_HFSession.step) are a few dozen
 # tensor ops over [rows] tensors a step, each a few microseconds of dispatch on 128 rows (measured in
-# benchmarks/results/*_bf16-held-cache.md). Integer and copy logic only, so the loops below give
+# benchmarks/results/*_bf16-held-cache.md); so is the sampler's argmax over a [rows, vocab] difference.
+# Integer and copy logic and single fp32 subtractions and comparisons only, so the loops below give
 # exactly the torch ops' results (tested against them on random states).
 
 
@@ -629,6 +630,35 @@ def _record_rows(tok, lp, sampled, active, done, version, tok_buf, lp_buf, sampl
             finished[n] = r
             n += 1
     return n
+
+
+@_jit()
+def _gumbel_argmax(logp, noise, out):
+    # argmax(logp - noise) over each row, as torch's argmax takes it: the first maximum, or the first
+    # NaN where a row has one; fp32 subtraction and comparisons only, so torch's indices exactly
+    rows, width = logp.shape
+    for r in range(rows):
+        best = logp[r, 0] - noise[r, 0]
+        k = 0
+        if best == best:
+            for j in range(1, width):
+                x = logp[r, j] - noise[r, j]
+                if x != x:
+                    k = j
+                    break
+                if x > best:
+                    best = x
+                    k = j
+        out[r] = k
+
+
+def gumbel_argmax():
+    """``(logp, noise, out)``, or None without numba: ``out[r] = argmax(logp[r] - noise[r])`` for
+    contiguous fp32 ``logp``, ``noise`` [rows, vocab] and int64 ``out`` [rows] (numpy views), the
+    index torch's ``(logp - noise).argmax(-1)`` gives (the first maximum; the first NaN where there
+    is one) without the difference's tensor: the sampler's last two ops (:meth:`HFGenerator._sample
+    <scalerl.generator.hf.HFGenerator._sample>`)."""
+    return _gumbel_argmax
 
 
 def advance_rows():

@@ -460,15 +460,15 @@ class LeanModel:
         attend = kernels.attention_bf16_held() if held else kernels.attention_bf16()
         store = kernels.bits16 if held else torch.Tensor.numpy
         p, scale, width = pos.numpy(), np.float32(self.head_dim**-0.5), (h.shape[-1],)
+        att = torch.empty(h.shape, dtype=bf16)  # each layer's attention output, read before the next's
         for ((lw, lb), qkv_wb, out_wb, (lw2, lb2), fc_wb, proj_wb), (kb, vb) in zip(
             self.blocks, kv, strict=True
         ):
             qkv = _mm(qkv_wb, F.layer_norm(h, width, lw, lb, self.eps).to(bf16))
-            att = torch.empty(h.shape, dtype=bf16)
             attend(kernels.bits16(qkv), store(kb), store(vb), p, kernels.bits16(att), scale)
-            h = h + _mm(out_wb, att)  # fp32 + bf16: fp32
+            h.add_(_mm(out_wb, att))  # fp32 += bf16 in place (h is this call's own tensor): the same sums
             x = gelu(_mm(fc_wb, F.layer_norm(h, width, lw2, lb2, self.eps).to(bf16)))
-            h = h + _mm(proj_wb, x)
+            h.add_(_mm(proj_wb, x))
         lw, lb = self.final
         return self._r(F.layer_norm(h, width, lw, lb, self.eps))
 
