@@ -369,12 +369,11 @@ class LeanModel:
         [P, L, hidden]."""
         self._choose()
         h, rope = self._embed(ids, pos)
-        L = ids.shape[1]
+        first = _first_of_run(dst)
         for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
             q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
-            # (a cache held as bf16 takes them exactly: a bf16 decode's keys and values are bf16 values)
-            kb[dst, :, :L] = (k if n == 1 else k.repeat_interleave(n, 0)).to(kb.dtype)
-            vb[dst, :, :L] = (v if n == 1 else v.repeat_interleave(n, 0)).to(vb.dtype)
+            _store_prompts(kb, dst, first, k, n)
+            _store_prompts(vb, dst, first, v, n)
             h = self._out(blk, h, self._attend(q, k, v, mask))
         return self._final(h)
 
@@ -471,6 +470,32 @@ class LeanModel:
             h.add_(_mm(proj_wb, x))
         lw, lb = self.final
         return self._r(F.layer_norm(h, width, lw, lb, self.eps))
+
+
+def _first_of_run(dst: torch.Tensor) -> int | None:
+    """The first of the slots ``dst`` where they are consecutive and ascending (a prefill's usual
+    slots: taken from the lowest free ones), else None."""
+    n = dst.shape[0]
+    if n == 0:
+        return None
+    first = int(dst[0])
+    if n > 1 and not torch.equal(dst, torch.arange(first, first + n, device=dst.device)):
+        return None
+    return first
+
+
+def _store_prompts(buf: torch.Tensor, dst: torch.Tensor, first: int | None, x: torch.Tensor, n: int) -> None:
+    """Prompt ``p``'s keys or values ``x[p]`` [heads, L, head dim] into ``buf`` [slots, heads,
+    capacity, head dim] at positions 0..L-1 of its ``n`` slots ``dst[p*n:(p+1)*n]`` (a cache held as
+    bf16 takes them exactly: a bf16 decode's keys and values are bf16 values). Consecutive slots
+    (``first``) take one strided copy broadcast over the ``n``; others an indexed write of ``x``
+    repeated (several times the cost at a prefill's sizes); the same values either way."""
+    L = x.shape[2]
+    if first is not None:
+        rows = buf[first : first + dst.shape[0]]
+        rows.unflatten(0, (x.shape[0], n))[:, :, :, :L].copy_(x[:, None])
+    else:
+        buf[dst, :, :L] = (x if n == 1 else x.repeat_interleave(n, 0)).to(buf.dtype)
 
 
 class _Linear(NamedTuple):
