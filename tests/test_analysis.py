@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -636,3 +637,137 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
         for s in v["per_seed"]:
             assert s["ok"] and run_a[names[s["run_id"]]] == f"{s['A']:.3f}", s
             assert s["seed"] == int(names[s["run_id"]][-1])
+
+
+def _replicate_report(store, name: str, seed: int) -> Path:
+    """A real study's report folder: a baseline and a ceiling 0.17 lower, 3 seeds each, logged as
+    training runs log them, through the report path a sweep uses."""
+    from scalerl.analysis import ReportInput, report
+
+    client = store["client"]
+    eid = client.create_experiment(name, artifact_location=str(store["tmp"] / name))
+    rng = np.random.default_rng(seed)
+    for loss, truth in (
+        ("cispo", TrueCurve(0.15, 0.62, 1.9, 2.0e17)),
+        ("dapo", TrueCurve(0.15, 0.45, 1.9, 2.0e17)),
+    ):
+        for s in range(3):
+            c, y = sample_run(truth, rng, reach=6.0, trials=2048, n_points=20)
+            params = {"loss": loss, "precision": "fp32_head", "seed": str(s), "variant": loss}
+            rid = _log_run(client, eid, f"{loss}{s}", np.arange(c.size) * 10, c, y, params)
+            client.set_tag(rid, "variant", loss)
+    out = store["tmp"] / f"{name}-out"
+    report(
+        load_runs(client, name),
+        out,
+        ReportInput(baseline="cispo", protocol=FitProtocol(bootstrap=20), comparison=False),
+    )
+    return out
+
+
+def test_replicates_sets_real_studies_reports_side_by_side(store, tmp_path, capsys):
+    """``python -m scalerl.analysis replicates`` over two real studies' reports (the report path a
+    sweep writes, different draws of the same design), named by report folder and by file: each
+    variant's verdicts counted as the reports gave them, A's mean and spread across the studies, the
+    supported predictions' errors, coverage and persistence from the reports' own fields; the table
+    printed and written as replicates.md and replicates.json."""
+    from scalerl.analysis.__main__ import main
+
+    a, b = _replicate_report(store, "replicate-a", 1), _replicate_report(store, "replicate-b", 2)
+    docs = [json.loads((x / "report.json").read_text()) for x in (a, b)]
+    out = tmp_path / "replicates"
+    assert main(["replicates", str(a), str(b / "report.json"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    got = json.loads((out / "replicates.json").read_text())
+    assert (out / "replicates.md").read_text() in printed and "# 2 replicate studies" in printed
+    assert [s["path"] for s in got["studies"]] == [str(a / "report.json"), str(b / "report.json")]
+    rows = {r["variant"]: r for r in got["variants"]}
+    assert list(rows) == ["cispo", "dapo"]
+    for name, row in rows.items():
+        vs = [next(v for v in d["variants"] if v["variant"] == name) for d in docs]
+        want_verdicts = {}
+        for v in vs:
+            want_verdicts[v["verdict"]] = want_verdicts.get(v["verdict"], 0) + 1
+        assert row["studies"] == 2 and row["verdicts"] == want_verdicts
+        assert row["A_mean"] == pytest.approx(np.mean([v["A"] for v in vs]))
+        assert row["A_sd"] == pytest.approx(np.std([v["A"] for v in vs], ddof=1))
+        scored = [v["prediction"] for v in vs if v["prediction"]["supported"] is True]
+        assert row["predictions"] == len(scored) and row["unsupported"] == 2 - len(scored)
+        if scored:
+            errs = [p["predicted"] - p["observed"] for p in scored]
+            assert row["error_mean"] == pytest.approx(np.mean(errs))
+            assert row["within"] == sum(abs(e) <= 0.03 for e in errs)
+            assert row["covered"] == sum(p["lo"] <= p["observed"] <= p["hi"] for p in scored)
+            pers = [p["persistence"] - p["observed"] for p in scored]
+            assert row["fit_better"] == sum(abs(e) < abs(q) for e, q in zip(errs, pers))
+        assert f"| {name} | 2 |" in printed
+    assert rows["cispo"]["verdicts"] == {"baseline": 2} and rows["dapo"]["verdicts"] == {"A lower": 2}
+
+
+def _study_doc(variants: list[dict]) -> dict:
+    return {"schema_version": 2, "commit": "c" * 40, "commits": ["c" * 40], "wall_s": 600.0, "machine": {},
+            "variants": variants}  # fmt: skip
+
+
+def _v(name, verdict, A, pred=None):
+    return {"variant": name, "verdict": verdict, "A": A, "prediction": pred}
+
+
+def test_replicates_counts_only_supported_predictions_and_refuses_bad_reports(tmp_path, capsys, refused):
+    """The counting: a prediction whose window had not passed the horizon is counted as not
+    supported and scored nowhere; a missing persistence leaves that study out of the fit-vs-
+    persistence count only; a variant missing from a study counts the studies it is in. Refused, one
+    line, nothing written: one study, a path without a report, a report of another schema, NaN in
+    the file, a verdict outside the vocabulary, the same study twice, --within 0."""
+    from scalerl.analysis.__main__ import main
+
+    def pred(p, o, lo, hi, ok=True, pers=None):
+        return {"predicted": p, "observed": o, "lo": lo, "hi": hi, "supported": ok, "persistence": pers}
+
+    studies = [
+        [_v("base", "baseline", 0.73, pred(0.74, 0.73, 0.72, 0.76, pers=0.725)), _v("x", "equivalent", 0.72, pred(0.70, 0.75, 0.69, 0.71, pers=0.74))],
+        [_v("base", "baseline", 0.75, pred(0.74, 0.70, 0.72, 0.76, ok=False, pers=0.7)), _v("x", "inconclusive", 0.74, pred(0.76, 0.75, 0.74, 0.78))],
+        [_v("base", "baseline", 0.74, pred(0.74, 0.745, 0.73, 0.75, pers=0.70)), _v("y", "A higher", None)],
+    ]  # fmt: skip
+    paths = []
+    for i, vs in enumerate(studies):
+        d = tmp_path / f"study{i}" / "report"
+        d.mkdir(parents=True)
+        (d / "report.json").write_text(json.dumps(_study_doc(vs)))
+        paths.append(str(d.parent))
+    assert main(["replicates", *paths]) == 0
+    md = capsys.readouterr().out
+    from scalerl.analysis import replicates
+
+    rows = {r.variant: r.row() for r in replicates.summarise([replicates.load_study(p) for p in paths])}
+    base, x, y = rows["base"], rows["x"], rows["y"]
+    assert base["studies"] == 3 and base["predictions"] == 2 and base["unsupported"] == 1
+    assert (
+        base["error_mean"] == pytest.approx((0.01 - 0.005) / 2)
+        and base["within"] == 2
+        and base["covered"] == 2
+    )
+    assert base["persistence_abs_mean"] == pytest.approx((0.005 + 0.045) / 2) and base["fit_better"] == 1
+    assert base["A_mean"] == pytest.approx(0.74) and base["A_sd"] == pytest.approx(0.01)
+    assert x["studies"] == 2 and x["verdicts"] == {"equivalent": 1, "inconclusive": 1}
+    assert x["predictions"] == 2 and x["within"] == 1 and x["covered"] == 1
+    assert x["persistence_scored"] == 1 and x["fit_better"] == 0  # |0.05| against |0.01| where given
+    assert y["studies"] == 1 and y["A_mean"] is None and y["predictions"] == 0
+    assert "| base | 3 | baseline 3 |" in md and "| y | 1 | A higher 1 |" in md and "2 (1)" in md
+
+    out = tmp_path / "never"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    refused(main, ["replicates", paths[0], "--out", str(out)], "1 study given, expected two or more")
+    refused(main, ["replicates", paths[0], str(tmp_path / "nowhere")], "no report.json there")
+    (bad / "report.json").write_text(
+        json.dumps({**_study_doc([_v("a", "baseline", 0.7)]), "schema_version": 1})
+    )
+    refused(main, ["replicates", paths[0], str(bad)], "schema_version 1, expected 2")
+    (bad / "report.json").write_text(json.dumps(_study_doc([_v("a", "baseline", float("nan"))])))
+    refused(main, ["replicates", paths[0], str(bad)], "not readable as JSON")
+    (bad / "report.json").write_text(json.dumps(_study_doc([_v("a", "better", 0.7)])))
+    refused(main, ["replicates", paths[0], str(bad)], "has verdict 'better', expected one of baseline")
+    refused(main, ["replicates", paths[0], paths[0] + "/report/report.json"], "is given twice")
+    refused(main, ["replicates", *paths[:2], "--within", "0"], "--within=0.0: must be a positive number")
+    assert not out.exists()

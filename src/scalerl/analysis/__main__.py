@@ -1,4 +1,5 @@
-"""``python -m scalerl.analysis fit|compare``: sigmoid fits of the runs of an MLflow experiment.
+"""``python -m scalerl.analysis fit|compare|replicates``: sigmoid fits of the runs of an MLflow
+experiment, and replicate studies compared.
 
 fit      per-run fits (with bootstrap CIs and the half-budget prediction check), the verdict
          table per variant (A and B at the baseline's A over every fitted seed with t-intervals,
@@ -11,6 +12,10 @@ compare  all of ``fit``, plus the comparison plots: panels per variant (variants
          plot of ΔA and ΔB (forest.png), predicted vs observed (calibration.png), the linearised
          leave-one-out plot (B refitted with A fixed to the baseline's A) and, up to 8 runs, every
          run's curve on one figure (scaling_curves.png).
+replicates  two or more studies' ``report.json`` (the same sweep run again on other seeds or
+         machines) side by side: per variant the verdicts counted, A's mean and spread, and the
+         half-budget predictions' errors, coverage and skill against persistence
+         (:mod:`scalerl.analysis.replicates`).
 
 The same report as ``python sweep.py`` writes for a sweep (both call scalerl.analysis.report).
 """
@@ -18,12 +23,14 @@ The same report as ``python sweep.py`` writes for a sweep (both call scalerl.ana
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
+from scalerl.analysis import replicates
 from scalerl.analysis.experiment import (
     DEFAULT_MIN_STEP,
     baseline_argument,
@@ -37,6 +44,7 @@ from scalerl.messages import OneLineParser
 from scalerl.scaling.pass_at_k import DEFAULT_METRIC, METRIC_ALLOWED, metric_k
 from scalerl.scaling.protocol import FitProtocol, FitProtocolError, bootstrap_problem
 from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS, N_PARAMS
+from scalerl.storage import write_text_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("fit", parents=[common], help="per-run fits and write-back")
     sub.add_parser("compare", parents=[common], help="fits, comparison table and plots")
+    rep = sub.add_parser(
+        "replicates",
+        help="replicate studies' report.json side by side: verdict counts, A's spread, predictions",
+        description=replicates.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rep.add_argument(
+        "studies", nargs="+", help="sweep folders, report folders or report.json files (two or more)"
+    )
+    rep.add_argument("--out", default=None, help="also write replicates.md and replicates.json here")
+    rep.add_argument(
+        "--within",
+        type=float,
+        default=replicates.WITHIN,
+        help=f"a prediction error counted as within this (default {replicates.WITHIN})",
+    )
     return p
 
 
@@ -336,10 +360,42 @@ def _say_done(args, rep, runs, left_out, out: Path, t0: float, *, metric: str) -
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        return _replicates(args) if args.command == "replicates" else _run(args)
     except _Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _replicates(args) -> int:
+    """``replicates``: the studies' reports read (each checked; refused before anything is written),
+    the table printed, and with ``--out`` written as replicates.md and replicates.json."""
+    if len(args.studies) < 2:
+        raise _Refused(f"replicates: {len(args.studies)} study given, expected two or more to compare")
+    if not (math.isfinite(args.within) and args.within > 0):
+        raise _Refused(f"--within={args.within}: must be a positive number")
+    try:
+        studies = [replicates.load_study(a) for a in args.studies]
+    except replicates.ReplicatesError as e:
+        raise _Refused(str(e)) from None
+    paths = [s.path.resolve() for s in studies]
+    dup = next((p for p in paths if paths.count(p) > 1), None)
+    if dup is not None:  # one study counted twice would weigh as two replicates
+        raise _Refused(f"replicates: {dup} is given twice (expected distinct studies)")
+    reps = replicates.summarise(studies)
+    md = replicates.to_markdown(studies, reps, args.within)
+    if args.out is not None:
+        out = Path(args.out)
+        unwritable = _probe_out(out)
+        if unwritable:
+            raise _Refused(unwritable)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = replicates.to_json(studies, reps, args.within)
+        write_text_atomic(out / "replicates.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
+        write_text_atomic(out / "replicates.md", md)
+    print(md, end="")
+    if args.out is not None:
+        print(f"\nwrote {args.out}/ (replicates.md, replicates.json)")
+    return 0
 
 
 def _run(args) -> int:
