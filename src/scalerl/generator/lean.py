@@ -488,8 +488,8 @@ def _store_prompts(buf: torch.Tensor, dst: torch.Tensor, first: int | None, x: t
     """Prompt ``p``'s keys or values ``x[p]`` [heads, L, head dim] into ``buf`` [slots, heads,
     capacity, head dim] at positions 0..L-1 of its ``n`` slots ``dst[p*n:(p+1)*n]`` (a cache held as
     bf16 takes them exactly: a bf16 decode's keys and values are bf16 values). Consecutive slots
-    (``first``) take one strided copy broadcast over the ``n``; others an indexed write of ``x``
-    repeated (several times the cost at a prefill's sizes); the same values either way."""
+    (``first``) take one strided copy broadcast over the ``n``, without the indexed write's gather
+    of ``x`` repeated (which the others take); the same values either way."""
     L = x.shape[2]
     if first is not None:
         rows = buf[first : first + dst.shape[0]]
