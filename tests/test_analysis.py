@@ -754,6 +754,11 @@ def test_replicates_counts_only_supported_predictions_and_refuses_bad_reports(tm
     assert x["persistence_scored"] == 1 and x["fit_better"] == 0  # |0.05| against |0.01| where given
     assert y["studies"] == 1 and y["A_mean"] is None and y["predictions"] == 0
     assert "| base | 3 | baseline 3 |" in md and "| y | 1 | A higher 1 |" in md and "2 (1)" in md
+    assert "Studies: study0 (commit ccccccc, 10.0 min); study1" in md  # a sweep folder's name
+    assert (
+        replicates.Study(tmp_path / "2026-12-05_abc_study_report.json", {}).label
+        == "2026-12-05_abc_study_report"
+    )
 
     out = tmp_path / "never"
     bad = tmp_path / "bad"

@@ -41,7 +41,10 @@ class Study:
 
     @property
     def label(self) -> str:
-        """The study's name in the table: its sweep folder's (or the report's folder's) name."""
+        """The study's name in the table: its sweep folder's (or the report's folder's) name, or a
+        report kept under a name of its own (``<study>_report.json``), that name."""
+        if self.path.name != "report.json":
+            return self.path.stem
         folder = self.path.parent
         return (folder.parent if folder.name == "report" else folder).name or str(self.path)
 
