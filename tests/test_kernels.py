@@ -572,3 +572,46 @@ def test_the_loops_and_the_lean_decode_hold_on_an_avx2_machines_paths():
     run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900, cwd=here.parent)
     assert run.returncode == 0, run.stdout[-4000:]
     assert re.search(r"\b\d+ passed", run.stdout) and " failed" not in run.stdout, run.stdout[-2000:]
+
+
+def test_prompt_rows_read_from_another_slot_give_the_same_bits():
+    """kernels.attention_bf16_shared: slots whose first shared[r] keys and values are read from slot
+    lead[r] (which holds the same bits there, as a prompt's samples do) give the bits of each slot
+    reading its own (attention_bf16_held), and write the same keys and values: groups of 1-5
+    slots, a lead below, above or among its samples, prompts of 1-38 positions, every slot at a
+    position past its prompt (where a decode writes) in a 40-deep cache."""
+    held, shared_loop = kernels.attention_bf16_held(), kernels.attention_bf16_shared()
+    g = torch.Generator().manual_seed(4)
+    heads, D, cap, slots = 4, 32, 40, 30
+    scale = np.float32(D**-0.5)
+    reads = 0
+    for _ in range(30):
+        kb, vb = (_bf16(torch.randn(slots, heads, cap, D, generator=g)) for _ in range(2))
+        lead, shared = torch.arange(slots), torch.zeros(slots, dtype=torch.long)
+        r = 0
+        while r < slots:  # groups: each sample gets its lead's first P rows (a prompt written n times)
+            n = int(torch.randint(1, 6, (1,), generator=g))
+            members = list(range(r, min(r + n, slots)))
+            first = members[int(torch.randint(0, len(members), (1,), generator=g))]
+            P = int(torch.randint(1, cap - 1, (1,), generator=g))
+            for m in members:
+                kb[m, :, :P], vb[m, :, :P] = kb[first, :, :P], vb[first, :, :P]
+                lead[m], shared[m] = first, P
+            r += n
+        pos = shared + (torch.rand(slots, generator=g) * (cap - shared)).long()  # in [prompt, cap)
+        qkv = _bf16(torch.randn(slots, 3 * heads * D, generator=g) * 3)
+        outs, caches = [], []
+        for loop in ("held", "shared"):
+            k, v = kb.clone(), vb.clone()
+            out = torch.full((slots, heads * D), float("nan"), dtype=torch.bfloat16)
+            args = (kernels.bits16(qkv), kernels.bits16(k), kernels.bits16(v), pos.numpy())
+            if loop == "held":
+                held(*args, kernels.bits16(out), scale)
+            else:
+                shared_loop(*args, lead.numpy(), shared.numpy(), kernels.bits16(out), scale)
+            outs.append(out)
+            caches.append((k, v))
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+        assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(*caches))
+        reads += int((lead != torch.arange(slots)).sum())
+    assert reads > 200  # rows that did read another slot's
