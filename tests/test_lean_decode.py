@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 from test_generator import LC, PHRASE, SAME_LEN, VAR_LEN, Prompt, _update_at, flat, full_logprobs, make_model
@@ -286,55 +285,3 @@ def test_prompts_stored_into_consecutive_or_scattered_slots_alike(dtype, n):
         assert torch.equal(buf, want)
     assert runs == 1 and _first_of_run(torch.tensor([6])) == 6
     assert _first_of_run(torch.tensor([], dtype=torch.long)) is None
-
-
-def test_samples_reading_their_prompt_from_one_slot_decode_as_from_their_own(monkeypatch):
-    """A continuous session on the bf16 decode with its cache held as bf16 (head dim 32): each
-    prompt's samples read the prompt's keys and values from one of their slots (its first; the
-    lowest still running once that one finishes and frees its slot) instead of each from its own,
-    and every token, log-prob, mask and version comes out the same as with each slot reading its
-    own; pieces join while others run, rows finish at eos and free slots that new prompts take, and
-    some samples go on reading from a slot that took over."""
-    from test_generator import EOS
-
-    from scalerl.generator import kernels
-    from scalerl.generator.slots import SlotCache
-
-    monkeypatch.setattr(precision_module, "LOW_PRECISION_KERNELS", True)
-    monkeypatch.setattr(LeanModel, "use_kernel", True)
-    model = make_model(arch="gpt2", num_heads=2, num_kv_heads=2, bias={EOS: 1.0})  # head dim 32
-    prec = Precision(body="bf16", head="fp32", impl="emulated")
-    loop, lead_again = kernels.attention_bf16_shared, SlotCache._lead_again
-    seen = {"shared rows": 0, "taken over": 0}
-
-    def counted():
-        inner = loop()
-
-        def f(qkv, keys, values, pos, lead, shared, out, scale):
-            seen["shared rows"] += int((lead != np.arange(len(lead))).sum())
-            inner(qkv, keys, values, pos, lead, shared, out, scale)
-
-        return f
-
-    def again(self, slots, idx):
-        before = self.lead.clone()
-        lead_again(self, slots, idx)
-        seen["taken over"] += int(((self.lead != before) & self.used).sum())
-
-    got = {}
-    for share in (True, False):
-        monkeypatch.setattr(kernels, "attention_bf16_shared", counted if share else (lambda: None))
-        monkeypatch.setattr(SlotCache, "_lead_again", again)
-        gen = _gen(model, prec, True, LC(max_new_tokens=20))
-        sess = gen.session(rows=12)
-        assert sess.lean is not None and sess.lean.kv_dtype() == torch.bfloat16
-        sess.add(SAME_LEN, 3, tag="a")
-        out = sess.step() + sess.step() + sess.step()
-        sess.add(VAR_LEN[:1], 3, tag="b")
-        out += sess.step() + sess.step()
-        sess.add(VAR_LEN[1:], 2, tag="c")
-        out += sess.drain()
-        got[share] = dict(out)
-    for tag in ("a", "b", "c"):
-        assert float(_diffs(got[True][tag], got[False][tag]).max()) == 0.0
-    assert seen["shared rows"] > 100 and seen["taken over"] > 0

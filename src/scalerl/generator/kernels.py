@@ -252,54 +252,40 @@ def _vector_loops():
 
         return sig, codegen
 
-    def weighted_sum_from(carry: bool):
-        """The weighted sum's intrinsic, its accumulator starting at zero or (``carry``) at ``o``'s
-        values: a sum over keys split in two ranges continues as one chain (fp32 stored and loaded
-        exactly)."""
+    @intrinsic
+    def weighted_sum(typingctx, s, values, n, o):
+        """o[0:32] <- sum over j < n of s[j] * values[j], key by key."""
+        if not (_rows32(s, o) and _kv_rows(values)):
+            return None
+        sig = types.void(s, values, n, o)
 
-        @intrinsic
-        def weighted_sum(typingctx, s, values, n, o):
-            return _weighted_sum_codegen(s, values, n, o, carry)
+        def codegen(context, b, signature, args):
+            sp, vp, op = (_data(context, b, signature.args[i], args[i]) for i in (0, 1, 3))
+            load = _load_row(signature.args[1])
+            count = context.cast(b, args[2], signature.args[2], types.int64)
 
-        return weighted_sum
+            def step(j, acc):
+                w = b.insert_element(
+                    ir.Constant(_v16, ir.Undefined), b.load(b.gep(sp, [j])), ir.Constant(_i32, 0)
+                )
+                w, row = _shuffle(b, w, w, [0] * 16), b.mul(j, _const(32))
+                return [
+                    _fma(b, w, load(b, vp, row), acc[0]),
+                    _fma(b, w, load(b, vp, b.add(row, _const(16))), acc[1]),
+                ]
 
-    return scores, weighted_sum_from(False), weighted_sum_from(True)
+            zero = ir.Constant(_v16, [0.0] * 16)
+            acc = _loop(b, _const(0), count, 1, [zero, zero], step)[1]
+            b.store(acc[0], b.bitcast(op, _v16.as_pointer()), align=4)
+            b.store(acc[1], b.bitcast(b.gep(op, [_const(16)]), _v16.as_pointer()), align=4)
+            return context.get_dummy_value()
 
+        return sig, codegen
 
-def _weighted_sum_codegen(s, values, n, o, carry: bool):
-    """o[0:32] <- (``carry``: o[0:32] +) the sum over j < n of s[j] * values[j], key by key."""
-    if not (_rows32(s, o) and _kv_rows(values)):
-        return None
-    sig = types.void(s, values, n, o)
-
-    def codegen(context, b, signature, args):
-        sp, vp, op = (_data(context, b, signature.args[i], args[i]) for i in (0, 1, 3))
-        load = _load_row(signature.args[1])
-        count = context.cast(b, args[2], signature.args[2], types.int64)
-
-        def step(j, acc):
-            w = b.insert_element(
-                ir.Constant(_v16, ir.Undefined), b.load(b.gep(sp, [j])), ir.Constant(_i32, 0)
-            )
-            w, row = _shuffle(b, w, w, [0] * 16), b.mul(j, _const(32))
-            return [
-                _fma(b, w, load(b, vp, row), acc[0]),
-                _fma(b, w, load(b, vp, b.add(row, _const(16))), acc[1]),
-            ]
-
-        if carry:
-            init = [_load16(b, op, _const(0)), _load16(b, op, _const(16))]
-        else:
-            init = [ir.Constant(_v16, [0.0] * 16)] * 2
-        acc = _loop(b, _const(0), count, 1, init, step)[1]
-        b.store(acc[0], b.bitcast(op, _v16.as_pointer()), align=4)
-        b.store(acc[1], b.bitcast(b.gep(op, [_const(16)]), _v16.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return scores, weighted_sum
 
 
-_scores32, _weighted_sum32, _weighted_sum_on32 = _vector_loops() if ir is not None else (None, None, None)
+_scores32, _weighted_sum32 = _vector_loops() if ir is not None else (None, None)
 
 
 def _copy_loop():
@@ -433,30 +419,17 @@ def _attend16_held16(qkv, keys, values, pos, out, scale):
     # _attend16 over a cache held as bf16 (the uint16 bits): each slot's key and value stored as the
     # bits they came as, and read by the vector loops as bf16 (half the bytes), widened in registers:
     # the same floats, so the same arithmetic as _attend16's and the same bits (tested). Head dim 32
-    slots = qkv.shape[0]
-    _attend16_shared(qkv, keys, values, pos, np.arange(slots), np.zeros(slots, np.int64), out, scale)
-
-
-@_jit(fastmath=_FAST)
-def _attend16_shared(qkv, keys, values, pos, lead, shared, out, scale):
-    # _attend16_held16 where slot r's first shared[r] keys and values are read from slot lead[r]'s
-    # cache (a prompt's samples: its prefill wrote the same bits into each of their slots), the rest
-    # from its own: the same keys and values in the same order through the same loops (the scores
-    # per key, their maximum, the weighted sum's one chain carried across the two ranges), so the
-    # same bits (tested), with a prompt's rows read from one slot for all its samples
     slots, width = qkv.shape
     heads, cap, dim = keys.shape[1], keys.shape[2], keys.shape[3]
     n = heads * dim
     row = np.empty(n, dtype=np.uint32)  # the queries (the keys and values are stored as they came)
     f = row.view(np.float32)
-    s = np.zeros(_padded(cap), dtype=np.float32)
-    pow2 = np.zeros(_padded(cap), dtype=np.int32)
+    s = np.zeros(_padded(keys.shape[2]), dtype=np.float32)
+    pow2 = np.zeros(_padded(keys.shape[2]), dtype=np.int32)
     o = np.empty(dim, dtype=np.float32)
     ob = o.view(np.uint32)
     for r in range(slots):
         p = pos[r]
-        src = lead[r]
-        k = min(shared[r], p) if src != r else 0  # position p is the slot's own: written just now
         for i in range(n):
             row[i] = np.uint32(qkv[r, i]) << np.uint32(16)
         for h in range(heads):
@@ -465,17 +438,8 @@ def _attend16_shared(qkv, keys, values, pos, lead, shared, out, scale):
             _copy16(qkv, r * width + 2 * n + h * dim, values, at, dim)
         for h in range(heads):
             q = f[h * dim : (h + 1) * dim]
-            top = _scores32(q, keys[r, h][k:], p + 1 - k, scale, s[k:])
-            if k > 0:
-                first = _scores32(q, keys[src, h], k, scale, s)
-                if not top > first:  # the maximum as one loop takes it: a NaN never replaces
-                    top = first
-            total = _exp_shifted(s, p + 1, top, pow2)
-            if k > 0:
-                _weighted_sum32(s, values[src, h], k, o)
-                _weighted_sum_on32(s[k:], values[r, h][k:], p + 1 - k, o)
-            else:
-                _weighted_sum32(s, values[r, h], p + 1, o)
+            total = _exp_shifted(s, p + 1, _scores32(q, keys[r, h], p + 1, scale, s), pow2)
+            _weighted_sum32(s, values[r, h], p + 1, o)
             inv = np.float32(1.0) / total
             for d in range(dim):
                 o[d] = o[d] * inv
@@ -521,15 +485,6 @@ def attention_bf16_held():
     writes are bf16 values already, so the cache holds them exactly in half the bytes, which is what
     the loop waits on at the decode's row counts; the same outputs, bit for bit (tested)."""
     return _attend16_held16 if _scores32 is not None else None
-
-
-def attention_bf16_shared():
-    """``(qkv, keys, values, pos, lead, shared, out, scale)``, or None without numba or the vector
-    loops: :func:`attention_bf16_held` where slot r's first ``shared[r]`` keys and values are read
-    from slot ``lead[r]``'s cache (int64 [slots] each; ``lead[r] = r``: its own), which holds the
-    same bits there (a prompt's samples, written by one prefill): its rows read once for all of
-    them instead of once a sample. The same outputs, bit for bit (tested)."""
-    return _attend16_shared if _scores32 is not None else None
 
 
 def bits16(x: torch.Tensor):

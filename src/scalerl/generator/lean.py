@@ -378,13 +378,10 @@ class LeanModel:
         return self._final(h)
 
     @torch.no_grad()
-    def decode(self, kv, tok, pos, span: int, keymask, share=None) -> torch.Tensor:
+    def decode(self, kv, tok, pos, span: int, keymask) -> torch.Tensor:
         """One token per slot below ``hi`` = len(``tok``), each at its position ``pos`` [hi],
         attending over the first ``span`` positions under ``keymask`` [hi, 1, 1, span]. The
-        hidden states [hi, hidden]. ``share``: (lead, shared) [hi] where slot r's first shared[r]
-        keys and values are the same bits as slot lead[r]'s (a prompt's samples,
-        :class:`~scalerl.generator.slots.SlotCache`), which the bf16-held loop then reads from
-        there; the same numbers either way."""
+        hidden states [hi, hidden]."""
         hi = tok.shape[0]
         self._choose()
         fused = self.fused_attention()
@@ -396,9 +393,7 @@ class LeanModel:
                     f"decode of {hi} slots to position {top} over buffers {tuple(kv[0][0].shape)}"
                 )
             if self._in_bf16():
-                if share is not None and hi and not 0 <= int(share[0].min()) <= int(share[0].max()) < hi:
-                    raise ValueError(f"decode of {hi} slots reading prompts from slots {share[0].tolist()}")
-                return self._decode_bf16(kv, tok, pos, share)
+                return self._decode_bf16(kv, tok, pos)
             return self._decode_loops(kv, tok, pos, fused)
         h, rope = self._embed(tok[:, None], pos[:, None])
         H, G, D = self.heads, self.heads // self.kv_heads, self.head_dim
@@ -450,7 +445,7 @@ class LeanModel:
             and kernels.attention_bf16() is not None
         )
 
-    def _decode_bf16(self, kv, tok, pos, share=None) -> torch.Tensor:
+    def _decode_bf16(self, kv, tok, pos) -> torch.Tensor:
         """:meth:`_decode_loops` for GPT-2 where the linear layers are bf16 GEMMs: every value the
         emulation rounds before a linear layer is held as bf16 (a layer norm's output converted once,
         the attention output rounded by its loop, the MLP's GELU applied over bf16 storage), and a
@@ -464,13 +459,6 @@ class LeanModel:
         attend = kernels.attention_bf16_held() if held else kernels.attention_bf16()
         store = kernels.bits16 if held else torch.Tensor.numpy
         p, scale, width = pos.numpy(), np.float32(self.head_dim**-0.5), (h.shape[-1],)
-        if held and share is not None and kernels.attention_bf16_shared() is not None:
-            lead, shared = share[0].numpy(), share[1].numpy()
-            loop = kernels.attention_bf16_shared()
-
-            def attend(qkv, keys, values, p, out, scale):
-                loop(qkv, keys, values, p, lead, shared, out, scale)
-
         att = torch.empty(h.shape, dtype=bf16)  # each layer's attention output, read before the next's
         for ((lw, lb), qkv_wb, out_wb, (lw2, lb2), fc_wb, proj_wb), (kb, vb) in zip(
             self.blocks, kv, strict=True

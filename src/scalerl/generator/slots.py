@@ -16,11 +16,7 @@ buffers):
 * :meth:`SlotCache.decode`: one token for every slot below :attr:`SlotCache.hi`, written at that
   slot's own position and attending over its own positions only (a key mask per slot, over the
   positions up to the longest slot's, not the whole capacity); free slots are fed too (their
-  writes land at their position 0 and are overwritten when the slot is taken);
-* :attr:`SlotCache.lead` / :attr:`SlotCache.shared`: a prompt's samples hold its keys and values in
-  each of their slots; slot r's first ``shared[r]`` positions are the same bits as slot
-  ``lead[r]``'s (the group's first, then the lowest still running), so a fused loop can read a
-  prompt's rows once for all its samples.
+  writes land at their position 0 and are overwritten when the slot is taken).
 
 Buffers are ``[rows, kv heads, capacity, head dim]`` per layer, allocated at the first forward and
 grown (copied) when more slots or positions are asked for. The layers plug into a transformers
@@ -109,10 +105,6 @@ class SlotCache:
         self.length = torch.zeros(int(rows), dtype=torch.long, device=self.device)  # positions held
         self.used = torch.zeros(int(rows), dtype=torch.bool, device=self.device)
         self._free = list(range(int(rows)))
-        # a prompt's n samples hold the same prompt bits in each of their slots (one prefill wrote
-        # them): slot r's first shared[r] positions may be read from slot lead[r]'s (itself: none)
-        self.lead = torch.arange(int(rows), device=self.device)
-        self.shared = torch.zeros(int(rows), dtype=torch.long, device=self.device)
 
     @property
     def rows(self) -> int:
@@ -137,8 +129,6 @@ class SlotCache:
             self._free = sorted(self._free + list(range(self.rows, rows)))
             self.length = torch.cat([self.length, self.length.new_zeros(extra)])
             self.used = torch.cat([self.used, self.used.new_zeros(extra)])
-            self.lead = torch.cat([self.lead, torch.arange(self.rows, rows, device=self.device)])
-            self.shared = torch.cat([self.shared, self.shared.new_zeros(extra)])
             self.ctl.rows = rows
         self.ctl.capacity = max(self.capacity, int(capacity or 0))
 
@@ -159,18 +149,6 @@ class SlotCache:
         self.used[idx] = False
         self.length[idx] = 0
         self._free = sorted(self._free + list(slots))
-        self._lead_again(slots, idx)
-
-    def _lead_again(self, slots: list[int], idx: torch.Tensor) -> None:
-        """Freed ``slots`` stop leading: the samples still running that read their prompt from one
-        of them read it from the lowest of themselves instead (each holds the same prompt bits)."""
-        orphans = (torch.isin(self.lead, idx) & self.used).nonzero().flatten().tolist()
-        self.lead[idx] = idx
-        self.shared[idx] = 0
-        new: dict[int, int] = {}
-        lead = self.lead.tolist() if orphans else []
-        for r in orphans:  # ascending: the first of a group met becomes its lead
-            self.lead[r] = new.setdefault(lead[r], r)
 
     # ------------------------------------------------------------------ forwards
     def prefill(self, slots: list[int], ids: list[list[int]], n: int = 1, pad_id: int = 0) -> torch.Tensor:
@@ -196,9 +174,6 @@ class SlotCache:
             hidden = self._forward(inp, mask[:, None], pos)
         last = hidden[torch.arange(len(ids), device=dev), lens_t - 1]
         self.length[dst] = lens_t if n == 1 else lens_t.repeat_interleave(n)
-        # each prompt's samples read its keys from its first slot (n = 1: from their own)
-        self.lead[dst] = dst if n == 1 else dst.view(len(ids), n)[:, :1].expand(-1, n).flatten()
-        self.shared[dst] = 0 if n == 1 else lens_t.repeat_interleave(n)
         return last if n == 1 else last.repeat_interleave(n, 0)
 
     def decode(self, tok: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
@@ -211,9 +186,7 @@ class SlotCache:
             self.grow(capacity=span)
         keymask = torch.arange(span, device=self.device)[None, :] <= pos[:, None]
         if self.lean is not None:
-            hidden = self.lean.decode(
-                self._lean_kv(), tok, pos, span, keymask[:, None, None, :], (self.lead[:hi], self.shared[:hi])
-            )
+            hidden = self.lean.decode(self._lean_kv(), tok, pos, span, keymask[:, None, None, :])
             self.length[:hi] += live.long()
             return hidden
         self.ctl.mode = ("decode", hi, pos, span)
