@@ -211,9 +211,10 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
 
 
 def to_json(studies: Sequence[Study], reps: Sequence[Replicated], within: float = WITHIN) -> dict:
-    """The table as data: ``studies`` (path, commit, wall_s) and ``variants`` (:meth:`Replicated.row`)."""
+    """The table as data: ``report_schema_version`` (of the reports read), ``within``, ``studies``
+    (path, commit, wall_s) and ``variants`` (:meth:`Replicated.row`)."""
     return {
-        "schema_version": REPORT_SCHEMA,
+        "report_schema_version": REPORT_SCHEMA,
         "within": within,
         "studies": [
             {"path": str(s.path), "commit": s.doc.get("commit"), "wall_s": s.doc.get("wall_s")}
