@@ -702,6 +702,15 @@ def test_replicates_sets_real_studies_reports_side_by_side(store, tmp_path, caps
             assert row["fit_better"] == sum(abs(e) < abs(q) for e, q in zip(errs, pers))
         assert f"| {name} | 2 |" in printed
     assert rows["cispo"]["verdicts"] == {"baseline": 2} and rows["dapo"]["verdicts"] == {"A lower": 2}
+    for d, s in zip(docs, got["studies"]):  # each report's own skill summary, and the table's reading
+        paired = [v["prediction"] for v in d["variants"] if v["prediction"]["supported"] is True]
+        e = np.array([p["predicted"] - p["observed"] for p in paired])
+        q = np.array([p["persistence"] - p["observed"] for p in paired])
+        want = 1 - np.sum(e**2) / np.sum(q**2) if paired else None
+        assert d["prediction_skill"]["supported"] == s["skill"]["supported"] == len(paired)
+        assert d["prediction_skill"]["fit_beats"] == s["skill"]["fit_beats"] == int(np.sum(abs(e) < abs(q)))
+        assert d["prediction_skill"]["mse_skill"] == pytest.approx(want)
+        assert s["skill"]["mse_skill"] == pytest.approx(want)
 
 
 def _study_doc(variants: list[dict]) -> dict:
@@ -753,6 +762,21 @@ def test_replicates_counts_only_supported_predictions_and_refuses_bad_reports(tm
     assert x["predictions"] == 2 and x["within"] == 1 and x["covered"] == 1
     assert x["persistence_scored"] == 1 and x["fit_better"] == 0  # |0.05| against |0.01| where given
     assert y["studies"] == 1 and y["A_mean"] is None and y["predictions"] == 0
+    # 1 - sum(err^2) / sum(persistence err^2) over the paired: base (0.01, -0.005), (-0.005, -0.045)
+    assert base["mse_skill"] == pytest.approx(1 - (0.01**2 + 0.005**2) / (0.005**2 + 0.045**2))
+    assert x["mse_skill"] == pytest.approx(1 - 0.05**2 / 0.01**2) and y["mse_skill"] is None
+    skills = [replicates.study_skill(replicates.load_study(p)) for p in paths]
+    assert skills[0] == {
+        "supported": 2,
+        "fit_beats": 0,
+        "mse_skill": pytest.approx(1 - (0.01**2 + 0.05**2) / (0.005**2 + 0.01**2)),
+    }
+    assert skills[1] == {"supported": 0, "fit_beats": 0, "mse_skill": None}  # no persistence given
+    assert skills[2]["fit_beats"] == 1 and skills[2]["mse_skill"] == pytest.approx(1 - 0.005**2 / 0.045**2)
+    assert (
+        "the fit beats it on 1 of 3, skill score -0.22; per study: study0 -19.80 (0/2); study1 - (0/0); study2 +0.99 (1/1)"
+        in md
+    )
     assert "| base | 3 | baseline 3 |" in md and "| y | 1 | A higher 1 |" in md and "2 (1)" in md
     assert "Studies: study0 (commit ccccccc, 10.0 min); study1" in md  # a sweep folder's name
     assert (

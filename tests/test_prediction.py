@@ -22,9 +22,11 @@ from scalerl.analysis.verdicts import (
     Prediction,
     VariantVerdict,
     end_points,
+    mse_skill,
     predict_variant,
     prediction_cell,
     prediction_summary,
+    skill_summary,
 )
 from scalerl.loop.summary import summary_lines
 from scalerl.scaling.horizon import HORIZON, fit_horizon, horizon_of, shape_bias, shape_error
@@ -258,3 +260,24 @@ def test_prediction_summary_counts_only_supported_predictions():
     assert "not supported: window 2.5x C_mid < 4.5x, needs 1.8x the budget" in cell and "skill +0.83" in cell
     assert "not supported" not in prediction_cell(vs[1])
     assert Prediction(**good).skill == pytest.approx(1 - 0.01 / 0.06)
+    # the one score over the supported (base and a): 1 - 2 x 0.01^2 / (2 x 0.06^2)
+    assert "over the 2 supported, the skill score 1 - MSE / MSE(persistence) is +0.97" in text
+    s = skill_summary(vs)
+    assert s["supported"] == 2 and s["fit_beats"] == 2
+    assert s["mse_skill"] == pytest.approx(1 - 0.01**2 / 0.06**2)
+    assert s["fit_mae"] == pytest.approx(0.01) and s["persistence_mae"] == pytest.approx(0.06)
+
+
+def test_mse_skill_weighs_errors_by_their_square_and_says_where_it_is_undefined():
+    """The skill score against persistence is one number over a set: a variant whose end moved far
+    weighs by its square, so a fit that loses narrowly on flat curves and wins on one that moved
+    scores above 0 though it loses the count; NaN where nothing is paired or persistence was exact;
+    mismatched lengths refused."""
+    errs, pers = [0.012, 0.010, 0.011, -0.05], [0.004, -0.003, 0.005, -0.16]  # fit wins 1 of 4
+    want = 1 - sum(e * e for e in errs) / sum(q * q for q in pers)
+    assert mse_skill(errs, pers) == pytest.approx(want) and want > 0.8
+    assert mse_skill([0.01, 0.02], [0.005, -0.001]) < 0  # flat curves only: persistence wins
+    assert mse_skill([0.01, math.nan], [0.02, 0.5]) == pytest.approx(1 - 0.01**2 / 0.02**2)
+    assert math.isnan(mse_skill([], [])) and math.isnan(mse_skill([0.01], [0.0]))
+    with pytest.raises(ValueError, match="2 errors against 1 persistence errors"):
+        mse_skill([0.01, 0.02], [0.01])

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalerl.analysis.reporting import REPORT_SCHEMA
-from scalerl.analysis.verdicts import LABELS
+from scalerl.analysis.verdicts import LABELS, mse_skill
 
 WITHIN = 0.03
 """A prediction is "within" when its error is at most this (issue 53's goal: 0.03)."""
@@ -129,7 +129,29 @@ class Replicated:
             "persistence_abs_mean": statistics.fmean(abs(e) for e in pers) if pers else None,
             "persistence_scored": len(pers),
             "fit_better": sum(abs(e) < abs(p) for e, p in paired),
+            "mse_skill": _finite(mse_skill([e for e, _ in paired], pers)),
         }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def study_skill(study: Study) -> dict:
+    """One study's supported predictions against persistence: ``supported`` (paired), ``fit_beats``
+    and ``mse_skill`` (:func:`~scalerl.analysis.verdicts.mse_skill`; None where not defined)."""
+    errs, pers = [], []
+    for v in study.doc["variants"]:
+        p = v.get("prediction") or {}
+        pred, obs, q = (_number(p.get(k)) for k in ("predicted", "observed", "persistence"))
+        if p.get("supported") is True and None not in (pred, obs, q):
+            errs.append(pred - obs)
+            pers.append(q - obs)
+    return {
+        "supported": len(errs),
+        "fit_beats": sum(abs(e) < abs(q) for e, q in zip(errs, pers, strict=True)),
+        "mse_skill": _finite(mse_skill(errs, pers)),
+    }
 
 
 def _number(x) -> float | None:
@@ -170,8 +192,8 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
         f"# {len(studies)} replicate studies\n",
         "| variant | studies | verdicts | A mean (sd) [min, max] | predictions scored (not supported) "
         f"| error mean / mean abs | within {within:g} | inside band | persistence error mean / mean abs "
-        "| fit beats persistence |",
-        "|---|---:|---|---|---:|---|---:|---:|---|---:|",
+        "| fit beats persistence | skill score |",
+        "|---|---:|---|---|---:|---|---:|---:|---|---:|---:|",
     ]
     for r in reps:
         x = r.row(within)
@@ -184,9 +206,10 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
             f"{x['covered']}/{n}",
             f"{_f(x['persistence_error_mean'], '+.3f')} / {_f(x['persistence_abs_mean'], '.3f')}",
             f"{x['fit_better']}/{x['persistence_scored']}",
+            _f(x["mse_skill"], "+.2f"),
         )
         if not n:
-            score = ("-", "-", "-", "-", "-")
+            score = ("-",) * len(score)
         lines.append(
             f"| {r.variant} | {x['studies']} | {verdicts} | {a} | {n} ({x['unsupported']}) | "
             + " | ".join(score)
@@ -197,7 +220,10 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
         "Errors are predicted - observed end (the half-budget fit's prediction of the mean of the "
         "last tenth of the compute), over the studies where that prediction was supported (its "
         "window past the horizon); persistence forecasts the first half's last value. A is each "
-        "study's fitted ceiling (its seeds pooled); sd across studies.",
+        "study's fitted ceiling (its seeds pooled); sd across studies. The skill score is 1 - "
+        "MSE / MSE(persistence) over the same predictions (above 0: the fit's squared error smaller).",
+        "",
+        _skill_line(studies),
         "",
         "Studies: "
         + "; ".join(
@@ -210,14 +236,42 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
     return "\n".join(lines) + "\n"
 
 
+def _skill_line(studies: Sequence[Study]) -> str:
+    """Each study's skill against persistence, and all studies' supported predictions pooled."""
+    per = [study_skill(s) for s in studies]
+    errs, pers = [], []
+    for s in studies:
+        for v in s.doc["variants"]:
+            p = v.get("prediction") or {}
+            pred, obs, q = (_number(p.get(k)) for k in ("predicted", "observed", "persistence"))
+            if p.get("supported") is True and None not in (pred, obs, q):
+                errs.append(pred - obs)
+                pers.append(q - obs)
+    pooled = mse_skill(errs, pers)
+    beats = sum(abs(e) < abs(q) for e, q in zip(errs, pers, strict=True))
+    return (
+        f"Skill against persistence, all supported predictions pooled: the fit beats it on {beats} of "
+        f"{len(errs)}, skill score {_f(_finite(pooled), '+.2f')}; per study: "
+        + "; ".join(
+            f"{s.label} {_f(k['mse_skill'], '+.2f')} ({k['fit_beats']}/{k['supported']})"
+            for s, k in zip(studies, per, strict=True)
+        )
+    )
+
+
 def to_json(studies: Sequence[Study], reps: Sequence[Replicated], within: float = WITHIN) -> dict:
     """The table as data: ``report_schema_version`` (of the reports read), ``within``, ``studies``
-    (path, commit, wall_s) and ``variants`` (:meth:`Replicated.row`)."""
+    (path, commit, wall_s, skill: :func:`study_skill`) and ``variants`` (:meth:`Replicated.row`)."""
     return {
         "report_schema_version": REPORT_SCHEMA,
         "within": within,
         "studies": [
-            {"path": str(s.path), "commit": s.doc.get("commit"), "wall_s": s.doc.get("wall_s")}
+            {
+                "path": str(s.path),
+                "commit": s.doc.get("commit"),
+                "wall_s": s.doc.get("wall_s"),
+                "skill": study_skill(s),
+            }
             for s in studies
         ],
         "variants": [r.row(within) for r in reps],

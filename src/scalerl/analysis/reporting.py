@@ -39,6 +39,7 @@ from scalerl.analysis.verdicts import (
     family_summary,
     prediction_cell,
     prediction_summary,
+    skill_summary,
     verdict_legend,
     verdict_table,
 )
@@ -288,7 +289,9 @@ def report_json(
     ``commit`` (:func:`_runs_commit`), ``commits`` (every commit the runs logged: several where the
     code changed while the study ran), ``wall_s`` (the study's wall time where the caller knows it,
     else None), ``machine`` (:func:`machine`), ``variants`` (:func:`variant_json`, in the verdict
-    table's order; ``verdict`` one of :data:`~scalerl.analysis.verdicts.LABELS`). NaN is None."""
+    table's order; ``verdict`` one of :data:`~scalerl.analysis.verdicts.LABELS`),
+    ``prediction_skill`` (:func:`~scalerl.analysis.verdicts.skill_summary`: the supported
+    predictions against persistence). NaN is None."""
     by_id = {r.run_id: r for r in runs}
     doc = {
         "schema_version": REPORT_SCHEMA,
@@ -297,6 +300,7 @@ def report_json(
         "wall_s": wall_s,
         "machine": machine(),
         "variants": [variant_json(v, by_id, fits) for v in verdicts],
+        "prediction_skill": skill_summary(verdicts),
     }
     return _json_safe(doc)
 

@@ -894,8 +894,52 @@ def _unsupported_text(uns: Sequence[VariantVerdict], n_scored: int) -> str:
     )
 
 
+def mse_skill(errors: Sequence[float], persistence_errors: Sequence[float]) -> float:
+    """The forecast skill score against persistence, ``1 - sum(err^2) / sum(persistence err^2)``
+    over paired predictions (Murphy's mean-squared-error skill score): 1 a perfect forecast, 0 no
+    better than "no change after the half", below 0 worse. One score over a set, unlike the win
+    count: a variant whose end moved past the noise weighs by how far it moved, and a flat one,
+    where both forecasts are within the evaluations' noise, weighs little. NaN where nothing is
+    paired or persistence was exact everywhere."""
+    e = np.asarray(errors, dtype=float)
+    q = np.asarray(persistence_errors, dtype=float)
+    if e.shape != q.shape:
+        raise ValueError(f"mse_skill: {e.size} errors against {q.size} persistence errors")
+    ok = np.isfinite(e) & np.isfinite(q)
+    den = float(np.sum(q[ok] ** 2))
+    if not ok.any() or den == 0:
+        return math.nan
+    return 1.0 - float(np.sum(e[ok] ** 2)) / den
+
+
+def skill_summary(vs: Sequence[VariantVerdict]) -> dict:
+    """The skill against persistence over the predictions the horizon rule supports (those counted
+    toward the goal): ``supported`` (paired with a persistence forecast), ``fit_beats`` (where the
+    fit's error is the smaller), ``mse_skill`` (:func:`mse_skill`), ``fit_mae``,
+    ``persistence_mae``. NaN where none is paired."""
+    per = [
+        v.prediction
+        for v in vs
+        if (v.baseline or v.scored)
+        and v.prediction.supported
+        and math.isfinite(v.prediction.err)
+        and math.isfinite(v.prediction.persistence)
+    ]
+    errs = [p.err for p in per]
+    pers = [p.persistence - p.observed for p in per]
+    return {
+        "supported": len(per),
+        "fit_beats": sum(abs(e) < abs(q) for e, q in zip(errs, pers, strict=True)),
+        "mse_skill": mse_skill(errs, pers),
+        "fit_mae": float(np.mean(np.abs(errs))) if per else math.nan,
+        "persistence_mae": float(np.mean(np.abs(pers))) if per else math.nan,
+    }
+
+
 def _skill_text(scored: Sequence[VariantVerdict]) -> str:
-    """The prediction summary's sentence on the skill against persistence ('' where none is finite)."""
+    """The prediction summary's sentence on the skill against persistence ('' where none is finite):
+    per variant (the median ratio skill and the win count, over every scored prediction) and over
+    the supported ones as one mean-squared-error skill score (:func:`skill_summary`)."""
     skills = [v.prediction.skill for v in scored if math.isfinite(v.prediction.skill)]
     if not skills:
         return ""
@@ -905,11 +949,18 @@ def _skill_text(scored: Sequence[VariantVerdict]) -> str:
         float(np.mean([abs(x) for x in xs]))
         for xs in zip(*((p.err, p.persistence - p.observed) for p in per))
     )
-    return (
+    text = (
         f". Skill against persistence (the first half's last value as the forecast; 1 - |error| / "
         f"|persistence's error|): median {float(np.median(skills)):+.2f}, the fit beats it on {beat} "
         f"of {len(skills)} (mean abs error {mae:.3f} against persistence's {mae_p:.3f})"
     )
+    s = skill_summary(scored)
+    if math.isfinite(s["mse_skill"]):
+        text += (
+            f"; over the {s['supported']} supported, the skill score 1 - MSE / MSE(persistence) is "
+            f"{s['mse_skill']:+.2f}"
+        )
+    return text
 
 
 def _why_missed(scored: Sequence[VariantVerdict], uns: Sequence[VariantVerdict]) -> list[str]:
