@@ -223,10 +223,12 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
         run_all=args.run_all,
     )
     lc = plan.launcher
-    from scalerl.sweep.launch import max_parallel
+    from scalerl.sweep.launch import core_slots, max_parallel
 
+    slots = core_slots(lc) if lc["name"] == "local" else []
+    held = f", each held to cores {' | '.join(','.join(map(str, c)) for c in slots)}" if slots else ""
     where = (
-        f"launcher=local (up to {max_parallel(lc)} at once)"
+        f"launcher=local (up to {max_parallel(lc)} at once{held})"
         if lc["name"] == "local"
         else f"launcher=slurm (partition {lc['partition'] or 'default'}, array parallelism {lc['array_parallelism']})"
     )

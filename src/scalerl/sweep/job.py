@@ -130,9 +130,15 @@ def finished_elsewhere(out_dir: str, total_steps: int, env: Mapping[str, str]) -
 
 
 class TrainJob(submitit.helpers.Checkpointable):
-    """``TrainJob()(overrides, settings, seed)`` -> the training summary (a dict)."""
+    """``TrainJob()(overrides, settings, seed, cores)`` -> the training summary (a dict). ``cores``:
+    the CPUs this job's processes are held to (a local run beside others,
+    :func:`~scalerl.sweep.launch.core_slots`), set before anything starts, so the run's engine
+    processes inherit it; None leaves the affinity as it is."""
 
-    def __call__(self, overrides: list[str], settings: dict, seed: int | None = None) -> dict:
+    def __call__(self, overrides: list[str], settings: dict, seed: int | None = None, cores=None) -> dict:
+        if cores:
+            os.sched_setaffinity(0, set(cores))
+            print(f"[sweep] held to cores {','.join(map(str, sorted(cores)))}", flush=True)
         from scalerl.config.settings import build_config
 
         with uncollected_imports():  # torch, transformers: millions of objects the collector need not walk

@@ -142,6 +142,58 @@ def local_threads(launcher: dict, overrides: list[str]) -> list[str]:
     return [f"trainer.threads={max(1, share)}"]
 
 
+def core_slots(launcher: dict) -> list[tuple[int, ...]]:
+    """The cores each local run at once is held to (``launcher.pin_cores``): this process's CPUs in
+    order, split evenly over :func:`max_parallel` runs (the remainder unused). ``[]`` where runs are
+    not held: pinning off, no ``sched_setaffinity`` (not Linux), one run at once (nothing to keep
+    apart) or fewer CPUs than runs. Held apart, a run's processes keep their caches and two runs do
+    not migrate over each other's cores."""
+    if not launcher.get("pin_cores") or not hasattr(os, "sched_setaffinity"):
+        return []
+    cpus = sorted(os.sched_getaffinity(0))
+    n = max_parallel(launcher)
+    per = len(cpus) // n
+    if n < 2 or per < 1:
+        return []
+    return [tuple(cpus[i * per : (i + 1) * per]) for i in range(n)]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents first (Linux: each process's parent read from
+    ``/proc/<pid>/stat``; a run's engines sit below a forkserver, in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [int(pid)]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def hold_to(pid: int, cpus) -> int:
+    """Hold every thread of ``pid``'s process tree to ``cpus``; returns the threads moved (a
+    process that ended meanwhile is passed over)."""
+    moved = 0
+    for p in process_tree(pid):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), set(cpus))
+                moved += 1
+            except (OSError, ValueError):
+                pass
+    return moved
+
+
 def make_executor(plan: Plan):
     lc = plan.launcher
     folder = plan.sweep_dir / "logs"
@@ -309,7 +361,7 @@ class Launcher:
         except Exception:  # no accounting, no such job: start the run again (it resumes)
             return None
 
-    def _submitted(self, run: PlannedRun, job) -> None:
+    def _submitted(self, run: PlannedRun, job, cores: tuple[int, ...] | None = None) -> None:
         self._record(
             run.name,
             launcher=self.plan.launcher["name"],
@@ -318,8 +370,10 @@ class Launcher:
             log=str(job.paths.stderr),
             stdout=str(job.paths.stdout),
             error="",
+            cores=list(cores) if cores else None,
         )
-        self.say(f"{run.name}: submitted (job {job.job_id}; log {job.paths.stderr})")
+        on = f"; cores {','.join(map(str, cores))}" if cores else ""
+        self.say(f"{run.name}: submitted (job {job.job_id}; log {job.paths.stderr}{on})")
 
     def run(self, runs: list[PlannedRun]) -> dict[str, Outcome]:
         """Launch ``runs`` and wait for all of them; returns name -> outcome."""
@@ -331,11 +385,16 @@ class Launcher:
         pending = launch_order(runs) if local else list(runs)
         running: dict[str, tuple[PlannedRun, object, float]] = {}
         limit = max_parallel(self.plan.launcher) if local else len(runs)
+        slots = core_slots(self.plan.launcher) if local else []
+        held: dict[str, int] = {}  # run name -> its slot of cores (local runs held apart)
         for r in list(pending):
             job = self._reattach(r)
             if job is not None:
                 pending.remove(r)
                 running[r.name] = (r, job, time.time())
+                cores = tuple((self._status.get(r.name) or {}).get("cores") or ())
+                if cores in slots and slots.index(cores) not in held.values():
+                    held[r.name] = slots.index(cores)
                 self.say(f"{r.name}: still running from an earlier launch (job {job.job_id}); waiting for it")
         try:
             if not local and pending:
@@ -350,9 +409,13 @@ class Launcher:
             while pending or running:
                 while local and pending and len(running) < limit:
                     r = pending.pop(0)
-                    job = executor.submit(fn, *self._args(r))
+                    slot = next((i for i in range(len(slots)) if i not in held.values()), None)
+                    cores = slots[slot] if slot is not None else None
+                    job = executor.submit(fn, *self._args(r), cores)
                     running[r.name] = (r, job, time.time())
-                    self._submitted(r, job)
+                    if slot is not None:
+                        held[r.name] = slot
+                    self._submitted(r, job, cores)
                 force = not local and time.time() - last_force > 10
                 if force:
                     last_force = time.time()
@@ -364,7 +427,10 @@ class Launcher:
                         done = False
                     if done:
                         del running[name]
+                        held.pop(name, None)
                         self._finish(self._collect(r, job, t0))
+                if held and not pending and len(held) < len(slots):
+                    self._spread(running, held)
                 if pending or running:
                     time.sleep(self.poll_s)
         except KeyboardInterrupt:
@@ -380,6 +446,17 @@ class Launcher:
                     self._close_mlflow_run(self.plan.run(name), "KILLED")
             raise
         return self.outcomes
+
+    def _spread(self, running: dict, held: dict[str, int]) -> None:
+        """No run waits for a share of the cores: the runs still held to theirs get all of this
+        process's CPUs (a run alone on one core of two would leave the other idle)."""
+        cpus = sorted(os.sched_getaffinity(0))
+        for name in list(held):
+            _, job, _ = running[name]
+            hold_to(int(job.job_id), cpus)
+            del held[name]
+            self._record(name, cores=None)
+            self.say(f"{name}: given cores {','.join(map(str, cpus))} (no run waits for a share)")
 
     def _collect(self, run: PlannedRun, job, t0: float) -> Outcome:
         out = Outcome(

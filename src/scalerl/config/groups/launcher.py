@@ -27,6 +27,9 @@ class Local(Option):
     nodes: int = 1  # this machine only: always 1
     # processes per run (ranks of one run, as torchrun --nproc_per_node); > 1 needs trainer=deepspeed
     tasks_per_node: int = 1
+    # with two or more runs at once, each run's processes held to its own share of the cores
+    # (Linux sched_setaffinity), given all of them once no run waits for a share
+    pin_cores: bool = True
 
     def check(self):
         return problems(
