@@ -261,11 +261,11 @@ def test_lean_decode_applies_where_it_can_and_says_why_not():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 2])
 def test_prompts_stored_into_consecutive_or_scattered_slots_alike(dtype, n):
-    """A prefill's keys or values into its slots (lean._store_prompts): consecutive slots (one
+    """A prefill's keys or values into its slots (lean.store_prompts): consecutive slots (one
     strided copy broadcast over each prompt's n) and scattered ones (an indexed write) both leave
     the buffer exactly as the indexed write of each prompt repeated n times does: the prompt at
     positions 0..L-1 of its slots, every other slot and position untouched."""
-    from scalerl.generator.lean import _first_of_run, _store_prompts
+    from scalerl.generator.lean import first_of_run, store_prompts
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 2, 5, 4, generator=g).to(torch.bfloat16).float()  # 3 prompts of bf16 values
@@ -278,10 +278,10 @@ def test_prompts_stored_into_consecutive_or_scattered_slots_alike(dtype, n):
         buf = torch.randn(12, 2, 8, 4, generator=g).to(dtype)
         want = buf.clone()
         want[dst, :, :5] = x.repeat_interleave(n, 0).to(dtype)
-        first = _first_of_run(dst)
+        first = first_of_run(dst)
         assert (first is not None) == bool((dst[1:] - dst[:-1] == 1).all())
         runs += first is not None
-        _store_prompts(buf, dst, first, x, n)
+        store_prompts(buf, dst, first, x, n)
         assert torch.equal(buf, want)
-    assert runs == 1 and _first_of_run(torch.tensor([6])) == 6
-    assert _first_of_run(torch.tensor([], dtype=torch.long)) is None
+    assert runs == 1 and first_of_run(torch.tensor([6])) == 6
+    assert first_of_run(torch.tensor([], dtype=torch.long)) is None

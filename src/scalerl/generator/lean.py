@@ -369,11 +369,11 @@ class LeanModel:
         [P, L, hidden]."""
         self._choose()
         h, rope = self._embed(ids, pos)
-        first = _first_of_run(dst)
+        first = first_of_run(dst)
         for blk, (kb, vb) in zip(self.blocks, kv, strict=True):
             q, k, v = self._qkv(blk, self._norm_in(blk, h), rope)
-            _store_prompts(kb, dst, first, k, n)
-            _store_prompts(vb, dst, first, v, n)
+            store_prompts(kb, dst, first, k, n)
+            store_prompts(vb, dst, first, v, n)
             h = self._out(blk, h, self._attend(q, k, v, mask))
         return self._final(h)
 
@@ -472,7 +472,7 @@ class LeanModel:
         return self._r(F.layer_norm(h, width, lw, lb, self.eps))
 
 
-def _first_of_run(dst: torch.Tensor) -> int | None:
+def first_of_run(dst: torch.Tensor) -> int | None:
     """The first of the slots ``dst`` where they are consecutive and ascending (a prefill's usual
     slots: taken from the lowest free ones), else None."""
     n = dst.shape[0]
@@ -484,12 +484,14 @@ def _first_of_run(dst: torch.Tensor) -> int | None:
     return first
 
 
-def _store_prompts(buf: torch.Tensor, dst: torch.Tensor, first: int | None, x: torch.Tensor, n: int) -> None:
+def store_prompts(buf: torch.Tensor, dst: torch.Tensor, first: int | None, x: torch.Tensor, n: int) -> None:
     """Prompt ``p``'s keys or values ``x[p]`` [heads, L, head dim] into ``buf`` [slots, heads,
-    capacity, head dim] at positions 0..L-1 of its ``n`` slots ``dst[p*n:(p+1)*n]`` (a cache held as
-    bf16 takes them exactly: a bf16 decode's keys and values are bf16 values). Consecutive slots
-    (``first``) take one strided copy broadcast over the ``n``, without the indexed write's gather
-    of ``x`` repeated (which the others take); the same values either way."""
+    capacity, head dim] at positions 0..L-1 of its ``n`` slots ``dst[p*n:(p+1)*n]`` (values of
+    another dtype rounded as ``.to`` rounds them; a bf16 decode's keys and values are bf16 values,
+    which a bf16 cache takes exactly). Consecutive slots (``first``, :func:`first_of_run`) take one
+    strided copy broadcast over the ``n``, without the indexed write's gather of ``x`` repeated
+    (which the others take); the same values either way. The lean decode's prefill and the slot
+    cache's transformers layers (:mod:`scalerl.generator.slots`) both store through it."""
     L = x.shape[2]
     if first is not None:
         rows = buf[first : first + dst.shape[0]]

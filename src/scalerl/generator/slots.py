@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from scalerl.generator.lean import first_of_run, store_prompts
 from scalerl.model.kv_cache import cached_hidden
 
 
@@ -75,11 +76,9 @@ def _slot_cache(ctl: _Control):
                 self.keys, self.values = self.kbuf[:hi, :, :span], self.vbuf[:hi, :, :span]
                 return self.keys, self.values
             _, dst, n = ctl.mode  # prefill: attention within the prompts, then copied into the slots
-            L = key_states.shape[2]
-            ks = key_states if n == 1 else key_states.repeat_interleave(n, 0)
-            vs = value_states if n == 1 else value_states.repeat_interleave(n, 0)
-            self.kbuf[dst, :, :L] = ks.to(self.kbuf.dtype)
-            self.vbuf[dst, :, :L] = vs.to(self.vbuf.dtype)
+            first = first_of_run(dst)
+            store_prompts(self.kbuf, dst, first, key_states, n)
+            store_prompts(self.vbuf, dst, first, value_states, n)
             self.keys, self.values = key_states, value_states
             return key_states, value_states
 
