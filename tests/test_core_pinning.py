@@ -74,7 +74,16 @@ def test_a_local_sweep_holds_its_runs_apart_then_spreads_the_last(tmp_path):
     )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     res = run_cli(
-        [str(f), "--out", str(tmp_path / "out"), "--tracking-uri", uri, "launcher.max_parallel=2"], tmp_path
+        [
+            str(f),
+            "--out",
+            str(tmp_path / "out"),
+            "--tracking-uri",
+            uri,
+            "launcher.max_parallel=2",
+            "launcher.pin_cores=true",
+        ],
+        tmp_path,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     status = json.loads((tmp_path / "out" / "status.json").read_text())

@@ -28,8 +28,9 @@ class Local(Option):
     # processes per run (ranks of one run, as torchrun --nproc_per_node); > 1 needs trainer=deepspeed
     tasks_per_node: int = 1
     # with two or more runs at once, each run's processes held to its own share of the cores
-    # (Linux sched_setaffinity), given all of them once no run waits for a share
-    pin_cores: bool = True
+    # (Linux sched_setaffinity), given all of them once no run waits for a share; off by default:
+    # a gain in plateau pairs, not yet measured on a whole study (benchmarks/results)
+    pin_cores: bool = False
 
     def check(self):
         return problems(
