@@ -534,7 +534,7 @@ def test_unsettled_seed_and_failed_run_are_noted_in_the_run_table(store, capsys)
     assert [v["variant"] for v in verdicts] == ["loss=cispo", "a/b c"]
 
 
-REPORT_KEYS = {"schema_version", "commit", "commits", "wall_s", "machine", "variants"}
+REPORT_KEYS = {"schema_version", "commit", "commits", "wall_s", "machine", "variants", "prediction_skill"}
 VARIANT_KEYS = {
     "variant", "baseline", "seeds", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "dA", "dA_lo",
     "dA_hi", "dA_bound", "dB", "dB_lo", "dB_hi", "verdict", "per_seed", "prediction",
@@ -609,6 +609,16 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
     assert base["baseline"] and base["verdict"] == "baseline" and base["dA"] is None  # NaN -> null
     assert dapo["verdict"] == "A lower" and dapo["dA_hi"] < 0 < dapo["C_mid"]
     assert dapo["dA_bound"] is None  # the plain test (a lower bound only where A is censored at 1)
+    # the skill against persistence over the supported predictions, from the variants' own fields
+    sup = [v["prediction"] for v in doc["variants"] if v["prediction"]["supported"] is True]
+    e = np.array([p["predicted"] - p["observed"] for p in sup])
+    q = np.array([p["persistence"] - p["observed"] for p in sup])
+    sk = doc["prediction_skill"]
+    assert set(sk) == {"supported", "fit_beats", "mse_skill", "fit_mae", "persistence_mae"}
+    assert sk["supported"] == len(sup) and sk["fit_beats"] == int(np.sum(np.abs(e) < np.abs(q)))
+    if sup:
+        assert sk["mse_skill"] == pytest.approx(1 - np.sum(e**2) / np.sum(q**2))
+        assert sk["fit_mae"] == pytest.approx(np.mean(np.abs(e)))
 
     # every number of the verdict table (fits.md) is report.json's, at the table's rounding
     md = (out / "fits.md").read_text()
