@@ -137,21 +137,32 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def study_skill(study: Study) -> dict:
-    """One study's supported predictions against persistence: ``supported`` (paired), ``fit_beats``
-    and ``mse_skill`` (:func:`~scalerl.analysis.verdicts.mse_skill`; None where not defined)."""
+def _paired(studies: Sequence[Study]) -> tuple[list[float], list[float]]:
+    """The supported predictions of ``studies`` that have a persistence forecast: their errors
+    (predicted - observed) and persistence's (persistence - observed), in order."""
     errs, pers = [], []
-    for v in study.doc["variants"]:
-        p = v.get("prediction") or {}
-        pred, obs, q = (_number(p.get(k)) for k in ("predicted", "observed", "persistence"))
-        if p.get("supported") is True and None not in (pred, obs, q):
-            errs.append(pred - obs)
-            pers.append(q - obs)
+    for study in studies:
+        for v in study.doc["variants"]:
+            p = v.get("prediction") or {}
+            pred, obs, q = (_number(p.get(k)) for k in ("predicted", "observed", "persistence"))
+            if p.get("supported") is True and None not in (pred, obs, q):
+                errs.append(pred - obs)
+                pers.append(q - obs)
+    return errs, pers
+
+
+def _skill(errs: list[float], pers: list[float]) -> dict:
     return {
         "supported": len(errs),
         "fit_beats": sum(abs(e) < abs(q) for e, q in zip(errs, pers, strict=True)),
         "mse_skill": _finite(mse_skill(errs, pers)),
     }
+
+
+def study_skill(study: Study) -> dict:
+    """One study's supported predictions against persistence: ``supported`` (paired), ``fit_beats``
+    and ``mse_skill`` (:func:`~scalerl.analysis.verdicts.mse_skill`; None where not defined)."""
+    return _skill(*_paired([study]))
 
 
 def _number(x) -> float | None:
@@ -239,19 +250,11 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
 def _skill_line(studies: Sequence[Study]) -> str:
     """Each study's skill against persistence, and all studies' supported predictions pooled."""
     per = [study_skill(s) for s in studies]
-    errs, pers = [], []
-    for s in studies:
-        for v in s.doc["variants"]:
-            p = v.get("prediction") or {}
-            pred, obs, q = (_number(p.get(k)) for k in ("predicted", "observed", "persistence"))
-            if p.get("supported") is True and None not in (pred, obs, q):
-                errs.append(pred - obs)
-                pers.append(q - obs)
-    pooled = mse_skill(errs, pers)
-    beats = sum(abs(e) < abs(q) for e, q in zip(errs, pers, strict=True))
+    pooled = _skill(*_paired(studies))
     return (
-        f"Skill against persistence, all supported predictions pooled: the fit beats it on {beats} of "
-        f"{len(errs)}, skill score {_f(_finite(pooled), '+.2f')}; per study: "
+        f"Skill against persistence, all supported predictions pooled: the fit beats it on "
+        f"{pooled['fit_beats']} of {pooled['supported']}, skill score {_f(pooled['mse_skill'], '+.2f')}; "
+        "per study: "
         + "; ".join(
             f"{s.label} {_f(k['mse_skill'], '+.2f')} ({k['fit_beats']}/{k['supported']})"
             for s, k in zip(studies, per, strict=True)
