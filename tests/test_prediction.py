@@ -260,6 +260,38 @@ def test_prediction_summary_counts_only_supported_predictions():
     assert "not supported: window 2.5x C_mid < 4.5x, needs 1.8x the budget" in cell and "skill +0.83" in cell
     assert "not supported" not in prediction_cell(vs[1])
     assert Prediction(**good).skill == pytest.approx(1 - 0.01 / 0.06)
+
+
+def test_prediction_summary_misses_the_goal_on_a_wide_band():
+    """Every prediction supported, within 0.03 and inside its band still misses the goal when the
+    bands' median half-width is above 0.03 (a wide band is no prediction): the summary says by how
+    much and names the band's parts; the same predictions with a band of half-width 0.025 meet it."""
+    wide = dict(predicted=0.95, observed=0.96, lo=0.91, hi=0.99, n=3, persistence=0.90, noise_sd=0.012)
+    vs = [
+        _verdict(
+            "base", Prediction(**wide, supported=True, reach=5.0, more_compute=1.0, shape_sd=0.01), True
+        ),
+        _verdict("a", Prediction(**wide, supported=True, reach=4.8, more_compute=1.0, shape_sd=0.02)),
+    ]
+    text = prediction_summary(vs)
+    assert (
+        "2 of 2 supported within 0.03; coverage 100% (2 of 2 inside their 90% band, median half-width 0.040)"
+        in text
+    )
+    assert (
+        "and coverage >= 80% at a median half-width <= 0.03: missed by a median half-width of 0.040, above 0.03"
+        in text
+    )
+    assert (
+        "the bands are wide (median half-width 0.040): the end's binomial noise sd 0.012, the shape error"
+        in text
+    )
+    narrow = {**wide, "lo": 0.935, "hi": 0.985}
+    vs = [
+        _verdict(v.variant, Prediction(**narrow, supported=True, reach=5.0, more_compute=1.0), v.baseline)
+        for v in vs
+    ]
+    assert prediction_summary(vs).endswith("at a median half-width <= 0.03: met."), prediction_summary(vs)
     # the one score over the supported (base and a): 1 - 2 x 0.01^2 / (2 x 0.06^2)
     assert "over the 2 supported, the skill score 1 - MSE / MSE(persistence) is +0.97" in text
     s = skill_summary(vs)

@@ -70,7 +70,8 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   :data:`~scalerl.scaling.horizon.HORIZON` x the half fit's C_mid; an unsupported one is reported
   with the bias measured at its reach and the budget that would support it. Goal: supported and abs
   error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the scored variants and coverage >=
-  :data:`PRED_GOAL_COVERAGE` of the supported ones' bands; the skill against persistence (the first
+  :data:`PRED_GOAL_COVERAGE` of the supported ones' bands at a median half-width <=
+  :data:`PRED_GOAL_HALF_WIDTH`; the skill against persistence (the first
   half's last value as the forecast) is reported beside it.
 
 Every fit uses the same protocol (:class:`~scalerl.scaling.FitProtocol`: its absolute early cut) as the
@@ -115,7 +116,9 @@ PRED_LEVEL = 0.9
 PRED_GOAL_SHARE = 0.75
 """The prediction goal: this share of the scored variants (6 of 8) within :data:`PRED_TOLERANCE` ..."""
 PRED_GOAL_COVERAGE = 0.8
-"""... and this share of observed values inside their prediction band."""
+"""... and this share of observed values inside their prediction band ..."""
+PRED_GOAL_HALF_WIDTH = 0.03
+"""... whose median half-width is at most this (issue 53: a wide band is no prediction)."""
 EQ_MARGIN_MAX = 0.05
 """The widest equivalence margin on A: a design that cannot resolve ±0.05 shows no equivalence."""
 INCONCLUSIVE = "inconclusive at this budget"
@@ -824,8 +827,8 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
     rule supports and, of those, "k within 0.03; coverage p%; median band half-width"; the goal
     (:data:`PRED_GOAL_SHARE` of all the predicted variants within the tolerance **and supported**: an
     unsupported prediction is not counted toward it; :data:`PRED_GOAL_COVERAGE` coverage of the
-    supported ones' bands), met or by how much it was missed; the unsupported ones with their reach,
-    the measured bias there and the compute that would support them; the skill against persistence
+    supported ones' bands at a median half-width of at most :data:`PRED_GOAL_HALF_WIDTH`), met or by
+    how much it was missed; the unsupported ones with their reach, the measured bias there and the compute that would support them; the skill against persistence
     (the first half's last value as the forecast); and what in the data stands in the way."""
     pool = [v for v in vs if v.baseline or v.scored]
     scored = [v for v in pool if v.pred_ok is not None]
@@ -838,8 +841,8 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
     inside = sum(bool(v.prediction.inside) for v in banded)
     need = math.ceil(PRED_GOAL_SHARE * len(scored) - 1e-9)
     cov = inside / len(banded) if banded else math.nan
+    hw = float(np.median([v.prediction.half_width for v in banded])) if banded else math.nan
     if banded:
-        hw = float(np.median([v.prediction.half_width for v in banded]))
         cov_txt = (
             f"coverage {cov:.0%} ({inside} of {len(banded)} inside their {PRED_LEVEL:.0%} band, median "
             f"half-width {hw:.3f})"
@@ -858,7 +861,7 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
     text += _skill_text(scored)
     text += (
         f". Goal: {need} of {len(scored)} supported and within {PRED_TOLERANCE:g}, and coverage >= "
-        f"{PRED_GOAL_COVERAGE:.0%}"
+        f"{PRED_GOAL_COVERAGE:.0%} at a median half-width <= {PRED_GOAL_HALF_WIDTH:g}"
     )
     missed = []
     if ok < need:
@@ -867,6 +870,8 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
         )
     if banded and cov < PRED_GOAL_COVERAGE:
         missed.append(f"coverage short by {(PRED_GOAL_COVERAGE - cov) * 100:.0f} points")
+    if banded and hw > PRED_GOAL_HALF_WIDTH:
+        missed.append(f"a median half-width of {hw:.3f}, above {PRED_GOAL_HALF_WIDTH:g}")
     if not missed:
         return text + ": met."
     errs = sorted(abs(v.pred_err) for v in scored)
@@ -963,9 +968,31 @@ def _skill_text(scored: Sequence[VariantVerdict]) -> str:
     return text
 
 
+def _wide_band(scored: Sequence[VariantVerdict]) -> str:
+    """Where the supported predictions' bands are wider than :data:`PRED_GOAL_HALF_WIDTH` (median),
+    what they are made of: the end evaluations' binomial noise and the shape error at the half
+    window's reach (medians of their sds), the rest being the half fit's own bootstrap spread."""
+    band = [v.prediction for v in scored if v.prediction.supported and v.prediction.inside is not None]
+    if not band or float(np.median([p.half_width for p in band])) <= PRED_GOAL_HALF_WIDTH:
+        return ""
+    noise = [p.noise_sd for p in band if math.isfinite(p.noise_sd)]
+    shape = [p.shape_sd for p in band if math.isfinite(p.shape_sd)]
+    parts = [
+        f"{name} sd {float(np.median(x)):.3f}"
+        for name, x in (("the end's binomial noise", noise), ("the shape error at the windows' reach", shape))
+        if x
+    ]
+    return (
+        f"the bands are wide (median half-width {float(np.median([p.half_width for p in band])):.3f}): "
+        + (", ".join(parts) + ", and " if parts else "")
+        + "the half fit's bootstrap over the seeds (more samples an evaluation narrow the first, more seeds "
+        "the last)"
+    )
+
+
 def _why_missed(scored: Sequence[VariantVerdict], uns: Sequence[VariantVerdict]) -> list[str]:
     """What in the data stands in the way of a missed prediction goal: an unsupported half window,
-    the observed end's noise, the seeds' spread, too few points, a one-sided bias."""
+    the observed end's noise, the seeds' spread, too few points, a one-sided bias, wide bands."""
     why = []
     if uns:
         why.append(
@@ -1000,6 +1027,8 @@ def _why_missed(scored: Sequence[VariantVerdict], uns: Sequence[VariantVerdict])
         )
         if shape := _shape_change(scored, under=bias < 0):
             why.append(shape)
+    if band := _wide_band(scored):
+        why.append(band)
     if not why:
         why.append("no single cause stands out in the data")
     return why
