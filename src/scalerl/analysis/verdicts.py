@@ -828,8 +828,9 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
     (:data:`PRED_GOAL_SHARE` of all the predicted variants within the tolerance **and supported**: an
     unsupported prediction is not counted toward it; :data:`PRED_GOAL_COVERAGE` coverage of the
     supported ones' bands at a median half-width of at most :data:`PRED_GOAL_HALF_WIDTH`), met or by
-    how much it was missed; the unsupported ones with their reach, the measured bias there and the compute that would support them; the skill against persistence
-    (the first half's last value as the forecast); and what in the data stands in the way."""
+    how much it was missed; the unsupported ones with their reach, the measured bias there and the
+    compute that would support them; the skill against persistence (the first half's last value as
+    the forecast); and what in the data stands in the way."""
     pool = [v for v in vs if v.baseline or v.scored]
     scored = [v for v in pool if v.pred_ok is not None]
     if not scored:
@@ -973,7 +974,8 @@ def _wide_band(scored: Sequence[VariantVerdict]) -> str:
     what they are made of: the end evaluations' binomial noise and the shape error at the half
     window's reach (medians of their sds), the rest being the half fit's own bootstrap spread."""
     band = [v.prediction for v in scored if v.prediction.supported and v.prediction.inside is not None]
-    if not band or float(np.median([p.half_width for p in band])) <= PRED_GOAL_HALF_WIDTH:
+    hw = float(np.median([p.half_width for p in band])) if band else math.nan
+    if not hw > PRED_GOAL_HALF_WIDTH:
         return ""
     noise = [p.noise_sd for p in band if math.isfinite(p.noise_sd)]
     shape = [p.shape_sd for p in band if math.isfinite(p.shape_sd)]
@@ -983,7 +985,7 @@ def _wide_band(scored: Sequence[VariantVerdict]) -> str:
         if x
     ]
     return (
-        f"the bands are wide (median half-width {float(np.median([p.half_width for p in band])):.3f}): "
+        f"the bands are wide (median half-width {hw:.3f}): "
         + (", ".join(parts) + ", and " if parts else "")
         + "the half fit's bootstrap over the seeds (more samples an evaluation narrow the first, more seeds "
         "the last)"
