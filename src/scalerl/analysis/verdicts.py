@@ -877,7 +877,7 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
         return text + ": met."
     errs = sorted(abs(v.pred_err) for v in scored)
     text += f": missed by {' and '.join(missed)} (abs errors: median {float(np.median(errs)):.3f}, max {errs[-1]:.3f})"
-    return text + ". Why: " + "; ".join(_why_missed(scored, uns)) + "."
+    return text + ". Why: " + "; ".join(_why_missed(scored, uns, banded, hw)) + "."
 
 
 def _unsupported_text(uns: Sequence[VariantVerdict], n_scored: int) -> str:
@@ -969,14 +969,14 @@ def _skill_text(scored: Sequence[VariantVerdict]) -> str:
     return text
 
 
-def _wide_band(scored: Sequence[VariantVerdict]) -> str:
-    """Where the supported predictions' bands are wider than :data:`PRED_GOAL_HALF_WIDTH` (median),
-    what they are made of: the end evaluations' binomial noise and the shape error at the half
-    window's reach (medians of their sds), the rest being the half fit's own bootstrap spread."""
-    band = [v.prediction for v in scored if v.prediction.supported and v.prediction.inside is not None]
-    hw = float(np.median([p.half_width for p in band])) if band else math.nan
+def _wide_band(banded: Sequence[VariantVerdict], hw: float) -> str:
+    """Where the supported predictions' bands (``banded``, their median half-width ``hw``) are wider
+    than :data:`PRED_GOAL_HALF_WIDTH`, what they are made of: the end evaluations' binomial noise
+    and the shape error at the half window's reach (medians of their sds), the rest being the half
+    fit's own bootstrap spread."""
     if not hw > PRED_GOAL_HALF_WIDTH:
         return ""
+    band = [v.prediction for v in banded]
     noise = [p.noise_sd for p in band if math.isfinite(p.noise_sd)]
     shape = [p.shape_sd for p in band if math.isfinite(p.shape_sd)]
     parts = [
@@ -992,9 +992,15 @@ def _wide_band(scored: Sequence[VariantVerdict]) -> str:
     )
 
 
-def _why_missed(scored: Sequence[VariantVerdict], uns: Sequence[VariantVerdict]) -> list[str]:
+def _why_missed(
+    scored: Sequence[VariantVerdict],
+    uns: Sequence[VariantVerdict],
+    banded: Sequence[VariantVerdict],
+    hw: float,
+) -> list[str]:
     """What in the data stands in the way of a missed prediction goal: an unsupported half window,
-    the observed end's noise, the seeds' spread, too few points, a one-sided bias, wide bands."""
+    the observed end's noise, the seeds' spread, too few points, a one-sided bias, wide bands
+    (``banded``: the supported predictions with a band, ``hw`` their median half-width)."""
     why = []
     if uns:
         why.append(
@@ -1029,7 +1035,7 @@ def _why_missed(scored: Sequence[VariantVerdict], uns: Sequence[VariantVerdict])
         )
         if shape := _shape_change(scored, under=bias < 0):
             why.append(shape)
-    if band := _wide_band(scored):
+    if band := _wide_band(banded, hw):
         why.append(band)
     if not why:
         why.append("no single cause stands out in the data")
