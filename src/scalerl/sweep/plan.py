@@ -142,6 +142,9 @@ class Plan:
     scaling: dict[str, Any]  # the composed scaling settings (fit method, bootstrap, ...)
     # said before the runs start (a budget too short for a verdict)
     warnings: list[str] = field(default_factory=list)
+    # variant -> its first run's typed config as planning composed and checked it (not written to
+    # sweep.json): the launch order reads each variant's work from it instead of composing again
+    configs: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def run(self, name: str) -> PlannedRun:
         return next(r for r in self.runs if r.name == name)
@@ -303,6 +306,7 @@ def make_plan(
     _check_places(uri, sdir)
 
     runs: list[PlannedRun] = []
+    configs: dict[str, Any] = {}  # variant -> its first run's typed config
     short: dict[str, list[str]] = {}  # what is too short -> the variants it is said of
     notes: list[str] = []  # settings of a group a variant replaced with another option
     for vname, vovs in spec.variants.items():
@@ -329,6 +333,7 @@ def make_plan(
             with _named(where, overrides):
                 config = build_config(overrides, settings, seed, composed=composed)
             config = typed(config)
+            configs.setdefault(vname, config)
             run.seed, run.total_steps = config.seed, int(config.trainer.total_steps)
             layout = LayoutOptions.of(config)
             _check_layout(layout, sweep.launcher, where)
@@ -355,6 +360,7 @@ def make_plan(
             for what, names in short.items()
         ]
         + notes,
+        configs=configs,
     )
 
 
@@ -425,13 +431,14 @@ def _too_short(steps: int, every: int, cut: int) -> str:
     )
 
 
-def run_work(run: PlannedRun) -> float:
+def run_work(run: PlannedRun, config=None) -> float:
     """The token positions ``run`` processes by its config (:attr:`scalerl.estimate.Work.tokens`;
-    0 where that is not countable here: it only orders runs, and never stops a sweep)."""
+    0 where that is not countable here: it only orders runs, and never stops a sweep). ``config``:
+    its typed config where planning has it (:attr:`Plan.configs`), else composed from its overrides."""
     from scalerl.estimate import work
 
     try:
-        o = typed(build_config(run.overrides, {}))
+        o = config if config is not None else typed(build_config(run.overrides, {}))
         return work(
             trainer=o.trainer,
             generator=o.generator,
@@ -446,14 +453,15 @@ def run_work(run: PlannedRun) -> float:
         return 0.0
 
 
-def launch_order(runs: list[PlannedRun]) -> list[PlannedRun]:
+def launch_order(runs: list[PlannedRun], configs: dict[str, Any] | None = None) -> list[PlannedRun]:
     """The order the local launcher starts ``runs`` in: the most work first (ties in plan order), so
     that a sweep's last minutes run short runs side by side rather than a long one alone. A
-    variant's seeds do the same work: composed once per variant."""
+    variant's seeds do the same work: read once per variant, from ``configs`` (the plan's
+    :attr:`Plan.configs`) where it has the variant, else composed."""
     work: dict[str, float] = {}
     for r in runs:
         if r.variant not in work:
-            work[r.variant] = run_work(r)
+            work[r.variant] = run_work(r, (configs or {}).get(r.variant))
     return sorted(runs, key=lambda r: -work[r.variant])
 
 
