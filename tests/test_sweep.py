@@ -679,7 +679,7 @@ def test_the_local_launcher_starts_the_runs_with_the_most_work_first(tmp_path):
     """A sweep's runs start longest first (by the tokens their configs process: a longer thinking
     budget more, no dynamic sampling and a shorter budget less), so that its last minutes run short
     runs side by side rather than a long one alone; runs of equal work keep the file's order. The
-    order read from the configs planning checked (as the launcher and the dry run read it) is the
+    order counted from the options planning read (as the launcher and the dry run count it) is the
     order composed again from each run's overrides."""
     variants = {
         "short": ["length_control.think_budget_min=10", "length_control.think_budget_max=12"],
@@ -690,8 +690,8 @@ def test_the_local_launcher_starts_the_runs_with_the_most_work_first(tmp_path):
     }
     write_sweep(tmp_path / "s.yaml", variants, name="s", baseline="base", seeds=[0, 1])
     plan = make_plan(load_spec(tmp_path / "s.yaml"), [], sweep_dir=tmp_path / "out")
-    assert sorted(plan.configs) == sorted(variants)
-    order = [r.name for r in launch_order(plan.runs, plan.configs)]
+    assert sorted(plan.work_options) == sorted(variants)
+    order = [r.name for r in launch_order(plan.runs, plan.work_options)]
     want = ["long", "base", "dapo", "no_ds", "short"]
     assert order == [f"{v}-seed{s}" for v in want for s in (0, 1)], order
     assert [r.name for r in launch_order(plan.runs)] == order

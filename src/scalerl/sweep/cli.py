@@ -278,7 +278,7 @@ def estimate_line(plan) -> str:
     per_variant: dict[str, object] = {}
     runs = []
     try:
-        for r in launch_order(plan.runs, plan.configs):  # scheduled as the launcher starts them
+        for r in launch_order(plan.runs, plan.work_options):  # scheduled as the launcher starts them
             if r.skip:
                 continue
             if r.variant not in per_variant:

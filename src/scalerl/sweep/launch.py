@@ -382,7 +382,7 @@ class Launcher:
         executor = make_executor(self.plan)
         fn = TrainJob()
         local = self.plan.launcher["name"] == "local"
-        pending = launch_order(runs, self.plan.configs) if local else list(runs)
+        pending = launch_order(runs, self.plan.work_options) if local else list(runs)
         running: dict[str, tuple[PlannedRun, object, float]] = {}
         limit = max_parallel(self.plan.launcher) if local else len(runs)
         slots = core_slots(self.plan.launcher) if local else []

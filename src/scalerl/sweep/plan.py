@@ -142,9 +142,10 @@ class Plan:
     scaling: dict[str, Any]  # the composed scaling settings (fit method, bootstrap, ...)
     # said before the runs start (a budget too short for a verdict)
     warnings: list[str] = field(default_factory=list)
-    # variant -> its first run's typed config as planning composed and checked it (not written to
-    # sweep.json): the launch order reads each variant's work from it instead of composing again
-    configs: dict[str, Any] = field(default_factory=dict, repr=False)
+    # variant -> the options its work is counted from (WORK_GROUPS: scalerl.estimate.work's), read
+    # from its first run's config as planning composed and checked it (not written to sweep.json):
+    # the launch order reads each variant's work from them instead of composing it again
+    work_options: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def run(self, name: str) -> PlannedRun:
         return next(r for r in self.runs if r.name == name)
@@ -272,6 +273,10 @@ def points_past_cut(total_steps: int, every: int, min_step: int) -> int:
     return sum(evaluates_at(s, total_steps, every) for s in range(max(0, min_step), total_steps + 1))
 
 
+WORK_GROUPS = ("trainer", "generator", "async_mode", "filter", "eval", "length_control", "task", "model")
+"""The groups whose options :func:`scalerl.estimate.work` counts a run's work from."""
+
+
 def make_plan(
     spec: SweepSpec,
     cli_overrides: list[str] | None = None,
@@ -306,7 +311,7 @@ def make_plan(
     _check_places(uri, sdir)
 
     runs: list[PlannedRun] = []
-    configs: dict[str, Any] = {}  # variant -> its first run's typed config
+    work_options: dict[str, dict[str, Any]] = {}  # variant -> its first run's WORK_GROUPS options
     short: dict[str, list[str]] = {}  # what is too short -> the variants it is said of
     notes: list[str] = []  # settings of a group a variant replaced with another option
     for vname, vovs in spec.variants.items():
@@ -333,7 +338,8 @@ def make_plan(
             with _named(where, overrides):
                 config = build_config(overrides, settings, seed, composed=composed)
             config = typed(config)
-            configs.setdefault(vname, config)
+            if vname not in work_options:
+                work_options[vname] = {g: getattr(config, g) for g in WORK_GROUPS}
             run.seed, run.total_steps = config.seed, int(config.trainer.total_steps)
             layout = LayoutOptions.of(config)
             _check_layout(layout, sweep.launcher, where)
@@ -360,7 +366,7 @@ def make_plan(
             for what, names in short.items()
         ]
         + notes,
-        configs=configs,
+        work_options=work_options,
     )
 
 
@@ -431,37 +437,33 @@ def _too_short(steps: int, every: int, cut: int) -> str:
     )
 
 
-def run_work(run: PlannedRun, config=None) -> float:
+def run_work(run: PlannedRun, options: dict[str, Any] | None = None) -> float:
     """The token positions ``run`` processes by its config (:attr:`scalerl.estimate.Work.tokens`;
-    0 where that is not countable here: it only orders runs, and never stops a sweep). ``config``:
-    its typed config where planning has it (:attr:`Plan.configs`), else composed from its overrides."""
+    0 where that is not countable here: it only orders runs, and never stops a sweep). ``options``:
+    its :data:`WORK_GROUPS` options where planning has them (:attr:`Plan.work_options`), else read
+    from its overrides composed again."""
     from scalerl.estimate import work
 
     try:
-        o = config if config is not None else typed(build_config(run.overrides, {}))
-        return work(
-            trainer=o.trainer,
-            generator=o.generator,
-            async_mode=o.async_mode,
-            filter=o.filter,
-            eval=o.eval,
-            length_control=o.length_control,
-            task=o.task,
-            model=o.model,
-        ).tokens
+        if options is None:
+            o = typed(build_config(run.overrides, {}))
+            options = {g: getattr(o, g) for g in WORK_GROUPS}
+        return work(**options).tokens
     except Exception:
         return 0.0
 
 
-def launch_order(runs: list[PlannedRun], configs: dict[str, Any] | None = None) -> list[PlannedRun]:
+def launch_order(
+    runs: list[PlannedRun], work_options: dict[str, dict[str, Any]] | None = None
+) -> list[PlannedRun]:
     """The order the local launcher starts ``runs`` in: the most work first (ties in plan order), so
     that a sweep's last minutes run short runs side by side rather than a long one alone. A
-    variant's seeds do the same work: read once per variant, from ``configs`` (the plan's
-    :attr:`Plan.configs`) where it has the variant, else composed."""
+    variant's seeds do the same work: counted once per variant, from ``work_options`` (the plan's
+    :attr:`Plan.work_options`) where it has the variant, else from its overrides composed again."""
     work: dict[str, float] = {}
     for r in runs:
         if r.variant not in work:
-            work[r.variant] = run_work(r, (configs or {}).get(r.variant))
+            work[r.variant] = run_work(r, (work_options or {}).get(r.variant))
     return sorted(runs, key=lambda r: -work[r.variant])
 
 
