@@ -260,6 +260,12 @@ def test_prediction_summary_counts_only_supported_predictions():
     assert "not supported: window 2.5x C_mid < 4.5x, needs 1.8x the budget" in cell and "skill +0.83" in cell
     assert "not supported" not in prediction_cell(vs[1])
     assert Prediction(**good).skill == pytest.approx(1 - 0.01 / 0.06)
+    # the one score over the supported (base and a): 1 - 2 x 0.01^2 / (2 x 0.06^2)
+    assert "over the 2 supported, the skill score 1 - MSE / MSE(persistence) is +0.97" in text
+    s = skill_summary(vs)
+    assert s["supported"] == 2 and s["fit_beats"] == 2
+    assert s["mse_skill"] == pytest.approx(1 - 0.01**2 / 0.06**2)
+    assert s["fit_mae"] == pytest.approx(0.01) and s["persistence_mae"] == pytest.approx(0.06)
 
 
 def test_prediction_summary_misses_the_goal_on_a_wide_band():
@@ -292,12 +298,6 @@ def test_prediction_summary_misses_the_goal_on_a_wide_band():
         for v in vs
     ]
     assert prediction_summary(vs).endswith("at a median half-width <= 0.03: met."), prediction_summary(vs)
-    # the one score over the supported (base and a): 1 - 2 x 0.01^2 / (2 x 0.06^2)
-    assert "over the 2 supported, the skill score 1 - MSE / MSE(persistence) is +0.97" in text
-    s = skill_summary(vs)
-    assert s["supported"] == 2 and s["fit_beats"] == 2
-    assert s["mse_skill"] == pytest.approx(1 - 0.01**2 / 0.06**2)
-    assert s["fit_mae"] == pytest.approx(0.01) and s["persistence_mae"] == pytest.approx(0.06)
 
 
 def test_mse_skill_weighs_errors_by_their_square_and_says_where_it_is_undefined():
