@@ -219,6 +219,10 @@ def _warmstart_pending(model, task) -> tuple[int, int]:
     return int(m.warmstart_steps), int(m.warmstart_batch_size)
 
 
+WORK_GROUPS = ("trainer", "generator", "async_mode", "filter", "eval", "length_control", "task", "model")
+"""The groups whose options :func:`work` counts a run's work from (its parameters, by name)."""
+
+
 def work(*, trainer, generator, async_mode, filter, eval, length_control, task, model) -> Work:
     """What a run will do (:class:`Work`), from its options alone (each the typed option of its
     group: :func:`scalerl.config.typed`)."""
@@ -678,16 +682,7 @@ def estimate(cfg, layout=None, *, probes: dict | None = None, load: bool = True)
         return Unknown("a SLURM job runs on its nodes, whose speed and queue this machine does not know")
     if layout.trainers > 1:
         return Unknown(f"{layout.trainers} trainer ranks: only a single trainer's step is probed")
-    w = work(
-        trainer=config.trainer,
-        generator=config.generator,
-        async_mode=config.async_mode,
-        filter=config.filter,
-        eval=config.eval,
-        length_control=config.length_control,
-        task=config.task,
-        model=config.model,
-    )
+    w = work(**{g: getattr(config, g) for g in WORK_GROUPS})
     gen_threads, train_threads, apart, _ = _threads(layout)
     # the HF generator decodes through its lean forward on one thread (its compiled loops are
     # single-threaded; the static cache is the GPU's path)

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from scalerl.config import evaluates_at, typed
 from scalerl.config.errors import explain, override_key
 from scalerl.config.settings import build_config
+from scalerl.estimate import WORK_GROUPS
 from scalerl.layout import LayoutOptions
 from scalerl.scaling.sigmoid import N_PARAMS
 from scalerl.sweep.spec import SweepError, SweepSpec
@@ -142,7 +143,7 @@ class Plan:
     scaling: dict[str, Any]  # the composed scaling settings (fit method, bootstrap, ...)
     # said before the runs start (a budget too short for a verdict)
     warnings: list[str] = field(default_factory=list)
-    # variant -> the options its work is counted from (WORK_GROUPS: scalerl.estimate.work's), read
+    # variant -> the options its work is counted from (scalerl.estimate.WORK_GROUPS), read
     # from its first run's config as planning composed and checked it (not written to sweep.json):
     # the launch order reads each variant's work from them instead of composing it again
     work_options: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -271,10 +272,6 @@ SCORED_POINTS = (
 def points_past_cut(total_steps: int, every: int, min_step: int) -> int:
     """A run's evaluations at or after the early cut's step (:func:`scalerl.config.evaluates_at`)."""
     return sum(evaluates_at(s, total_steps, every) for s in range(max(0, min_step), total_steps + 1))
-
-
-WORK_GROUPS = ("trainer", "generator", "async_mode", "filter", "eval", "length_control", "task", "model")
-"""The groups whose options :func:`scalerl.estimate.work` counts a run's work from."""
 
 
 def make_plan(
@@ -440,7 +437,7 @@ def _too_short(steps: int, every: int, cut: int) -> str:
 def run_work(run: PlannedRun, options: dict[str, Any] | None = None) -> float:
     """The token positions ``run`` processes by its config (:attr:`scalerl.estimate.Work.tokens`;
     0 where that is not countable here: it only orders runs, and never stops a sweep). ``options``:
-    its :data:`WORK_GROUPS` options where planning has them (:attr:`Plan.work_options`), else read
+    its :data:`~scalerl.estimate.WORK_GROUPS` options where planning has them (:attr:`Plan.work_options`), else read
     from its overrides composed again."""
     from scalerl.estimate import work
 
