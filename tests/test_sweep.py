@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from procs import descendants
 from scalerl.config import options
 from scalerl.sweep import load_spec, make_plan, plan_lines
 from scalerl.sweep.cli import main
-from scalerl.sweep.launch import _LocalOrphan
+from scalerl.sweep.launch import Outcome, Pace, _LocalOrphan
 from scalerl.sweep.plan import launch_order, points_past_cut
 from scalerl.sweep.spec import SweepError
 
@@ -481,6 +482,21 @@ def test_failed_variant_is_reported_with_its_log(tiny_sweep):
         assert json.loads((out / ok / "summary.json").read_text())["steps"] == 6
 
 
+def test_each_run_that_ends_says_how_far_the_sweep_is_and_how_long_the_rest_take(tiny_sweep):
+    """Every run that ends says "k of 3 done"; once a run has finished and others remain, also the
+    time left at the finished runs' pace (a failed run sets no pace); the last says no time."""
+    ends = [ln for ln in tiny_sweep["res"].stderr.splitlines() if "of 3 done" in ln]
+    assert [ln.split(" (")[-1].split(" of ")[0] for ln in ends] == ["1", "2", "3"], ends
+    assert ends[-1].endswith("(3 of 3 done)"), ends
+    for k, ln in enumerate(ends[:-1], 1):
+        finished = sum(": finished in " in e for e in ends[:k])
+        if finished:
+            when = r"(about [0-9.]+ (s|min) left|the rest due now)"
+            assert re.search(rf"\({k} of 3 done; {when} at the pace of the {finished} finished\)$", ln), ln
+        else:
+            assert ln.endswith(f"({k} of 3 done)"), ln
+
+
 def test_rerun_skips_finished_variants_and_resumes_unfinished_ones(tiny_sweep, capsys):
     client = _client(tiny_sweep["uri"])
     before = {r.info.run_name: r.info.run_id for r in _runs(client)}
@@ -695,6 +711,44 @@ def test_the_local_launcher_starts_the_runs_with_the_most_work_first(tmp_path):
     want = ["long", "base", "dapo", "no_ds", "short"]
     assert order == [f"{v}-seed{s}" for v in want for s in (0, 1)], order
     assert [r.name for r in launch_order(plan.runs)] == order
+
+
+def _ended(name: str, seconds: float, status: str = "finished") -> Outcome:
+    return Outcome(name=name, status=status, job_id="1", log="", stdout="", seconds=seconds)
+
+
+def test_the_time_left_follows_the_pace_of_the_finished_runs_of_each_variant():
+    """A run lasts as long as its variant's finished seeds took on average, or, before one has, all
+    finished runs' mean; one still going needs that less its time so far; the rest are scheduled
+    as many at once as the launcher runs, in launch order."""
+    variant = {"long-0": "long", "long-1": "long", "base-0": "base", "base-1": "base"}
+    pace = Pace(variant, at_once=2, total=4)
+    pace.record(_ended("long-0", 200.0))
+    # long-1 needs 200 - 30 = 170 s more; base-0 and base-1 take the mean of all finished (200 s)
+    assert pace.left_s({"long-1": 30.0}, ["base-0", "base-1"]) == pytest.approx(370.0)
+    assert pace.line({"long-1": 30.0}, ["base-0", "base-1"]) == (
+        "1 of 4 done; about 6 min left at the pace of the 1 finished"
+    )
+    pace.record(_ended("base-0", 100.0))
+    # base-1 now takes base's own 100 s; long-1, past its expected time, needs none more
+    assert pace.duration("base-1") == pytest.approx(100.0)
+    assert pace.left_s({"long-1": 250.0}, ["base-1"]) == pytest.approx(100.0)
+    # one at once runs the rest end to end: long-1's 170 s, then base-1's 100 s
+    one = Pace(variant, 1, 4, took=dict(pace.took), ended=2)
+    assert one.left_s({"long-1": 30.0}, ["base-1"]) == pytest.approx(270.0)
+
+
+def test_a_failed_run_sets_no_pace_and_the_last_says_no_time():
+    pace = Pace({"a": "a", "b": "b", "c": "c"}, at_once=2, total=4)
+    pace.record(_ended("x", 3.0, status="failed"))
+    assert pace.left_s({}, ["a"]) is None and pace.line({}, ["a"]) == "1 of 4 done"
+    pace.record(_ended("a", 60.0))
+    pace.record(_ended("b", 120.0))
+    assert pace.duration("c") == pytest.approx(90.0)  # no seed of c finished: the mean of all
+    assert pace.line({}, []) == "3 of 4 done"  # nothing left to run: no time said
+    assert pace.line({"c": 1000.0}, []) == "3 of 4 done; the rest due now at the pace of the 2 finished"
+    # SLURM: its queue decides when runs start, so the count alone
+    assert Pace({}, 8, 4, timed=False, took={"a": 1.0}, ended=1).line({"b": 1.0}, []) == "1 of 4 done"
 
 
 @pytest.mark.slow

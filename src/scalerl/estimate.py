@@ -132,10 +132,10 @@ class Estimate:
     def line(self) -> str:
         """``estimated wall time: about 6 min (4-9) on this machine: 300 steps x ~1.1 s, ...``
         (the per-step and per-evaluation figures are a quiet machine's)."""
-        parts = [f"{self.steps} steps x ~{_secs(self.step_s)}"]
+        parts = [f"{self.steps} steps x ~{seconds_text(self.step_s)}"]
         if self.evals:
-            parts.append(f"{self.evals} evaluations x ~{_secs(self.eval_s)}")
-        parts.append(f"start ~{_secs(self.startup_s)}")
+            parts.append(f"{self.evals} evaluations x ~{seconds_text(self.eval_s)}")
+        parts.append(f"start ~{seconds_text(self.startup_s)}")
         s = self.stretch
         where = self.where
         if s > 1.05:
@@ -161,7 +161,7 @@ class Unknown:
 
 
 # ---------------------------------------------------------------------------- formatting
-def _secs(s: float) -> str:
+def seconds_text(s: float) -> str:
     if s < 10:
         return f"{s:.1f} s"
     if s < 120:
@@ -745,7 +745,7 @@ class SweepEstimate:
         )
         return (
             f"estimated wall time: about {span(self.total, self.lo, self.hi)} on this machine: "
-            f"{self.runs} runs x ~{_secs(self.run_s)} each alone on a quiet machine, {self.at_once} at once"
+            f"{self.runs} runs x ~{seconds_text(self.run_s)} each alone on a quiet machine, {self.at_once} at once"
             f"{shared}{threads}{left}"
         )
 

@@ -239,6 +239,56 @@ def _error_line(exc: BaseException) -> str:
     return lines[-1][:500] if lines else type(exc).__name__
 
 
+@dataclass
+class Pace:
+    """How far a sweep's launched runs are, and for local runs how long the rest still take at the
+    pace of those that finished: a run lasts as long as its variant's finished seeds took on average,
+    or, before one has, all finished runs' mean; a run still going needs that less its time so far;
+    all are scheduled ``at_once`` at a time in launch order (:func:`scalerl.estimate.schedule`). No
+    time is said before a run has finished, nor for SLURM (``timed`` false: its queue decides)."""
+
+    variant: dict[str, str]  # run name -> its variant
+    at_once: int
+    total: int  # runs launched
+    timed: bool = True
+    ended: int = 0
+    took: dict[str, float] = field(default_factory=dict)  # run that finished -> its seconds
+
+    def record(self, out: Outcome) -> None:
+        """``out`` ended; a finished run's time sets the pace (a failed one's would not)."""
+        self.ended += 1
+        if out.status == "finished":
+            self.took[out.name] = out.seconds
+
+    def duration(self, name: str) -> float:
+        """``name``'s expected seconds at the finished runs' pace (some must have finished)."""
+        same = [s for n, s in self.took.items() if self.variant.get(n) == self.variant.get(name)]
+        times = same or list(self.took.values())
+        return sum(times) / len(times)
+
+    def left_s(self, running: dict[str, float], pending: list[str]) -> float | None:
+        """Seconds until the last of ``running`` (name -> seconds so far) and ``pending`` (in launch
+        order) ends, or None before a run has finished."""
+        from scalerl.estimate import schedule
+
+        if not self.took:
+            return None
+        going = [max(0.0, self.duration(n) - t) for n, t in running.items()]
+        return schedule([*going, *(self.duration(n) for n in pending)], self.at_once)
+
+    def line(self, running: dict[str, float], pending: list[str]) -> str:
+        """``k of n done; about T left at the pace of the m finished`` (``the rest due now`` where
+        the runs still going are past their expected time and none waits)."""
+        from scalerl.estimate import seconds_text
+
+        done = f"{self.ended} of {self.total} done"
+        left = self.left_s(running, pending) if self.timed and (running or pending) else None
+        if left is None:
+            return done
+        when = f"about {seconds_text(left)} left" if left >= 1.0 else "the rest due now"
+        return f"{done}; {when} at the pace of the {len(self.took)} finished"
+
+
 def _state(job) -> str:
     try:
         return str(job.state or "UNKNOWN").upper()
@@ -298,17 +348,19 @@ class Launcher:
             f"{run.name}: already finished ({run.total_steps} steps in {display_path(run.out_dir)}); skipped"
         )
 
-    def _finish(self, out: Outcome) -> None:
+    def _finish(self, out: Outcome, progress: str = "") -> None:
+        """``out`` ended: recorded and said, with ``progress`` (:meth:`Pace.line`) after it."""
         self.outcomes[out.name] = out
         self._record(out.name, **out.to_dict())
+        after = f" ({progress})" if progress else ""
         if out.status == "finished":
             s = out.summary or {}
             pr = ""
             if s.get("pass_rate_start") is not None and s.get("pass_rate_final") is not None:
                 pr = f", pass rate {s['pass_rate_start']:.3f} -> {s['pass_rate_final']:.3f}"
-            self.say(f"{out.name}: finished in {out.seconds:.0f} s{pr}")
+            self.say(f"{out.name}: finished in {out.seconds:.0f} s{pr}{after}")
         else:
-            self.say(f"{out.name}: {out.status.upper()}: {out.error}; log: {out.log}")
+            self.say(f"{out.name}: {out.status.upper()}: {out.error}; log: {out.log}{after}")
             self._close_mlflow_run(
                 self.plan.run(out.name), "KILLED" if out.status == "cancelled" else "FAILED"
             )
@@ -385,6 +437,7 @@ class Launcher:
         pending = launch_order(runs, self.plan.work_options) if local else list(runs)
         running: dict[str, tuple[PlannedRun, object, float]] = {}
         limit = max_parallel(self.plan.launcher) if local else len(runs)
+        pace = Pace({r.name: r.variant for r in runs}, limit, len(runs), timed=local)
         slots = core_slots(self.plan.launcher) if local else []
         held: dict[str, int] = {}  # run name -> its slot of cores (local runs held apart)
         for r in list(pending):
@@ -428,7 +481,11 @@ class Launcher:
                     if done:
                         del running[name]
                         held.pop(name, None)
-                        self._finish(self._collect(r, job, t0))
+                        out = self._collect(r, job, t0)
+                        pace.record(out)
+                        now = time.time()
+                        going = {n: now - t for n, (_, _, t) in running.items()}
+                        self._finish(out, pace.line(going, [p.name for p in pending]))
                 if held and not pending and len(held) < len(slots):
                     self._spread(running, held)
                 if pending or running:
