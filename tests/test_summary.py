@@ -1,4 +1,5 @@
-"""The end of a run (loop/summary.py): the lines it prints and its caveats on the fit."""
+"""What a run prints: its progress lines (loop/progress.py), and at its end (loop/summary.py) its
+lines and its caveats on the fit."""
 
 from __future__ import annotations
 
@@ -50,3 +51,23 @@ def test_a_summary_is_written_whole_and_leaves_no_temporary_file(tmp_path):
     write_json(path, {"steps": 4, "fit": {}})
     assert json.loads(path.read_text()) == {"steps": 4, "fit": {}}
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_a_logged_run_says_its_time_so_far_and_left_at_its_own_pace(monkeypatch, capsys):
+    """Without a terminal (a sweep's or SLURM's log file) the step lines carry what the bar shows:
+    the time since this process's first step and the rest at that pace (a resumed run's earlier
+    steps not counted); the last line says none."""
+    from scalerl.loop import progress
+
+    clock = iter([1000.0, 1030.0, 1060.0, 1090.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    bar = progress.Progress("log", every=10, total=60, initial=30)  # resumed at step 30
+    stats = {"train/reward": 0.5, "perf/tokens_per_s": 100.0}
+    for step in (40, 50, 60):
+        bar.update(step, stats, 0.4)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "[scalerl] step 40 reward=0.500 tokens/s=100 (30 s so far, about 60 s left)",
+        "[scalerl] step 50 reward=0.500 tokens/s=100 (60 s so far, about 30 s left)",
+        "[scalerl] step 60 reward=0.500 tokens/s=100",
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 
 class Progress:
@@ -18,6 +19,7 @@ class Progress:
 
             self.bar = tqdm(total=total, initial=initial, desc="scalerl", unit="step", dynamic_ncols=True)
         self.every = max(1, int(every))
+        self.total, self.initial, self.t0 = int(total), int(initial), time.monotonic()
 
     def update(self, step: int, stats: dict, pass_rate: float) -> None:
         if not self.enabled:
@@ -32,9 +34,20 @@ class Progress:
         elif step % self.every == 0:
             print(
                 f"[scalerl] step {step} reward={stats.get('train/reward', float('nan')):.3f} "
-                f"tokens/s={stats.get('perf/tokens_per_s', 0):.0f}",
+                f"tokens/s={stats.get('perf/tokens_per_s', 0):.0f}{self._pace(step)}",
                 flush=True,
             )
+
+    def _pace(self, step: int) -> str:
+        """`` (T so far, about T left)`` at this process's pace since its first step (a resumed run's
+        earlier steps not counted), as the bar shows it on a terminal; empty before a step is done."""
+        from scalerl.estimate import seconds_text
+
+        took, done = time.monotonic() - self.t0, step - self.initial
+        if done <= 0:
+            return ""
+        left = (self.total - step) * took / done
+        return f" ({seconds_text(took)} so far, about {seconds_text(left)} left)" if step < self.total else ""
 
     def write(self, msg: str) -> None:
         if not self.enabled:
