@@ -548,6 +548,7 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
     args = [str(f), "--out", str(tmp_path / "out"), "--tracking-uri", uri]
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
+    t_first = time.time()
     driver = subprocess.Popen(
         [sys.executable, str(REPO / "sweep.py"), *args],
         cwd=tmp_path,
@@ -578,6 +579,7 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
     assert under, f"no process under submitit's controller {job}"
     tree = [job, *under]
     _signal_all(tree, signal.SIGSTOP)
+    before_relaunch = time.time() - t_first
     seen: list[str] = []
     try:
         relaunch = subprocess.Popen(
@@ -599,6 +601,10 @@ def test_a_relaunch_waits_for_the_job_a_killed_driver_left_running(tmp_path, _ca
     assert relaunch.returncode == 0, stderr[-3000:]
     assert waiting in stderr, stderr[-3000:]
     assert "cispo: finished in" in stderr and "cispo: submitted" not in stderr, stderr[-3000:]
+    # its time counts from the first launch's submission, not from the relaunch that waited for it
+    took = float(re.search(r"cispo: finished in (\d+) s", stderr).group(1))
+    assert took >= before_relaunch - 1, (took, before_relaunch)
+    assert "(1 of 1 done)" in stderr
     status_file = tmp_path / "out" / "status.json"
     assert json.loads(status_file.read_text())["cispo"]["status"] == "finished"
     assert json.loads((tmp_path / "out" / "cispo" / "summary.json").read_text())["steps"] == 40

@@ -423,6 +423,7 @@ class Launcher:
             stdout=str(job.paths.stdout),
             error="",
             cores=list(cores) if cores else None,
+            started=time.time(),  # a relaunch that finds the job still running counts from here
         )
         on = f"; cores {','.join(map(str, cores))}" if cores else ""
         self.say(f"{run.name}: submitted (job {job.job_id}; log {job.paths.stderr}{on})")
@@ -444,7 +445,12 @@ class Launcher:
             job = self._reattach(r)
             if job is not None:
                 pending.remove(r)
-                running[r.name] = (r, job, time.time())
+                # its time counts from its submission (a status written before it says: from now)
+                running[r.name] = (
+                    r,
+                    job,
+                    float((self._status.get(r.name) or {}).get("started") or time.time()),
+                )
                 cores = tuple((self._status.get(r.name) or {}).get("cores") or ())
                 if cores in slots and slots.index(cores) not in held.values():
                     held[r.name] = slots.index(cores)
