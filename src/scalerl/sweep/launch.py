@@ -445,13 +445,10 @@ class Launcher:
             job = self._reattach(r)
             if job is not None:
                 pending.remove(r)
+                entry = self._status.get(r.name) or {}
                 # its time counts from its submission (a status written before it says: from now)
-                running[r.name] = (
-                    r,
-                    job,
-                    float((self._status.get(r.name) or {}).get("started") or time.time()),
-                )
-                cores = tuple((self._status.get(r.name) or {}).get("cores") or ())
+                running[r.name] = (r, job, float(entry.get("started") or time.time()))
+                cores = tuple(entry.get("cores") or ())
                 if cores in slots and slots.index(cores) not in held.values():
                     held[r.name] = slots.index(cores)
                 self.say(f"{r.name}: still running from an earlier launch (job {job.job_id}); waiting for it")
