@@ -413,7 +413,7 @@ class Launcher:
         except Exception:  # no accounting, no such job: start the run again (it resumes)
             return None
 
-    def _submitted(self, run: PlannedRun, job, cores: tuple[int, ...] | None = None) -> None:
+    def _submitted(self, run: PlannedRun, job, started: float, cores: tuple[int, ...] | None = None) -> None:
         self._record(
             run.name,
             launcher=self.plan.launcher["name"],
@@ -423,7 +423,7 @@ class Launcher:
             stdout=str(job.paths.stdout),
             error="",
             cores=list(cores) if cores else None,
-            started=time.time(),  # a relaunch that finds the job still running counts from here
+            started=started,  # the run's clock (a relaunch that finds the job still running counts from it)
         )
         on = f"; cores {','.join(map(str, cores))}" if cores else ""
         self.say(f"{run.name}: submitted (job {job.job_id}; log {job.paths.stderr}{on})")
@@ -460,7 +460,7 @@ class Launcher:
                 t0 = time.time()
                 for r, job in jobs:
                     running[r.name] = (r, job, t0)
-                    self._submitted(r, job)
+                    self._submitted(r, job, t0)
             last_force = time.time()
             while pending or running:
                 while local and pending and len(running) < limit:
@@ -468,10 +468,11 @@ class Launcher:
                     slot = next((i for i in range(len(slots)) if i not in held.values()), None)
                     cores = slots[slot] if slot is not None else None
                     job = executor.submit(fn, *self._args(r), cores)
-                    running[r.name] = (r, job, time.time())
+                    started = time.time()
+                    running[r.name] = (r, job, started)
                     if slot is not None:
                         held[r.name] = slot
-                    self._submitted(r, job, cores)
+                    self._submitted(r, job, started, cores)
                 force = not local and time.time() - last_force > 10
                 if force:
                     last_force = time.time()
