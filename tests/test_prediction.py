@@ -178,7 +178,10 @@ def test_horizon_rule_numbers_and_words():
     assert h.bias == pytest.approx(shape_bias(2.5)) and h.bias < -0.03
     assert h.shape_sd == pytest.approx(shape_error(2.5))
     line = h.line("the fit")
-    assert "ends at 2.5x C_mid; predictions need >= 4.5x" in line and "about 1.8x more compute" in line
+    assert (
+        "ends at 2.5x C_mid; predictions need >= 4.5x" in line
+        and "about 1.8x the compute so far would" in line
+    )
     ok = horizon_of(36.0, 180.0)
     assert ok.supported is True and ok.more_compute == 1.0 and "supported" in ok.line()
     assert "ceiling is 1" not in ok.line()
@@ -187,6 +190,13 @@ def test_horizon_rule_numbers_and_words():
     assert below.supported is True and "on curves whose ceiling is 1" in below.line()
     assert "scaling.min_step" in below.line()
     assert horizon_of(math.nan, 90.0).supported is None
+    # just short of the horizon: the reach is not printed as the horizon itself, nor the compute as "1.0x"
+    near = horizon_of(36.0, 161.0).line()  # reach 4.47
+    assert (
+        "ends at 4.47x C_mid; predictions need >= 4.5x" in near
+        and "about 1% more than the compute so far" in near
+    )
+    assert "1.0x" not in near and "ends at 4.6x" in horizon_of(36.0, 166.0).line()
     # the shape error shrinks as the window passes the bend; the bias is not extrapolated before 1.5x
     reaches = [1.5, 2.5, 3.5, HORIZON, 6.0]
     assert all(shape_error(a) >= shape_error(b) for a, b in zip(reaches[1:], reaches[2:]))
@@ -220,7 +230,9 @@ def test_live_fit_says_whether_its_extrapolation_is_supported():
         if supported:
             assert m["fit/more_compute"] == 1.0 and "extrapolation supported" in said[0]
         else:
-            assert m["fit/more_compute"] > 1.3 and "not supported" in said[0] and "more compute" in said[0]
+            assert (
+                m["fit/more_compute"] > 1.3 and "not supported" in said[0] and "the compute so far" in said[0]
+            )
     # a ceiling below 1 (A 0.75) run past the horizon: supported, and its line says that the bias
     # figure was measured on curves whose ceiling is 1
     low = TrueCurve(0.3, 0.75, 1.6, 36.0)
@@ -257,7 +269,10 @@ def test_prediction_summary_counts_only_supported_predictions():
     assert "the fit beats it on 4 of 4" in text
     assert "Goal: 3 of 4 supported and within 0.03" in text and "missed by 1 more variant supported" in text
     cell = prediction_cell(vs[2])
-    assert "not supported: window 2.5x C_mid < 4.5x, needs 1.8x the budget" in cell and "skill +0.83" in cell
+    assert (
+        "not supported: window 2.5x C_mid < 4.5x, needs about 1.8x the budget" in cell
+        and "skill +0.83" in cell
+    )
     assert "not supported" not in prediction_cell(vs[1])
     assert Prediction(**good).skill == pytest.approx(1 - 0.01 / 0.06)
     # the one score over the supported (base and a): 1 - 2 x 0.01^2 / (2 x 0.06^2)

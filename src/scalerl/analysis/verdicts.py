@@ -89,7 +89,7 @@ import numpy as np
 from scipy import stats
 
 from scalerl.analysis.mlflow_io import RunData
-from scalerl.scaling.horizon import HORIZON, fit_horizon
+from scalerl.scaling.horizon import HORIZON, compute_text, fit_horizon, reach_text
 from scalerl.scaling.pass_at_k import metric_k
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import B_BOUNDS, N_PARAMS, SigmoidFit, _predict, fit_fixed_A
@@ -889,8 +889,8 @@ def _unsupported_text(uns: Sequence[VariantVerdict], n_scored: int) -> str:
     k = sum(bool(v.pred_ok) for v in uns)
     return (
         f". Not supported: {len(uns)} of {n_scored}, not counted toward the goal (their half "
-        f"window ends at {reach:.1f}x C_mid, median; predictions need >= {HORIZON:g}x: about "
-        f"{more:.1f}x the budget would make them supported; "
+        f"window ends at {reach_text(reach)}x C_mid, median; predictions need >= {HORIZON:g}x: "
+        f"{compute_text(more, 'the budget')} would make them supported; "
         + (
             f"measured bias at that reach {bias:+.3f}"
             if math.isfinite(bias)
@@ -1274,7 +1274,7 @@ def prediction_cell(v: VariantVerdict) -> str:
     if math.isfinite(pr.skill):
         s += f"; skill {pr.skill:+.2f}"
     if pr.supported is False:
-        s += f"; not supported: window {pr.reach:.1f}x C_mid < {HORIZON:g}x, needs {pr.more_compute:.1f}x the budget"
+        s += f"; not supported: window {reach_text(pr.reach)}x C_mid < {HORIZON:g}x, needs {compute_text(pr.more_compute, 'the budget')}"
     return s + ")"
 
 

@@ -93,7 +93,7 @@ class Horizon:
         """One sentence for a report: supported, or why not and how much more compute it needs."""
         if self.supported is None:
             return f"{what}: extrapolation not judged (no fit)"
-        where = f"{what}'s window ends at {self.reach:.1f}x C_mid"
+        where = f"{what}'s window ends at {reach_text(self.reach, self.horizon)}x C_mid"
         if self.supported:
             kind = (
                 ", on curves whose ceiling is 1; below 1 it depends on the early cut (scaling.min_step)"
@@ -110,8 +110,8 @@ class Horizon:
             else "bias not measured this early"
         )
         return (
-            f"{where}; predictions need >= {self.horizon:g}x: extrapolation not supported ({bias}); about "
-            f"{self.more_compute:.1f}x more compute would make it supported"
+            f"{where}; predictions need >= {self.horizon:g}x: extrapolation not supported ({bias}); "
+            f"{compute_text(self.more_compute)} would make it supported"
         )
 
     def metrics(self, prefix: str = "fit/") -> dict[str, float]:
@@ -126,6 +126,21 @@ class Horizon:
             else math.nan,
             f"{prefix}shape_bias": round(self.bias, 3) if math.isfinite(self.bias) else math.nan,
         }
+
+
+def reach_text(reach: float, horizon: float = HORIZON) -> str:
+    """A reach for a sentence: one decimal, or two where one would print the horizon itself for a
+    reach short of it (4.47 is "4.47", not "4.5")."""
+    text = f"{reach:.1f}"
+    return f"{reach:.2f}" if reach < horizon and float(text) >= horizon else text
+
+
+def compute_text(factor: float, of: str = "the compute so far") -> str:
+    """The compute a window needs to reach the horizon, in words: "about 1.8x the compute so far", or
+    "about 3% more than the compute so far" for a factor under 1.1 (where "1.0x" would read as none)."""
+    if factor < 1.1:
+        return f"about {max(1, math.ceil(100 * (factor - 1)))}% more than {of}"
+    return f"about {factor:.1f}x {of}"
 
 
 def horizon_of(

@@ -103,7 +103,7 @@ def horizon_metrics(fit: SigmoidFit, prefix: str = "fit/") -> dict[str, float]:
 
 def horizon_line(metrics: dict[str, float], prefix: str = "fit/") -> str:
     """The horizon rule's sentence from a run's ``fit/*`` metrics ("" when not judged): supported,
-    or "not supported ... about 1.8x more compute would make it supported"."""
+    or "not supported ... about 1.8x the compute so far would make it supported"."""
     sup = metrics.get(f"{prefix}supported", math.nan)
     if sup is None or not math.isfinite(sup):
         return ""
