@@ -184,10 +184,11 @@ def test_the_warmstart_key_of_the_same_settings_keeps_its_value(name):
     assert _warmstart_key(moved.model, moved.task) == want
 
 
-def test_building_and_sampling_the_model_imports_no_scikit_learn():
-    """transformers' generation imports scikit-learn (with SciPy, pandas, pyarrow) whenever it is
-    installed, for a feature scalerl does not use: scalerl's processes import transformers without
-    it (``scalerl.model.hf_imports``), and the check stays true for everyone else."""
+def test_building_and_sampling_the_model_imports_no_scikit_learn_or_scipy():
+    """transformers' generation imports scikit-learn (with SciPy, pandas, pyarrow) and its losses
+    SciPy whenever they are installed, for features scalerl does not use: scalerl's processes import
+    transformers without them (``scalerl.model.hf_imports``), the checks stay true for everyone else,
+    and a fit still imports SciPy when it runs."""
     import importlib.util
     import subprocess
     import sys
@@ -203,9 +204,12 @@ def test_building_and_sampling_the_model_imports_no_scikit_learn():
         "out = m.generate(torch.tensor([[2, 3]]), max_new_tokens=3, do_sample=True, pad_token_id=0)\n"
         "assert out.shape == (1, 5), out.shape\n"
         "import transformers.utils as u\n"
-        "print('sklearn' in sys.modules, u.is_sklearn_available())\n"
+        "print('sklearn' in sys.modules, 'scipy' in sys.modules, u.is_sklearn_available(), u.is_scipy_available())\n"
+        "from scalerl.scaling.sigmoid import fit_sigmoid\n"
+        "f = fit_sigmoid([1, 2, 4, 8, 16, 32], [0.1, 0.2, 0.4, 0.6, 0.7, 0.72], bootstrap=0)\n"
+        "print('scipy' in sys.modules)\n"
     )
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["False", "True"], out.stdout
+    assert out.stdout.split() == ["False", "False", "True", "True", "True"], out.stdout

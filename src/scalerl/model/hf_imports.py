@@ -1,34 +1,48 @@
-"""Import transformers without the scikit-learn it loads for a feature scalerl never uses.
+"""Import transformers without the scikit-learn and SciPy it loads for features scalerl never uses.
 
-``transformers.generation.candidate_generator`` (imported by every causal LM class, through
-``GenerationMixin``) imports ``sklearn.metrics`` whenever scikit-learn is installed, for assisted
-decoding's confidence-threshold tuning; MLflow requires scikit-learn, so every scalerl install has
-it, and it pulls in SciPy, pandas and pyarrow: about a quarter of what a run's process spends
-importing (the trainer, every engine process, every subprocess a test or a sweep starts). scalerl
-generates without assistant models, so :func:`without_sklearn` imports that module once with
-transformers' availability check answering "not installed" for it alone (the check is restored for
-every other caller; a process that imported the module before keeps it as it was).
+Two of transformers' modules that every causal LM class imports load an optional library whenever it
+is installed, and MLflow brings both to every scalerl install:
+
+* ``transformers.generation.candidate_generator`` (through ``GenerationMixin``) imports
+  ``sklearn.metrics``, for assisted decoding's confidence-threshold tuning; it pulls in SciPy,
+  pandas and pyarrow;
+* ``transformers.loss.loss_utils`` (through ``PreTrainedModel``) imports the object-detection losses,
+  which import ``scipy.optimize`` for their Hungarian matching.
+
+That is a large share of what a run's process spends importing (the trainer, every engine process,
+every subprocess a test or a sweep starts). scalerl generates without assistant models and trains no
+detector, and its own fits import SciPy when they first run (:mod:`scalerl.scaling`). So
+:func:`without_sklearn` imports those two modules once with transformers' availability checks
+answering "not installed" for these two libraries alone (the checks are restored for every other
+caller; a process that imported a module before keeps it as it was).
 """
 
 from __future__ import annotations
 
 import sys
 
-_MODULE = "transformers.generation.candidate_generator"
+_MODULES = ("transformers.generation.candidate_generator", "transformers.loss.loss_utils")
+_CHECKS = ("is_sklearn_available", "is_scipy_available")
 
 
 def without_sklearn() -> None:
-    """Import transformers' candidate generator (and so transformers' generation) without
-    importing scikit-learn. A no-op once the module is loaded."""
-    if _MODULE in sys.modules:
+    """Import transformers' candidate generator and its losses (and so transformers' generation and
+    model classes) without importing scikit-learn or SciPy. A no-op once both are loaded."""
+    if all(m in sys.modules for m in _MODULES):
         return
     import transformers.utils as hf_utils
 
-    check = getattr(hf_utils, "is_sklearn_available", None)
-    if check is None:  # a transformers that no longer has the check: import as it is
-        return
-    hf_utils.is_sklearn_available = lambda: False
+    saved = {name: getattr(hf_utils, name) for name in _CHECKS if hasattr(hf_utils, name)}
+    # a transformers without a check imports as it is for that library
+    for name in saved:
+        setattr(hf_utils, name, lambda: False)
     try:
-        __import__(_MODULE)
+        for module in _MODULES:
+            if module not in sys.modules:
+                try:
+                    __import__(module)
+                except ModuleNotFoundError:  # a transformers without it: nothing to keep out there
+                    pass
     finally:
-        hf_utils.is_sklearn_available = check
+        for name, check in saved.items():
+            setattr(hf_utils, name, check)
