@@ -603,8 +603,14 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
     for v in doc["variants"]:
         assert VARIANT_KEYS <= set(v), VARIANT_KEYS - set(v)
         assert v["verdict"] in LABELS and v["seeds"] == 3 and len(v["per_seed"]) == 3
-        assert set(v["prediction"]) == {"predicted", "observed", "lo", "hi", "supported", "persistence"}
-        assert v["prediction"]["supported"] in (None, True, False)
+        keys = {"predicted", "observed", "lo", "hi", "supported", "unsupported_because", "reach", "fall"}
+        assert set(v["prediction"]) == keys | {"persistence"}
+        pr = v["prediction"]
+        assert pr["supported"] in (None, True, False)
+        # a reason exactly where a scored prediction is not supported
+        assert (pr["unsupported_because"] is None) == (pr["supported"] is not False)
+        why = pr["unsupported_because"]
+        assert pr["supported"] is not False or (why and set(why) <= {"reach", "fall"})
     base, dapo = by["cispo"], by["dapo"]
     assert base["baseline"] and base["verdict"] == "baseline" and base["dA"] is None  # NaN -> null
     assert dapo["verdict"] == "A lower" and dapo["dA_hi"] < 0 < dapo["C_mid"]

@@ -18,10 +18,12 @@ import pytest
 from scalerl.analysis.mlflow_io import RunData
 from scalerl.analysis.synthetic import study_runs
 from scalerl.analysis.verdicts import (
+    FALL_LIMIT,
     PRED_TOLERANCE,
     Prediction,
     VariantVerdict,
     end_points,
+    half_fall,
     mse_skill,
     predict_variant,
     prediction_cell,
@@ -328,3 +330,55 @@ def test_mse_skill_weighs_errors_by_their_square_and_says_where_it_is_undefined(
     assert math.isnan(mse_skill([], [])) and math.isnan(mse_skill([0.01], [0.0]))
     with pytest.raises(ValueError, match="2 errors against 1 persistence errors"):
         mse_skill([0.01, 0.02], [0.01])
+
+
+def _with_fall(runs: list[RunData], step: float, drop: float, trials: str | None = None) -> list[RunData]:
+    """The runs with every seed's evaluation at ``step`` lowered by ``drop`` (and ``trials`` prompts
+    an evaluation, one sample each, where given)."""
+    out = []
+    for r in runs:
+        y = r.reward.copy()
+        y[r.steps == step] -= drop
+        params = r.params if trials is None else {"eval.num_prompts": trials, "eval.samples_per_prompt": "1"}
+        out.append(RunData(r.run_id, r.run_name, r.status, "0", params, {}, "steps", r.steps, r.compute, y))
+    return out
+
+
+def test_a_fall_inside_the_half_window_leaves_the_prediction_unsupported():
+    """The ceiling runs (3 seeds to 720 steps), whose half fit reaches past the horizon: supported as
+    they are. With every seed's evaluation at step 288 lowered by 0.15 (a dip of an unstable recipe,
+    inside the half window) the seeds' mean curve falls by 0.15 there, 3 tolerances and many standard
+    errors: not supported, whatever the reach (the dip also moves the fit's C_mid), and the cell, the summary and report.json say why. A
+    fall under 0.09, or one within 3 standard errors of two small evaluations, leaves it supported."""
+    from scalerl.analysis.reporting import _unsupported_because
+
+    p = FitProtocol(min_step=108)
+    runs = _recorded_runs(CEILING, "ceiling_4x", 720)
+    fall, in_se, _ = half_fall(runs, p)
+    calm, _ = predict_variant(runs, p)
+    assert calm.supported is True and not calm.unstable and fall < FALL_LIMIT
+    assert _unsupported_because(calm) is None
+
+    dipped = _with_fall(runs, 288.0, 0.15)
+    fall, in_se, at = half_fall(dipped, p)
+    assert fall > 0.12 and in_se > 5 and at == 288.0
+    pr, _ = predict_variant(dipped, p)
+    # the dip also pulls the half fit's C_mid late, so its window no longer reaches the horizon either
+    assert pr.unstable and pr.supported is False and "fall" in _unsupported_because(pr)
+    v = _verdict("dipped", pr)
+    assert f"the seeds' mean fell {pr.fall:.3f}" in prediction_cell(v) and "step 288" in prediction_cell(v)
+    base = _verdict("base", calm, baseline=True)
+    text = prediction_summary([base, v])
+    assert "1 of 2 supported" in text and "falls inside the half window by 0.09 or more" in text
+    assert f"dipped {pr.fall:.3f}" in text and "an unstable curve" in text
+
+    # a smaller dip (0.11 there: a fall of 0.093) leaves the window past the horizon, and misses the
+    # end by more than the tolerance: the fall alone leaves it unsupported
+    pr, _ = predict_variant(_with_fall(runs, 288.0, 0.11), p)
+    assert pr.reach >= HORIZON and pr.unstable and _unsupported_because(pr) == ["fall"]
+    assert abs(pr.err) > PRED_TOLERANCE
+    small = _with_fall(runs, 288.0, 0.05)  # under the limit: a wobble, still supported
+    assert predict_variant(small, p)[0].supported is True
+    noisy = _with_fall(runs, 288.0, 0.15, trials="8")  # 8 samples an evaluation: 0.15 is within 3 se
+    pr, _ = predict_variant(noisy, p)
+    assert half_fall(noisy, p)[1] < 3 and not pr.unstable

@@ -43,6 +43,7 @@ from scalerl.analysis.verdicts import (
     verdict_legend,
     verdict_table,
 )
+from scalerl.scaling.horizon import HORIZON
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import SigmoidFit, fit_fixed_A, round_sig, round_to
 from scalerl.storage import write_text_atomic
@@ -273,9 +274,21 @@ def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, Si
             "lo": pr.lo,
             "hi": pr.hi,
             "supported": pr.supported,
+            # why not supported: "reach" (the half window ends before the horizon), "fall" (the seeds'
+            # mean curve falls inside it), both; null where supported or not scored
+            "unsupported_because": _unsupported_because(pr),
+            "reach": pr.reach,
+            "fall": pr.fall,
             "persistence": pr.persistence,  # the first half's last value: the forecast the skill is against
         },
     }
+
+
+def _unsupported_because(pr) -> list[str] | None:
+    """Why a prediction is not supported (:class:`~scalerl.analysis.verdicts.Prediction`)."""
+    if pr.supported is not False:
+        return None
+    return [w for w, on in (("reach", pr.reach < HORIZON), ("fall", pr.unstable)) if on]
 
 
 def report_json(

@@ -68,7 +68,11 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   logged) and the shape error at the half window's reach (:mod:`scalerl.scaling.horizon`). The
   horizon rule: a prediction is *supported* only where the half window reaches
   :data:`~scalerl.scaling.horizon.HORIZON` x the half fit's C_mid; an unsupported one is reported
-  with the bias measured at its reach and the budget that would support it. Goal: supported and abs
+  with the bias measured at its reach and the budget that would support it. Nor is one whose seeds'
+  mean curve falls inside the half window, from its running maximum, by at least :data:`FALL_LIMIT`
+  and :data:`FALL_SE` standard errors (:func:`half_fall`): a sigmoid rises monotonically, so a
+  window with such a fall does not fix its shape, and no more compute makes it (an unstable recipe's
+  dips pull the half fit's A down). Goal: supported and abs
   error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the scored variants and coverage >=
   :data:`PRED_GOAL_COVERAGE` of the supported ones' bands at a median half-width <=
   :data:`PRED_GOAL_HALF_WIDTH`; the skill against persistence (the first
@@ -113,6 +117,12 @@ the few evaluations of the last tenth, where a curve past its bend moves less th
 measure the end it converged to more closely."""
 PRED_LEVEL = 0.9
 """Level of the prediction band."""
+FALL_LIMIT = 3 * PRED_TOLERANCE
+"""A fall of the seeds' mean curve in the half window (from its running maximum) this large, three
+prediction tolerances, leaves the half-budget prediction unsupported (with :data:`FALL_SE`)."""
+FALL_SE = 3.0
+"""... and at least this many binomial standard errors of the difference of two evaluations of the
+mean curve, so that evaluation noise alone does not make it."""
 PRED_GOAL_SHARE = 0.75
 """The prediction goal: this share of the scored variants (6 of 8) within :data:`PRED_TOLERANCE` ..."""
 PRED_GOAL_COVERAGE = 0.8
@@ -206,6 +216,15 @@ class Prediction:
     bias: float = math.nan  # the shape bias measured at this reach (scaling.horizon)
     shape_sd: float = math.nan  # the shape error in the band at this reach
     persistence: float = math.nan  # the forecast "no change": the mean of the seeds' last first-half values
+    fall: float = math.nan  # the seeds' mean curve's largest fall in the half window (half_fall)
+    fall_se: float = math.nan  # that fall in binomial standard errors (NaN: evaluations' size not logged)
+    fall_step: float = math.nan  # the step at which it reached its lowest
+
+    @property
+    def unstable(self) -> bool:
+        """The half window's mean curve falls by :data:`FALL_LIMIT` and :data:`FALL_SE` standard
+        errors (or more): the extrapolation is not supported whatever the reach."""
+        return bool(self.fall >= FALL_LIMIT and not self.fall_se < FALL_SE)
 
     @property
     def err(self) -> float:
@@ -698,6 +717,34 @@ def _half_last(r: RunData) -> float:
     return float(r.reward[np.flatnonzero(first)[np.argmax(r.compute[first])]]) if first.any() else math.nan
 
 
+def half_fall(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, float, float]:
+    """The largest fall of the seeds' mean curve inside the half-budget fit's window, from its running
+    maximum: ``(fall, in binomial standard errors, the step where it is lowest)``. The window is each
+    seed's evaluations from the early cut (``p``) to half its compute; the mean is over the steps that
+    every seed evaluated there. The standard error is that of the difference of two evaluations of
+    the mean curve at the running maximum's pass rate (NaN where the evaluations' size is not logged).
+    All NaN with fewer than 3 common steps."""
+    nan = (math.nan, math.nan, math.nan)
+    windows = []
+    for r in runs:
+        fin = np.isfinite(r.compute) & np.isfinite(r.reward)
+        if not fin.any():
+            return nan
+        keep = fin & (r.compute <= float(np.max(r.compute[fin])) / 2) & (r.compute >= p.cut_of(r))
+        windows.append(dict(zip(r.steps[keep].tolist(), r.reward[keep].tolist(), strict=True)))
+    common = sorted(set.intersection(*(set(w) for w in windows))) if windows else []
+    if len(common) < 3:
+        return nan
+    mean = np.array([np.mean([w[st] for w in windows]) for st in common])
+    top = np.maximum.accumulate(mean)
+    i = int(np.argmax(top - mean))
+    fall = float(top[i] - mean[i])
+    trials = np.mean([eval_trials(r) for r in runs]) * len(runs)
+    se = math.sqrt(2 * top[i] * (1 - top[i]) / trials) if math.isfinite(trials) else math.nan
+    in_se = fall / se if se > 0 else (math.inf if fall > 0 else 0.0)
+    return fall, (in_se if math.isfinite(se) else math.nan), float(common[i])
+
+
 def eval_trials(r: RunData) -> float:
     """Samples of one evaluation (``eval.num_prompts x eval.samples_per_prompt``; NaN when not logged).
     For a pass@k curve (``val/pass_at_<k>``, k > 1) the prompts alone: the K samples of a prompt
@@ -742,6 +789,9 @@ def predict_variant(
         h.bias,
         h.shape_sd,
     )
+    pr.fall, pr.fall_se, pr.fall_step = half_fall(usable, p)
+    if pr.unstable and pr.supported is not None:
+        pr.supported = False
     trials = np.array([eval_trials(r) * i.size for r, i in zip(usable, ends, strict=True)])
     q = min(max(pr.predicted, 0.0), 1.0)
     if np.isfinite(trials).all():
@@ -881,23 +931,35 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
 
 
 def _unsupported_text(uns: Sequence[VariantVerdict], n_scored: int) -> str:
-    """The prediction summary's sentence on the predictions the horizon rule does not support: how
-    far their half window reached, the compute that would support them, the bias measured there."""
-    reach = float(np.median([v.prediction.reach for v in uns]))
-    more = float(np.median([v.prediction.more_compute for v in uns]))
-    bias = float(np.median([v.prediction.bias for v in uns]))  # NaN where any is unmeasured
+    """The prediction summary's sentence on the predictions not supported: those whose half window
+    ends before the horizon (how far it reached, the compute that would support them, the bias
+    measured there) and those whose seeds' mean curve falls inside it (:data:`FALL_LIMIT`)."""
     k = sum(bool(v.pred_ok) for v in uns)
-    return (
-        f". Not supported: {len(uns)} of {n_scored}, not counted toward the goal (their half "
-        f"window ends at {reach_text(reach)}x C_mid, median; predictions need >= {HORIZON:g}x: "
-        f"{compute_text(more, 'the budget')} would make them supported; "
-        + (
-            f"measured bias at that reach {bias:+.3f}"
-            if math.isfinite(bias)
-            else "bias not measured that early"
+    text = f". Not supported: {len(uns)} of {n_scored}, not counted toward the goal (of them, "
+    short = [v for v in uns if v.prediction.reach < HORIZON]
+    parts = []
+    if short:
+        reach = float(np.median([v.prediction.reach for v in short]))
+        more = float(np.median([v.prediction.more_compute for v in short]))
+        bias = float(np.median([v.prediction.bias for v in short]))  # NaN where any is unmeasured
+        parts.append(
+            f"{len(short)} whose half window ends at {reach_text(reach)}x C_mid, median; predictions need >= "
+            f"{HORIZON:g}x: {compute_text(more, 'the budget')} would make them supported; "
+            + (
+                f"measured bias at that reach {bias:+.3f}"
+                if math.isfinite(bias)
+                else "bias not measured that early"
+            )
         )
-        + f"); for reference {k} of {len(uns)} within {PRED_TOLERANCE:g}"
-    )
+    fell = [v for v in uns if v.prediction.unstable]
+    if fell:
+        names = ", ".join(f"{v.variant} {v.prediction.fall:.3f}" for v in fell)
+        parts.append(
+            f"{len(fell)} whose seeds' mean curve falls inside the half window by {FALL_LIMIT:g} or more "
+            f"(and {FALL_SE:g} standard errors): {names}; a sigmoid cannot follow a fall, and more compute "
+            "does not remove it"
+        )
+    return text + "; ".join(parts) + f"); for reference {k} of {len(uns)} within {PRED_TOLERANCE:g}"
 
 
 def mse_skill(errors: Sequence[float], persistence_errors: Sequence[float]) -> float:
@@ -1002,10 +1064,15 @@ def _why_missed(
     the observed end's noise, the seeds' spread, too few points, a one-sided bias, wide bands
     (``banded``: the supported predictions with a band, ``hw`` their median half-width)."""
     why = []
-    if uns:
+    if short := [v for v in uns if v.prediction.reach < HORIZON]:
         why.append(
-            f"the half window of {len(uns)} of {len(scored)} ends before the horizon ({HORIZON:g}x C_mid), "
+            f"the half window of {len(short)} of {len(scored)} ends before the horizon ({HORIZON:g}x C_mid), "
             "where a sigmoid fitted before the tail's shape is set is not supported"
+        )
+    if fell := [v for v in uns if v.prediction.unstable]:
+        why.append(
+            f"the seeds' mean curve of {len(fell)} of {len(scored)} falls inside the half window "
+            f"({', '.join(v.variant for v in fell)}): an unstable curve, which no sigmoid predicts"
         )
     se = [v.final_se for v in scored if math.isfinite(v.final_se)]
     if se and float(np.median(se)) >= PRED_TOLERANCE / 2:
@@ -1273,7 +1340,12 @@ def prediction_cell(v: VariantVerdict) -> str:
         s += f"; {'inside' if pr.inside else 'outside'} [{pr.lo:.3f}, {pr.hi:.3f}]"
     if math.isfinite(pr.skill):
         s += f"; skill {pr.skill:+.2f}"
-    if pr.supported is False:
+    if pr.supported is False and pr.unstable:
+        s += (
+            f"; not supported: the seeds' mean fell {pr.fall:.3f} ({pr.fall_se:.1f} se) in the half window, "
+            f"to its low at step {pr.fall_step:g}"
+        )
+    elif pr.supported is False:
         s += f"; not supported: window {reach_text(pr.reach)}x C_mid < {HORIZON:g}x, needs {compute_text(pr.more_compute, 'the budget')}"
     return s + ")"
 
