@@ -275,10 +275,10 @@ def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, Si
             "hi": pr.hi,
             "supported": pr.supported,
             # why not supported: "reach" (the half window ends before the horizon), "fall" (the seeds'
-            # mean curve falls inside it), both; null where supported or not scored
+            # curves fall inside it), both; null where supported or not scored
             "unsupported_because": _unsupported_because(pr),
             "reach": pr.reach,
-            "fall": pr.fall,
+            "fall": pr.fall,  # the median seed's largest fall in the half window
             "persistence": pr.persistence,  # the first half's last value: the forecast the skill is against
         },
     }

@@ -69,10 +69,10 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   horizon rule: a prediction is *supported* only where the half window reaches
   :data:`~scalerl.scaling.horizon.HORIZON` x the half fit's C_mid; an unsupported one is reported
   with the bias measured at its reach and the budget that would support it. Nor is one whose seeds'
-  mean curve falls inside the half window, from its running maximum, by at least :data:`FALL_LIMIT`
-  and :data:`FALL_SE` standard errors (:func:`half_fall`): a sigmoid rises monotonically, so a
-  window with such a fall does not fix its shape, and no more compute makes it (an unstable recipe's
-  dips pull the half fit's A down). Goal: supported and abs
+  curves fall inside the half window, from their running maximum, by at least :data:`FALL_LIMIT`
+  and :data:`FALL_SE` standard errors (the median over seeds of each one's largest fall:
+  :func:`half_fall`): a sigmoid rises monotonically, so a window with such falls does not fix its
+  shape, and more compute does not make it (an unstable recipe's dips pull the half fit's A down). Goal: supported and abs
   error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the scored variants and coverage >=
   :data:`PRED_GOAL_COVERAGE` of the supported ones' bands at a median half-width <=
   :data:`PRED_GOAL_HALF_WIDTH`; the skill against persistence (the first
@@ -118,11 +118,11 @@ measure the end it converged to more closely."""
 PRED_LEVEL = 0.9
 """Level of the prediction band."""
 FALL_LIMIT = 3 * PRED_TOLERANCE
-"""A fall of the seeds' mean curve in the half window (from its running maximum) this large, three
+"""A fall in the half window (from the running maximum) this large in the median seed, three
 prediction tolerances, leaves the half-budget prediction unsupported (with :data:`FALL_SE`)."""
 FALL_SE = 3.0
-"""... and at least this many binomial standard errors of the difference of two evaluations of the
-mean curve, so that evaluation noise alone does not make it."""
+"""... and at least this many binomial standard errors of the difference of two evaluations (the
+median seed's), so that evaluation noise alone does not make it."""
 PRED_GOAL_SHARE = 0.75
 """The prediction goal: this share of the scored variants (6 of 8) within :data:`PRED_TOLERANCE` ..."""
 PRED_GOAL_COVERAGE = 0.8
@@ -216,13 +216,13 @@ class Prediction:
     bias: float = math.nan  # the shape bias measured at this reach (scaling.horizon)
     shape_sd: float = math.nan  # the shape error in the band at this reach
     persistence: float = math.nan  # the forecast "no change": the mean of the seeds' last first-half values
-    fall: float = math.nan  # the seeds' mean curve's largest fall in the half window (half_fall)
-    fall_se: float = math.nan  # that fall in binomial standard errors (NaN: evaluations' size not logged)
-    fall_step: float = math.nan  # the step at which it reached its lowest
+    fall: float = math.nan  # the median over seeds of each one's largest fall in its half window (half_fall)
+    fall_se: float = math.nan  # the median of those falls in binomial standard errors (NaN: size not logged)
+    falls: list[float] = field(default_factory=list)  # each seed's largest fall there
 
     @property
     def unstable(self) -> bool:
-        """The half window's mean curve falls by :data:`FALL_LIMIT` and :data:`FALL_SE` standard
+        """The median seed falls in the half window by :data:`FALL_LIMIT` and :data:`FALL_SE` standard
         errors (or more): the extrapolation is not supported whatever the reach."""
         return bool(self.fall >= FALL_LIMIT and not self.fall_se < FALL_SE)
 
@@ -717,32 +717,40 @@ def _half_last(r: RunData) -> float:
     return float(r.reward[np.flatnonzero(first)[np.argmax(r.compute[first])]]) if first.any() else math.nan
 
 
-def half_fall(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, float, float]:
-    """The largest fall of the seeds' mean curve inside the half-budget fit's window, from its running
-    maximum: ``(fall, in binomial standard errors, the step where it is lowest)``. The window is each
-    seed's evaluations from the early cut (``p``) to half its compute; the mean is over the steps that
-    every seed evaluated there. The standard error is that of the difference of two evaluations of
-    the mean curve at the running maximum's pass rate (NaN where the evaluations' size is not logged).
-    All NaN with fewer than 3 common steps."""
-    nan = (math.nan, math.nan, math.nan)
-    windows = []
-    for r in runs:
-        fin = np.isfinite(r.compute) & np.isfinite(r.reward)
-        if not fin.any():
-            return nan
-        keep = fin & (r.compute <= float(np.max(r.compute[fin])) / 2) & (r.compute >= p.cut_of(r))
-        windows.append(dict(zip(r.steps[keep].tolist(), r.reward[keep].tolist(), strict=True)))
-    common = sorted(set.intersection(*(set(w) for w in windows))) if windows else []
-    if len(common) < 3:
-        return nan
-    mean = np.array([np.mean([w[st] for w in windows]) for st in common])
-    top = np.maximum.accumulate(mean)
-    i = int(np.argmax(top - mean))
-    fall = float(top[i] - mean[i])
-    trials = np.mean([eval_trials(r) for r in runs]) * len(runs)
-    se = math.sqrt(2 * top[i] * (1 - top[i]) / trials) if math.isfinite(trials) else math.nan
-    in_se = fall / se if se > 0 else (math.inf if fall > 0 else 0.0)
-    return fall, (in_se if math.isfinite(se) else math.nan), float(common[i])
+def seed_fall(r: RunData, p: FitProtocol) -> tuple[float, float]:
+    """One seed's largest fall inside its half-budget window (its evaluations from the early cut,
+    ``p``, to half its compute, in compute order), from the running maximum: ``(fall, in binomial
+    standard errors of the difference of two evaluations at the maximum's pass rate)``; the second
+    NaN where the evaluations' size is not logged, both NaN with fewer than 3 points there."""
+    fin = np.isfinite(r.compute) & np.isfinite(r.reward)
+    if not fin.any():
+        return math.nan, math.nan
+    keep = fin & (r.compute <= float(np.max(r.compute[fin])) / 2) & (r.compute >= p.cut_of(r))
+    if keep.sum() < 3:
+        return math.nan, math.nan
+    y = r.reward[keep][np.argsort(r.compute[keep], kind="stable")]
+    top = np.maximum.accumulate(y)
+    i = int(np.argmax(top - y))
+    fall = float(top[i] - y[i])
+    se = math.sqrt(2 * top[i] * (1 - top[i]) / eval_trials(r))  # NaN where not logged
+    if not math.isfinite(se):
+        return fall, math.nan
+    return fall, (fall / se if se > 0 else (math.inf if fall > 0 else 0.0))
+
+
+def half_fall(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, float, list[float]]:
+    """How far the seeds' curves fall inside the half-budget window (:func:`seed_fall`): ``(the
+    median over seeds of each one's largest fall, the median of those falls in standard errors, each
+    seed's fall)``. Per seed, then the median: an unstable recipe's seeds dip at different steps, so
+    their mean curve hides what each one does. NaN where no seed has 3 points in its window."""
+    per = [seed_fall(r, p) for r in runs]
+    per = [f for f in per if math.isfinite(f[0])]
+    if not per:
+        return math.nan, math.nan, []
+    falls = [f[0] for f in per]
+    in_se = [f[1] for f in per]
+    med_se = float(np.median(in_se)) if all(math.isfinite(x) for x in in_se) else math.nan
+    return float(np.median(falls)), med_se, falls
 
 
 def eval_trials(r: RunData) -> float:
@@ -789,7 +797,7 @@ def predict_variant(
         h.bias,
         h.shape_sd,
     )
-    pr.fall, pr.fall_se, pr.fall_step = half_fall(usable, p)
+    pr.fall, pr.fall_se, pr.falls = half_fall(usable, p)
     if pr.unstable and pr.supported is not None:
         pr.supported = False
     trials = np.array([eval_trials(r) * i.size for r, i in zip(usable, ends, strict=True)])
@@ -933,7 +941,7 @@ def prediction_summary(vs: Sequence[VariantVerdict]) -> str:
 def _unsupported_text(uns: Sequence[VariantVerdict], n_scored: int) -> str:
     """The prediction summary's sentence on the predictions not supported: those whose half window
     ends before the horizon (how far it reached, the compute that would support them, the bias
-    measured there) and those whose seeds' mean curve falls inside it (:data:`FALL_LIMIT`)."""
+    measured there) and those whose seeds' curves fall inside it (:data:`FALL_LIMIT`)."""
     k = sum(bool(v.pred_ok) for v in uns)
     text = f". Not supported: {len(uns)} of {n_scored}, not counted toward the goal (of them, "
     short = [v for v in uns if v.prediction.reach < HORIZON]
@@ -955,9 +963,9 @@ def _unsupported_text(uns: Sequence[VariantVerdict], n_scored: int) -> str:
     if fell:
         names = ", ".join(f"{v.variant} {v.prediction.fall:.3f}" for v in fell)
         parts.append(
-            f"{len(fell)} whose seeds' mean curve falls inside the half window by {FALL_LIMIT:g} or more "
-            f"(and {FALL_SE:g} standard errors): {names}; a sigmoid cannot follow a fall, and more compute "
-            "does not remove it"
+            f"{len(fell)} whose seeds fall inside the half window by {FALL_LIMIT:g} or more (the median "
+            f"seed, and {FALL_SE:g} standard errors): {names}; a sigmoid cannot follow a fall, and more "
+            "compute does not remove it"
         )
     return text + "; ".join(parts) + f"); for reference {k} of {len(uns)} within {PRED_TOLERANCE:g}"
 
@@ -1071,7 +1079,7 @@ def _why_missed(
         )
     if fell := [v for v in uns if v.prediction.unstable]:
         why.append(
-            f"the seeds' mean curve of {len(fell)} of {len(scored)} falls inside the half window "
+            f"the seeds of {len(fell)} of {len(scored)} fall inside the half window "
             f"({', '.join(v.variant for v in fell)}): an unstable curve, which no sigmoid predicts"
         )
     se = [v.final_se for v in scored if math.isfinite(v.final_se)]
@@ -1342,8 +1350,8 @@ def prediction_cell(v: VariantVerdict) -> str:
         s += f"; skill {pr.skill:+.2f}"
     if pr.supported is False and pr.unstable:
         s += (
-            f"; not supported: the seeds' mean fell {pr.fall:.3f} ({pr.fall_se:.1f} se) in the half window, "
-            f"to its low at step {pr.fall_step:g}"
+            f"; not supported: the seeds fell {', '.join(f'{x:.3f}' for x in pr.falls)} in the half window "
+            f"(median {pr.fall_se:.1f} se)"
         )
     elif pr.supported is False:
         s += f"; not supported: window {reach_text(pr.reach)}x C_mid < {HORIZON:g}x, needs {compute_text(pr.more_compute, 'the budget')}"
