@@ -40,6 +40,12 @@ MEASURED = dict(B=1.15, B_late=2.23, rise_at=2.56, width=0.074)
 """The rising-exponent curve fitted to the real 2-digit runs' mean (benchmarks/bench_prediction.py)."""
 REAL = Path(__file__).parents[1] / "benchmarks" / "results" / "2026-11-29_9842746_stability-2digit.json"
 CEILING = Path(__file__).parents[1] / "benchmarks" / "results" / "2026-12-02_ca71813_ceiling-4x.json"
+CURVES = (
+    Path(__file__).parents[1]
+    / "benchmarks"
+    / "results"
+    / "2026-12-06_86e8e6f_prediction-fall-rule_curves.json"
+)
 
 
 def _seeds(rng, make, c_mid, a=1.0):
@@ -382,3 +388,32 @@ def test_a_fall_inside_the_half_window_leaves_the_prediction_unsupported():
     noisy = _with_fall(runs, [216.0, 288.0, 324.0], 0.15, trials="8")  # 8 samples: 0.15 is within 3 se
     pr, _ = predict_variant(noisy, p)
     assert half_fall(noisy, p)[1] < 3 and not pr.unstable
+
+
+def _curve_sets() -> dict[tuple[str, str], list[RunData]]:
+    """The stored ceiling-study curves (three sets of seeds) as the report reads runs, by (set, variant)."""
+    out: dict[tuple[str, str], list[RunData]] = {}
+    for name, rec in json.loads(CURVES.read_text())["sets"].items():
+        for r in rec["runs"]:
+            variant = r["run"].rsplit("-seed", 1)[0]
+            st, c, y = (np.array(r[k], dtype=float) for k in ("steps", "compute", "pass_rate"))
+            run = RunData(r["run"], r["run"], "FINISHED", "0", r["params"], {}, "flops", st, c, y)
+            out.setdefault((name, variant), []).append(run)
+    return out
+
+
+def test_the_fall_rule_on_the_stored_ceiling_study_curves():
+    """The ceiling study's curves on one machine: the study's seeds 0-2 (9 variants) and PPO-off-policy
+    on seeds 3-5 and 6-8 (with the baseline on 6-8). The fall rule leaves PPO-off-policy unsupported
+    in every set, where the horizon rule alone supported two of its three predictions and each missed
+    the end by more than 3 tolerances, outside its band; no stable variant is touched."""
+    p = FitProtocol(min_step=108)
+    sets = _curve_sets()
+    ppo = [predict_variant(runs, p)[0] for (_, v), runs in sorted(sets.items()) if v == "ppo_off_policy"]
+    assert len(ppo) == 3 and all(pr.unstable and pr.supported is False for pr in ppo)
+    past = [pr for pr in ppo if pr.reach >= HORIZON]  # what the horizon rule alone supported
+    assert len(past) == 2 and all(pr.err < -3 * PRED_TOLERANCE and pr.inside is False for pr in past)
+    stable = ("scalerl", "dapo", "sample_agg", "prompt_norm", "no_npr", "length_penalty", "long_budget")
+    calm = [predict_variant(runs, p)[0] for (_, v), runs in sorted(sets.items()) if v in stable]
+    assert len(calm) == 8 and not any(pr.unstable for pr in calm)
+    assert all(pr.fall < FALL_LIMIT for pr in calm)
