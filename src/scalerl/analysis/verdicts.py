@@ -72,10 +72,10 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   curves fall inside the half window, from their running maximum, by at least :data:`FALL_LIMIT`
   and :data:`FALL_SE` standard errors (the median over seeds of each one's largest fall:
   :func:`half_fall`): a sigmoid rises monotonically, so a window with such falls does not fix its
-  shape, and more compute does not make it (an unstable recipe's dips pull the half fit's A down). Goal: supported and abs
-  error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the scored variants and coverage >=
-  :data:`PRED_GOAL_COVERAGE` of the supported ones' bands at a median half-width <=
-  :data:`PRED_GOAL_HALF_WIDTH`; the skill against persistence (the first
+  shape, and more compute does not make it (an unstable recipe's dips pull the half fit's A down).
+  Goal: supported and abs error <= :data:`PRED_TOLERANCE` on :data:`PRED_GOAL_SHARE` of the
+  scored variants and coverage >= :data:`PRED_GOAL_COVERAGE` of the supported ones' bands at a
+  median half-width <= :data:`PRED_GOAL_HALF_WIDTH`; the skill against persistence (the first
   half's last value as the forecast) is reported beside it.
 
 Every fit uses the same protocol (:class:`~scalerl.scaling.FitProtocol`: its absolute early cut) as the
@@ -223,7 +223,8 @@ class Prediction:
     @property
     def unstable(self) -> bool:
         """The median seed falls in the half window by :data:`FALL_LIMIT` and :data:`FALL_SE` standard
-        errors (or more): the extrapolation is not supported whatever the reach."""
+        errors (or more; by the fall alone where the evaluations' size is not logged): the
+        extrapolation is not supported whatever the reach."""
         return bool(self.fall >= FALL_LIMIT and not self.fall_se < FALL_SE)
 
     @property

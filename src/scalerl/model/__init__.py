@@ -1,8 +1,8 @@
 """The policy model: built from a transformers config (embedded default) or loaded from a path."""
 
-from scalerl.model.hf_imports import without_sklearn
+from scalerl.model.hf_imports import without_sklearn_or_scipy
 
-without_sklearn()  # before anything here imports transformers
+without_sklearn_or_scipy()  # before anything here imports transformers
 
 # ruff: noqa: E402
 

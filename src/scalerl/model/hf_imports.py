@@ -12,7 +12,7 @@ is installed, and MLflow brings both to every scalerl install:
 That is a large share of what a run's process spends importing (the trainer, every engine process,
 every subprocess a test or a sweep starts). scalerl generates without assistant models and trains no
 detector, and its own fits import SciPy when they first run (:mod:`scalerl.scaling`). So
-:func:`without_sklearn` imports those two modules once with transformers' availability checks
+:func:`without_sklearn_or_scipy` imports those two modules once with transformers' availability checks
 answering "not installed" for these two libraries alone (the checks are restored for every other
 caller; a process that imported a module before keeps it as it was).
 """
@@ -25,7 +25,7 @@ _MODULES = ("transformers.generation.candidate_generator", "transformers.loss.lo
 _CHECKS = ("is_sklearn_available", "is_scipy_available")
 
 
-def without_sklearn() -> None:
+def without_sklearn_or_scipy() -> None:
     """Import transformers' candidate generator and its losses (and so transformers' generation and
     model classes) without importing scikit-learn or SciPy. A no-op once both are loaded."""
     if all(m in sys.modules for m in _MODULES):
