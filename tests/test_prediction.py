@@ -241,6 +241,22 @@ def test_live_fit_says_whether_its_extrapolation_is_supported():
             assert (
                 m["fit/more_compute"] > 1.3 and "not supported" in said[0] and "the compute so far" in said[0]
             )
+    # the fall rule on a run's own curve (train.py passes the samples of an evaluation): the curve run
+    # to 6x with two evaluations past the bend fallen by 0.15 (an unstable recipe's dip) is not
+    # supported whatever its reach, and its line says so; without the sample count the rule is not
+    # judged; with 8 samples an evaluation the same fall is within 3 standard errors
+    steps = np.arange(0, 217, 9)
+    y = rng.binomial(768, curve(steps.astype(float))) / 768
+    y[(steps == 117) | (steps == 162)] -= 0.15
+    _, m = fit_metrics(steps.astype(float), y, FitProtocol(bootstrap=0), steps=steps, trials=768)
+    assert m["fit/reach"] >= HORIZON and m["fit/supported"] == 0.0 and m["fit/fall"] > 0.12
+    assert m["fit/fall_se"] > 3 and m["fit/more_compute"] == 1.0
+    line = horizon_line(m)
+    assert f"the curve fell {m['fit/fall']:.3f} inside it" in line and "extrapolation not supported" in line
+    _, m = fit_metrics(steps.astype(float), y, FitProtocol(bootstrap=0), steps=steps)
+    assert m["fit/supported"] == 1.0 and math.isnan(m["fit/fall"])
+    _, m = fit_metrics(steps.astype(float), y, FitProtocol(bootstrap=0), steps=steps, trials=8)
+    assert m["fit/supported"] == 1.0 and m["fit/fall_se"] < 3
     # a ceiling below 1 (A 0.75) run past the horizon: supported, and its line says that the bias
     # figure was measured on curves whose ceiling is 1
     low = TrueCurve(0.3, 0.75, 1.6, 36.0)

@@ -93,7 +93,17 @@ import numpy as np
 from scipy import stats
 
 from scalerl.analysis.mlflow_io import RunData
-from scalerl.scaling.horizon import HORIZON, compute_text, fit_horizon, reach_text
+from scalerl.scaling.horizon import (
+    FALL_LIMIT,
+    FALL_SE,
+    HORIZON,
+    compute_text,
+    fall_in_se,
+    fit_horizon,
+    is_unstable,
+    largest_fall,
+    reach_text,
+)
 from scalerl.scaling.pass_at_k import metric_k
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import B_BOUNDS, N_PARAMS, SigmoidFit, _predict, fit_fixed_A
@@ -117,12 +127,6 @@ the few evaluations of the last tenth, where a curve past its bend moves less th
 measure the end it converged to more closely."""
 PRED_LEVEL = 0.9
 """Level of the prediction band."""
-FALL_LIMIT = 3 * PRED_TOLERANCE
-"""A fall in the half window (from the running maximum) this large in the median seed, three
-prediction tolerances, leaves the half-budget prediction unsupported (with :data:`FALL_SE`)."""
-FALL_SE = 3.0
-"""... and at least this many binomial standard errors of the difference of two evaluations (the
-median seed's), so that evaluation noise alone does not make it."""
 PRED_GOAL_SHARE = 0.75
 """The prediction goal: this share of the scored variants (6 of 8) within :data:`PRED_TOLERANCE` ..."""
 PRED_GOAL_COVERAGE = 0.8
@@ -225,7 +229,7 @@ class Prediction:
         """The median seed falls in the half window by :data:`FALL_LIMIT` and :data:`FALL_SE` standard
         errors (or more; by the fall alone where the evaluations' size is not logged): the
         extrapolation is not supported whatever the reach."""
-        return bool(self.fall >= FALL_LIMIT and not self.fall_se < FALL_SE)
+        return is_unstable(self.fall, self.fall_se)
 
     @property
     def err(self) -> float:
@@ -727,16 +731,8 @@ def seed_fall(r: RunData, p: FitProtocol) -> tuple[float, float]:
     if not fin.any():
         return math.nan, math.nan
     keep = fin & (r.compute <= float(np.max(r.compute[fin])) / 2) & (r.compute >= p.cut_of(r))
-    if keep.sum() < 3:
-        return math.nan, math.nan
-    y = r.reward[keep][np.argsort(r.compute[keep], kind="stable")]
-    top = np.maximum.accumulate(y)
-    i = int(np.argmax(top - y))
-    fall = float(top[i] - y[i])
-    se = math.sqrt(2 * top[i] * (1 - top[i]) / eval_trials(r))  # NaN where not logged
-    if not math.isfinite(se):
-        return fall, math.nan
-    return fall, (fall / se if se > 0 else (math.inf if fall > 0 else 0.0))
+    fall, top = largest_fall(r.compute[keep], r.reward[keep])
+    return fall, fall_in_se(fall, top, eval_trials(r))
 
 
 def half_fall(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, float, list[float]]:

@@ -45,7 +45,7 @@ from scalerl.loop.summary import (
 )
 from scalerl.messages import RunError, first_line
 from scalerl.scaling import live
-from scalerl.scaling.pass_at_k import metric_name
+from scalerl.scaling.pass_at_k import metric_k, metric_name
 from scalerl.state import Clock
 from scalerl.tracking import Tracker, run_params, tracking_uri
 from scalerl.tracking.secrets import redact
@@ -225,7 +225,9 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     metrics.update(health.hacking_metrics(st.train_correct, st.evals))
     n_evals = len(st.evals)
     if n_evals >= 4 and n_evals % c.scaling.refit_every == 0:
-        metrics.update(live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains)[0])
+        metrics.update(
+            live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains, trials=eval_trials(run))[0]
+        )
     run.last_pass_rate = metrics["val/pass_rate"]
     fit_a = metrics.get("fit/A", float("nan"))
     key = run.fit_protocol.reward_key
@@ -237,13 +239,21 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     return metrics
 
 
+def eval_trials(run: Components) -> float:
+    """The samples behind one evaluation of the fitted metric (the fall rule's standard error):
+    prompts x samples for the pass rate, the prompts alone for a pass@k (k > 1), whose K samples a
+    prompt make one estimate."""
+    e = run.config.eval
+    return float(e.num_prompts * (e.samples_per_prompt if metric_k(run.fit_protocol.metric) == 1 else 1))
+
+
 def final_fit(run: Components) -> dict[str, float]:
     """The scaling fit over all evaluations, with the curves' figures as artifacts (rank 0, >= 4
     evaluations)."""
     if not (run.is_main and len(run.state.evals) >= 4):
         return {}
     metrics, figures = live.evaluation_fits(
-        run.state.evals, run.fit_protocol, domains=run.domains, out_dir=run.out_dir
+        run.state.evals, run.fit_protocol, domains=run.domains, out_dir=run.out_dir, trials=eval_trials(run)
     )
     for png in figures:
         run.tracker.log_artifact_file(png)

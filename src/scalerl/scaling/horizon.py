@@ -28,6 +28,12 @@ budget left out (``*_ceiling-seeds.md`` in benchmarks/results/), because a sigmo
 that design's early rise. So a supported fit whose A is below 1 says that its bias figure is the
 ceiling-1 one, and a study of such curves sets ``scaling.min_step`` past the first rise.
 
+**A curve that falls.** The rule reads the fit's own C_mid, so it cannot see a window whose curve
+falls and recovers (an unstable recipe's dips): the fit takes its A and C_mid from the dips. The
+fall rule (:data:`FALL_LIMIT`, :data:`FALL_SE`, :func:`is_unstable`) leaves such an extrapolation
+unsupported whatever the reach: a run's own curve in its live fit (:func:`fit_horizon` with the
+samples of an evaluation), each seed's in a sweep's report (the median seed).
+
 :func:`shape_error` is the band's share of that shape error (calibrated on the same curves and on
 the real runs' measured errors): the sd to add to a prediction's band at a given reach, so that the
 band covers the shape error as well as the bootstrap and the binomial noise.
@@ -42,6 +48,16 @@ import numpy as np
 
 HORIZON = 4.5
 """The reach (window end / fitted C_mid) from which an extrapolation to twice the window is supported."""
+
+FALL_LIMIT = 0.09
+"""A fall this large inside a fit's window, from the curve's running maximum (three of the report's
+0.03 prediction tolerances), leaves its extrapolation unsupported whatever the reach (with
+:data:`FALL_SE`): a sigmoid rises monotonically, so a window whose curve falls does not fix its shape,
+and more compute does not make it. Measured on the ceiling study's curves (benchmarks/results/
+``*_prediction-fall-rule.md``): the seeds and variants that fell this far missed their end."""
+FALL_SE = 3.0
+"""... and at least this many binomial standard errors of the difference of two evaluations, so
+that evaluation noise alone does not make it."""
 
 BELOW_BOUND = 0.999
 """A fit whose A is under this has a ceiling below the bound 1 (the pass rate's)."""
@@ -88,12 +104,26 @@ class Horizon:
     bias: float = math.nan  # measured mean shape error at this reach
     shape_sd: float = math.nan  # the band's shape error at this reach
     below_bound: bool = False  # the fit's A below the bound 1: the bias table is not its kind of curve
+    fall: float = math.nan  # the curve's largest fall inside the window (NaN: not judged)
+    fall_se: float = math.nan  # that fall in binomial standard errors (NaN: the evaluations' size unknown)
+
+    @property
+    def unstable(self) -> bool:
+        """The curve falls inside the window by :data:`FALL_LIMIT` and :data:`FALL_SE` standard errors
+        (by the fall alone where the standard error is unknown)."""
+        return is_unstable(self.fall, self.fall_se)
 
     def line(self, what: str = "the fit") -> str:
         """One sentence for a report: supported, or why not and how much more compute it needs."""
         if self.supported is None:
             return f"{what}: extrapolation not judged (no fit)"
         where = f"{what}'s window ends at {reach_text(self.reach, self.horizon)}x C_mid"
+        if self.unstable:
+            se = f", {self.fall_se:.1f} se" if math.isfinite(self.fall_se) else ""
+            return (
+                f"{where}, and the curve fell {self.fall:.3f} inside it{se}: extrapolation not supported "
+                "(a sigmoid rises monotonically and cannot follow a fall; more compute does not make it)"
+            )
         if self.supported:
             kind = (
                 ", on curves whose ceiling is 1; below 1 it depends on the early cut (scaling.min_step)"
@@ -115,8 +145,8 @@ class Horizon:
         )
 
     def metrics(self, prefix: str = "fit/") -> dict[str, float]:
-        """``fit/reach``, ``fit/supported`` (1/0, NaN when not judged), ``fit/more_compute`` and
-        ``fit/shape_bias`` for MLflow."""
+        """``fit/reach``, ``fit/supported`` (1/0, NaN when not judged), ``fit/more_compute``,
+        ``fit/shape_bias``, ``fit/fall`` and ``fit/fall_se`` for MLflow."""
         sup = math.nan if self.supported is None else float(self.supported)
         return {
             f"{prefix}reach": round(self.reach, 3) if math.isfinite(self.reach) else math.nan,
@@ -125,7 +155,37 @@ class Horizon:
             if math.isfinite(self.more_compute)
             else math.nan,
             f"{prefix}shape_bias": round(self.bias, 3) if math.isfinite(self.bias) else math.nan,
+            f"{prefix}fall": round(self.fall, 4) if math.isfinite(self.fall) else math.nan,
+            f"{prefix}fall_se": round(self.fall_se, 2) if math.isfinite(self.fall_se) else math.nan,
         }
+
+
+def is_unstable(fall: float, fall_se: float) -> bool:
+    """A fall of at least :data:`FALL_LIMIT` and :data:`FALL_SE` standard errors (the fall alone where
+    ``fall_se`` is NaN); False where the fall is NaN (not judged)."""
+    return bool(fall >= FALL_LIMIT and not fall_se < FALL_SE)
+
+
+def largest_fall(compute, reward) -> tuple[float, float]:
+    """A curve's largest fall from its running maximum, over its finite points in compute order:
+    ``(fall, the maximum it fell from)``; NaN with fewer than 3 points."""
+    c, y = np.asarray(compute, dtype=float), np.asarray(reward, dtype=float)
+    ok = np.isfinite(c) & np.isfinite(y)
+    if ok.sum() < 3:
+        return math.nan, math.nan
+    y = y[ok][np.argsort(c[ok], kind="stable")]
+    top = np.maximum.accumulate(y)
+    i = int(np.argmax(top - y))
+    return float(top[i] - y[i]), float(top[i])
+
+
+def fall_in_se(fall: float, top: float, trials: float) -> float:
+    """``fall`` in binomial standard errors of the difference of two evaluations of ``trials``
+    samples each at the pass rate ``top``; NaN where ``trials`` is unknown."""
+    if not (math.isfinite(fall) and math.isfinite(trials) and trials > 0):
+        return math.nan
+    se = math.sqrt(2 * top * (1 - top) / trials)
+    return fall / se if se > 0 else (math.inf if fall > 0 else 0.0)
 
 
 def reach_text(reach: float, horizon: float = HORIZON) -> str:
@@ -144,34 +204,54 @@ def compute_text(factor: float, of: str = "the compute so far") -> str:
 
 
 def horizon_of(
-    c_mid: float, window_end: float, *, horizon: float = HORIZON, below_bound: bool = False
+    c_mid: float,
+    window_end: float,
+    *,
+    horizon: float = HORIZON,
+    below_bound: bool = False,
+    fall: float = math.nan,
+    fall_se: float = math.nan,
 ) -> Horizon:
     """The rule for a fit with this fitted ``c_mid`` whose window ends at ``window_end`` (the largest
     compute it was fitted on); not judged when either is missing. ``below_bound``: the fit's A is
-    below 1 (its line then says which curves its bias figure was measured on)."""
+    below 1 (its line then says which curves its bias figure was measured on). ``fall``, ``fall_se``:
+    the curve's largest fall inside the window (:func:`largest_fall`, :func:`fall_in_se`; NaN: not
+    judged); an unstable curve (:func:`is_unstable`) is not supported whatever its reach."""
     if not (math.isfinite(c_mid) and c_mid > 0 and math.isfinite(window_end) and window_end > 0):
         return Horizon(horizon=horizon)
     reach = window_end / c_mid
-    ok = reach >= horizon
+    far = reach >= horizon
     return Horizon(
         reach=reach,
         horizon=horizon,
-        supported=bool(ok),
-        more_compute=1.0 if ok else horizon / reach,
+        supported=bool(far and not is_unstable(fall, fall_se)),
+        more_compute=1.0 if far else horizon / reach,
         bias=shape_bias(reach),
         shape_sd=shape_error(reach),
         below_bound=bool(below_bound),
+        fall=fall,
+        fall_se=fall_se,
     )
 
 
-def fit_horizon(fit, *, horizon: float = HORIZON) -> Horizon:
+def fit_horizon(fit, *, horizon: float = HORIZON, trials: float | None = None) -> Horizon:
     """:func:`horizon_of` for a :class:`~scalerl.scaling.sigmoid.SigmoidFit` (its window: the largest
-    compute among the points it used); not judged when the fit failed."""
+    compute among the points it used); not judged when the fit failed. With ``trials`` (the samples
+    of one evaluation; NaN where unknown) the fall rule is judged too, on a one-curve fit's points
+    (a pooled fit's seeds are judged one by one by the report: ``scalerl.analysis.verdicts``)."""
     if fit is None or not fit.ok:
         return Horizon(horizon=horizon)
     used = np.asarray(fit.used, dtype=bool)
     c = np.asarray(fit.compute, dtype=float)
-    c = c[used] if used.size == c.size and used.any() else c
+    y = np.asarray(fit.reward, dtype=float)
+    if used.size == c.size and used.any():
+        c, y = c[used], y[used]
+    fall = fall_se = math.nan
+    if trials is not None and fit.run_index is None and y.size == c.size:
+        fall, top = largest_fall(c, y)
+        fall_se = fall_in_se(fall, top, trials)
     c = c[np.isfinite(c)]
     end = float(c.max()) if c.size else math.nan
-    return horizon_of(fit.C_mid, end, horizon=horizon, below_bound=bool(fit.A < BELOW_BOUND))
+    return horizon_of(
+        fit.C_mid, end, horizon=horizon, below_bound=bool(fit.A < BELOW_BOUND), fall=fall, fall_se=fall_se
+    )

@@ -39,7 +39,13 @@ def _safe_fit(compute, reward, protocol: FitProtocol, *, steps) -> SigmoidFit:
 
 
 def fit_metrics(
-    compute, reward, protocol: FitProtocol = FitProtocol(), *, steps=None, prefix: str = "fit/"
+    compute,
+    reward,
+    protocol: FitProtocol = FitProtocol(),
+    *,
+    steps=None,
+    prefix: str = "fit/",
+    trials: float | None = None,
 ) -> tuple[SigmoidFit, dict[str, float]]:
     """Refit the sigmoid to the evaluations so far (``compute`` cumulative, step-0 point included)
     with ``protocol``.
@@ -48,10 +54,11 @@ def fit_metrics(
     default: its index) or below ``protocol.min_compute`` are left out (:meth:`FitProtocol.cut`: the
     same absolute cut as the report's); NaN evaluations are skipped. Returns the fit and
     ``fit.to_metrics(prefix)`` (``fit/A``, ``fit/A_lo`` ... ``fit/ok``) and the horizon rule's
-    (:func:`horizon_metrics`: ``fit/supported`` ...).
+    (:func:`horizon_metrics`: ``fit/supported`` ...; with ``trials``, the samples of one
+    evaluation, the fall rule's too).
     """
     fit = _safe_fit(compute, reward, protocol, steps=steps)
-    return fit, {**fit.to_metrics(prefix), **horizon_metrics(fit, prefix)}
+    return fit, {**fit.to_metrics(prefix), **horizon_metrics(fit, prefix, trials=trials)}
 
 
 def final_report(
@@ -64,6 +71,7 @@ def final_report(
     title: str | None = None,
     xlabel: str = "compute",
     prefix: str = "fit/",
+    trials: float | None = None,
 ) -> tuple[SigmoidFit, dict[str, float]]:
     """The end-of-run fit: like :func:`fit_metrics`, and also writes the plot ``out_png``
     (conventionally ``<run dir>/scaling_curve.png``; log it as an MLflow artifact) with the curve
@@ -72,7 +80,7 @@ def final_report(
     refit's, the horizon rule's verdict on extrapolating it (``fit/supported``, ``fit/reach``,
     ``fit/more_compute``, ``fit/shape_bias``); :func:`horizon_line` says it in words."""
     extrapolate = protocol.extrapolate
-    fit, metrics = fit_metrics(compute, reward, protocol, steps=steps, prefix=prefix)
+    fit, metrics = fit_metrics(compute, reward, protocol, steps=steps, prefix=prefix, trials=trials)
     try:
         c = np.asarray(compute, dtype=float)
         budget = float(np.nanmax(c)) if c.size else math.nan
@@ -90,12 +98,16 @@ def final_report(
     return fit, metrics
 
 
-def horizon_metrics(fit: SigmoidFit, prefix: str = "fit/") -> dict[str, float]:
+def horizon_metrics(
+    fit: SigmoidFit, prefix: str = "fit/", *, trials: float | None = None
+) -> dict[str, float]:
     """The horizon rule (:mod:`scalerl.scaling.horizon`) for a run's fit: whether its window (the
     largest compute it was fitted on) reaches :data:`~scalerl.scaling.horizon.HORIZON` x its fitted
-    C_mid, so that extrapolating it is supported; NaN values when the fit failed. Never raises."""
+    C_mid, so that extrapolating it is supported, and, with ``trials`` (the samples of one
+    evaluation), whether its curve falls inside the window (the fall rule); NaN values when the fit
+    failed. Never raises."""
     try:
-        return fit_horizon(fit).metrics(prefix)
+        return fit_horizon(fit, trials=trials).metrics(prefix)
     except Exception as e:  # noqa: BLE001 - a refit must never stop training
         log.warning("horizon rule failed: %s", e)
         return Horizon().metrics(prefix)
@@ -115,32 +127,41 @@ def horizon_line(metrics: dict[str, float], prefix: str = "fit/") -> str:
         more_compute=float(metrics.get(f"{prefix}more_compute", math.nan)),
         bias=float(metrics.get(f"{prefix}shape_bias", math.nan)),
         below_bound=float(metrics.get(f"{prefix}A", math.nan)) < BELOW_BOUND,
+        fall=float(metrics.get(f"{prefix}fall", math.nan)),
+        fall_se=float(metrics.get(f"{prefix}fall_se", math.nan)),
     )
     return h.line("the scaling fit")
 
 
 def evaluation_fits(
-    evals: list[dict], protocol: FitProtocol, *, domains=(), out_dir: Path | None = None
+    evals: list[dict],
+    protocol: FitProtocol,
+    *,
+    domains=(),
+    out_dir: Path | None = None,
+    trials: float | None = None,
 ) -> tuple[dict[str, float], list[Path]]:
     """The live fit over a run's evaluations so far: of the fitted metric (``protocol.metric``: the
     pass rate, or a pass@k) as ``fit/*`` and, for ``task=multi``, of each domain's
     (``fit/<domain>/*``, as the paper's Fig. 11 fits math and code apart). ``evals``: the run's
     points (``step``, the ``protocol.compute_axis`` and ``<metric>[/d]``);
     ``protocol``: the run's :class:`FitProtocol` (``FitProtocol.from_config(cfg.scaling)``). With ``out_dir`` (the final fit) each curve's figure is
-    written there too (``scaling_curve[_<domain>].png``). Returns the metrics and the figures written;
+    written there too (``scaling_curve[_<domain>].png``). ``trials``: the samples of one evaluation
+    of the fitted metric, for the fall rule on the whole curve (a domain's share is not known here,
+    so its curve is judged by the horizon rule alone). Returns the metrics and the figures written;
     never raises (a fit must never stop a run)."""
     m = protocol.metric
-    series = [(m, "fit/", "scaling_curve.png")]
-    series += [(f"{m}/{d}", f"fit/{d}/", f"scaling_curve_{d}.png") for d in domains]
+    series = [(m, "fit/", "scaling_curve.png", trials)]
+    series += [(f"{m}/{d}", f"fit/{d}/", f"scaling_curve_{d}.png", None) for d in domains]
     metrics: dict[str, float] = {}
     figures: list[Path] = []
-    for key, prefix, png_name in series:
+    for key, prefix, png_name, n in series:
         points = [e for e in evals if key in e]
         if len(points) < 4:
             continue
         compute = [e[protocol.compute_axis] for e in points]
         reward = [e[key] for e in points]
-        where = dict(steps=[e["step"] for e in points], prefix=prefix)
+        where = dict(steps=[e["step"] for e in points], prefix=prefix, trials=n)
         try:
             if out_dir is not None:
                 png = Path(out_dir) / png_name
