@@ -253,6 +253,11 @@ def test_live_fit_says_whether_its_extrapolation_is_supported():
     assert m["fit/fall_se"] > 3 and m["fit/more_compute"] == 1.0
     line = horizon_line(m)
     assert f"the curve fell {m['fit/fall']:.3f} inside it" in line and "extrapolation not supported" in line
+    assert "predictions need" not in line  # its window is past the horizon: only the fall is said
+    short = horizon_of(36.0, 90.0, fall=0.12, fall_se=5.0).line()
+    assert (
+        "ends at 2.5x C_mid (predictions need >= 4.5x), and the curve fell 0.120 inside it, 5.0 se" in short
+    )
     _, m = fit_metrics(steps.astype(float), y, FitProtocol(bootstrap=0), steps=steps)
     assert m["fit/supported"] == 1.0 and math.isnan(m["fit/fall"])
     _, m = fit_metrics(steps.astype(float), y, FitProtocol(bootstrap=0), steps=steps, trials=8)

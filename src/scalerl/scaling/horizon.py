@@ -120,8 +120,9 @@ class Horizon:
         where = f"{what}'s window ends at {reach_text(self.reach, self.horizon)}x C_mid"
         if self.unstable:
             se = f", {self.fall_se:.1f} se" if math.isfinite(self.fall_se) else ""
+            short = f" (predictions need >= {self.horizon:g}x)" if self.reach < self.horizon else ""
             return (
-                f"{where}, and the curve fell {self.fall:.3f} inside it{se}: extrapolation not supported "
+                f"{where}{short}, and the curve fell {self.fall:.3f} inside it{se}: extrapolation not supported "
                 "(a sigmoid rises monotonically and cannot follow a fall; more compute does not make it)"
             )
         if self.supported:
