@@ -237,6 +237,20 @@ def test_the_live_fit_fits_the_metric_the_protocol_names(tmp_path):
     assert default["fit/A"] == pytest.approx(0.5, abs=0.01)
 
 
+def test_the_live_fall_rule_counts_the_samples_of_the_fitted_metric():
+    """The samples behind one evaluation that a run gives its live fit's fall rule: prompts x samples
+    for the pass rate, the prompts alone for a pass@k, whose K samples a prompt make one estimate."""
+    from types import SimpleNamespace
+
+    from scalerl.config import typed
+    from scalerl.loop.run import eval_trials
+
+    config = typed(compose(["eval.num_prompts=8", "eval.samples_per_prompt=4", "eval.pass_at_k=[1,4]"]))
+    for metric, want in (("pass_rate", 32.0), ("pass_at_4", 8.0)):
+        run = SimpleNamespace(config=config, fit_protocol=FitProtocol(metric=metric))
+        assert eval_trials(run) == want
+
+
 # ---------------------------------------------------------------------- a run
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
@@ -285,7 +299,8 @@ def test_a_run_logs_pass_at_k_and_fits_the_metric_it_names(tiny_overrides, tmp_p
     assert f"held-out val/pass_at_2: {at2[0][1]:.3f} -> {at2[-1][1]:.3f}" in printed
 
     protocol = FitProtocol.from_config(cfg.scaling)
-    want, _ = evaluation_fits(evals, protocol, out_dir=tmp_path / "refit")
+    # the samples behind one evaluation of pass@2, as the run passes them (the fall rule): the prompts
+    want, _ = evaluation_fits(evals, protocol, out_dir=tmp_path / "refit", trials=float(cfg.eval.num_prompts))
     assert _same(summary["fit"], want)
     logged = client.get_run(rid).data.metrics
     assert all(logged[k] == v or (math.isnan(v) and math.isnan(logged[k])) for k, v in want.items()), (
