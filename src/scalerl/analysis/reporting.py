@@ -43,7 +43,6 @@ from scalerl.analysis.verdicts import (
     verdict_legend,
     verdict_table,
 )
-from scalerl.scaling.horizon import HORIZON
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import SigmoidFit, fit_fixed_A, round_sig, round_to
 from scalerl.storage import write_text_atomic
@@ -288,7 +287,7 @@ def _unsupported_because(pr) -> list[str] | None:
     """Why a prediction is not supported (:class:`~scalerl.analysis.verdicts.Prediction`)."""
     if pr.supported is not False:
         return None
-    return [w for w, on in (("reach", pr.reach < HORIZON), ("fall", pr.unstable)) if on]
+    return [w for w, on in (("reach", pr.short), ("fall", pr.unstable)) if on]
 
 
 def report_json(

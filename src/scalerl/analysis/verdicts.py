@@ -225,6 +225,11 @@ class Prediction:
     falls: list[float] = field(default_factory=list)  # each seed's largest fall there
 
     @property
+    def short(self) -> bool:
+        """The half window ends before the horizon (its reach under :data:`HORIZON`)."""
+        return bool(self.reach < HORIZON)
+
+    @property
     def unstable(self) -> bool:
         """The median seed falls in the half window by :data:`FALL_LIMIT` and :data:`FALL_SE` standard
         errors (or more; by the fall alone where the evaluations' size is not logged): the
@@ -722,15 +727,21 @@ def _half_last(r: RunData) -> float:
     return float(r.reward[np.flatnonzero(first)[np.argmax(r.compute[first])]]) if first.any() else math.nan
 
 
+def _half_window(r: RunData, p: FitProtocol) -> np.ndarray:
+    """The mask of the run's evaluations the half-budget fit uses: finite, from the early cut
+    (``p``) to half its compute."""
+    fin = np.isfinite(r.compute) & np.isfinite(r.reward)
+    if not fin.any():
+        return fin
+    return fin & (r.compute <= float(np.max(r.compute[fin])) / 2) & (r.compute >= p.cut_of(r))
+
+
 def seed_fall(r: RunData, p: FitProtocol) -> tuple[float, float]:
     """One seed's largest fall inside its half-budget window (its evaluations from the early cut,
     ``p``, to half its compute, in compute order), from the running maximum: ``(fall, in binomial
     standard errors of the difference of two evaluations at the maximum's pass rate)``; the second
     NaN where the evaluations' size is not logged, both NaN with fewer than 3 points there."""
-    fin = np.isfinite(r.compute) & np.isfinite(r.reward)
-    if not fin.any():
-        return math.nan, math.nan
-    keep = fin & (r.compute <= float(np.max(r.compute[fin])) / 2) & (r.compute >= p.cut_of(r))
+    keep = _half_window(r, p)
     fall, top = largest_fall(r.compute[keep], r.reward[keep])
     return fall, fall_in_se(fall, top, eval_trials(r))
 
@@ -828,14 +839,12 @@ def _prediction_limits(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, 
         end = end_points(r)
         if not end.size:
             continue
-        fin = np.isfinite(r.compute) & np.isfinite(r.reward)
         y = float(np.mean(r.reward[end]))
         finals.append(y)
         n = eval_trials(r) * end.size
         if math.isfinite(n):
             ses.append(math.sqrt(max(y * (1 - y), 0.0) / n))
-        half = float(np.max(r.compute[fin])) / 2
-        points.append(int(np.sum(fin & (r.compute <= half) & (r.compute >= p.cut_of(r)))))
+        points.append(int(np.sum(_half_window(r, p))))
     sd = float(np.std(finals, ddof=1)) if len(finals) > 1 else math.nan
     return (
         sd,
@@ -941,7 +950,7 @@ def _unsupported_text(uns: Sequence[VariantVerdict], n_scored: int) -> str:
     measured there) and those whose seeds' curves fall inside it (:data:`FALL_LIMIT`)."""
     k = sum(bool(v.pred_ok) for v in uns)
     text = f". Not supported: {len(uns)} of {n_scored}, not counted toward the goal (of them, "
-    short = [v for v in uns if v.prediction.reach < HORIZON]
+    short = [v for v in uns if v.prediction.short]
     parts = []
     if short:
         reach = float(np.median([v.prediction.reach for v in short]))
@@ -1069,7 +1078,7 @@ def _why_missed(
     the observed end's noise, the seeds' spread, too few points, a one-sided bias, wide bands
     (``banded``: the supported predictions with a band, ``hw`` their median half-width)."""
     why = []
-    if short := [v for v in uns if v.prediction.reach < HORIZON]:
+    if short := [v for v in uns if v.prediction.short]:
         why.append(
             f"the half window of {len(short)} of {len(scored)} ends before the horizon ({HORIZON:g}x C_mid), "
             "where a sigmoid fitted before the tail's shape is set is not supported"
