@@ -31,7 +31,15 @@ from scalerl.analysis.verdicts import (
     skill_summary,
 )
 from scalerl.loop.summary import summary_lines
-from scalerl.scaling.horizon import HORIZON, fit_horizon, horizon_of, shape_bias, shape_error
+from scalerl.scaling.horizon import (
+    HORIZON,
+    fall_in_se,
+    fit_horizon,
+    horizon_of,
+    is_unstable,
+    shape_bias,
+    shape_error,
+)
 from scalerl.scaling.live import fit_metrics, horizon_line
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.synthetic import RisingCurve, TrueCurve
@@ -421,6 +429,17 @@ def _curve_sets() -> dict[tuple[str, str], list[RunData]]:
             run = RunData(r["run"], r["run"], "FINISHED", "0", r["params"], {}, "flops", st, c, y)
             out.setdefault((name, variant), []).append(run)
     return out
+
+
+def test_a_fall_is_counted_in_standard_errors_at_the_two_evaluations_pooled_rate():
+    """The two-proportion test's standard error under "no fall": at the mean of the maximum and the
+    point it fell to, not at the maximum. A fall from 1.0 is then a finite number of standard
+    errors, noise on a small evaluation and a fall on a large one; with the size unknown, NaN."""
+    assert fall_in_se(0.1, 0.7, 100) == pytest.approx(0.1 / math.sqrt(2 * 0.65 * 0.35 / 100))
+    small, large = fall_in_se(0.1, 1.0, 16), fall_in_se(0.1, 1.0, 1024)
+    assert math.isfinite(small) and small < 3 and not is_unstable(0.1, small)
+    assert large > 3 and is_unstable(0.1, large)
+    assert fall_in_se(0.0, 1.0, 16) == 0.0 and math.isnan(fall_in_se(0.1, 0.8, math.nan))
 
 
 def test_the_fall_rule_on_the_stored_ceiling_study_curves():

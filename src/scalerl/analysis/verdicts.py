@@ -739,7 +739,7 @@ def _half_window(r: RunData, p: FitProtocol) -> np.ndarray:
 def seed_fall(r: RunData, p: FitProtocol) -> tuple[float, float]:
     """One seed's largest fall inside its half-budget window (its evaluations from the early cut,
     ``p``, to half its compute, in compute order), from the running maximum: ``(fall, in binomial
-    standard errors of the difference of two evaluations at the maximum's pass rate)``; the second
+    standard errors of the difference of two evaluations, :func:`fall_in_se`)``; the second
     NaN where the evaluations' size is not logged, both NaN with fewer than 3 points there."""
     keep = _half_window(r, p)
     fall, top = largest_fall(r.compute[keep], r.reward[keep])

@@ -181,11 +181,14 @@ def largest_fall(compute, reward) -> tuple[float, float]:
 
 
 def fall_in_se(fall: float, top: float, trials: float) -> float:
-    """``fall`` in binomial standard errors of the difference of two evaluations of ``trials``
-    samples each at the pass rate ``top``; NaN where ``trials`` is unknown."""
+    """``fall`` from the maximum ``top`` in binomial standard errors of the difference of two
+    evaluations of ``trials`` samples each, at their pooled pass rate (``top - fall / 2``, as the
+    two-proportion test takes it under "no fall"): a maximum of 1.0 does not make any fall from it
+    infinitely many; NaN where ``trials`` is unknown."""
     if not (math.isfinite(fall) and math.isfinite(trials) and trials > 0):
         return math.nan
-    se = math.sqrt(2 * top * (1 - top) / trials)
+    rate = top - fall / 2
+    se = math.sqrt(2 * rate * (1 - rate) / trials)
     return fall / se if se > 0 else (math.inf if fall > 0 else 0.0)
 
 
