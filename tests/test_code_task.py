@@ -4,6 +4,7 @@ validation and fits)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -469,6 +470,10 @@ def test_a_multi_task_run_logs_and_fits_each_domain(tmp_path, mlflow_uri):
         first = sorted(history, key=lambda m: m.step)[0].value
         assert metrics[f"fit/{d}/R0"] == pytest.approx(first, abs=5e-4 + 1e-9)
         assert f"fit/{d}/A" in metrics
+        # the fall rule judged on each fitted domain's own curve, with its share of an evaluation's
+        # samples (a domain whose fit failed, e.g. code's at a pass rate of 0 throughout, is not judged)
+        fitted = metrics[f"fit/{d}/ok"] == 1.0
+        assert math.isfinite(metrics.get(f"fit/{d}/fall_se", math.nan)) == fitted
         assert (tmp_path / "run" / f"scaling_curve_{d}.png").is_file()
     # the mix is the mean of the domains (equal validation shares)
     assert metrics["val/pass_rate"] == pytest.approx(

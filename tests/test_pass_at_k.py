@@ -239,16 +239,23 @@ def test_the_live_fit_fits_the_metric_the_protocol_names(tmp_path):
 
 def test_the_live_fall_rule_counts_the_samples_of_the_fitted_metric():
     """The samples behind one evaluation that a run gives its live fit's fall rule: prompts x samples
-    for the pass rate, the prompts alone for a pass@k, whose K samples a prompt make one estimate."""
+    for the pass rate, the prompts alone for a pass@k, whose K samples a prompt make one estimate;
+    a task=multi domain's curve, its own held-out prompts' share of them."""
     from types import SimpleNamespace
 
     from scalerl.config import typed
-    from scalerl.loop.run import eval_trials
+    from scalerl.loop.run import eval_trials, fall_trials
 
     config = typed(compose(["eval.num_prompts=8", "eval.samples_per_prompt=4", "eval.pass_at_k=[1,4]"]))
-    for metric, want in (("pass_rate", 32.0), ("pass_at_4", 8.0)):
-        run = SimpleNamespace(config=config, fit_protocol=FitProtocol(metric=metric))
+    # task=multi: a domain's curve has its own held-out prompts' share (here 3 math, 5 code)
+    val = [SimpleNamespace(domain="math")] * 3 + [SimpleNamespace(domain="code")] * 5
+    for metric, want, math_, code in (("pass_rate", 32.0, 12.0, 20.0), ("pass_at_4", 8.0, 3.0, 5.0)):
+        run = SimpleNamespace(
+            config=config, fit_protocol=FitProtocol(metric=metric), val=val, domains=["math", "code"]
+        )
         assert eval_trials(run) == want
+        assert (eval_trials(run, "math"), eval_trials(run, "code")) == (math_, code)
+        assert fall_trials(run) == {"trials": want, "domain_trials": {"math": math_, "code": code}}
 
 
 # ---------------------------------------------------------------------- a run

@@ -21,6 +21,7 @@ from scalerl.scaling import (
     plot_fit,
     plot_linearised,
 )
+from scalerl.scaling.horizon import HORIZON
 from scalerl.scaling.live import FIT_LEVEL, evaluation_fits, final_report, fit_metrics
 from scalerl.scaling.sigmoid import (
     PAPER_GRID_A,
@@ -485,6 +486,36 @@ def test_a_runs_evaluations_are_fitted_per_domain_and_the_final_fit_draws_each_c
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in figures) and "fit/pred_at_2x" in final
     # too few points: nothing, and no error
     assert evaluation_fits(evals[:3], protocol) == ({}, [])
+
+
+def test_each_domains_curve_is_judged_by_the_fall_rule_on_its_own_share_of_the_samples():
+    """task=multi: the live fit judges each domain's curve by the fall rule with that domain's own
+    samples of an evaluation (``domain_trials``); a domain without them is judged by the horizon
+    rule alone (its fall not judged). A domain that falls by 0.25 inside the window is not
+    supported where its share of the samples makes the fall 3 standard errors; the same fall on
+    a handful of samples is noise."""
+    c = np.linspace(1.0, 40.0, 24)
+    rise = 0.2 + 0.75 / (1 + (4.0 / c) ** 2.0)
+    evals = [{"step": i, "flops": float(x), "pass_rate": float(y)} for i, (x, y) in enumerate(zip(c, rise))]
+    for i, e in enumerate(evals):
+        e["pass_rate/math"] = e["pass_rate"]
+        e["pass_rate/code"] = e["pass_rate"] - (0.25 if 12 <= i < 16 else 0.0)  # a fall, then back
+    protocol = FitProtocol(min_step=0, bootstrap=0, compute_axis="flops")
+    alone, _ = evaluation_fits(evals, protocol, domains=["math", "code"], trials=512.0)
+    assert math.isfinite(alone["fit/fall_se"]) and math.isnan(alone["fit/code/fall"])
+    assert alone["fit/code/reach"] > HORIZON and alone["fit/code/supported"] == 1.0  # the horizon alone
+    shares = {"math": 256.0, "code": 256.0}
+    judged, _ = evaluation_fits(evals, protocol, domains=["math", "code"], trials=512.0, domain_trials=shares)
+    # from the running maximum (step 11) to the first point of the fall (step 12): the rise between
+    # them is taken off the 0.25
+    fall = 0.25 - (rise[12] - rise[11])
+    assert judged["fit/code/fall"] == pytest.approx(fall, abs=1e-4) and judged["fit/code/fall_se"] > 3
+    assert judged["fit/code/supported"] == 0.0 and judged["fit/math/supported"] == 1.0
+    assert judged["fit/math/fall"] < 0.01 and math.isfinite(judged["fit/math/fall_se"])
+    few, _ = evaluation_fits(
+        evals, protocol, domains=["math", "code"], trials=512.0, domain_trials={"math": 4.0, "code": 4.0}
+    )
+    assert few["fit/code/fall_se"] < 3
 
 
 def _edges_blank(png) -> bool:

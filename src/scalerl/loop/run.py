@@ -226,7 +226,7 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     n_evals = len(st.evals)
     if n_evals >= 4 and n_evals % c.scaling.refit_every == 0:
         metrics.update(
-            live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains, trials=eval_trials(run))[0]
+            live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains, **fall_trials(run))[0]
         )
     run.last_pass_rate = metrics["val/pass_rate"]
     fit_a = metrics.get("fit/A", float("nan"))
@@ -239,12 +239,18 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     return metrics
 
 
-def eval_trials(run: Components) -> float:
+def eval_trials(run: Components, domain: str | None = None) -> float:
     """The samples behind one evaluation of the fitted metric (the fall rule's standard error):
     prompts x samples for the pass rate, the prompts alone for a pass@k (k > 1), whose K samples a
-    prompt make one estimate."""
+    prompt make one estimate; with ``domain`` (``task=multi``), of that domain's held-out prompts."""
     e = run.config.eval
-    return float(e.num_prompts * (e.samples_per_prompt if metric_k(run.fit_protocol.metric) == 1 else 1))
+    prompts = e.num_prompts if domain is None else sum(p.domain == domain for p in run.val)
+    return float(prompts * (e.samples_per_prompt if metric_k(run.fit_protocol.metric) == 1 else 1))
+
+
+def fall_trials(run: Components) -> dict:
+    """The live fit's sample counts (:func:`eval_trials`): the whole curve's and each domain's."""
+    return {"trials": eval_trials(run), "domain_trials": {d: eval_trials(run, d) for d in run.domains}}
 
 
 def final_fit(run: Components) -> dict[str, float]:
@@ -253,7 +259,7 @@ def final_fit(run: Components) -> dict[str, float]:
     if not (run.is_main and len(run.state.evals) >= 4):
         return {}
     metrics, figures = live.evaluation_fits(
-        run.state.evals, run.fit_protocol, domains=run.domains, out_dir=run.out_dir, trials=eval_trials(run)
+        run.state.evals, run.fit_protocol, domains=run.domains, out_dir=run.out_dir, **fall_trials(run)
     )
     for png in figures:
         run.tracker.log_artifact_file(png)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -140,6 +141,7 @@ def evaluation_fits(
     domains=(),
     out_dir: Path | None = None,
     trials: float | None = None,
+    domain_trials: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, float], list[Path]]:
     """The live fit over a run's evaluations so far: of the fitted metric (``protocol.metric``: the
     pass rate, or a pass@k) as ``fit/*`` and, for ``task=multi``, of each domain's
@@ -147,12 +149,13 @@ def evaluation_fits(
     points (``step``, the ``protocol.compute_axis`` and ``<metric>[/d]``);
     ``protocol``: the run's :class:`FitProtocol` (``FitProtocol.from_config(cfg.scaling)``). With ``out_dir`` (the final fit) each curve's figure is
     written there too (``scaling_curve[_<domain>].png``). ``trials``: the samples of one evaluation
-    of the fitted metric, for the fall rule on the whole curve (a domain's share is not known here,
-    so its curve is judged by the horizon rule alone). Returns the metrics and the figures written;
-    never raises (a fit must never stop a run)."""
+    of the fitted metric, for the fall rule on the whole curve; ``domain_trials``: each domain's
+    share of them, for the rule on its curve (a domain not in it is judged by the horizon rule
+    alone). Returns the metrics and the figures written; never raises (a fit must never stop a run)."""
     m = protocol.metric
     series = [(m, "fit/", "scaling_curve.png", trials)]
-    series += [(f"{m}/{d}", f"fit/{d}/", f"scaling_curve_{d}.png", None) for d in domains]
+    shares = domain_trials or {}
+    series += [(f"{m}/{d}", f"fit/{d}/", f"scaling_curve_{d}.png", shares.get(d)) for d in domains]
     metrics: dict[str, float] = {}
     figures: list[Path] = []
     for key, prefix, png_name, n in series:
