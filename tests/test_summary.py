@@ -35,6 +35,39 @@ def test_summary_names_the_fit_with_its_intervals():
     )
 
 
+def test_a_multi_task_run_ends_with_each_domains_fit_and_whether_it_extrapolates():
+    """task=multi: after the whole curve's fit, each domain's (the paper fits math and code apart),
+    with its own caveat and its own horizon and fall rules' line; a domain whose fit failed prints
+    nothing."""
+    from scalerl.loop.summary import summary_lines
+
+    def fit(prefix, a, supported, fall, fall_se):
+        out = {f"{prefix}ok": 1.0, f"{prefix}A": a, f"{prefix}B": 2.0, f"{prefix}n_points": 12.0}
+        out.update(
+            {f"{prefix}A_lo": a - 0.05, f"{prefix}A_hi": a + 0.05, f"{prefix}B_lo": 1.5, f"{prefix}B_hi": 2.5}
+        )
+        out.update({f"{prefix}supported": supported, f"{prefix}reach": 6.0, f"{prefix}more_compute": 1.0})
+        out.update({f"{prefix}shape_bias": -0.004, f"{prefix}fall": fall, f"{prefix}fall_se": fall_se})
+        return out
+
+    metrics = {**fit("fit/", 0.7, 1.0, 0.02, 1.0), **fit("fit/math/", 0.9, 1.0, 0.01, 0.5)}
+    metrics.update(fit("fit/logic/", 0.5, 0.0, 0.2, 5.0))
+    metrics.update({"fit/code/ok": 0.0, "fit/code/A": math.nan})
+    base = {"steps": 200, "wall_seconds": 90.0, "out_dir": "/o", "run_id": "abc", "tracking_uri": "http://h"}
+    lines = summary_lines({**base, "fit": metrics})
+    fits = [line for line in lines if line.startswith("scaling fit")]
+    assert [line.split(":")[0] for line in fits] == ["scaling fit", "scaling fit, logic", "scaling fit, math"]
+    assert fits[1].startswith("scaling fit, logic: A = 0.5 [0.45, 0.55], B = 2 [1.5, 2.5] (90% intervals")
+    said = {line.split("'s window")[0]: line for line in lines if "'s window ends at" in line}
+    assert sorted(said) == ["the logic fit", "the math fit", "the scaling fit"]
+    assert "fell 0.200 inside it, 5.0 se: extrapolation not supported" in said["the logic fit"]
+    assert (
+        "extrapolation supported" in said["the math fit"]
+        and "extrapolation supported" in said["the scaling fit"]
+    )
+    assert not any("code" in line for line in lines)
+
+
 def test_fit_caveat_names_the_level_or_why_there_are_no_intervals():
     assert fit_caveat({"fit/A": 0.6, "fit/A_lo": 0.5, "fit/n_points": 9.0}, 0.8) == (
         "(80% intervals of this run's points; a repeat can land outside them: compare seeds)"

@@ -84,17 +84,11 @@ def summary_lines(summary: dict) -> list[str]:
     if key != "val/pass_rate" and start is not None and final is not None:
         lines.append(f"held-out {key}: {start:.3f} -> {final:.3f}")
     fit = summary.get("fit") or {}
-    if fit.get("fit/ok") == 1.0:
-
-        def est(name: str) -> str:
-            v, lo, hi = (fit.get(f"fit/{name}{s}", math.nan) for s in ("", "_lo", "_hi"))
-            return f"{name} = {v:.3g}" + ("" if math.isnan(lo) else f" [{lo:.3g}, {hi:.3g}]")
-
-        level = summary.get("fit_level", FIT_LEVEL)
-        of = "" if key == "val/pass_rate" else f" of {key}"
-        lines.append(f"scaling fit{of}: {est('A')}, {est('B')} " + fit_caveat(fit, level))
-        if horizon := horizon_line(fit):  # extrapolating it: supported, or how much more compute it needs
-            lines.append(horizon)
+    level = summary.get("fit_level", FIT_LEVEL)
+    of = "" if key == "val/pass_rate" else f" of {key}"
+    lines += fit_lines(fit, f"scaling fit{of}", level)
+    for d in fit_domains(fit):  # task=multi: each domain's own fit (the paper's Fig. 11 fits them apart)
+        lines += fit_lines(fit, f"scaling fit{of}, {d}", level, prefix=f"fit/{d}/", what=f"the {d} fit")
     lines.append(f"outputs: {summary['out_dir']}")
     uri = summary.get("tracking_uri", "")
     if uri.startswith("sqlite:///") and not uri[len("sqlite:///") :].startswith("/"):
@@ -107,12 +101,36 @@ def summary_lines(summary: dict) -> list[str]:
     return lines
 
 
-def fit_caveat(fit: dict, level: float) -> str:
+def fit_domains(fit: dict) -> list[str]:
+    """The ``task=multi`` domains a run's fit metrics hold a fit of (``fit/<domain>/ok``)."""
+    return sorted({k.split("/")[1] for k in fit if k.count("/") == 2 and k.endswith("/ok")})
+
+
+def fit_lines(
+    fit: dict, name: str, level: float, *, prefix: str = "fit/", what: str = "the scaling fit"
+) -> list[str]:
+    """A fit's lines at the end of a run (none where it failed): A and B with their intervals and
+    what they can be read as, then whether extrapolating it is supported (the horizon and fall
+    rules) or how much more compute would make it so."""
+    if fit.get(f"{prefix}ok") != 1.0:
+        return []
+
+    def est(param: str) -> str:
+        v, lo, hi = (fit.get(f"{prefix}{param}{s}", math.nan) for s in ("", "_lo", "_hi"))
+        return f"{param} = {v:.3g}" + ("" if math.isnan(lo) else f" [{lo:.3g}, {hi:.3g}]")
+
+    lines = [f"{name}: {est('A')}, {est('B')} " + fit_caveat(fit, level, prefix=prefix)]
+    if horizon := horizon_line(fit, prefix, what=what):
+        lines.append(horizon)
+    return lines
+
+
+def fit_caveat(fit: dict, level: float, *, prefix: str = "fit/") -> str:
     """What a run's fitted A and B can be read as: with their intervals (of this run's points, not
     of a repeat), or why they have none and whether the ceiling sits at its bound (then these points
     do not determine it)."""
-    n = int(fit.get("fit/n_points", 0) or 0)
-    a, lo = fit.get("fit/A", math.nan), fit.get("fit/A_lo", math.nan)
+    n = int(fit.get(f"{prefix}n_points", 0) or 0)
+    a, lo = fit.get(f"{prefix}A", math.nan), fit.get(f"{prefix}A_lo", math.nan)
     if math.isnan(lo):
         notes = [f"no intervals: {n} points after the early cut leave none to estimate them"]
     else:

@@ -114,7 +114,7 @@ def horizon_metrics(
         return Horizon().metrics(prefix)
 
 
-def horizon_line(metrics: dict[str, float], prefix: str = "fit/") -> str:
+def horizon_line(metrics: dict[str, float], prefix: str = "fit/", *, what: str = "the scaling fit") -> str:
     """The horizon rule's sentence from a run's ``fit/*`` metrics ("" when not judged): supported,
     or "not supported ... about 1.8x the compute so far would make it supported"."""
     sup = metrics.get(f"{prefix}supported", math.nan)
@@ -131,7 +131,7 @@ def horizon_line(metrics: dict[str, float], prefix: str = "fit/") -> str:
         fall=float(metrics.get(f"{prefix}fall", math.nan)),
         fall_se=float(metrics.get(f"{prefix}fall_se", math.nan)),
     )
-    return h.line("the scaling fit")
+    return h.line(what)
 
 
 def evaluation_fits(
