@@ -182,6 +182,15 @@ def test_cli_compare(store):
         assert m["fit/A"] == pytest.approx(table_a, abs=6e-4)
         assert m["fit/ok"] == 1.0 and m["fit/A_lo"] <= m["fit/A"] <= m["fit/A_hi"]
         assert "fit/B_fixed_A" in m and "fit/pred_mae" in m
+        # what the run's live fit logs beside A and B, of this fit: its reach is this fit's window
+        # (the run's compute) over this C_mid, and its prediction at twice the budget this curve's
+        axis = "compute/device_hours" if name == "bf16" else "compute/flops"  # bf16's fit is on hours
+        compute = [x.value for x in client.get_metric_history(run.info.run_id, axis)]
+        assert m["fit/reach"] == pytest.approx(max(compute) / m["fit/C_mid"], rel=5e-3)
+        assert m["fit/supported"] in (0.0, 1.0) and math.isfinite(m["fit/fall"])
+        A, B, C_mid, R0 = (m[f"fit/{k}"] for k in ("A", "B", "C_mid", "R0"))
+        two_x = R0 + (A - R0) / (1 + (C_mid / (2 * max(compute))) ** B)
+        assert m["fit/pred_at_2x"] == pytest.approx(two_x, abs=2e-3)
         assert run.data.tags["fit.method"] == "direct"
         assert (
             run.data.tags["1 variant"]
