@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from scalerl.analysis.experiment import (
     SAME_RECIPE,
     Baseline,
@@ -46,7 +44,7 @@ from scalerl.analysis.verdicts import (
     verdict_legend,
     verdict_table,
 )
-from scalerl.scaling.horizon import fit_horizon
+from scalerl.scaling.live import logged_metrics, prediction_metric
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import SigmoidFit, fit_fixed_A, round_sig, round_to
 from scalerl.storage import write_text_atomic
@@ -553,26 +551,18 @@ def ui_tags(v: VariantVerdict | None, variant: str, level: float) -> dict[str, s
     }
 
 
-def _fit_write_back(r: RunData, fit: SigmoidFit, opts: FitProtocol) -> dict[str, float]:
-    """The run's ``fit/*`` of the report's fit, whole: A, B and C_mid with what the run's own live
-    fit logs beside them (whether extrapolating it is supported: the horizon and fall rules; its
-    prediction at ``opts.extrapolate`` x the budget), so that no key is left from the live fit
-    describing another fit."""
-    metrics = {**fit.to_metrics("fit/"), **fit_horizon(fit, trials=eval_trials(r)).metrics("fit/")}
-    c = r.compute[np.isfinite(r.compute)]
-    budget = float(c.max()) if c.size else math.nan
-    pred = float(fit.predict(budget * opts.extrapolate)) if fit.ok and math.isfinite(budget) else math.nan
-    metrics[f"fit/pred_at_{float(opts.extrapolate):g}x"] = pred
-    return metrics
-
-
 def _write_back(client, res: ExperimentResult, rows: dict[str, dict], plots, opts: FitProtocol, tags) -> int:
     n = 0
     base = res.baseline.variant if res.baseline is not None else None
     by_variant = {v.variant: v for v in res.verdicts}
     for r in res.runs:
         fit, row = res.fits[r.run_id], rows[r.run_id]
-        metrics = _fit_write_back(r, fit, opts)
+        # the report's fit whole, with the keys a run's live fit logs beside A and B (its horizon
+        # and fall rules, its prediction at the extrapolation): none left describing another fit
+        metrics = {
+            **logged_metrics(fit, trials=eval_trials(r)),
+            **prediction_metric(fit, r.compute, opts.extrapolate),
+        }
         for key in WRITE_BACK_KEYS:
             v = row.get(key, math.nan)
             v = float(v) if isinstance(v, (int, float)) else math.nan

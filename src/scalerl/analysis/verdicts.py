@@ -104,7 +104,7 @@ from scalerl.scaling.horizon import (
     largest_fall,
     reach_text,
 )
-from scalerl.scaling.pass_at_k import metric_k
+from scalerl.scaling.pass_at_k import evaluation_samples
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import B_BOUNDS, N_PARAMS, SigmoidFit, _predict, fit_fixed_A
 
@@ -762,12 +762,14 @@ def half_fall(runs: Sequence[RunData], p: FitProtocol) -> tuple[float, float, li
 
 
 def eval_trials(r: RunData) -> float:
-    """Samples of one evaluation (``eval.num_prompts x eval.samples_per_prompt``; NaN when not logged).
-    For a pass@k curve (``val/pass_at_<k>``, k > 1) the prompts alone: the K samples of a prompt
-    make one estimate in [0, 1], whose variance is at most that of one trial."""
-    n = _num(r.params.get("eval.num_prompts"))
-    if metric_k(r.reward_key.removeprefix("val/")) == 1:
-        n *= _num(r.params.get("eval.samples_per_prompt"))
+    """Samples of one evaluation of the run's fitted curve, from its logged ``eval.num_prompts`` and
+    ``eval.samples_per_prompt`` (:func:`~scalerl.scaling.pass_at_k.evaluation_samples`; NaN when
+    not logged)."""
+    n = evaluation_samples(
+        _num(r.params.get("eval.num_prompts")),
+        _num(r.params.get("eval.samples_per_prompt")),
+        r.reward_key.removeprefix("val/"),
+    )
     return n if math.isfinite(n) and n > 0 else math.nan
 
 

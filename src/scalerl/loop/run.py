@@ -45,7 +45,7 @@ from scalerl.loop.summary import (
 )
 from scalerl.messages import RunError, first_line
 from scalerl.scaling import live
-from scalerl.scaling.pass_at_k import metric_k, metric_name
+from scalerl.scaling.pass_at_k import evaluation_samples, metric_name
 from scalerl.state import Clock
 from scalerl.tracking import Tracker, run_params, tracking_uri
 from scalerl.tracking.secrets import redact
@@ -240,12 +240,12 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
 
 
 def eval_trials(run: Components, domain: str | None = None) -> float:
-    """The samples behind one evaluation of the fitted metric (the fall rule's standard error):
-    prompts x samples for the pass rate, the prompts alone for a pass@k (k > 1), whose K samples a
-    prompt make one estimate; with ``domain`` (``task=multi``), of that domain's held-out prompts."""
+    """The samples behind one evaluation of the fitted metric
+    (:func:`~scalerl.scaling.pass_at_k.evaluation_samples`); with ``domain`` (``task=multi``), of
+    that domain's held-out prompts."""
     e = run.config.eval
     prompts = e.num_prompts if domain is None else sum(p.domain == domain for p in run.val)
-    return float(prompts * (e.samples_per_prompt if metric_k(run.fit_protocol.metric) == 1 else 1))
+    return evaluation_samples(prompts, e.samples_per_prompt, run.fit_protocol.metric)
 
 
 def fall_trials(run: Components) -> dict:

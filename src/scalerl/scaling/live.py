@@ -59,7 +59,29 @@ def fit_metrics(
     evaluation, the fall rule's too).
     """
     fit = _safe_fit(compute, reward, protocol, steps=steps)
-    return fit, {**fit.to_metrics(prefix), **horizon_metrics(fit, prefix, trials=trials)}
+    return fit, logged_metrics(fit, prefix, trials=trials)
+
+
+def logged_metrics(fit: SigmoidFit, prefix: str = "fit/", *, trials: float | None = None) -> dict[str, float]:
+    """A fit's ``fit/*`` as a run logs them: ``fit.to_metrics(prefix)`` and the horizon rule's
+    (:func:`horizon_metrics`; with ``trials``, the fall rule's too). A report writing its own fit
+    back to a run logs the same keys, so that none is left describing another fit."""
+    return {**fit.to_metrics(prefix), **horizon_metrics(fit, prefix, trials=trials)}
+
+
+def prediction_metric(fit: SigmoidFit, compute, extrapolate: float, prefix: str = "fit/") -> dict[str, float]:
+    """``fit/pred_at_<x>x``: the fit's pass rate at ``extrapolate`` x the budget (the largest of
+    ``compute``, values that are not finite skipped); NaN where the fit failed or there is no
+    budget."""
+    c = np.asarray(compute, dtype=float)
+    c = c[np.isfinite(c)]
+    budget = float(c.max()) if c.size else math.nan
+    ok = fit.ok and math.isfinite(budget)
+    return {
+        f"{prefix}pred_at_{float(extrapolate):g}x": float(fit.predict(budget * float(extrapolate)))
+        if ok
+        else math.nan
+    }
 
 
 def final_report(
@@ -83,10 +105,7 @@ def final_report(
     extrapolate = protocol.extrapolate
     fit, metrics = fit_metrics(compute, reward, protocol, steps=steps, prefix=prefix, trials=trials)
     try:
-        c = np.asarray(compute, dtype=float)
-        budget = float(np.nanmax(c)) if c.size else math.nan
-        key = f"{prefix}pred_at_{float(extrapolate):g}x"
-        metrics[key] = float(fit.predict(budget * float(extrapolate))) if fit.ok else math.nan
+        metrics.update(prediction_metric(fit, compute, extrapolate, prefix))
     except Exception as e:  # noqa: BLE001
         log.warning("scaling prediction failed: %s", e)
     try:

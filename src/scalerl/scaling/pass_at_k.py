@@ -56,6 +56,13 @@ def metric_k(metric: object) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def evaluation_samples(prompts: float, samples_per_prompt: float, metric: object) -> float:
+    """The samples behind one evaluation of the fitted ``metric`` (the fall rule's standard error):
+    prompts x samples for the pass rate; the prompts alone for a pass@k (k > 1), whose K samples a
+    prompt make one estimate in [0, 1], whose variance is at most that of one trial."""
+    return float(prompts * (samples_per_prompt if metric_k(metric) == 1 else 1))
+
+
 def metric_name(k: int) -> str:
     """The metric logged for pass@``k``: ``pass_at_<k>`` (as ``val/pass_at_<k>``)."""
     return f"pass_at_{int(k)}"
