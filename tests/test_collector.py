@@ -185,25 +185,34 @@ sys.exit(3)
     assert "leaked" not in r.stderr
 
 
-# train.py up to the point where its heavy imports begin: there, the probe reports whether the
-# engines' fork server runs already and whether this process has imported transformers, and ends it
+# train.py up to the point where it has started the engines' fork server: there, the probe reports
+# whether the server runs, whether it is a fork of this process (its parent is this process and its
+# command line this one's, not a new interpreter's `-c from multiprocessing.forkserver ...`) and
+# whether this process had imported transformers by then, and ends it
 EARLY = """
 import json, os, sys
 from multiprocessing import forkserver
 import scalerl.cli as cli
+from scalerl.loop import run
 
-def probe():
-    server = forkserver._forkserver._forkserver_pid
-    print(json.dumps({"server": server is not None, "transformers": "transformers" in sys.modules}), flush=True)
+def probe(cfg):
+    pid = forkserver._forkserver._forkserver_pid
+    server = {}
+    if pid is not None:
+        with open(f"/proc/{pid}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f, open("/proc/self/cmdline", "rb") as me:
+            server = {"forked": parent == os.getpid() and f.read() == me.read()}
+    print(json.dumps({"server": server or None, "transformers": "transformers" in sys.modules}), flush=True)
     os._exit(0)
 
-cli.uncollected_imports = probe
+run.train = probe
 sys.argv = ["train.py", *sys.argv[1:]]
 cli.main()
 """
 
 
-def test_train_py_starts_the_engines_fork_server_before_its_own_heavy_imports(tmp_path):
+def test_train_py_forks_the_engines_fork_server_from_itself_once_its_imports_are_done(tmp_path):
     def early(*args: str) -> dict:
         over = [f"out_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}", *args]
         r = subprocess.run(
@@ -212,6 +221,6 @@ def test_train_py_starts_the_engines_fork_server_before_its_own_heavy_imports(tm
         assert r.returncode == 0, r.stderr[-2000:]
         return json.loads(r.stdout.strip().splitlines()[-1])
 
-    # pipeline_rl (the default): the server imports on the other core while this process imports
-    assert early() == {"server": True, "transformers": False}
-    assert early("async_mode=sync") == {"server": False, "transformers": False}  # no engines to fork
+    # pipeline_rl (the default): the server is this process forked, its imports done (none anew)
+    assert early() == {"server": {"forked": True}, "transformers": True}
+    assert early("async_mode=sync") == {"server": None, "transformers": True}  # no engines to fork

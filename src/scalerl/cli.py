@@ -29,18 +29,18 @@ def preflight(cfg: DictConfig) -> None:
     check_task(config.task, model=config.model, length_control=config.length_control, eval=config.eval)
 
 
-def _start_engine_server(cfg: DictConfig) -> None:
-    """A pipeline_rl run forks its local engines from a fork server that imports torch,
-    transformers and scalerl itself (:mod:`scalerl.rollout.server`): started now, before this
-    process imports transformers and MLflow, the two import side by side on two cores instead of
-    one after the other. Not for a multi-task job's processes (``placement.generator_tasks``): a
-    generator task serves as an engine itself and forks none, and a trainer task starts the
-    server as its run's setup places the engines, as before."""
-    if cfg.async_mode.name != "pipeline_rl" or int(cfg.placement.get("generator_tasks", 0)) > 0:
-        return
-    from scalerl.rollout.server import prestart
+def _engine_server(cfg: DictConfig):
+    """The engines' fork server (:mod:`scalerl.rollout.server`) for a run that starts engine
+    processes on this machine (pipeline_rl's local engines), else None. This process imports what
+    the server preloads with its own imports, then forks the server from itself
+    (:func:`~scalerl.rollout.server.fork_here`): the server imports nothing, where a server started
+    anew would spend seconds of CPU importing torch, transformers and scalerl again. Not for a
+    multi-task job's generator tasks (``placement.generator_tasks``): a generator task serves as an
+    engine itself and forks none, and a trainer task starts the server as its run's setup places
+    the engines."""
+    from scalerl.rollout import server
 
-    prestart()
+    return server if server.local_engines(cfg) else None
 
 
 def check_layout(cfg: DictConfig, env=None):
@@ -67,7 +67,7 @@ def _main(cfg: DictConfig) -> None:
         print(f"error: {held}", file=sys.stderr)
         sys.exit(1)
 
-    _start_engine_server(cfg)
+    server = _engine_server(cfg)
     with uncollected_imports():  # torch, transformers: millions of objects the collector need not walk
         from scalerl.lock import LockBusy
         from scalerl.loop import RunError, train
@@ -75,6 +75,11 @@ def _main(cfg: DictConfig) -> None:
         from scalerl.loop.signals import Interrupted, exit_code, quiet_finalizers
         from scalerl.rollout.engine import engine_role
         from scalerl.storage import CheckpointError
+
+        if server is not None:
+            server.import_preloaded()
+    if server is not None:  # before anything starts a thread
+        server.fork_here()
 
     try:  # a generator task of a multi-task job serves as its engine; every other process trains
         engine_role(cfg) or train(cfg)

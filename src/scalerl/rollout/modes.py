@@ -235,7 +235,7 @@ class PipelineRL(AsyncMode):
     ) -> Placement:
         from scalerl.rollout import server
 
-        server.prestart()  # the engine processes' imports overlap with the model build (train.py: started already)
+        server.prestart()  # the engine processes' imports overlap with the model build (train.py, a sweep's job: forked already)
         return place_engines(options, device, world, threads)
 
     def load_weights(self, weights: PolicyWeights, version: int) -> None:

@@ -1,5 +1,6 @@
-"""What the engines' fork server imports before it forks them (:mod:`scalerl.rollout.server`):
-the generator, the model builder and the tasks, with torch and transformers under them.
+"""What the engines' fork server imports before it forks them (:mod:`scalerl.rollout.server`), where
+it is started as a new interpreter: :data:`~scalerl.rollout.server.PRELOADED`, the generator, the
+model builder and the tasks, with torch and transformers under them.
 
 Imported with the cyclic collector paused and then frozen (:func:`scalerl.collector.uncollected_imports`):
 the server's imports run without a dozen full collections over their objects, and each engine forked
@@ -10,11 +11,8 @@ own, by ``os._exit``, and never run its exit handlers), and it would otherwise k
 pipe open for seconds after the run has ended."""
 
 from scalerl.collector import end_at_exit, uncollected_imports
+from scalerl.rollout.server import import_preloaded
 
 with uncollected_imports():
-    import scalerl.generator
-    import scalerl.generator.hf
-    import scalerl.model.build
-    import scalerl.task
-    import scalerl.task.score  # noqa: F401
+    import_preloaded()  # scalerl.rollout.server.PRELOADED
 end_at_exit()

@@ -143,7 +143,10 @@ class TrainJob(submitit.helpers.Checkpointable):
 
         with uncollected_imports():  # torch, transformers: millions of objects the collector need not walk
             from scalerl.loop import train
+            from scalerl.rollout import server
             from scalerl.rollout.engine import engine_role
+
+            server.import_preloaded()
 
         env = export_task_env()
         _drop_stale_result()
@@ -161,6 +164,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         cfg = build_config(list(overrides), dict(settings), seed)
         if finished_elsewhere(cfg.out_dir, cfg.trainer.total_steps, env):
             return {}  # rank 0's result is the run's
+        if server.local_engines(cfg):  # the engines' fork server, forked from this job: no imports anew
+            server.fork_here()
         return engine_role(cfg) or train(cfg)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
