@@ -301,6 +301,32 @@ def _fit_cli(store, capsys, experiment, *extra):
     return rc, cap, rows
 
 
+def test_cli_fits_with_the_fit_settings_the_runs_logged_unless_told_otherwise(store, capsys):
+    """A sweep's runs log its fit protocol (scaling.min_step=108 for the ceiling study): the CLI on
+    their experiment fits as the sweep's report did, where no flag says otherwise; runs that logged
+    different values get the default, and a line says so."""
+    client, rng = store["client"], np.random.default_rng(2)
+    truth = TrueCurve(0.15, 0.7, 1.6, 1.0e18)
+    for experiment, cuts in (("cut-logged", ("150", "150")), ("cut-differs", ("150", "10"))):
+        eid = client.create_experiment(experiment, artifact_location=str(store["tmp"] / experiment))
+        for seed, cut in enumerate(cuts):
+            c, y = sample_run(truth, rng, reach=6.0, trials=2048, n_points=30)
+            params = {"loss": "cispo", "seed": str(seed), "scaling.min_step": cut, "scaling.method": "direct"}
+            _log_run(client, eid, f"s{seed}", np.arange(c.size) * 10, c, y, params)
+
+    def excluded(*extra, experiment="cut-logged"):
+        rc, cap, rows = _fit_cli(store, capsys, experiment, *extra)
+        assert rc == 0, cap.err
+        return [int(rows[n]["n_excluded"]) for n in ("s0", "s1")], cap.err
+
+    logged, err = excluded()
+    assert logged == excluded("--min-step", "150")[0] == [15, 15] and "note:" not in err
+    assert excluded("--min-step", "10")[0] == [1, 1]  # the command line wins
+    differs, err = excluded(experiment="cut-differs")
+    assert differs == [1, 1]
+    assert "note: the runs logged scaling.min_step = 10, 150: the default 10 is used (give --min-step" in err
+
+
 def test_cli_says_which_baseline_it_chose(store, capsys):
     rc, cap, rows = _fit_cli(store, capsys, EXPERIMENT)
     assert rc == 0
@@ -825,3 +851,23 @@ def test_replicates_counts_only_supported_predictions_and_refuses_bad_reports(tm
     refused(main, ["replicates", paths[0], paths[0] + "/report/report.json"], "is given twice")
     refused(main, ["replicates", *paths[:2], "--within", "0"], "--within=0.0: must be a positive number")
     assert not out.exists()
+
+
+def test_a_parent_description_longer_than_mlflow_keeps_ends_at_a_whole_line_naming_the_report(store):
+    from scalerl.analysis.reporting import _within_tag
+
+    head = "## Verdicts per variant\n\n| variant | seeds |\n|---|---|\n| dapo | 3/3 |\n\n"
+    long = head + "".join(
+        f"- run {i}: a fit with its interval and its prediction, said in words\n" for i in range(400)
+    )
+    note = _within_tag(long)
+    assert note.startswith(head) and len(note) <= 8000
+    kept, tail = note.split("\n\n*The description stops here", 1)
+    assert long.startswith(kept) and long[len(kept)] == "\n"  # cut after a whole line
+    assert "`report/fits.md`" in tail
+    assert _within_tag(head) == head  # a short one whole
+    client = store["client"]
+    eid = client.create_experiment("long-note", artifact_location=str(store["tmp"] / "long-note"))
+    run = client.create_run(eid)
+    client.set_tag(run.info.run_id, "mlflow.note.content", note)
+    assert client.get_run(run.info.run_id).data.tags["mlflow.note.content"] == note  # kept whole

@@ -38,7 +38,14 @@ from scalerl.analysis.experiment import (
     left_out_summary,
     rows_to_markdown,
 )
-from scalerl.analysis.mlflow_io import AnalysisError, check_uri, load_runs, make_client, resolve_tracking_uri
+from scalerl.analysis.mlflow_io import (
+    AnalysisError,
+    check_uri,
+    load_runs,
+    logged_fit_settings,
+    make_client,
+    resolve_tracking_uri,
+)
 from scalerl.analysis.reporting import ReportInput, report, safe_name
 from scalerl.messages import OneLineParser
 from scalerl.scaling.pass_at_k import DEFAULT_METRIC, METRIC_ALLOWED, metric_k
@@ -66,45 +73,56 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--min-step",
         type=int,
-        default=DEFAULT_MIN_STEP,
-        help=f"leave out evaluations before this optimiser step, in every run (default {DEFAULT_MIN_STEP}, "
-        "as scaling.min_step)",
+        default=None,
+        help="leave out evaluations before this optimiser step, in every run (default: the runs' "
+        f"scaling.min_step where they all logged one, else {DEFAULT_MIN_STEP})",
     )
     common.add_argument(
         "--min-compute",
         type=float,
-        default=0.0,
-        help="leave out evaluations below this compute (the runs' compute axis units), in every run",
+        default=None,
+        help="leave out evaluations below this compute (the runs' compute axis units), in every run "
+        "(default: the runs' scaling.min_compute where they all logged one, else 0)",
     )
     common.add_argument(
         "--grid-a",
         default=None,
-        help="the grid method's A values LOW,HIGH,STEP (the paper's: 0.45,0.8,0.005; default: from the data)",
+        help="the grid method's A values LOW,HIGH,STEP (the paper's: 0.45,0.8,0.005; default: the runs' "
+        "scaling.grid_A where they all logged one, else from the data)",
     )
     common.add_argument(
         "--grid-c-mid",
         default=None,
         help="the grid method's C_mid values LOW,HIGH,N linearly spaced (the paper's: 100,40000,100 "
-        "GPU-hours; default: from the data)",
+        "GPU-hours; default: the runs' scaling.grid_C_mid where they all logged one, else from the data)",
     )
     common.add_argument(
-        "--method", choices=METHODS, default=DEFAULT_METHOD, help=f"fit method (default {DEFAULT_METHOD})"
+        "--method",
+        choices=METHODS,
+        default=None,
+        help=f"fit method (default: the runs' scaling.method where they all logged one, else {DEFAULT_METHOD})",
     )
     common.add_argument(
         "--bootstrap",
         type=int,
-        default=200,
-        help="bootstrap resamples for CIs (0 = none; else at least 2/(1-level), 20 at the default level)",
+        default=None,
+        help="bootstrap resamples for CIs (0 = none; else at least 2/(1-level), 20 at the default level; "
+        f"default: the runs' scaling.bootstrap where they all logged one, else {FitProtocol.bootstrap})",
     )
     common.add_argument("--level", type=float, default=0.9, help="confidence level of the intervals")
     common.add_argument(
         "--metric",
-        default=DEFAULT_METRIC,
-        help=f"the metric fitted, val/<METRIC> of each evaluation: {DEFAULT_METRIC} (default) or pass_at_<k>, "
-        "a val/pass_at_<k> the runs logged (eval.pass_at_k), as scaling.metric",
+        default=None,
+        help=f"the metric fitted, val/<METRIC> of each evaluation: {DEFAULT_METRIC} or pass_at_<k>, "
+        "a val/pass_at_<k> the runs logged (eval.pass_at_k), as scaling.metric (default: the runs' "
+        f"scaling.metric where they all logged one, else {DEFAULT_METRIC})",
     )
     common.add_argument(
-        "--extrapolate", type=float, default=2.0, help="plots extend fits to this x the budget"
+        "--extrapolate",
+        type=float,
+        default=None,
+        help="plots extend fits to this x the budget (default: the runs' scaling.extrapolate where they "
+        f"all logged one, else {FitProtocol.extrapolate:g})",
     )
     common.add_argument(
         "--baseline",
@@ -152,11 +170,12 @@ MIN_POINTS = N_PARAMS  # a sigmoid fit has three free parameters
 
 def _bad_argument(args) -> str | None:
     """One line for a numeric option out of its range (argparse checks only the types)."""
-    finite = all(math.isfinite(v) for v in (args.min_compute, args.level, args.extrapolate))
+    finite = all(math.isfinite(v) for v in (args.min_compute, args.level, args.extrapolate) if v is not None)
     if not finite:
         return "--min-compute, --level and --extrapolate must be finite numbers"
-    if args.min_step < 0 or args.min_compute < 0:
-        return f"--min-step={args.min_step}, --min-compute={args.min_compute}: must be >= 0"
+    for flag, value in (("--min-step", args.min_step), ("--min-compute", args.min_compute)):
+        if value is not None and value < 0:
+            return f"{flag}={value}: must be >= 0"
     for flag, value in (("--grid-a", args.grid_a), ("--grid-c-mid", args.grid_c_mid)):
         if value is not None:
             try:
@@ -169,14 +188,14 @@ def _bad_argument(args) -> str | None:
                 return f"{flag}={value!r}: must be 0 < LOW <= HIGH and N >= 1"
     if not 0 < args.level < 1:
         return f"--level={args.level}: must be in (0, 1)"
-    if args.bootstrap < 0:
+    if args.bootstrap is not None and args.bootstrap < 0:
         return f"--bootstrap={args.bootstrap}: must be >= 0 (0 = no intervals)"
-    bad = bootstrap_problem("--bootstrap", args.bootstrap, args.level)
+    bad = bootstrap_problem("--bootstrap", args.bootstrap, args.level) if args.bootstrap is not None else None
     if bad:
         return f"{bad[0]}={bad[1]}: must be {bad[2]}"
-    if args.extrapolate < 1:
+    if args.extrapolate is not None and args.extrapolate < 1:
         return f"--extrapolate={args.extrapolate}: must be >= 1"
-    if metric_k(args.metric) is None:
+    if args.metric is not None and metric_k(args.metric) is None:
         return f"--metric={args.metric!r}: must be {METRIC_ALLOWED}"
     if args.runs is not None:
         ids = [s.strip() for s in args.runs.split(",") if s.strip()]
@@ -250,23 +269,55 @@ class _Refused(Exception):
     """A run of the CLI that stops before any report: one ``error:`` line and exit status 2."""
 
 
-def _protocol(args) -> FitProtocol:
-    """The one object every fit of the report is made with, from the command line."""
+# the command line's fit settings: option (its argparse name) -> the ``scaling`` config key
+FIT_OPTIONS = {
+    "min_step": "min_step",
+    "min_compute": "min_compute",
+    "method": "method",
+    "grid_a": "grid_A",
+    "grid_c_mid": "grid_C_mid",
+    "bootstrap": "bootstrap",
+    "extrapolate": "extrapolate",
+    "metric": "metric",
+}
+
+
+def _protocol(args, logged: dict | None = None) -> FitProtocol:
+    """The one object every fit of the report is made with: each setting the command line gives,
+    else the one the runs logged (``logged``: ``scaling`` config keys, as their sweep or their
+    ``train.py`` ran them), else the protocol's default."""
+    values = dict(logged or {})
+    for option, key in FIT_OPTIONS.items():
+        given = getattr(args, option)
+        if given is not None:
+            values[key] = _triple(given) if key.startswith("grid_") else given
     try:
-        return FitProtocol(
-            method=args.method,
-            min_step=args.min_step,
-            min_compute=args.min_compute,
-            grid_A=_triple(args.grid_a),
-            grid_C_mid=_triple(args.grid_c_mid),
-            bootstrap=args.bootstrap,
-            level=args.level,
-            extrapolate=args.extrapolate,
-            seed=args.seed,
-            metric=args.metric,
-        )
-    except FitProtocolError as e:
+        return FitProtocol.from_config(values, level=args.level, seed=args.seed)
+    except (FitProtocolError, TypeError, ValueError) as e:
         raise _Refused(str(e)) from None
+
+
+def _runs_protocol(args, protocol: FitProtocol, runs, left_out):
+    """The protocol with the fit settings the runs logged where the command line gives none (a
+    sweep's early cut: ``scaling.min_step=108``), so that the CLI's report on a sweep's runs is the
+    sweep's. A setting the runs logged with several values keeps the default, and one stderr line
+    says so. Returns ``(protocol, runs, left_out)``: the runs loaded again where their logged metric
+    is another than the one they were loaded for."""
+    unset = [key for option, key in FIT_OPTIONS.items() if getattr(args, option) is None]
+    logged, differing = logged_fit_settings(runs, unset)
+    for key, values in differing.items():
+        option = "--" + next(o for o, k in FIT_OPTIONS.items() if k == key).replace("_", "-")
+        print(
+            f"note: the runs logged scaling.{key} = {', '.join(values)}: the default "
+            f"{getattr(FitProtocol, key)} is used (give {option} to choose)",
+            file=sys.stderr,
+        )
+    if not logged:
+        return protocol, runs, left_out
+    mine = _protocol(args, logged)
+    if mine.metric != protocol.metric:
+        _, runs, left_out = _load(args, mine, resolve_tracking_uri(args.tracking_uri), _run_ids(args))
+    return mine, runs, left_out
 
 
 def _load(args, protocol: FitProtocol, uri: str, run_ids: list[str] | None):
@@ -301,6 +352,10 @@ def _load(args, protocol: FitProtocol, uri: str, run_ids: list[str] | None):
             f"evaluations with compute ({counts}); a fit needs at least {MIN_POINTS}"
         )
     return client, runs, left_out
+
+
+def _run_ids(args) -> list[str] | None:
+    return [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs is not None else None
 
 
 def _where(args, run_ids: list[str] | None) -> str:
@@ -403,11 +458,12 @@ def _run(args) -> int:
     bad = _bad_argument(args)
     if bad:
         raise _Refused(bad)
-    protocol = _protocol(args)
+    protocol = _protocol(args)  # its metric: the curves loaded first
     t0 = time.perf_counter()
     uri = resolve_tracking_uri(args.tracking_uri)
-    run_ids = [s.strip() for s in args.runs.split(",") if s.strip()] if args.runs is not None else None
+    run_ids = _run_ids(args)
     client, runs, left_out = _load(args, protocol, uri, run_ids)
+    protocol, runs, left_out = _runs_protocol(args, protocol, runs, left_out)
     out = Path(args.out) if args.out else Path("outputs") / "analysis" / safe_name(args.experiment)
     unwritable = _probe_out(out)
     if unwritable:

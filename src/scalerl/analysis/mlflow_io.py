@@ -369,3 +369,29 @@ def declared_baseline(client, runs: list[RunData]) -> tuple[str, str] | None:
         return None
     sweep = run.data.params.get("sweep.name") or run.info.run_name or parent[:8]
     return variant, f"sweep {sweep!r} (param sweep.baseline of its parent run {parent[:8]})"
+
+
+def logged_fit_settings(runs: list[RunData], keys) -> tuple[dict, dict[str, list[str]]]:
+    """The fit settings ``keys`` (``scaling`` config keys: ``min_step``, ``metric``, ...) the runs
+    logged as their ``scaling.<key>`` params: ``(agreed, differing)``, ``agreed`` holding each key
+    every run logged with one value (parsed: ``"108"`` -> 108, ``"None"`` -> None, a grid's list), and
+    ``differing`` each key the runs logged with several values (those values, sorted). A key some
+    run did not log, or logged as text that is no value, is in neither."""
+    import ast
+
+    agreed: dict = {}
+    differing: dict[str, list[str]] = {}
+    for key in keys:
+        values = {r.params.get(f"scaling.{key}") for r in runs}
+        if None in values or not values:
+            continue
+        if len(values) > 1:
+            differing[key] = sorted(values)
+            continue
+        text = values.pop()
+        try:
+            agreed[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            if text.isidentifier():  # a name: "direct", "pass_rate"
+                agreed[key] = text
+    return agreed, differing

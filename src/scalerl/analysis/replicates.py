@@ -231,7 +231,7 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
         "Errors are predicted - observed end (the half-budget fit's prediction of the mean of the "
         "last tenth of the compute), over the studies where that prediction was supported (its "
         "window past the horizon); persistence forecasts the first half's last value. A is each "
-        "study's fitted ceiling (its seeds pooled); sd across studies. The skill score is 1 - "
+        "study's A (the mean of its seeds' fitted ceilings, as its report gives it); sd across studies. The skill score is 1 - "
         "MSE / MSE(persistence) over the same predictions (above 0: the fit's squared error smaller).",
         "",
         _skill_line(studies),

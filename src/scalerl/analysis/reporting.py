@@ -365,7 +365,8 @@ def verdict_head(vtable: str, vs: Sequence[VariantVerdict]) -> str:
 
 def write_parent(client, parent_id: str, rep: Report, *, description: str = "") -> str:
     """The parent (sweep) run's description opens with the verdict table, then ``description`` and
-    the full report; its tags ``2 verdict`` (one line per variant) and ``1 variant`` (the baseline)
+    the full report (ending at a whole line, with a line naming the report's artifact, where it is
+    longer than MLflow keeps); its tags ``2 verdict`` (one line per variant) and ``1 variant`` (the baseline)
     show them in the run table. Also stores the run-table view (:func:`share_verdict_view`) and
     returns its address."""
     from mlflow.entities import RunTag
@@ -373,7 +374,7 @@ def write_parent(client, parent_id: str, rep: Report, *, description: str = "") 
     head = ""
     if rep.verdict_table:
         head = verdict_head(rep.verdict_table, rep.verdicts)
-    note = head + ((description.strip() + "\n\n") if description.strip() else "") + rep.markdown
+    note = _within_tag(head + ((description.strip() + "\n\n") if description.strip() else "") + rep.markdown)
     lines = "; ".join(f"{v.variant}: {v.verdict}" for v in rep.verdicts if not v.baseline)
     tags = [RunTag("mlflow.note.content", note)]
     if lines:
@@ -382,6 +383,25 @@ def write_parent(client, parent_id: str, rep: Report, *, description: str = "") 
         tags.append(RunTag(UI_TAGS[0], f"baseline: {rep.baseline.variant}"))
     client.log_batch(parent_id, tags=tags)
     return share_verdict_view(client, client.get_run(parent_id).info.experiment_id)
+
+
+CUT_NOTE = (
+    "\n\n*The description stops here: MLflow keeps {limit} characters of it. The whole report is the "
+    "run's artifact `report/fits.md`.*\n"
+)
+
+
+def _within_tag(note: str) -> str:
+    """``note`` as MLflow keeps a tag's value whole (at most its limit of characters): a longer one
+    ends at the last whole line that leaves room for a line saying where the whole report is,
+    instead of MLflow cutting it mid-sentence."""
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH as limit
+
+    if len(note) <= limit:
+        return note
+    tail = CUT_NOTE.format(limit=limit)
+    kept = note[: limit - len(tail)]
+    return kept[: kept.rfind("\n") + 1].rstrip() + tail
 
 
 def safe_name(name: str) -> str:
