@@ -113,9 +113,10 @@ def fork_here() -> bool:
 
 
 def _safe_to_fork() -> bool:
-    """No thread of Python's but this one (a native library's own, like the BLAS pool that importing
-    numpy starts, is what a new server has too), and CUDA not started."""
-    if not hasattr(os, "fork") or threading.active_count() != 1:
+    """On Linux (whose ``/proc/self/fd`` lists the descriptors the server must let go of), no thread
+    of Python's but this one (a native library's own, like the BLAS pool that importing numpy
+    starts, is what a new server has too), and CUDA not started."""
+    if not sys.platform.startswith("linux") or threading.active_count() != 1:
         return False
     torch = sys.modules.get("torch")
     return torch is None or not torch.cuda.is_initialized()
@@ -156,7 +157,7 @@ def _as_new_process(keep: set[int]) -> None:
     from multiprocessing import forkserver
 
     null = os.open(os.devnull, os.O_RDWR)
-    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+    for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd not in keep and fd != null:
             try:
