@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
+from procs import running
 
 # an entry point as train.py is at that moment: its imports done, a file and a lock of its own open
 # (an out_dir's lock), a SIGTERM handler and a logging handler installed; then fork_here(), an engine
@@ -50,9 +52,10 @@ ctx = server.process_context()
 q = ctx.Queue()
 
 engine = (
-    "import gc, logging, os, sys; "
+    "import gc, logging, os, sys; from multiprocessing import util; "
     "q.put({'parent': os.getppid(), 'imported': 'scalerl.task.score' in sys.modules, 'frozen': gc.get_freeze_count(), "
-    "'logging': [len(logging.getLogger().handlers), logging.getLogger().level]})"
+    "'logging': [len(logging.getLogger().handlers), logging.getLogger().level], "
+    "'spawn': util.spawnv_passfds.__module__})"
 )
 p = ctx.Process(target=exec, args=(engine, {"q": q}))
 p.start()
@@ -85,7 +88,13 @@ def _entry(tmp_path, *args: str) -> tuple[dict, str]:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
-    return json.loads(lines[-2]), lines[-1]
+    report = json.loads(lines[-2])
+    # the server ends with the entry point (it holds no end of the pipe whose closing tells it so)
+    deadline = time.monotonic() + 30
+    while running(report["server_pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(report["server_pid"]), "the engines' server outlived its entry point"
+    return report, lines[-1]
 
 
 @pytest.mark.slow
@@ -99,6 +108,7 @@ def test_a_server_forked_from_an_entry_point_holds_nothing_of_it_and_forks_worki
     assert engine["parent"] == report["server_pid"]  # forked from the server
     assert engine["imported"] and engine["frozen"] > 50_000  # its imports done and frozen, none anew
     assert engine["logging"] == [0, 30]  # the entry point's handler gone, the level a new process's
+    assert engine["spawn"] == "multiprocessing.util"  # it starts processes as usual, not as forks
     assert last == "lock free"
 
 

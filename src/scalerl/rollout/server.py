@@ -100,6 +100,7 @@ def fork_here() -> bool:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            util.spawnv_passfds = spawnv_passfds  # the server and its engines start others as usual
             _serve(code, passfds)  # never returns
         forked.append(pid)
         return pid
