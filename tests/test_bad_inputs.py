@@ -625,6 +625,16 @@ GOOD = {"prompt": "1+1=", "answer": "2"}
         (_lines({"q": 1}), "no 'prompt' and no 'answer' key"),
         (_lines({"prompt": "x", "answer": None}), "'answer' must be a non-empty string or a number"),
         (_lines({"prompt": 3, "answer": "1"}), "'prompt' must be a non-empty string"),
+        (
+            _lines(GOOD, '{"prompt": "1+1=\\ud800", "answer": "2"}'),
+            "line 2: 'prompt' is not text: a lone surrogate \\ud800 at character 5",
+        ),
+        (
+            _lines('{"prompt": "x", "answer": "\\udfff"}'),
+            "line 1: 'answer' is not text: a lone surrogate \\udfff",
+        ),
+        (_lines('{"prompt": "x", "answer": NaN}'), "line 1: 'answer' must be a finite number, got nan"),
+        (_lines('{"prompt": "x", "answer": 1e400}'), "line 1: 'answer' must be a finite number, got inf"),
         (_lines(GOOD), "needs at least 2 examples"),
     ],
 )

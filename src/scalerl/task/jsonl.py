@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -69,6 +70,18 @@ def read_examples(path: str) -> list[tuple[str, str]]:
                 raise _line_error(
                     path, lineno, f"'answer' must be a non-empty string or a number, got {ans!r:.60}"
                 )
+            if isinstance(ans, float) and not math.isfinite(ans):  # NaN, Infinity, 1e400
+                raise _line_error(path, lineno, f"'answer' must be a finite number, got {ans!r}")
+            for key, text in (("prompt", row["prompt"]), ("answer", str(ans))):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:  # a \ud800-\udfff escape without its pair
+                    raise _line_error(
+                        path,
+                        lineno,
+                        f"{key!r} is not text: a lone surrogate \\u{ord(text[e.start]):04x} at character "
+                        f"{e.start + 1} (a \\ud800-\\udfff escape must come in a pair)",
+                    ) from None
             out.append((row["prompt"], str(ans)))
     if not out:
         raise DataFileError(
