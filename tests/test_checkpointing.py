@@ -10,9 +10,9 @@ import torch
 from test_loop import SYNC, history, make_run, uri_of
 
 from scalerl.config import ConfigError, compose
-from scalerl.config.schema import RESUMABLE_CHANGES, recipe
+from scalerl.config.schema import RESUMABLE_CHANGES, recipe, recipe_file
 from scalerl.loop import RunError, train
-from scalerl.loop.checkpointing import check_same_recipe, recipe_path
+from scalerl.loop.checkpointing import check_same_recipe
 from scalerl.storage import write_json
 
 
@@ -26,8 +26,8 @@ def test_the_recipe_leaves_out_what_may_change_on_resume(tmp_path):
 
 def test_a_changed_recipe_is_named_in_one_line_and_a_longer_run_is_not(tmp_path):
     base = [f"out_dir={tmp_path}", "trainer.total_steps=4"]
-    recipe_path(tmp_path).parent.mkdir(parents=True)
-    write_json(recipe_path(tmp_path), recipe(compose(base)))
+    recipe_file(tmp_path).parent.mkdir(parents=True)
+    write_json(recipe_file(tmp_path), recipe(compose(base)))
     check_same_recipe(compose([*base, "trainer.total_steps=8", "checkpoint_every=2"]))  # resumable
     with pytest.raises(ConfigError, match=r"trainer\.lr=.*as in the run being resumed") as e:
         check_same_recipe(compose([*base, "trainer.lr=0.5"]))
@@ -42,8 +42,8 @@ def test_a_run_from_before_a_key_was_added_resumes_at_its_old_behaviour(tmp_path
     base = [f"out_dir={tmp_path}", "task=multi"]
     old = {k: v for k, v in recipe(compose(base)).items() if k not in ADDED_KEYS}
     assert len(recipe(compose(base))) - len(old) == len(ADDED_KEYS) - 1  # task.sandbox: task=code's
-    recipe_path(tmp_path).parent.mkdir(parents=True)
-    write_json(recipe_path(tmp_path), old)
+    recipe_file(tmp_path).parent.mkdir(parents=True)
+    write_json(recipe_file(tmp_path), old)
     check_same_recipe(compose(base))
     with pytest.raises(ConfigError, match=r"correction\.name='tis'"):
         check_same_recipe(compose([*base, "correction=tis"]))

@@ -133,6 +133,32 @@ def test_cli_override_replaces_the_variants_value(tmp_path):
     assert plan.runs[0].out_dir == str(tmp_path / "out" / "a") and not (tmp_path / "out").exists()
 
 
+def test_a_variant_edited_after_its_run_began_is_refused_before_anything_is_written(tmp_path):
+    """A run keeps the recipe it began with (checkpoint/recipe.json): a rerun of the sweep with that
+    variant edited would skip the finished run and score it under the new recipe. Planning refuses
+    it in one line naming the variant, the key, both values and what to do; unchanged, it plans."""
+    from scalerl.config.schema import recipe, recipe_file
+    from scalerl.config.settings import build_config
+    from scalerl.sweep.plan import run_settings
+    from scalerl.storage import write_json
+
+    write_sweep(tmp_path / "s.yaml", {"a": [], "b": ["loss=dapo"]}, name="s")
+    plan = make_plan(load_spec(tmp_path / "s.yaml"), [], sweep_dir=tmp_path / "out")
+    run = plan.runs[1]  # b, as its job composes it: the recipe its first checkpoint keeps
+    began = build_config(run.overrides, run_settings("s", run, plan.tracking_uri, "0" * 32), run.seed)
+    recipe_file(run.out_dir).parent.mkdir(parents=True)
+    write_json(recipe_file(run.out_dir), recipe(began))
+    assert plan_lines(make_plan(load_spec(tmp_path / "s.yaml"), [], sweep_dir=tmp_path / "out"))  # the same
+    write_sweep(tmp_path / "s.yaml", {"a": [], "b": ["loss=gspo"]}, name="s")
+    before = listing(tmp_path)
+    with pytest.raises(SweepError) as e:
+        make_plan(load_spec(tmp_path / "s.yaml"), [], sweep_dir=tmp_path / "out")
+    msg = str(e.value)
+    assert "variant 'b': loss.name=gspo, but its run b in " in msg and "began with loss.name=dapo" in msg, msg
+    assert "--out" in msg and "\n" not in msg
+    assert listing(tmp_path) == before
+
+
 def test_a_groups_settings_apply_to_a_variant_only_where_its_option_has_them(tmp_path):
     """The base sizes the interruption budget to the task; the variant that swaps interruptions for
     the length penalty keeps the penalty's own settings (and those it sets), not an error for keys the

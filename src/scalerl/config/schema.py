@@ -216,6 +216,33 @@ def recipe(cfg) -> dict[str, str]:
     return {k: redact(v) for k, v in flat.items() if not k.startswith(RESUMABLE_CHANGES)}
 
 
+def recipe_file(out_dir):
+    """Where a run keeps the recipe it started with (:func:`recipe`, beside its first checkpoint)."""
+    from pathlib import Path
+
+    return Path(out_dir) / "checkpoint" / "recipe.json"
+
+
+def recipe_change(cfg) -> tuple[str, str, str] | None:
+    """The first key whose value in ``cfg`` differs from the recipe the run in ``cfg.out_dir``
+    started with, as ``(key, then, now)`` (``"(unset)"`` for a key one side lacks); None where the
+    recipes agree or no run started there. A key added since that run began, at the value that does
+    what the run did (:data:`ADDED_KEYS`), is no change. A group's option (``loss.name``) is named
+    before the settings that come with it (``loss.eps_high``)."""
+    import json
+
+    path = recipe_file(cfg.out_dir)
+    if not path.is_file():
+        return None
+    before, now = json.loads(path.read_text()), recipe(cfg)
+    for key in sorted(set(before) | set(now), key=lambda k: (not k.endswith(".name"), k)):
+        if key not in before and now.get(key) == ADDED_KEYS.get(key):
+            continue
+        if before.get(key) != now.get(key):
+            return key, before.get(key, "(unset)"), now.get(key, "(unset)")
+    return None
+
+
 # the run-wide sections, checked like options
 SECTIONS = {"eval": EvalConfig, "tracking": TrackingConfig, "scaling": ScalingConfig}
 

@@ -3,13 +3,11 @@ writing a checkpoint (every rank's engine part, rank 0's run state), and restori
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scalerl.config import ConfigError
-from scalerl.config.schema import ADDED_KEYS, RESUMABLE_CHANGES, recipe
+from scalerl.config.schema import RESUMABLE_CHANGES, recipe, recipe_change, recipe_file
 from scalerl.messages import RunError, first_line
 from scalerl.state import Clock
 from scalerl.storage import write_json
@@ -26,30 +24,20 @@ def engine_dir(run: Components) -> str:
     return str(run.out_dir / "checkpoint" / "engine")
 
 
-def recipe_path(out_dir) -> Path:
-    """Where a run keeps the recipe it started with."""
-    return Path(out_dir) / "checkpoint" / "recipe.json"
-
-
 def check_same_recipe(cfg) -> None:
     """A run resumed in ``cfg.out_dir`` must have the recipe it started with: ConfigError (one line)
     naming the first key that differs, else the new recipe would train under the old run's params."""
-    path = recipe_path(cfg.out_dir)
-    if not path.is_file():
-        return
-    before, now = json.loads(path.read_text()), recipe(cfg)
-    for key in sorted(set(before) | set(now)):
-        if key not in before and now.get(key) == ADDED_KEYS.get(key):
-            continue  # a key added since that run began, at the value that does what it did
-        if before.get(key) != now.get(key):
-            raise ConfigError(
-                key,
-                now.get(key, "(unset)"),
-                f"{before.get(key, '(unset)')!r} as in the run being resumed (when resuming, only "
-                f"{', '.join(k.rstrip('.') for k in RESUMABLE_CHANGES)} may change: start a new recipe "
-                "in another out_dir)",
-                where=f"out_dir {cfg.out_dir}",
-            )
+    change = recipe_change(cfg)
+    if change is not None:
+        key, then, now = change
+        raise ConfigError(
+            key,
+            now,
+            f"{then!r} as in the run being resumed (when resuming, only "
+            f"{', '.join(k.rstrip('.') for k in RESUMABLE_CHANGES)} may change: start a new recipe "
+            "in another out_dir)",
+            where=f"out_dir {cfg.out_dir}",
+        )
 
 
 def checkpoint(run: Components, clock: Clock) -> None:
@@ -94,8 +82,8 @@ def _write(run: Components) -> None:
                 "engine_tag": tag,
             }
         )
-        if not recipe_path(run.out_dir).is_file():
-            write_json(recipe_path(run.out_dir), recipe(run.cfg))
+        if not recipe_file(run.out_dir).is_file():
+            write_json(recipe_file(run.out_dir), recipe(run.cfg))
 
 
 def checkpoint_safe(run: Components, clock: Clock) -> None:

@@ -20,11 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from scalerl.config import evaluates_at, typed
 from scalerl.config.errors import explain, override_key
+from scalerl.config.schema import recipe_change
 from scalerl.config.settings import build_config
 from scalerl.estimate import WORK_GROUPS
 from scalerl.layout import LayoutOptions
 from scalerl.scaling.sigmoid import N_PARAMS
-from scalerl.sweep.spec import SweepError, SweepSpec
+from scalerl.sweep.spec import SweepError, SweepSpec, display_path
 
 # Keys the sweep sets for every run; a sweep file or the command line may not set them.
 OWNED = ("out_dir", "tracking.experiment", "tracking.run_name", "tracking.parent_run_id", "tracking.tags")
@@ -334,6 +335,7 @@ def make_plan(
             settings = run_settings(spec.name, run, uri, "0" * 32)
             with _named(where, overrides):
                 config = build_config(overrides, settings, seed, composed=composed)
+            _check_kept_recipe(config, run, where)
             config = typed(config)
             if vname not in work_options:
                 work_options[vname] = {g: getattr(config, g) for g in WORK_GROUPS}
@@ -365,6 +367,20 @@ def make_plan(
         + notes,
         work_options=work_options,
     )
+
+
+def _check_kept_recipe(config, run: PlannedRun, where: str) -> None:
+    """A run that has started already (finished or not: its ``out_dir`` keeps the recipe it began
+    with) runs on only under that recipe: a variant edited since would be scored on the old run (a
+    finished run is skipped), or fail when its job resumes it. :class:`SweepError` (one line)."""
+    change = recipe_change(config)
+    if change is not None:
+        key, then, now = change
+        raise SweepError(
+            f"{where}: {key}={now}, but its run {run.name} in {display_path(run.out_dir)} began with "
+            f"{key}={then}; a run keeps the recipe it began with: give the variant its old value back, "
+            "or the sweep another folder (--out)"
+        )
 
 
 def _split_base(base: list[str], path: str) -> tuple[list[str], list[str], str | None]:
