@@ -139,8 +139,8 @@ def test_a_variant_edited_after_its_run_began_is_refused_before_anything_is_writ
     it in one line naming the variant, the key, both values and what to do; unchanged, it plans."""
     from scalerl.config.schema import recipe, recipe_file
     from scalerl.config.settings import build_config
-    from scalerl.sweep.plan import run_settings
     from scalerl.storage import write_json
+    from scalerl.sweep.plan import run_settings
 
     write_sweep(tmp_path / "s.yaml", {"a": [], "b": ["loss=dapo"]}, name="s")
     plan = make_plan(load_spec(tmp_path / "s.yaml"), [], sweep_dir=tmp_path / "out")

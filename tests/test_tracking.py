@@ -114,6 +114,51 @@ def test_resume_rewrites_only_what_the_store_lacks(tmp_path, new_store):
     assert len(client.search_runs([client.get_experiment_by_name("crash").experiment_id])) == 1
 
 
+def test_a_resume_that_names_another_store_is_refused_naming_the_store_the_run_was_made_in(
+    tmp_path, new_store, monkeypatch
+):
+    """The run's run_info.json keeps its store as given and as found from anywhere. A resume whose
+    config names another store that exists but lacks the run is refused at once (no retries) in one
+    line naming the store it was made in, and nothing is created there; one naming a sqlite file that
+    does not exist (the default mlflow.db from another directory) is refused by the preflight,
+    before anything is built or created."""
+    from scalerl.config.preflight import PathError, check_resumed_store
+    from scalerl.tracking.tracker import RunNotInStore
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = new_store(tmp_path / "a", "mlflow.db")
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = compose(["tracking.uri=sqlite:///a/mlflow.db", "tracking.experiment=moved", f"out_dir={run}"])
+    run_id = tracker(cfg, run).start(None, **described(cfg))
+    info = json.loads((run / "run_info.json").read_text())
+    assert (
+        info["uri"] == "sqlite:///a/mlflow.db"
+        and info["store"] == first == f"sqlite:///{tmp_path}/a/mlflow.db"
+    )
+    other = new_store(tmp_path / "b", "mlflow.db")
+    again = compose([f"tracking.uri={other}", "tracking.experiment=moved", f"out_dir={run}"])
+    t0 = time.monotonic()
+    with pytest.raises(RunNotInStore) as e:
+        tracker(again, run).start(None, **described(again))
+    assert time.monotonic() - t0 < 1.0  # "no such run" is an answer, not a fault to retry
+    assert str(e.value) == (
+        f"tracking.uri={other!r}: this store has no MLflow run {run_id}, the run being resumed in out_dir "
+        f"{run} (made in {first}, its run_info.json): resume it with tracking.uri={first}"
+    )
+    assert MlflowClient(other).search_experiments(filter_string="name = 'moved'") == []
+    check_resumed_store(run, first)  # the store it was made in: fine
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(PathError) as e:
+        check_resumed_store(run, "sqlite:///mlflow.db")
+    assert f"{tmp_path}/elsewhere/mlflow.db does not exist" in str(e.value)
+    assert str(e.value).endswith(f"resume it with tracking.uri={first}")
+    assert not (tmp_path / "elsewhere" / "mlflow.db").exists()
+
+
 def test_resume_from_an_older_checkpoint_logs_the_redone_steps_once(tmp_path, new_store):
     """The latest checkpoint was corrupt, so the run resumes from the one before it: the steps it
     redoes are already in MLflow and are not written again."""

@@ -440,6 +440,30 @@ def max_positions(config: dict) -> int | None:
     return None
 
 
+def check_resumed_store(out_dir, uri: str, key: str = "tracking.uri") -> None:
+    """A run resumed in ``out_dir`` (its ``run_info.json`` names its MLflow run) tracks to a store
+    that can hold that run: a sqlite store whose file does not exist cannot (a relative
+    ``sqlite:///mlflow.db`` from another directory, another file named), and opening it would create
+    an empty one. PathError naming the store the run was made in. (A store that exists but lacks the
+    run is found when the run opens it: :class:`scalerl.tracking.tracker.RunNotInStore`.)"""
+    try:
+        info = json.loads((Path(out_dir) / "run_info.json").read_text())
+    except (OSError, ValueError):
+        return  # a new run, or no record to go by
+    if not isinstance(info, dict) or not info.get("run_id") or not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///") :]).expanduser()
+    if path.exists():
+        return
+    made_in = info.get("store") or info.get("uri") or "another store"
+    raise PathError(
+        key,
+        _shown(uri),
+        f"{path.resolve()} does not exist, and the run being resumed in out_dir {out_dir} is MLflow run "
+        f"{info['run_id']} of {made_in} (its run_info.json): resume it with tracking.uri={made_in}",
+    )
+
+
 def preflight(cfg: DictConfig) -> None:
     """Raise on the first thing ``cfg`` points at that the run could not use: out_dir, tracking store,
     devices, model folder. Writes nothing. (The data file is the task's own check,
@@ -449,6 +473,7 @@ def preflight(cfg: DictConfig) -> None:
     check_ranks(cfg)
     check_out_dir(cfg.out_dir)
     check_tracking_uri(tracking_uri(cfg.tracking))
+    check_resumed_store(cfg.out_dir, tracking_uri(cfg.tracking))
     check_trainer_device(cfg)
     if cfg.model.name == "hf":
         config = check_model_folder(str(cfg.model.name_or_path))
@@ -470,6 +495,7 @@ __all__ = [
     "check_model_folder",
     "check_out_dir",
     "check_ranks",
+    "check_resumed_store",
     "check_tracking_uri",
     "preflight",
     "smollm2_gguf",

@@ -49,6 +49,7 @@ from scalerl.scaling.pass_at_k import evaluation_samples, metric_name
 from scalerl.state import Clock
 from scalerl.tracking import Tracker, run_params, tracking_uri
 from scalerl.tracking.secrets import redact
+from scalerl.tracking.tracker import RunNotInStore
 from scalerl.trainer import NonFiniteError
 
 log = logging.getLogger("scalerl")
@@ -339,6 +340,8 @@ def start_tracking(run: Components, resumed: tuple[str, list] | None) -> None:
         run.tracker.start(resumed[0] if resumed else None, params, config_yaml=config_yaml)
         if resumed:
             run.tracker.restore_pending(resumed[1])
+    except RunNotInStore:  # the config names another store: one line, exit 2
+        raise
     except Exception as e:  # a tracking server that stopped answering after the preflight reached it
         if run.tracker.run_id is not None:  # not left RUNNING (the next start finds it again)
             run.tracker.end("FAILED")

@@ -142,7 +142,7 @@ def cmd_report(args) -> int:
     sdir = _sweep_dir(args, name)
     state = dataclasses.replace(load_state(sdir), sweep_dir=str(sdir))  # where it is now
     if args.tracking_uri:
-        from scalerl.sweep.plan import absolute_uri
+        from scalerl.tracking.tracker import absolute_uri
 
         state = dataclasses.replace(state, tracking_uri=absolute_uri(args.tracking_uri))
     from scalerl.config.preflight import PathError, check_tracking_uri

@@ -26,6 +26,7 @@ from scalerl.estimate import WORK_GROUPS
 from scalerl.layout import LayoutOptions
 from scalerl.scaling.sigmoid import N_PARAMS
 from scalerl.sweep.spec import SweepError, SweepSpec, display_path
+from scalerl.tracking.tracker import absolute_uri
 
 # Keys the sweep sets for every run; a sweep file or the command line may not set them.
 OWNED = ("out_dir", "tracking.experiment", "tracking.run_name", "tracking.parent_run_id", "tracking.tags")
@@ -99,20 +100,6 @@ def _owned(key: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- tracking URI
-def absolute_uri(uri: str) -> str:
-    """Make a relative sqlite / file-store URI absolute, so jobs started elsewhere find the store."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        rest = uri[len("sqlite:///") :]
-        if rest and not rest.startswith(":memory:"):
-            return "sqlite:///" + str(Path(rest).resolve())
-        return uri
-    if uri.startswith("file:") and not uri.startswith("file:///"):
-        return Path(uri[len("file:") :]).resolve().as_uri()
-    if "://" not in uri and not uri.startswith(("databricks", "sqlite", "file:")):
-        return str(Path(uri).resolve())
-    return uri
-
-
 def default_tracking_uri() -> str:
     return absolute_uri(os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
 

@@ -30,7 +30,7 @@ from typing import Optional, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from scalerl.messages import fault_reason
+from scalerl.messages import UserError, fault_reason
 from scalerl.storage import write_text_atomic
 from scalerl.tracking.secrets import redact
 
@@ -66,6 +66,37 @@ def tracking_uri(tracking: TrackingOptions) -> str:
     """Where the ``tracking`` section sends a run: its ``uri``, else ``$MLFLOW_TRACKING_URI``, else
     ``mlflow.db`` in the working directory."""
     return tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+
+
+def absolute_uri(uri: str) -> str:
+    """Make a relative sqlite / file-store URI absolute, so jobs started elsewhere find the store."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        rest = uri[len("sqlite:///") :]
+        if rest and not rest.startswith(":memory:"):
+            return "sqlite:///" + str(Path(rest).resolve())
+        return uri
+    if uri.startswith("file:") and not uri.startswith("file:///"):
+        return Path(uri[len("file:") :]).resolve().as_uri()
+    if "://" not in uri and not uri.startswith(("databricks", "sqlite", "file:")):
+        return str(Path(uri).resolve())
+    return uri
+
+
+class RunNotInStore(UserError):
+    """The run being resumed is not in the store the config names (another store, or another
+    directory's ``sqlite:///mlflow.db``): one line naming the store it was made in."""
+
+    def __init__(self, uri: str, run_id: str, out_dir, known: dict):
+        made_in = known.get("store") or known.get("uri") or "another store"
+        super().__init__(
+            f"tracking.uri={redact(uri)!r}: this store has no MLflow run {run_id}, the run being resumed in "
+            f"out_dir {out_dir} (made in {made_in}, its run_info.json): resume it with tracking.uri={made_in}"
+        )
+
+
+def _not_found(e: Exception) -> bool:
+    """Whether ``e`` is MLflow's answer that what was asked for does not exist (not a fault)."""
+    return getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"
 
 
 def _git_commit() -> str:
@@ -166,8 +197,13 @@ class Tracker:
         known = json.loads(info.read_text()) if info.is_file() else {}
         run_id = run_id or known.get("run_id")
         if run_id is not None:
+            try:
+                self._retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+            except Exception as e:
+                if _not_found(e):
+                    raise RunNotInStore(self.uri, run_id, self.out_dir, known) from None
+                raise
             self.run_id = run_id
-            self._retry(lambda: self.client.update_run(run_id, status="RUNNING"))
             # a run stopped while it described itself (after run_info.json) has the rest written now
             have = self._retry(lambda: self.client.get_run(run_id)).data.params
             if missing := {k: v for k, v in params.items() if k not in have}:
@@ -181,14 +217,12 @@ class Tracker:
         # its key, not an empty RUNNING run beside a second one.
         key = known.get("run_key") or uuid.uuid4().hex
         if "run_key" not in known:
-            write_text_atomic(
-                info, json.dumps({"run_key": key, "experiment_id": exp_id, "uri": redact(self.uri)})
-            )
+            write_text_atomic(info, json.dumps({"run_key": key, "experiment_id": exp_id, **self._store()}))
         run = self._run_with_key(exp_id, key) or self._retry(
             lambda: self.client.create_run(exp_id, run_name=self.tracking.run_name, tags=self._tags(key))
         )
         self.run_id = run.info.run_id
-        record = {"run_id": self.run_id, "run_key": key, "experiment_id": exp_id, "uri": redact(self.uri)}
+        record = {"run_id": self.run_id, "run_key": key, "experiment_id": exp_id, **self._store()}
         try:
             write_text_atomic(info, json.dumps(record))
         except OSError:  # a full disk: the run is FAILED until a start that can write finds it by key
@@ -196,6 +230,11 @@ class Tracker:
             raise
         self._describe({k: v for k, v in params.items() if k not in run.data.params}, config_yaml)
         return self.run_id
+
+    def _store(self) -> dict[str, str]:
+        """``run_info.json``'s record of the store: the URI as given, and as found from any directory
+        (a relative sqlite path made absolute), both without credentials."""
+        return {"uri": redact(self.uri), "store": redact(absolute_uri(self.uri))}
 
     def _tags(self, key: str) -> dict[str, str]:
         tags = {
@@ -241,8 +280,8 @@ class Tracker:
         for attempt in range(tries):
             try:
                 return fn()
-            except Exception:
-                if attempt == tries - 1:
+            except Exception as e:
+                if attempt == tries - 1 or _not_found(e):  # a store that answered "no such run"
                     raise
                 time.sleep(1.0 + attempt)
 
