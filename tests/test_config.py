@@ -331,6 +331,25 @@ def test_help_is_hydras_help_and_a_bad_override_one_line(tmp_path):
         ),
         (["trainer.lr=fast"], "error: bad value trainer.lr=fast: Value 'fast' of type 'str' could not be"),
         (["trainer.lr"], "error: malformed override 'trainer.lr'"),
+        # an override Hydra's message does not quote is found and named, with how to quote its value
+        (
+            ["loss=dapo", "task.path=data (1).jsonl"],
+            "error: malformed override 'task.path=data (1).jsonl': mismatched input '.' expecting <EOF>; "
+            "a value with spaces, parentheses, brackets, quotes or commas is quoted whole: "
+            "task.path='data (1).jsonl'",
+        ),
+        (
+            ["tracking.experiment=bob's runs"],
+            'error: malformed override "tracking.experiment=bob\'s runs": a character the override grammar '
+            "does not take there; a value with spaces, parentheses, brackets, quotes or commas is quoted "
+            'whole: tracking.experiment="bob\'s runs"',
+        ),
+        (
+            ["loss=dapo,cispo"],
+            "error: bad value loss=dapo,cispo: a comma makes it several values: write loss=[dapo,cispo] for "
+            "a list, loss='dapo,cispo' for text with a comma, or run one job per value "
+            "(python train.py -m loss=dapo,cispo)",
+        ),
     ],
 )
 def test_unknown_options_keys_and_bad_types_are_one_line_from_train_py(args, expected, tmp_path):

@@ -85,6 +85,45 @@ def _unknown_key_message(key: str, value: str | None = None, overrides: list[str
     return f"unknown key {key} ({parent} is a value, not a group)"
 
 
+def _malformed(msg: str, overrides: list[str]) -> str:
+    """One line for an override Hydra's grammar cannot parse, naming it (found by parsing each where
+    Hydra's message does not quote it), what the parser said, and how to quote its value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    bad = next((o for o in overrides if o in msg), None)
+    if bad is None:
+        parser = OverridesParser.create()
+        for o in overrides:
+            try:
+                parser.parse_overrides([o])
+            except Exception:  # noqa: BLE001 - any parse failure names this override
+                bad = o
+                break
+    said = [
+        x.strip()
+        for x in msg.splitlines()
+        if x.strip().strip("^") and not x.strip().startswith("See https://")
+    ]
+    detail = (
+        (said[0] if said else "").replace(bad or "\0", "").replace("LexerNoViableAltException:", "").strip()
+    )
+    detail = detail or "a character the override grammar does not take there"
+    if bad is None:
+        return f"malformed override: {detail}"
+    key, eq, value = bad.partition("=")
+    if not (eq and key.strip() and value.strip()):  # no key=value at all: nothing to quote
+        return f"malformed override {bad!r}: {detail}"
+    return (
+        f"malformed override {bad!r}: {detail}; a value with spaces, parentheses, brackets, quotes or "
+        f"commas is quoted whole: {key}={_quoted(value)}"
+    )
+
+
+def _quoted(value: str) -> str:
+    """``value`` quoted for Hydra's override grammar (double quotes where it holds a single one)."""
+    return f'"{value}"' if "'" in value else f"'{value}'"
+
+
 def explain(exc: BaseException, overrides: list[str]) -> str:
     """One line for a compose/validate error, naming the override at fault."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
@@ -112,11 +151,16 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
             return f"unknown option {ov.lstrip('+')} (available: {', '.join(_options(override_key(ov)))})"
         return first
     if isinstance(exc, OverrideParseException):
-        bad = next((o for o in overrides if o in msg), None)
-        lines = [x.strip() for x in msg.splitlines() if x.strip()]
-        detail = lines[1] if len(lines) > 1 else first
-        return f"malformed override {bad!r}: {detail}" if bad else f"malformed override: {first}"
+        return _malformed(msg, overrides)
     if isinstance(exc, ConfigCompositionException):
+        m = re.search(r"^Ambiguous value for argument '(.+)'$", first)
+        if m:  # key=a,b outside a multirun
+            key, _, value = m.group(1).partition("=")
+            return (
+                f"bad value {m.group(1)}: a comma makes it several values: write {key}=[{value}] for a list, "
+                f"{key}={_quoted(value)} for text with a comma, or run one job per value "
+                f"(python train.py -m {m.group(1)})"
+            )
         m = re.search(r"Could not override '([^']+)'", msg)
         if m:
             key = m.group(1)
