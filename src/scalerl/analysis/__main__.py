@@ -54,6 +54,53 @@ from scalerl.scaling.sigmoid import DEFAULT_METHOD, METHODS, N_PARAMS
 from scalerl.storage import write_text_atomic
 
 
+def _add_fit_options(common: argparse.ArgumentParser) -> None:
+    """The fit settings (:data:`FIT_OPTIONS`): each left out is the one the runs logged, where they all
+    logged the same (:func:`_runs_protocol`), else the protocol's default."""
+
+    def default(key: str, otherwise) -> str:
+        return f"default: the runs' scaling.{key} where they all logged one, else {otherwise}"
+
+    common.add_argument(
+        "--min-step",
+        type=int,
+        help=f"leave out evaluations before this optimiser step, in every run ({default('min_step', DEFAULT_MIN_STEP)})",
+    )
+    common.add_argument(
+        "--min-compute",
+        type=float,
+        help="leave out evaluations below this compute (the runs' compute axis units), in every run "
+        f"({default('min_compute', 0)})",
+    )
+    common.add_argument(
+        "--grid-a",
+        help="the grid method's A values LOW,HIGH,STEP (the paper's: 0.45,0.8,0.005; "
+        f"{default('grid_A', 'from the data')})",
+    )
+    common.add_argument(
+        "--grid-c-mid",
+        help="the grid method's C_mid values LOW,HIGH,N linearly spaced (the paper's: 100,40000,100 "
+        f"GPU-hours; {default('grid_C_mid', 'from the data')})",
+    )
+    common.add_argument("--method", choices=METHODS, help=f"fit method ({default('method', DEFAULT_METHOD)})")
+    common.add_argument(
+        "--bootstrap",
+        type=int,
+        help="bootstrap resamples for CIs (0 = none; else at least 2/(1-level), 20 at the default level; "
+        f"{default('bootstrap', FitProtocol.bootstrap)})",
+    )
+    common.add_argument(
+        "--metric",
+        help=f"the metric fitted, val/<METRIC> of each evaluation: {DEFAULT_METRIC} or pass_at_<k>, "
+        f"a val/pass_at_<k> the runs logged (eval.pass_at_k), as scaling.metric ({default('metric', DEFAULT_METRIC)})",
+    )
+    common.add_argument(
+        "--extrapolate",
+        type=float,
+        help=f"plots extend fits to this x the budget ({default('extrapolate', f'{FitProtocol.extrapolate:g}')})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -70,60 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs", default=None, help="comma-separated run ids (instead of the whole experiment)"
     )
     common.add_argument("--out", default=None, help="output folder (default: outputs/analysis/<experiment>)")
-    common.add_argument(
-        "--min-step",
-        type=int,
-        default=None,
-        help="leave out evaluations before this optimiser step, in every run (default: the runs' "
-        f"scaling.min_step where they all logged one, else {DEFAULT_MIN_STEP})",
-    )
-    common.add_argument(
-        "--min-compute",
-        type=float,
-        default=None,
-        help="leave out evaluations below this compute (the runs' compute axis units), in every run "
-        "(default: the runs' scaling.min_compute where they all logged one, else 0)",
-    )
-    common.add_argument(
-        "--grid-a",
-        default=None,
-        help="the grid method's A values LOW,HIGH,STEP (the paper's: 0.45,0.8,0.005; default: the runs' "
-        "scaling.grid_A where they all logged one, else from the data)",
-    )
-    common.add_argument(
-        "--grid-c-mid",
-        default=None,
-        help="the grid method's C_mid values LOW,HIGH,N linearly spaced (the paper's: 100,40000,100 "
-        "GPU-hours; default: the runs' scaling.grid_C_mid where they all logged one, else from the data)",
-    )
-    common.add_argument(
-        "--method",
-        choices=METHODS,
-        default=None,
-        help=f"fit method (default: the runs' scaling.method where they all logged one, else {DEFAULT_METHOD})",
-    )
-    common.add_argument(
-        "--bootstrap",
-        type=int,
-        default=None,
-        help="bootstrap resamples for CIs (0 = none; else at least 2/(1-level), 20 at the default level; "
-        f"default: the runs' scaling.bootstrap where they all logged one, else {FitProtocol.bootstrap})",
-    )
+    _add_fit_options(common)
     common.add_argument("--level", type=float, default=0.9, help="confidence level of the intervals")
-    common.add_argument(
-        "--metric",
-        default=None,
-        help=f"the metric fitted, val/<METRIC> of each evaluation: {DEFAULT_METRIC} or pass_at_<k>, "
-        "a val/pass_at_<k> the runs logged (eval.pass_at_k), as scaling.metric (default: the runs' "
-        f"scaling.metric where they all logged one, else {DEFAULT_METRIC})",
-    )
-    common.add_argument(
-        "--extrapolate",
-        type=float,
-        default=None,
-        help="plots extend fits to this x the budget (default: the runs' scaling.extrapolate where they "
-        f"all logged one, else {FitProtocol.extrapolate:g})",
-    )
     common.add_argument(
         "--baseline",
         default=None,
