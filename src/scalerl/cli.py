@@ -40,7 +40,7 @@ def _engine_server(cfg: DictConfig):
     the engines."""
     from scalerl.rollout import server
 
-    return server if server.local_engines(cfg) else None
+    return server if server.local_engines(cfg.async_mode, cfg.placement) else None
 
 
 def check_layout(cfg: DictConfig, env=None):

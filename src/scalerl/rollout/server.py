@@ -46,13 +46,11 @@ def process_context():
     return ctx
 
 
-def local_engines(cfg) -> bool:
-    """Whether the run ``cfg`` (composed or typed) starts engine processes on its own machine: a
-    pipeline_rl run, unless its engines are tasks of its job (``placement.generator_tasks``: a
-    generator task serves as an engine itself and forks none)."""
-    return (
-        cfg.async_mode.name == "pipeline_rl" and int(getattr(cfg.placement, "generator_tasks", 0) or 0) == 0
-    )
+def local_engines(async_mode, placement) -> bool:
+    """Whether a run with these ``async_mode`` and ``placement`` options (composed or typed) starts
+    engine processes on its own machine: a pipeline_rl run, unless its engines are tasks of its job
+    (``placement.generator_tasks``: a generator task serves as an engine itself and forks none)."""
+    return async_mode.name == "pipeline_rl" and int(getattr(placement, "generator_tasks", 0) or 0) == 0
 
 
 def prestart() -> None:

@@ -164,7 +164,9 @@ class TrainJob(submitit.helpers.Checkpointable):
         cfg = build_config(list(overrides), dict(settings), seed)
         if finished_elsewhere(cfg.out_dir, cfg.trainer.total_steps, env):
             return {}  # rank 0's result is the run's
-        if server.local_engines(cfg):  # the engines' fork server, forked from this job: no imports anew
+        if server.local_engines(
+            cfg.async_mode, cfg.placement
+        ):  # the engines' fork server, forked from this job: no imports anew
             server.fork_here()
         return engine_role(cfg) or train(cfg)
 

@@ -322,7 +322,8 @@ def make_plan(
             settings = run_settings(spec.name, run, uri, "0" * 32)
             with _named(where, overrides):
                 config = build_config(overrides, settings, seed, composed=composed)
-            _check_kept_recipe(config, run, where)
+            if change := recipe_change(config):  # a run that began keeps its recipe
+                raise SweepError(_recipe_kept(where, run, *change))
             config = typed(config)
             if vname not in work_options:
                 work_options[vname] = {g: getattr(config, g) for g in WORK_GROUPS}
@@ -356,18 +357,16 @@ def make_plan(
     )
 
 
-def _check_kept_recipe(config, run: PlannedRun, where: str) -> None:
-    """A run that has started already (finished or not: its ``out_dir`` keeps the recipe it began
-    with) runs on only under that recipe: a variant edited since would be scored on the old run (a
-    finished run is skipped), or fail when its job resumes it. :class:`SweepError` (one line)."""
-    change = recipe_change(config)
-    if change is not None:
-        key, then, now = change
-        raise SweepError(
-            f"{where}: {key}={now}, but its run {run.name} in {display_path(run.out_dir)} began with "
-            f"{key}={then}; a run keeps the recipe it began with: give the variant its old value back, "
-            "or the sweep another folder (--out)"
-        )
+def _recipe_kept(where: str, run: PlannedRun, key: str, then: str, now: str) -> str:
+    """Why a run that has started already (finished or not: its ``out_dir`` keeps the recipe it
+    began with, ``key`` was ``then``) cannot run on under its variant's ``now``: a variant edited
+    since would be scored on the old run (a finished run is skipped), or fail when its job resumes
+    it. One line."""
+    return (
+        f"{where}: {key}={now}, but its run {run.name} in {display_path(run.out_dir)} began with "
+        f"{key}={then}; a run keeps the recipe it began with: give the variant its old value back, "
+        "or the sweep another folder (--out)"
+    )
 
 
 def _split_base(base: list[str], path: str) -> tuple[list[str], list[str], str | None]:

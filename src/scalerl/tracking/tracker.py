@@ -197,13 +197,14 @@ class Tracker:
         known = json.loads(info.read_text()) if info.is_file() else {}
         run_id = run_id or known.get("run_id")
         if run_id is not None:
+            self.run_id = run_id
             try:
                 self._retry(lambda: self.client.update_run(run_id, status="RUNNING"))
             except Exception as e:
-                if _not_found(e):
+                if _not_found(e):  # no run here to mark FAILED
+                    self.run_id = None
                     raise RunNotInStore(self.uri, run_id, self.out_dir, known) from None
                 raise
-            self.run_id = run_id
             # a run stopped while it described itself (after run_info.json) has the rest written now
             have = self._retry(lambda: self.client.get_run(run_id)).data.params
             if missing := {k: v for k, v in params.items() if k not in have}:
