@@ -29,20 +29,6 @@ def preflight(cfg: DictConfig) -> None:
     check_task(config.task, model=config.model, length_control=config.length_control, eval=config.eval)
 
 
-def _engine_server(cfg: DictConfig):
-    """The engines' fork server (:mod:`scalerl.rollout.server`) for a run that starts engine
-    processes on this machine (pipeline_rl's local engines), else None. This process imports what
-    the server preloads with its own imports, then forks the server from itself
-    (:func:`~scalerl.rollout.server.fork_here`): the server imports nothing, where a server started
-    anew would spend seconds of CPU importing torch, transformers and scalerl again. Not for a
-    multi-task job's generator tasks (``placement.generator_tasks``): a generator task serves as an
-    engine itself and forks none, and a trainer task starts the server as its run's setup places
-    the engines."""
-    from scalerl.rollout import server
-
-    return server if server.local_engines(cfg.async_mode, cfg.placement) else None
-
-
 def check_layout(cfg: DictConfig, env=None):
     """The run's layout for the launch this process belongs to (torchrun's or a job's variables, else
     one process) is one that can work: every rank's devices, threads, ports and batch share
@@ -67,7 +53,13 @@ def _main(cfg: DictConfig) -> None:
         print(f"error: {held}", file=sys.stderr)
         sys.exit(1)
 
-    server = _engine_server(cfg)
+    # pipeline_rl's local engines fork from a server (scalerl.rollout.server) that this process
+    # forks from itself once its imports include the server's: the server imports nothing anew. Not
+    # for a multi-task job's tasks (placement.generator_tasks): a generator task serves as an engine
+    # and forks none, a trainer task starts the server as its run's setup places the engines.
+    from scalerl.rollout import server
+
+    engines_here = server.local_engines(cfg.async_mode, cfg.placement)
     with uncollected_imports():  # torch, transformers: millions of objects the collector need not walk
         from scalerl.lock import LockBusy
         from scalerl.loop import RunError, train
@@ -76,9 +68,9 @@ def _main(cfg: DictConfig) -> None:
         from scalerl.rollout.engine import engine_role
         from scalerl.storage import CheckpointError
 
-        if server is not None:
+        if engines_here:
             server.import_preloaded()
-    if server is not None:  # before anything starts a thread
+    if engines_here:  # before anything starts a thread
         server.fork_here()
 
     try:  # a generator task of a multi-task job serves as its engine; every other process trains

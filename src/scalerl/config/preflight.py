@@ -446,6 +446,8 @@ def check_resumed_store(out_dir, uri: str, key: str = "tracking.uri") -> None:
     ``sqlite:///mlflow.db`` from another directory, another file named), and opening it would create
     an empty one. PathError naming the store the run was made in. (A store that exists but lacks the
     run is found when the run opens it: :class:`scalerl.tracking.tracker.RunNotInStore`.)"""
+    from scalerl.tracking.tracker import store_made_in
+
     try:
         info = json.loads((Path(out_dir) / "run_info.json").read_text())
     except (OSError, ValueError):
@@ -455,7 +457,7 @@ def check_resumed_store(out_dir, uri: str, key: str = "tracking.uri") -> None:
     path = Path(uri[len("sqlite:///") :]).expanduser()
     if path.exists():
         return
-    made_in = info.get("store") or info.get("uri") or "another store"
+    made_in = store_made_in(info)
     raise PathError(
         key,
         _shown(uri),

@@ -87,11 +87,17 @@ class RunNotInStore(UserError):
     directory's ``sqlite:///mlflow.db``): one line naming the store it was made in."""
 
     def __init__(self, uri: str, run_id: str, out_dir, known: dict):
-        made_in = known.get("store") or known.get("uri") or "another store"
+        made_in = store_made_in(known)
         super().__init__(
             f"tracking.uri={redact(uri)!r}: this store has no MLflow run {run_id}, the run being resumed in "
             f"out_dir {out_dir} (made in {made_in}, its run_info.json): resume it with tracking.uri={made_in}"
         )
+
+
+def store_made_in(run_info: dict) -> str:
+    """The store a run was made in, as its ``run_info.json`` records it: as found from any directory
+    (``store``), else as given (``uri``: a run made before ``store`` was kept)."""
+    return run_info.get("store") or run_info.get("uri") or "another store"
 
 
 def _not_found(e: Exception) -> bool:
