@@ -12,7 +12,7 @@ import pytest
 
 from scalerl.config.options import Option, options
 from scalerl.task import TASKS, AdditionTask, build_task, final_answer, make_task
-from scalerl.task.base import check_answer
+from scalerl.task.base import Prompt, check_answer, score_counted
 
 STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d\d),")
 
@@ -126,6 +126,81 @@ def test_math_verify_leaves_the_verifier_s_time_limit_armed():
         assert check_answer("42", r"so \boxed{x = 42}") == 1.0
         left = signal.getitimer(signal.ITIMER_REAL)[0]
     assert 0 < left <= 30.0
+
+
+def test_a_verifier_that_swallows_the_time_limit_is_stopped_all_the_same():
+    """math-verify and sympy wrap their work in ``except Exception``: the limit's exception passed
+    through them once, was caught, and the rest of the check ran without a limit. It is a
+    BaseException now, and raised again while the verifier still runs (a bare ``except:``)."""
+    import time
+
+    class Swallows:
+        def __init__(self, bare: bool):
+            self.bare, self.caught = bare, 0
+
+        def score(self, prompt, completion):
+            end = time.monotonic() + 5.0
+            while time.monotonic() < end:
+                try:
+                    time.sleep(0.01)
+                except Exception:  # what the libraries do
+                    self.caught += 1
+                except BaseException:
+                    if not self.bare:
+                        raise
+                    self.caught += 1  # a bare except: swallowed once
+                    self.bare = False
+            return 1.0
+
+    for bare in (False, True):
+        task, t0 = Swallows(bare), time.monotonic()
+        assert score_counted(task, Prompt(0, "q", "42"), "42", 0.2) == (0.0, "timeout", None)
+        assert time.monotonic() - t0 < 2.0
+        assert task.caught == (1 if bare else 0)
+    # the limit is gone after the block: no late signal reaches the caller
+    time.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        r"\boxed{10^{10^{7}}}",
+        r"\boxed{9^{9^{9}}}",
+        r"\boxed{(9^{9^{7}} = 42)}",
+        "10**10**7",
+        r"\boxed{10^{2000000}}",
+        r"\boxed{1234567!}",
+        r"\boxed{(10^{3})!}",
+        r"\boxed{\binom{10000000}{5}}",
+    ],
+)
+def test_an_answer_too_costly_to_compute_scores_0_at_once(answer):
+    """sympy computes a power, factorial or binomial of integers in C, where no time limit reaches
+    (``10^{10^{7}}`` held the check for seconds, a taller tower would for hours): scored 0 unparsed."""
+    import time
+
+    t0 = time.monotonic()
+    assert score_counted(MathAnswer(), Prompt(0, "q", "42"), answer, 30.0) == (0.0, None, None)
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer"),
+    [
+        ("4096", r"\boxed{2^{12}}"),
+        ("720", r"\boxed{6!}"),
+        ("120", r"\boxed{\binom{10}{3}}"),
+        ("1000000", r"\boxed{10^{6}}"),
+        ("0.001", r"\boxed{10^{-3}}"),
+    ],
+)
+def test_powers_and_factorials_of_a_final_answer_s_size_still_verify(gold, answer):
+    assert check_answer(gold, answer) == 1.0
+
+
+class MathAnswer:
+    def score(self, prompt, completion):
+        return check_answer(prompt.answer, completion)
 
 
 # The study design of issue #53 (item 1): a held-out set of mixed difficulty whose tiers a thinking

@@ -44,8 +44,10 @@ def final_answer(completion: str) -> str:
     return (completion[idx + len(THINK_END) :] if idx >= 0 else completion).strip()
 
 
-class VerifierTimeout(Exception):
-    pass
+class VerifierTimeout(BaseException):
+    """A verifier ran past its time limit. A ``BaseException``, so that a library's ``except
+    Exception`` (math-verify and sympy wrap their work in them) cannot swallow it and let the rest
+    of the check run without a limit."""
 
 
 class ProgramFailed(Exception):
@@ -162,6 +164,58 @@ def _chain_holds(gold_parsed, answer: str) -> bool:
     return all(not s.strip() or _NAME.fullmatch(s) or mv_verify(last, side(s)) for s in sides[:-1])
 
 
+# an answer whose value is too costly to compute: sympy evaluates a power, factorial or binomial of
+# integers at once, in C, where no time limit can stop it (``10^{10^{7}}`` held a verification
+# for seconds, a taller tower for hours). No final answer needs these, so they score 0 unparsed.
+_MAX_DIGITS = 5  # of an integer in an exponent, a factorial or a binomial
+_POWER = re.compile(r"\^|\*\*")
+_FACTORIAL = re.compile(r"(\d+|[)}\]])\s*!")
+_BINOMIAL = re.compile(r"\\(?:[dt]?binom|choose)(?![A-Za-z])")
+_LONG_INT = re.compile(rf"\d{{{_MAX_DIGITS + 1},}}")
+
+
+def _group_before(text: str, end: int) -> str:
+    """The bracketed group that closes at ``text[end]`` (``)``, ``}`` or ``]``), or ``""``."""
+    depth = 0
+    for i in range(end, -1, -1):
+        depth += text[i] in ")}]"
+        depth -= text[i] in "({["
+        if depth == 0:
+            return text[i : end + 1]
+    return ""
+
+
+def _exponent(text: str, at: int) -> str:
+    """The exponent that starts at ``text[at]`` (after ``^`` or ``**``): a braced or bracketed
+    group, else the run of digits, or the one character, there."""
+    rest = text[at:].lstrip()
+    if rest[:1] in ("{", "(", "["):
+        depth = 0
+        for i, c in enumerate(rest):
+            depth += c in "{(["
+            depth -= c in "})]"
+            if depth == 0:
+                return rest[: i + 1]
+        return rest
+    digits = re.match(r"[-+]?\d+", rest)
+    return digits.group() if digits else rest[:1]
+
+
+def too_costly(text: str) -> bool:
+    """Whether ``text`` holds a power whose exponent is itself a power or factorial or has an
+    integer over ``_MAX_DIGITS`` digits, such a factorial, or a binomial with such an integer."""
+    for m in _POWER.finditer(text):
+        exp = _exponent(text, m.end())
+        after = text[m.end() :].lstrip()[len(exp) :].lstrip()  # ``10**10**7``: a tower too
+        if _POWER.search(exp) or _POWER.match(after) or "!" in exp or _LONG_INT.search(exp):
+            return True
+    for m in _FACTORIAL.finditer(text):
+        arg = m.group(1) if m.group(1)[0].isdigit() else _group_before(text, m.start(1))
+        if _LONG_INT.search(arg) or _POWER.search(arg) or "!" in arg:
+            return True
+    return bool(_BINOMIAL.search(text) and _LONG_INT.search(text))
+
+
 def check_answer(gold: str, completion: str) -> float:
     """1.0 iff math-verify finds the gold answer in the completion (its last ``\\boxed{}``, else
     its last number or formula), else 0.0. The gold answer is parsed as LaTeX math (so ``1/(n+1)``
@@ -175,10 +229,14 @@ def check_answer(gold: str, completion: str) -> float:
     or verifies equal to the last side: ``x = 42``, ``x \\approx 42`` and the true
     ``40 + 2 = 42`` score 1; ``43 = 42``, ``x = 43 = 42``, ``41 \\approx 42``, ``x < 43`` and
     ``x^2 + 1 = 42`` score 0. A gold answer that is itself a relation is compared as math-verify
-    compares it."""
+    compares it. An answer whose value would take too long to compute (:func:`too_costly`:
+    ``10^{10^{7}}``, ``123456!``) scores 0 without being parsed."""
+    answer = final_answer(completion)
+    if too_costly(answer):
+        return 0.0
     gold_tex = gold_latex(gold)
     gold_parsed = mv_parse(f"${gold_tex}$")
-    pred = mv_parse(final_answer(completion))
+    pred = mv_parse(answer)
     if not (gold_parsed and pred and mv_verify(gold_parsed, pred)):
         return 0.0
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
@@ -189,21 +247,30 @@ def check_answer(gold: str, completion: str) -> float:
 
 @contextmanager
 def _time_limit(seconds: float):
-    # SIGALRM works only in the main thread; elsewhere the verifier runs without a limit.
+    """Raise :class:`VerifierTimeout` in the block once it has run ``seconds``, and again every
+    ``_REPEAT_S`` after that while it still runs (a bare ``except:`` that swallowed the first one
+    does not end the limit). SIGALRM works only in the main thread; elsewhere the verifier runs
+    without a limit."""
     if threading.current_thread() is not threading.main_thread() or seconds <= 0:
         yield
         return
+    armed = [True]
 
     def handler(signum, frame):
-        raise VerifierTimeout(f"verifier took longer than {seconds}s")
+        if armed[0]:  # a late signal, after the block, raises nothing
+            raise VerifierTimeout(f"verifier took longer than {seconds}s")
 
     old = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, _REPEAT_S)
     try:
         yield
     finally:
+        armed[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+_REPEAT_S = 0.05
 
 
 def safe_score(task: Task, prompt: Prompt, completion: str, timeout_s: float) -> tuple[float, str | None]:
