@@ -198,6 +198,23 @@ def test_powers_and_factorials_of_a_final_answer_s_size_still_verify(gold, answe
     assert check_answer(gold, answer) == 1.0
 
 
+@pytest.mark.parametrize(
+    ("gold", "answer", "score"),
+    [
+        ("6.626e-34", r"\boxed{0.0}", 0.0),  # math-verify's 6-decimal rounding made these equal
+        ("0.0000004", r"\boxed{0}", 0.0),
+        ("-0.002", r"\boxed{x = 0}", 0.0),
+        ("1e-07", r"\boxed{2 \times 10^{-7}}", 0.0),
+        ("6.626e-34", r"\boxed{6.63 \times 10^{-34}}", 1.0),  # its first three significant digits
+        ("1e-07", r"\boxed{10^{-7}}", 1.0),
+        ("0.05", r"\boxed{\frac{1}{20}}", 1.0),
+        ("1/3", r"\boxed{0.333333}", 1.0),
+    ],
+)
+def test_a_small_gold_number_needs_its_own_digits_not_a_zero(gold, answer, score):
+    assert check_answer(gold, answer) == score
+
+
 class MathAnswer:
     def score(self, prompt, completion):
         return check_answer(prompt.answer, completion)

@@ -216,6 +216,33 @@ def too_costly(text: str) -> bool:
     return bool(_BINOMIAL.search(text) and _LONG_INT.search(text))
 
 
+# math-verify compares numbers rounded to 6 decimals, which keeps few or none of a small number's
+# digits: ``0.0`` passed for 6.626e-34. Below ``_SMALL`` in size, the answer must also agree with
+# the gold to ``_SMALL_RTOL`` of its size (its first three significant digits).
+_SMALL, _SMALL_RTOL = 0.1, 1e-3
+
+
+def _same_scale(gold, pred) -> bool:
+    """False where both are real numbers (an assignment's value: ``x = 0.0``), the gold nonzero and
+    smaller than ``_SMALL``, and the answer farther from it than ``_SMALL_RTOL`` of its size."""
+    from sympy import And, Expr
+    from sympy.core.relational import Relational
+
+    if isinstance(pred, And) and pred.args:
+        pred = pred.args[-1]
+    if isinstance(pred, Relational):
+        pred = pred.rhs
+    if not (isinstance(gold, Expr) and isinstance(pred, Expr) and gold.is_number and pred.is_number):
+        return True
+    try:
+        g, p = complex(gold), complex(pred)
+    except (TypeError, ValueError, OverflowError):
+        return True
+    if g.imag or p.imag or g.real == 0 or abs(g.real) >= _SMALL:
+        return True
+    return abs(p.real - g.real) <= _SMALL_RTOL * abs(g.real)
+
+
 def check_answer(gold: str, completion: str) -> float:
     """1.0 iff math-verify finds the gold answer in the completion (its last ``\\boxed{}``, else
     its last number or formula), else 0.0. The gold answer is parsed as LaTeX math (so ``1/(n+1)``
@@ -230,7 +257,9 @@ def check_answer(gold: str, completion: str) -> float:
     ``40 + 2 = 42`` score 1; ``43 = 42``, ``x = 43 = 42``, ``41 \\approx 42``, ``x < 43`` and
     ``x^2 + 1 = 42`` score 0. A gold answer that is itself a relation is compared as math-verify
     compares it. An answer whose value would take too long to compute (:func:`too_costly`:
-    ``10^{10^{7}}``, ``123456!``) scores 0 without being parsed."""
+    ``10^{10^{7}}``, ``123456!``) scores 0 without being parsed. A gold number smaller than 0.1
+    needs its first three significant digits (:func:`_same_scale`), which math-verify's rounding
+    to 6 decimals alone does not ask: ``0.0`` passed for 6.626e-34."""
     answer = final_answer(completion)
     if too_costly(answer):
         return 0.0
@@ -238,6 +267,8 @@ def check_answer(gold: str, completion: str) -> float:
     gold_parsed = mv_parse(f"${gold_tex}$")
     pred = mv_parse(answer)
     if not (gold_parsed and pred and mv_verify(gold_parsed, pred)):
+        return 0.0
+    if not _same_scale(gold_parsed[0], pred[0]):
         return 0.0
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
     if relation_chain(gold_tex)[1] or not isinstance(pred[-1], str):
