@@ -3,6 +3,7 @@ validation and fits)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -25,7 +27,7 @@ from scalerl.rollout.prompts import MixedSampler, make_sampler
 from scalerl.task import CodeTask, MultiTask, Prompt, make_task
 from scalerl.task.base import score_counted
 from scalerl.task.code import _humaneval_problems, extract_program
-from scalerl.task.sandbox import BOUNDARIES, KINDS, Limits, available, boundary, run_program
+from scalerl.task.sandbox import BOUNDARIES, KINDS, STRONG, Limits, available, boundary, run_program
 from scalerl.task.score import score_groups
 
 FAST = Limits(timeout_s=1.5, cpu_s=2, memory_mb=256, max_output_bytes=16_384)
@@ -520,3 +522,44 @@ def test_failed_programs_in_a_run_reach_its_metrics_and_never_stop_it(tmp_path, 
     assert metrics["data/verifier_network"] == len(range(1, n + 1, 3))
     assert metrics["data/verifier_crash"] == len(range(2, n + 1, 3))
     assert metrics["data/verifier_errors"] == 0 and metrics["val/pass_rate/code"] == 0
+
+
+@pytest.mark.parametrize("where", [b for b in available() if b in STRONG])
+def test_a_program_cannot_fill_the_machine_s_disk_with_many_small_files(where, tmp_path, monkeypatch):
+    """Each file was limited (RLIMIT_FSIZE), its folder was a folder of the machine's: a program
+    wrote 1.4 GiB of 64 KiB files in 1.5 s. Behind bwrap and userns the folder is a tmpfs that holds
+    Limits.folder_bytes in all; past it a write fails (ENOSPC), and the machine's folder stays empty."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code = (
+        "import os\n"
+        "def f(size):\n"
+        "    n = 0\n"
+        "    try:\n"
+        "        for i in range(10_000):\n"
+        "            with open(f'f{i}', 'w') as fh:\n"
+        "                fh.write('x' * size)\n"
+        "            n += size\n"
+        "    except OSError as e:\n"
+        "        return [n, e.errno, sorted(os.listdir(os.environ.get('HOME', '.')))[:1]]\n"
+        "    return [n, 0, []]\n"
+    )
+    seen: list[list[str]] = []
+    stop = threading.Event()
+
+    def watch():  # what the machine's own folder of the program holds while it runs
+        while not stop.is_set():
+            seen.extend(os.listdir(d) for d in tmp_path.glob("scalerl-sandbox-*"))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        out = run_program(code, [("f", (FAST.max_output_bytes - 1,))], FAST, boundary_name=where)
+    finally:
+        stop.set()
+        watcher.join()
+    assert out.kind is None
+    [(tag, (written, err, first))] = out.results
+    assert (tag, err, first) == ("ok", errno.ENOSPC, ["f0"])
+    assert FAST.folder_bytes - FAST.max_output_bytes <= written <= FAST.folder_bytes
+    assert all(not names or names == [".root"] for names in seen)  # none of its files reached it

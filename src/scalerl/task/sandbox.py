@@ -50,7 +50,9 @@ What each limit rests on:
 * **network**: every boundary's but none's empty network namespace (holds for native code too), and the
   audit hook at the first socket or name lookup. Kind ``network``.
 * **files**: the working directory, ``HOME`` and ``TMPDIR`` are a new temporary directory, removed
-  afterwards; under bwrap and userns nothing else of the machine's files is there to see but the system and
+  afterwards; under bwrap and userns it is a tmpfs of its own that holds at most
+  :attr:`Limits.folder_bytes` (a write past it fails with ``ENOSPC``, so a program cannot fill the
+  machine's disk with many files each under ``RLIMIT_FSIZE``), and nothing else of the machine's files is there to see but the system and
   the interpreter, read-only. The audit hook ends the program when it writes, removes, renames,
   links or changes a file outside that directory, or renames or hard-links one from outside into it
   (kind ``file_write``), opens a device other than ``/dev/null``, ``/dev/zero`` and ``/dev/urandom``
@@ -344,6 +346,16 @@ class Limits:
     max_output_bytes: int = 64 * 1024  # stdout + stderr read back; also the largest file it may write
     max_report_bytes: int = 2**20  # the results, as plain data
 
+    @property
+    def folder_bytes(self) -> int:
+        """What the program's folder holds in all, behind bwrap and userns (a tmpfs of this size):
+        ``FOLDER_FILES`` of its largest files. Its files were limited one by one only, and its
+        folder was the machine's: many small files filled the machine's disk."""
+        return FOLDER_FILES * int(self.max_output_bytes)
+
+
+FOLDER_FILES = 16
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -414,10 +426,10 @@ def describe(name: str) -> str:
     """One line saying what the boundary ``name`` is, for the run's log."""
     return {
         "bwrap": "bubblewrap: new user/mount/network/PID/IPC/UTS namespaces, read-only system, "
-        "every site-packages hidden, no capabilities, only its own folder writable",
+        "every site-packages hidden, no capabilities, only its own folder (a sized tmpfs) writable",
         "userns": "user namespaces (unshare, mount, setpriv): new user/mount/network/PID/IPC/UTS "
         "namespaces, read-only system, every site-packages hidden, no capabilities, only its own "
-        "folder writable",
+        "folder (a sized tmpfs) writable",
         "unshare": "WEAK, chosen by task.sandbox=unshare: unshare --net --pid, an empty network "
         "namespace and its own PID namespace only; the program can read the user's files and the "
         "training process's memory",
@@ -470,8 +482,9 @@ def _python() -> str:
     return os.path.realpath(sys.executable)  # a venv's python is a link to its base interpreter
 
 
-def _command(name: str, tmp: str) -> list[str] | None:
-    """The command line that starts ``python -I -S`` behind the boundary ``name`` (None: not here)."""
+def _command(name: str, tmp: str, folder_bytes: int = Limits().folder_bytes) -> list[str] | None:
+    """The command line that starts ``python -I -S`` behind the boundary ``name`` (None: not here),
+    its folder ``tmp`` a new tmpfs of ``folder_bytes`` behind bwrap and userns."""
     if name == "none":
         return [sys.executable, "-I", "-S"]
     if not sys.platform.startswith("linux"):
@@ -486,7 +499,7 @@ def _command(name: str, tmp: str) -> list[str] | None:
         prefix += [] if os.geteuid() == 0 else ["--map-root-user"]
         return [*prefix, sys.executable, "-I", "-S"]
     if name == "userns":
-        return _userns_command(tmp)
+        return _userns_command(tmp, folder_bytes)
     exe = shutil.which("bwrap")
     if exe is None:
         return None
@@ -502,7 +515,8 @@ def _command(name: str, tmp: str) -> list[str] | None:
     cmd += ["--proc", "/proc", "--tmpfs", "/dev"]
     for n in ("null", "zero", "urandom"):
         cmd += ["--dev-bind", f"/dev/{n}", f"/dev/{n}"]
-    cmd += ["--remount-ro", "/dev", "--tmpfs", "/tmp", "--bind", real_tmp, real_tmp, "--remount-ro", "/tmp"]
+    cmd += ["--remount-ro", "/dev", "--tmpfs", "/tmp", "--size", str(folder_bytes), "--tmpfs", real_tmp]
+    cmd += ["--remount-ro", "/tmp"]
     cmd += ["--remount-ro", "/", "--chdir", real_tmp, _python(), "-I", "-S"]
     return cmd
 
@@ -530,14 +544,14 @@ mount -t tmpfs -o mode=0755 scalerl-dev "$R/dev"
 for n in null zero urandom; do touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"; done
 mount -o remount,ro "$R/dev"
 mkdir -p "$R$JOB"
-mount --bind "$JOB" "$R$JOB"
+mount -t tmpfs -o "size=$FOLDER,mode=0755" scalerl-job "$R$JOB"
 cd "$R"
 pivot_root . .old
 umount -l /.old
-rmdir /.old "$JOB/.root"
+rmdir /.old
 mount -o remount,ro /
 cd "$JOB"
-unset JOB LINKS BOUND HIDDEN R
+unset JOB LINKS BOUND HIDDEN FOLDER R
 set +e
 setpriv --no-new-privs --bounding-set=-all --inh-caps=-all --ambient-caps=-all -- "$@"
 exit $?
@@ -551,7 +565,7 @@ def _which(tool: str) -> str | None:
     return shutil.which(tool) or shutil.which(tool, path=os.pathsep.join(("/usr/sbin", "/sbin")))
 
 
-def _userns_command(tmp: str) -> list[str] | None:
+def _userns_command(tmp: str, folder_bytes: int) -> list[str] | None:
     tools = {t: _which(t) for t in ("unshare", "setpriv", "mount", "umount", "pivot_root", "sh")}
     if None in tools.values():
         return None
@@ -560,6 +574,7 @@ def _userns_command(tmp: str) -> list[str] | None:
         return None  # the setup splits these lists on spaces
     env = [
         f"JOB={os.path.realpath(tmp)}",
+        f"FOLDER={int(folder_bytes)}",
         "LINKS=" + " ".join(f"{link}={target}" for link, target in links),
         "BOUND=" + " ".join(bound),
         "HIDDEN=" + " ".join(hidden),
@@ -645,7 +660,7 @@ def run_program(code: str, calls, limits: Limits = Limits(), *, boundary_name: s
     tmp = tempfile.mkdtemp(prefix="scalerl-sandbox-")
     job["dir"] = tmp
     env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8"}
-    cmd = _command(name, tmp)
+    cmd = _command(name, tmp, limits.folder_bytes)
     if cmd is None:
         raise ValueError(f"boundary_name={name!r}: not available on this system")
     proc = None
