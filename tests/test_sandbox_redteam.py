@@ -578,6 +578,23 @@ GAMED_MATH = {
     "a true inequality": r"\boxed{43 \geq 42}",
     "an equation in the unknown": r"\boxed{x^2 + 1 = 42}",
     "a false equation, unboxed LaTeX": r"so $43 = 42$",
+    # ... also where the relation hides: in brackets, in a piece math-verify did not keep as text,
+    # or behind a relation sign the list above did not name
+    "a false equation in parentheses": r"\boxed{(43 = 42)}",
+    "a false equation in sized parentheses": r"\boxed{\left(43 = 42\right)}",
+    "a braced equals sign": r"\boxed{43 {=} 42}",
+    "an equation in the unknown, in parentheses": r"\boxed{(x^2 + 1 = 42)}",
+    "a congruence class in parentheses": r"\boxed{(x \equiv 42 \pmod{100})}",
+    "a false equation, then an unparseable piece": r"$43 = 42$ so $?$",
+    "a wrong number, mapped to it": r"\boxed{43 \mapsto 42}",
+    "a wrong number, implied by it": r"\boxed{43 \Leftarrow 42}",
+    "a wrong number, proportional": r"\boxed{43 \propto 42}",
+    "a wrong number, eqsim": r"\boxed{43 \eqsim 42}",
+    "a wrong number, colon-equals": r"\boxed{43 \coloneq 42}",
+    "a wrong number, unicode colon-equals": "\\boxed{43 \u2254 42}",
+    "a wrong number, a long unicode arrow": "\\boxed{43 \u27f6 42}",
+    "a wrong number, a long unicode implication": "\\boxed{43 \u27f9 42}",
+    "a full-width less-than": "\\boxed{43 \uff1c 42}",
 }
 
 

@@ -79,18 +79,29 @@ def gold_latex(gold: str) -> str:
 # relations that make an answer an equation, inequality or chain: judged as a whole, since
 # math-verify reads only one side (the right of ``=``, the left of a unicode ``≈``), so that
 # ``43 = 42`` passed for 42. ``\\stackrel{?}{=}``-like links hold braces, so they come first.
+# Unicode relations: every arrow (U+2190-21FF, U+27F0-27FF, U+2900-297F), and the relation signs of
+# the mathematical operators (membership, proportion, divides, similarity, equality, order, subset,
+# turnstiles, precedence), the supplemental ones (U+2A66-2AFA) and the full-width < = > (U+FF1C-FF1E)
+_UNICODE_RELATIONS = (
+    "\u2190-\u21ff\u27f0-\u27ff\u2900-\u297f\u2208-\u220d\u221d\u2223-\u2226\u2236-\u2292"
+    "\u22a2-\u22b7\u22d0-\u22ed\u2a66-\u2afa\uff1c-\uff1e<=>"
+)
 _RELATION = re.compile(
     r"\\(?:stackrel|overset)\{[^{}]*\}\{[^{}]*\}"
-    r"|\\(?:approx|sim|simeq|cong|equiv|doteq|coloneqq|to|rightarrow|Rightarrow|longrightarrow"
-    r"|Longrightarrow|implies|le|ge|leq|geq|leqslant|geqslant|lt|gt|ll|gg|ne|neq|iff|Leftrightarrow"
-    r"|lor|vee|land|wedge|mid|nmid)(?![A-Za-z])"
-    r"|<=|>=|!=|==|:=|[=<>\u2264\u2265\u2260\u2248\u223c\u2261\uff1d\u2192\u21d2]"
+    r"|\\(?:approx|approxeq|sim|simeq|eqsim|backsim|cong|equiv|doteq|coloneqq|coloneq|eqqcolon|eqcolon"
+    r"|triangleq|to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies|mapsto|longmapsto|gets"
+    r"|leftarrow|Leftarrow|longleftarrow|Longleftarrow|leftrightarrow|impliedby|propto|asymp|le|ge|leq"
+    r"|geq|leqq|geqq|leqslant|geqslant|lesssim|gtrsim|lt|gt|ll|gg|prec|succ|preceq|succeq|subset"
+    r"|supset|subseteq|supseteq|in|ni|notin|models|vdash|ne|neq|not|nless|ngtr|nleq|ngeq|iff"
+    r"|Leftrightarrow|lor|vee|land|wedge|lnot|neg|mid|nmid|parallel)(?![A-Za-z])"
+    rf"|<=|>=|!=|==|:=|[{_UNICODE_RELATIONS}]"
 )
 # the links of a chain that claim its sides equal (``\\approx`` is read as ``=``); any other
-# (``<``, ``\\ne``, ``\\lor`` ...) makes the answer a range or a hedge, not a number
+# (``<``, ``\\ne``, ``\\lor``, ``\\mapsto`` ...) makes the answer a range or a hedge, not a number
 _EQUAL_LINKS = re.compile(
-    r"\\(?:stackrel|overset)\{.*|\\(?:approx|sim|simeq|cong|equiv|doteq|coloneqq|to|rightarrow"
-    r"|Rightarrow|longrightarrow|Longrightarrow|implies)|==?|:=|[\u2248\u223c\u2261\uff1d\u2192\u21d2]"
+    r"\\(?:stackrel|overset)\{.*|\\(?:approx|approxeq|sim|simeq|eqsim|cong|equiv|doteq|coloneqq|coloneq"
+    r"|triangleq|to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies)|==?|:="
+    r"|[\u2248\u223c\u2243\u2245\u2254\u2261\u225c\uff1d\u2192\u21d2\u27f6\u27f9]"
 )
 _GREEK = (
     "alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|"
@@ -124,6 +135,31 @@ def relation_chain(latex: str) -> tuple[list[str], list[str]]:
             links.append(tok)
             start = m.end()
     return [*sides, latex[start:]], links
+
+
+def relation_inside(latex: str) -> bool:
+    """Whether ``latex`` holds a relation symbol inside braces, brackets or parentheses
+    (``(43 = 42)``, ``43 {=} 42``, ``(x \\equiv 42 \\pmod{100})``), where :func:`relation_chain`
+    does not look: math-verify still reads one side of it."""
+    depth = 0
+    for m in re.finditer(rf"{_RELATION.pattern}|[{{}}()\[\]]", latex):
+        tok = m.group()
+        if tok in "{[(":
+            depth += 1
+        elif tok in "}])":
+            depth -= 1
+        elif depth > 0:
+            return True
+    return False
+
+
+def _holds_relation(value) -> bool:
+    """Whether a parsed answer (a sympy object) is or holds a relation or a logical statement."""
+    from sympy import Basic
+    from sympy.core.relational import Relational
+    from sympy.logic.boolalg import Boolean
+
+    return isinstance(value, Basic) and (isinstance(value, Boolean) or value.has(Relational))
 
 
 def mv_parse(text: str, **kw) -> list:
@@ -255,8 +291,9 @@ def check_answer(gold: str, completion: str) -> float:
     every other side is either a name (``x``, ``a_{10}``, ``f(2)``, ``\\text{Area}``, ``(x, y)``)
     or verifies equal to the last side: ``x = 42``, ``x \\approx 42`` and the true
     ``40 + 2 = 42`` score 1; ``43 = 42``, ``x = 43 = 42``, ``41 \\approx 42``, ``x < 43`` and
-    ``x^2 + 1 = 42`` score 0. A gold answer that is itself a relation is compared as math-verify
-    compares it. An answer whose value would take too long to compute (:func:`too_costly`:
+    ``x^2 + 1 = 42`` score 0. A relation inside brackets (``(43 = 42)``, ``43 {=} 42``), or one
+    the parsed answer holds but its text does not show, scores 0. A gold answer that is itself a
+    relation is compared as math-verify compares it. An answer whose value would take too long to compute (:func:`too_costly`:
     ``10^{10^{7}}``, ``123456!``) scores 0 without being parsed. A gold number smaller than 0.1
     needs its first three significant digits (:func:`_same_scale`), which math-verify's rounding
     to 6 decimals alone does not ask: ``0.0`` passed for 6.626e-34."""
@@ -271,9 +308,14 @@ def check_answer(gold: str, completion: str) -> float:
     if not _same_scale(gold_parsed[0], pred[0]):
         return 0.0
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
-    if relation_chain(gold_tex)[1] or not isinstance(pred[-1], str):
-        return 1.0
-    return 1.0 if _chain_holds(gold_parsed, pred[-1]) else 0.0
+    if relation_chain(gold_tex)[1] or relation_inside(gold_tex) or _holds_relation(gold_parsed[0]):
+        return 1.0  # a relation as the gold answer: compared as math-verify compares it
+    text = pred[-1] if isinstance(pred[-1], str) else ""
+    if relation_inside(text):
+        return 0.0
+    if _holds_relation(pred[0]) and not relation_chain(text)[1]:
+        return 0.0  # parsed as a relation its text does not show (``$43 = 42$ so $?$``)
+    return 1.0 if _chain_holds(gold_parsed, text) else 0.0
 
 
 @contextmanager
