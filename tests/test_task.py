@@ -215,6 +215,22 @@ def test_a_small_gold_number_needs_its_own_digits_not_a_zero(gold, answer, score
     assert check_answer(gold, answer) == score
 
 
+@pytest.mark.parametrize(
+    ("answer", "score"),
+    [
+        (r"\boxed{x = 3 = 2}", 0.0),
+        (r"\boxed{3 = 2}", 0.0),
+        (r"\boxed{(x = 3) = 2}", 0.0),
+        (r"\boxed{x = 2}", 1.0),
+        (r"\boxed{2}", 1.0),
+        (r"\boxed{x = 1 + 1}", 1.0),
+    ],
+)
+def test_a_gold_that_assigns_a_value_judges_the_answer_by_that_value(answer, score):
+    """math-verify truncates an assignment's chain to its ends: ``x = 3 = 2`` passed for ``x = 2``."""
+    assert check_answer("x = 2", answer) == score
+
+
 class MathAnswer:
     def score(self, prompt, completion):
         return check_answer(prompt.answer, completion)

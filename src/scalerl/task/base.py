@@ -279,6 +279,14 @@ def _same_scale(gold, pred) -> bool:
     return abs(p.real - g.real) <= _SMALL_RTOL * abs(g.real)
 
 
+def _assigned(gold_tex: str) -> str | None:
+    """The value of a gold answer that assigns one to a name (``x = 2`` -> ``2``), else None."""
+    sides, links = relation_chain(gold_tex)
+    if len(links) != 1 or not _EQUAL_LINKS.fullmatch(links[0]) or relation_inside(gold_tex):
+        return None
+    return sides[1].strip() if _NAME.fullmatch(sides[0]) and sides[1].strip() else None
+
+
 def check_answer(gold: str, completion: str) -> float:
     """1.0 iff math-verify finds the gold answer in the completion (its last ``\\boxed{}``, else
     its last number or formula), else 0.0. The gold answer is parsed as LaTeX math (so ``1/(n+1)``
@@ -293,7 +301,8 @@ def check_answer(gold: str, completion: str) -> float:
     ``40 + 2 = 42`` score 1; ``43 = 42``, ``x = 43 = 42``, ``41 \\approx 42``, ``x < 43`` and
     ``x^2 + 1 = 42`` score 0. A relation inside brackets (``(43 = 42)``, ``43 {=} 42``), or one
     the parsed answer holds but its text does not show, scores 0. A gold answer that is itself a
-    relation is compared as math-verify compares it. An answer whose value would take too long to compute (:func:`too_costly`:
+    relation is compared as math-verify compares it, but one that assigns a value to a name
+    (``x = 2``) is judged by that value as above (``x = 3 = 2`` scores 0). An answer whose value would take too long to compute (:func:`too_costly`:
     ``10^{10^{7}}``, ``123456!``) scores 0 without being parsed. A gold number smaller than 0.1
     needs its first three significant digits (:func:`_same_scale`), which math-verify's rounding
     to 6 decimals alone does not ask: ``0.0`` passed for 6.626e-34."""
@@ -305,6 +314,9 @@ def check_answer(gold: str, completion: str) -> float:
     pred = mv_parse(answer)
     if not (gold_parsed and pred and mv_verify(gold_parsed, pred)):
         return 0.0
+    value = _assigned(gold_tex)  # a gold ``x = 2`` is judged by its value, as a number's is
+    if value is not None and (parsed := mv_parse(f"${value}$")):
+        gold_tex, gold_parsed = value, parsed
     if not _same_scale(gold_parsed[0], pred[0]):
         return 0.0
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
