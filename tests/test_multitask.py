@@ -84,9 +84,23 @@ def test_a_job_of_one_task_or_no_job_sets_nothing():
         "SLURM_JOB_NUM_NODES": "1",
     }
     before = dict(one)
-    assert export_task_env(one) == {} and one == before  # a one-process run, as before
+    assert export_task_env(one) == {}  # a one-process run ...
+    # ... without the MASTER_ADDR and RANK the sweep's own environment passed on: its local engines
+    # would have dialled that host
+    assert one == {k: v for k, v in before.items() if k not in ("MASTER_ADDR", "RANK")}
     assert export_task_env({"PATH": "/bin"}) == {}  # train.py, or torchrun's own variables
-    assert export_task_env({"RANK": "1", "WORLD_SIZE": "2"}) == {}
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"}
+    assert export_task_env(torchrun) == {} and torchrun["MASTER_ADDR"] == "10.0.0.1"
+
+
+def test_a_task_placed_other_than_block_by_block_is_refused():
+    """The layout puts rank r on node r // tasks per node; SLURM's cyclic distribution puts it on
+    node r % nodes, where another rank's GPU would be taken twice."""
+    cyclic = {**SLURM_2x4, "SLURM_PROCID": "5", "SLURM_NODEID": "1", "SLURM_LOCALID": "2"}
+    with pytest.raises(RuntimeError, match=r"task 5 of 8 runs on node 1 as local task 2.*block distribution"):
+        task_env(cyclic)
+    with pytest.raises(RuntimeError, match="block distribution"):
+        task_env({**SLURM_2x4, "SLURM_PROCID": "5", "SLURM_NODEID": "0", "SLURM_LOCALID": "1"})
 
 
 def test_local_executor_tasks_rendezvous_on_loopback():

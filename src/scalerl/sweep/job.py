@@ -80,11 +80,19 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
         return {}  # not a submitit task (train.py, torchrun): nothing to set
     if world % nodes:
         raise RuntimeError(f"{world} tasks on {nodes} nodes: every node must run as many tasks")
+    per_node = world // nodes
+    node = environ.get("SLURM_NODEID") if executor == "slurm" else None
+    if (node is not None and int(node) != rank // per_node) or local != rank % per_node:
+        raise RuntimeError(
+            f"task {rank} of {world} runs on node {node} as local task {local}; the run's layout "
+            f"puts rank r on node r // {per_node} as local task r % {per_node} (SLURM's block "
+            "distribution): do not ask for another (--distribution, SLURM_DISTRIBUTION)"
+        )
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(world),
         "LOCAL_RANK": str(local),
-        "LOCAL_WORLD_SIZE": str(world // nodes),
+        "LOCAL_WORLD_SIZE": str(per_node),
         "MASTER_ADDR": addr,
         "MASTER_PORT": str(job_ports(job_id)[0]),
     }
@@ -93,13 +101,27 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
 def export_task_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Make this task of a submitit job one rank of the run: set :func:`task_env`'s variables in
     ``environ`` (default ``os.environ``), replacing any there, and return them (``{}``, nothing
-    set, for a job of one task or outside a job). The run then starts as under torchrun: the loop
+    set, for a job of one task or outside a job; a job of one task drops the torch.distributed
+    variables its environment inherited, :data:`DIST_VARS`). The run then starts as under torchrun: the loop
     reads RANK / WORLD_SIZE / LOCAL_RANK, and trainer=deepspeed initialises torch.distributed from
     MASTER_ADDR / MASTER_PORT (gloo on CPU, NCCL on GPUs)."""
     target = os.environ if environ is None else environ
     env = task_env(target)
+    if not env and _in_job(target):  # one task: what the sweep's own environment passed on is stale
+        for key in DIST_VARS:
+            target.pop(key, None)
     target.update(env)
     return env
+
+
+# torch.distributed's variables: a job of one task drops those its environment inherited (a
+# MASTER_ADDR exported where the sweep was launched sent its local engines to that host)
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _in_job(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` is a task's of a submitit job (SLURM's or the local executor's)."""
+    return bool(environ.get("SUBMITIT_EXECUTOR")) or "SLURM_PROCID" in environ
 
 
 def _drop_stale_result() -> None:
