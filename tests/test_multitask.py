@@ -17,7 +17,7 @@ from test_sweep import write_sweep
 from scalerl.loop.accounting import devices_held, job_cpus, job_gpus
 from scalerl.rollout.modes import Placement
 from scalerl.sweep import load_spec, make_plan
-from scalerl.sweep.job import export_task_env, finished_elsewhere, job_ports, task_env
+from scalerl.sweep.job import check_store_here, export_task_env, finished_elsewhere, job_ports, task_env
 from scalerl.sweep.launch import Launcher, local_threads, make_executor, max_parallel, num_tasks
 
 # task 5 of a 2-node job of 4 tasks per node (global rank 5: the second node's local rank 1)
@@ -304,3 +304,16 @@ def test_cpu_threads_and_the_cpus_a_job_holds():
     assert devices_held(CPU, Placement(8, 8, CPU), 4, generator_process=False, environ=job) == 32  # more used
     assert job_cpus({"SLURM_JOB_CPUS_PER_NODE": "4(x2),2"}) == 10
     assert job_cpus(NO_JOB) == 0
+
+
+def test_a_job_that_does_not_see_the_sweep_s_sqlite_store_is_refused(tmp_path):
+    """A job on a node that does not share the driver's folder created a new empty store there and
+    logged its run into it: the sweep's report found nothing, long after."""
+    db = tmp_path / "mlflow.db"
+    with pytest.raises(
+        RuntimeError, match=r"tracking.uri=sqlite:///.*mlflow.db: the sweep's MLflow store is not on"
+    ):
+        check_store_here(f"sqlite:///{db}")
+    db.write_bytes(b"")  # the driver made it
+    check_store_here(f"sqlite:///{db}")
+    check_store_here("http://127.0.0.1:5000")  # a server: every node reaches the same store

@@ -14,7 +14,9 @@ handler checkpoints and requeues from rank 0 only, and SLURM requeues the whole 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
 import submitit
 
@@ -142,13 +144,27 @@ def finished_elsewhere(out_dir: str, total_steps: int, env: Mapping[str, str]) -
     if not env or env.get("RANK") == "0":
         return False
     import json
-    from pathlib import Path
 
     try:
         summary = json.loads((Path(out_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return False
     return int(summary.get("steps", 0)) >= int(total_steps)
+
+
+def check_store_here(uri: str) -> None:
+    """A sweep's job logs into the store its driver made (the parent run is there): a sqlite file
+    this node does not see is a folder the nodes do not share, and creating one here would split
+    the sweep's runs over the nodes' disks, unseen until its report. Refused in one line."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri[len("sqlite:///") :])
+    if not db.is_file():
+        raise RuntimeError(
+            f"tracking.uri={uri}: the sweep's MLflow store is not on this node ({socket.gethostname()}); "
+            "its jobs log into the store the sweep made: put it in a folder every node shares "
+            "(--tracking-uri sqlite:////shared/...), or use an MLflow server (--tracking-uri http://...)"
+        )
 
 
 class TrainJob(submitit.helpers.Checkpointable):
@@ -184,6 +200,7 @@ class TrainJob(submitit.helpers.Checkpointable):
                 flush=True,
             )
         cfg = build_config(list(overrides), dict(settings), seed)
+        check_store_here(str(cfg.tracking.uri))
         if finished_elsewhere(cfg.out_dir, cfg.trainer.total_steps, env):
             return {}  # rank 0's result is the run's
         if server.local_engines(
