@@ -736,3 +736,39 @@ def test_an_engine_reads_the_announced_version_in_one_store_call_once_it_has_see
     store.set("weights/version", "4")
     calls.clear()
     assert announced(Counted(), seen=True) == 4 and calls == ["get"]
+
+
+def test_a_remote_engine_s_heartbeat_is_timed_on_the_trainer_s_own_clock(monkeypatch):
+    """The beat holds the engine's machine's time.time(); compared with the trainer's, an engine
+    on a machine whose clock trails by more than the timeout was taken as gone at its first beat.
+    Its silence is now timed from when the trainer saw the value change."""
+    from types import SimpleNamespace
+
+    from scalerl.rollout import pool
+    from scalerl.rollout.engine import REMOTE_TIMEOUT_S
+
+    now = [1000.0]
+    monkeypatch.setattr(pool.time, "monotonic", lambda: now[0])
+    p = SimpleNamespace(_beats={})
+    trailing = str(time.time() - 10 * REMOTE_TIMEOUT_S).encode()  # a clock far behind
+    assert pool.EnginePool._silent_for(p, 4, trailing) == 0.0
+    now[0] += REMOTE_TIMEOUT_S / 2
+    assert pool.EnginePool._silent_for(p, 4, trailing) == REMOTE_TIMEOUT_S / 2
+    now[0] += 1.0
+    assert pool.EnginePool._silent_for(p, 4, b"a new beat") == 0.0  # it beat again: alive
+    now[0] += REMOTE_TIMEOUT_S + 1
+    assert pool.EnginePool._silent_for(p, 4, b"a new beat") > REMOTE_TIMEOUT_S  # then fell silent
+
+
+def test_the_weight_group_s_gloo_devices_follow_gloo_socket_ifname(monkeypatch):
+    """torch.distributed's own gloo groups bind the interfaces GLOO_SOCKET_IFNAME names; the
+    weight-update group bound the host's name whatever it said, which some images resolve to a
+    loopback address that engines on other machines cannot reach."""
+    from scalerl.transport import gloo_devices
+
+    with pytest.raises(RuntimeError, match="Cannot resolve 203.0.113.7"):  # not this machine's
+        gloo_devices("203.0.113.7", master=True)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert len(gloo_devices("203.0.113.7", master=True)) == 1  # the interface named, not the host
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,lo")
+    assert len(gloo_devices("203.0.113.7", master=False)) == 2

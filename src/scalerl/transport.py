@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -192,8 +193,22 @@ def _group(spec: TransportSpec, store, rank: int):
         return dist.ProcessGroupNCCL(prefix, rank, spec.world, opts)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind_host(spec.host, master=rank == 0))]
+    opts._devices = gloo_devices(spec.host, master=rank == 0)
     return dist.ProcessGroupGloo(prefix, rank, spec.world, opts)
+
+
+def gloo_devices(store_host: str, *, master: bool) -> list:
+    """The gloo devices of this member of the weight-update group: one per interface that
+    ``GLOO_SOCKET_IFNAME`` names (comma-separated), as torch.distributed's own gloo groups take
+    them, else the address :func:`bind_host` picks (where an image resolves the trainer's host name
+    to a loopback address, e.g. Debian's ``127.0.1.1 <hostname>``, engines on other machines can
+    join only with the variable set)."""
+    import torch.distributed as dist
+
+    names = [n.strip() for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n.strip()]
+    if names:
+        return [dist.ProcessGroupGloo.create_device(interface=n) for n in names]
+    return [dist.ProcessGroupGloo.create_device(hostname=bind_host(store_host, master=master))]
 
 
 def _broadcast(group, buffer: torch.Tensor):

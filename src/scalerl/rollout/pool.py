@@ -137,6 +137,8 @@ class EnginePool(Generator):
         self._eval_id = 0
         self._early: list = []  # training results that came while waiting for evaluation
         self._waiter: _Waiter | None = None  # blocks on the results queue (see _get)
+        # remote engine -> (its last heartbeat value, when this process first saw it, monotonic)
+        self._beats: dict[int, tuple[bytes, float]] = {}
         self.weight_seconds = 0.0  # spent handing weights over (packing, waiting for the last update)
         self.updates = 0
         # how long rank 0 waits at start for every engine to build its engine and join the
@@ -297,9 +299,19 @@ class EnginePool(Generator):
                 return f"generator engine {i} died (exit code {p.exitcode}); its output above says why"
         for e in range(int(self.placement.engines), self.engines):  # engines on other tasks
             beat = self.store.get(f"engines/beat/{e}") if self.store.check([f"engines/beat/{e}"]) else None
-            if beat is not None and time.time() - float(beat.decode()) > REMOTE_TIMEOUT_S:
+            if beat is not None and self._silent_for(e, beat) > REMOTE_TIMEOUT_S:
                 return f"generator engine {e} on another task stopped answering"
         return None
+
+    def _silent_for(self, engine: int, beat: bytes) -> float:
+        """Seconds since this process saw ``engine``'s heartbeat change, on its own monotonic clock:
+        the beat's value is the engine's machine's time, which another machine's clock may lead or
+        trail by more than the timeout (an engine was taken as gone at once, or late)."""
+        now = time.monotonic()
+        seen = self._beats.get(engine)
+        if seen is None or seen[0] != beat:
+            self._beats[engine] = seen = (beat, now)
+        return now - seen[1]
 
     def _get(self, timeout: float):
         """The next item of the engines' results queue. A waiting trainer blocks in the store on a
