@@ -745,6 +745,11 @@ def test_prompts_too_long_for_the_tiny_models_positions(tmp_path, store):
         ("name: s\nvariants:\n  a: [loss]\n", "malformed override 'loss'"),
         ("name: s\nvariants:\n  a:\n    - loss: dapo\n", "write the override as 'loss=dapo'"),
         ("name: s\nseeds: abc\nvariants:\n  a: []\n", "seeds must be a non-empty list of integers"),
+        # a bare number was read as the one seed it names: `seeds: 3` ran seed 3 alone
+        (
+            "name: s\nseeds: 3\nvariants:\n  a: []\n",
+            "seeds must be a list of seed numbers, got 3 ([3] for seed 3 alone",
+        ),
         ("name: s\nseeds: [1, 1]\nvariants:\n  a: []\n", "seeds has duplicates"),
         ("name: s\nvariant:\n  a: []\n", "unknown key 'variant'"),
         ("name: s\nbaseline: z\nvariants:\n  a: []\n", "baseline 'z' is not a variant"),

@@ -109,8 +109,11 @@ def parse_spec(data, path: str) -> SweepSpec:
 
     seeds = data.get("seeds")
     if seeds is not None:
-        if isinstance(seeds, int) and not isinstance(seeds, bool):
-            seeds = [seeds]
+        if isinstance(seeds, int) and not isinstance(seeds, bool):  # ``seeds: 3`` read as one seed, 3
+            raise SweepError(
+                f"{path}: seeds must be a list of seed numbers, got {seeds!r} "
+                f"([{seeds}] for seed {seeds} alone, [0, 1, 2] for three seeds)"
+            )
         if (
             not isinstance(seeds, list)
             or not seeds
