@@ -267,6 +267,22 @@ def test_variant_params_name_the_fields_that_differ_from_the_option_yaml():
 
 
 @pytest.mark.slow
+def test_cfg_job_read_by_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """``python train.py --cfg job | head -1`` ended in a BrokenPipeError traceback, exit 1."""
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--cfg", "job"],
+        stdout=reader.stdin,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    reader.stdin.close()
+    reader.wait()
+    assert (r.returncode, r.stderr) == (0, "")
+
+
 def test_cfg_job_prints_each_group_under_its_name(tmp_path):
     r = train_py("--cfg", "job", "loss=cispo", "precision=fp32_head", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -308,6 +308,10 @@ def _help(args: list[str]) -> bool:
     return True
 
 
+# the flags with which train.py prints and runs nothing (Hydra's)
+PRINT_ONLY = frozenset(("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--resolve"))
+
+
 def main() -> NoReturn:
     """Exit codes: 0 done, 1 the run failed (or its metrics did not all reach the tracking store:
     running it again writes them), 2 bad input, 130 / 143 stopped by SIGINT / SIGTERM (with a
@@ -324,6 +328,12 @@ def _program() -> None:
         sys.argv[1:] = _check_overrides(sys.argv[1:])
         _main()
         _print_layout(sys.argv[1:])
+    except BrokenPipeError:  # ``--cfg job | head``: the reader has what it wanted
+        if not PRINT_ONLY.intersection(sys.argv[1:]):
+            raise  # a run: it did not finish, and says so
+        from scalerl.messages import reader_gone
+
+        reader_gone()
     except KeyboardInterrupt:  # Ctrl-C before the run's own handling starts
         _ignore_signals()
         print("[scalerl] interrupted", file=sys.stderr, flush=True)

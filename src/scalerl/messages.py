@@ -45,3 +45,16 @@ class OneLineParser(argparse.ArgumentParser):
 
 class RunError(RuntimeError):
     """A run that cannot continue; the message is for the user."""
+
+
+def reader_gone() -> None:
+    """Standard output's reader closed the pipe (``python train.py --cfg job | head``): the rest of
+    the output goes nowhere, quietly, instead of a traceback and a second BrokenPipeError when
+    Python flushes stdout at exit. Call it where the BrokenPipeError was caught; what was written
+    to files stays written."""
+    import os
+    import sys
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

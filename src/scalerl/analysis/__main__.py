@@ -414,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     except _Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # ``... | head``: the files are written; the reader has what it wanted
+        from scalerl.messages import reader_gone
+
+        reader_gone()
+        return 0
 
 
 def _replicates(args) -> int:
