@@ -114,6 +114,32 @@ def test_resume_rewrites_only_what_the_store_lacks(tmp_path, new_store):
     assert len(client.search_runs([client.get_experiment_by_name("crash").experiment_id])) == 1
 
 
+def test_a_copied_out_dir_is_refused_not_resumed_into_the_original_s_run(tmp_path, new_store):
+    """A copy of a run's folder resumed into the original's MLflow run: its steps were logged
+    twice and the original's status became the copy's. Refused, touching nothing; a folder that
+    was moved (the original gone) resumes as before."""
+    import shutil
+
+    from scalerl.tracking.tracker import RunOfAnotherOutDir
+
+    uri = new_store(tmp_path, "m.db")
+    cfg = compose([f"tracking.uri={uri}", "tracking.experiment=copies"])
+    (tmp_path / "run").mkdir()
+    tr = tracker(cfg, tmp_path / "run")
+    run_id = tr.start(None, **described(cfg))
+    tr.end("FINISHED")
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    with pytest.raises(RunOfAnotherOutDir, match=r"out_dir .*copy: a copy of .*run, whose MLflow run"):
+        tracker(cfg, tmp_path / "copy").start(run_id, **described(cfg))
+    assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"  # untouched
+    # a copy of the folder and of its store: the copy's run is its own
+    shutil.copy(uri[len("sqlite:///") :], tmp_path / "m2.db")
+    cfg2 = compose([f"tracking.uri=sqlite:///{tmp_path / 'm2.db'}", "tracking.experiment=copies"])
+    assert tracker(cfg2, tmp_path / "copy").start(run_id, **described(cfg2)) == run_id
+    (tmp_path / "run").rename(tmp_path / "moved")
+    assert tracker(cfg, tmp_path / "moved").start(run_id, **described(cfg)) == run_id
+
+
 def test_a_resume_that_names_another_store_is_refused_naming_the_store_the_run_was_made_in(
     tmp_path, new_store, monkeypatch
 ):

@@ -94,6 +94,18 @@ class RunNotInStore(UserError):
         )
 
 
+class RunOfAnotherOutDir(RunNotInStore):
+    """The out_dir being resumed is a copy of another that still holds the same MLflow run: both
+    would write into that one run (steps twice, the other's status overwritten)."""
+
+    def __init__(self, out_dir, other: str, run_id: str):
+        UserError.__init__(
+            self,
+            f"out_dir {out_dir}: a copy of {other}, whose MLflow run {run_id} it names; resuming it here "
+            f"would write into that run (its steps twice, its status overwritten): resume out_dir={other}",
+        )
+
+
 def store_made_in(run_info: dict) -> str:
     """The store a run was made in, as its ``run_info.json`` records it: as found from any directory
     (``store``), else as given (``uri``: a run made before ``store`` was kept)."""
@@ -205,6 +217,7 @@ class Tracker:
         if run_id is not None:
             self.run_id = run_id
             try:
+                self._check_not_a_copy(run_id)
                 self._retry(lambda: self.client.update_run(run_id, status="RUNNING"))
             except Exception as e:
                 if _not_found(e):  # no run here to mark FAILED
@@ -237,6 +250,24 @@ class Tracker:
             raise
         self._describe({k: v for k, v in params.items() if k not in run.data.params}, config_yaml)
         return self.run_id
+
+    def _check_not_a_copy(self, run_id: str) -> None:
+        """Refuse (:class:`RunOfAnotherOutDir`) where the run was made for another out_dir that
+        still exists and names the same run (this folder is a copy); a moved folder resumes."""
+        made_for = self._retry(lambda: self.client.get_run(run_id)).data.tags.get("out_dir")
+        here = str(self.out_dir.resolve())
+        if not made_for or made_for == here:
+            return
+        try:
+            if os.path.samefile(made_for, here):  # one folder by two names (a mount, a link)
+                return
+            theirs = json.loads((Path(made_for) / "run_info.json").read_text())
+        except (OSError, ValueError):
+            theirs = {}  # moved, or not readable from here: this folder is the run's now
+        # the same run in the same store (a copy of the folder and of its store writes its own)
+        if theirs.get("run_id") == run_id and store_made_in(theirs) == redact(absolute_uri(self.uri)):
+            self.run_id = None  # nothing of the other's run is touched
+            raise RunOfAnotherOutDir(self.out_dir, made_for, run_id)
 
     def _store(self) -> dict[str, str]:
         """``run_info.json``'s record of the store: the URI as given, and as found from any directory
