@@ -778,6 +778,8 @@ def test_malformed_sweep_files(tmp_path, text, expect):
         ),
         ({"a": ["eval.num_prompts=-1"]}, "variant 'a': invalid config value eval.num_prompts=-1"),
         ({"a": ["nosuch=1"]}, "variant 'a': unknown group or key 'nosuch'"),
+        # the experiment group is not in the defaults: without its '+' it was "unknown", listed nowhere
+        ({"a": ["experiment=magistral"]}, "the experiment group is added with a '+' (+experiment=<name>)"),
     ],
 )
 def test_sweep_variants_with_bad_values(tmp_path, variants, expect):

@@ -45,6 +45,10 @@ def _groups() -> list[str]:
     return list(GROUPS)
 
 
+# config groups outside the defaults list, chosen with a '+' (conf/experiment: override lists)
+_ADDED_GROUPS = ("experiment",)
+
+
 def _chosen_option(group: str, overrides: list[str]) -> str:
     """The option of ``group`` that ``overrides`` choose (the last ``group=option``), else the default."""
     chosen = [o.split("=", 1)[1] for o in overrides if "=" in o and override_key(o) == group]
@@ -64,6 +68,8 @@ def _unknown_key_message(key: str, value: str | None = None, overrides: list[str
             return f"unknown key {key} (keys of {head}={name}: {keys or 'none'})"
     if head not in cfg:
         others = ", ".join(k for k in cfg if k not in _groups())
+        if len(parts) == 1 and key in _ADDED_GROUPS:  # not in the defaults: added with a '+'
+            return f"unknown group or key {key!r}: the {key} group is added with a '+' (+{key}=<name>)"
         if len(parts) == 1:
             return f"unknown group or key {key!r} (groups: {', '.join(_groups())}; other keys: {others})"
         return f"unknown key {key}: there is no group {head!r} (groups: {', '.join(_groups())})"
