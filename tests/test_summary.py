@@ -26,6 +26,15 @@ def test_summary_names_the_fit_with_its_intervals():
     ]
     assert lines[-1] == "open it: http://127.0.0.1:5000"  # a server: its own UI
     assert not any(line.startswith("scaling fit") for line in summary_lines({**base, "fit": {"fit/ok": 0.0}}))
+    # no fit says why: the README's 20-step example ended with no line about its fit at all
+    failed = {**base, "evals": [{}] * 5, "fit": {"fit/ok": 0.0, "fit/n_points": 4.0}}
+    assert summary_lines(failed)[2] == (
+        "no scaling fit: the sigmoid did not fit the 4 points past the early cut (scaling.min_step)"
+    )
+    assert summary_lines({**base, "evals": [{}] * 3, "fit": {}})[2] == (
+        "no scaling fit: 3 held-out evaluations, a fit needs 4 (a larger trainer.total_steps or a "
+        "smaller eval.every)"
+    )
     # three points after the early cut: an exact fit, no intervals, the ceiling at its bound
     exact = {"fit/ok": 1.0, "fit/A": 1.0, "fit/B": 1.75, "fit/n_points": 3.0}
     exact.update({"fit/A_lo": math.nan, "fit/A_hi": math.nan, "fit/B_lo": math.nan, "fit/B_hi": math.nan})

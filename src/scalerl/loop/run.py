@@ -37,6 +37,7 @@ from scalerl.loop.progress import Progress
 from scalerl.loop.setup import build
 from scalerl.loop.signals import Interrupted, StopSignals
 from scalerl.loop.summary import (
+    FIT_MIN_EVALS,
     MetricsUnflushed,
     finished_summary,
     print_summary,
@@ -225,7 +226,7 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
     st.evals.append(point)
     metrics.update(health.hacking_metrics(st.train_correct, st.evals))
     n_evals = len(st.evals)
-    if n_evals >= 4 and n_evals % c.scaling.refit_every == 0:
+    if n_evals >= FIT_MIN_EVALS and n_evals % c.scaling.refit_every == 0:
         metrics.update(
             live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains, **fall_trials(run))[0]
         )
@@ -257,7 +258,7 @@ def fall_trials(run: Components) -> dict:
 def final_fit(run: Components) -> dict[str, float]:
     """The scaling fit over all evaluations, with the curves' figures as artifacts (rank 0, >= 4
     evaluations)."""
-    if not (run.is_main and len(run.state.evals) >= 4):
+    if not (run.is_main and len(run.state.evals) >= FIT_MIN_EVALS):
         return {}
     metrics, figures = live.evaluation_fits(
         run.state.evals, run.fit_protocol, domains=run.domains, out_dir=run.out_dir, **fall_trials(run)

@@ -86,7 +86,7 @@ def summary_lines(summary: dict) -> list[str]:
     fit = summary.get("fit") or {}
     level = summary.get("fit_level", FIT_LEVEL)
     of = "" if key == "val/pass_rate" else f" of {key}"
-    lines += fit_lines(fit, f"scaling fit{of}", level)
+    lines += fit_lines(fit, f"scaling fit{of}", level) or [no_fit_line(fit, len(summary.get("evals") or []))]
     for d in fit_domains(fit):  # task=multi: each domain's own fit (the paper's Fig. 11 fits them apart)
         lines += fit_lines(fit, f"scaling fit{of}, {d}", level, prefix=f"fit/{d}/", what=f"the {d} fit")
     lines.append(f"outputs: {summary['out_dir']}")
@@ -99,6 +99,20 @@ def summary_lines(summary: dict) -> list[str]:
     elif uri:
         lines.append(f"open it: {uri}")
     return lines
+
+
+FIT_MIN_EVALS = 4  # held-out evaluations (step 0's included) before a run fits its curve
+
+
+def no_fit_line(fit: dict, evals: int) -> str:
+    """Why a run ends without a scaling fit: too few evaluations, or a fit that failed on its points."""
+    if evals < FIT_MIN_EVALS:
+        return (
+            f"no scaling fit: {evals} held-out evaluation{'s' * (evals != 1)}, a fit needs {FIT_MIN_EVALS} "
+            "(a larger trainer.total_steps or a smaller eval.every)"
+        )
+    n = int(fit.get("fit/n_points", 0) or 0)
+    return f"no scaling fit: the sigmoid did not fit the {n} points past the early cut (scaling.min_step)"
 
 
 def fit_domains(fit: dict) -> list[str]:
