@@ -81,13 +81,18 @@ def test_default_recipe_trains_and_logs_the_interface(tiny_overrides, capsys):
     and the lines the run ends with."""
     summary = train(compose(tiny_overrides))
     printed = capsys.readouterr().out.splitlines()
-    end = printed[-5:]
+    end = printed[-6:]
     assert end[0] == "[scalerl] done: 4 steps in " + end[0].split(" in ")[1]
     start, final = summary["pass_rate_start"], summary["pass_rate_final"]
     assert end[1] == f"[scalerl] held-out pass rate: {start:.3f} -> {final:.3f}"
-    assert end[2] == f"[scalerl] outputs: {summary['out_dir']}"
-    assert end[3] == f"[scalerl] MLflow run {summary['run_id']} in {uri_of(tiny_overrides)}"
-    assert end[4] == f"[scalerl] open it: mlflow ui --backend-store-uri {uri_of(tiny_overrides)}"
+    # 3 evaluations (steps 0, 2, 4): too few to fit, and it says so
+    assert end[2] == (
+        "[scalerl] no scaling fit: 3 held-out evaluations, a fit needs 4 (a larger "
+        "trainer.total_steps or a smaller eval.every)"
+    )
+    assert end[3] == f"[scalerl] outputs: {summary['out_dir']}"
+    assert end[4] == f"[scalerl] MLflow run {summary['run_id']} in {uri_of(tiny_overrides)}"
+    assert end[5] == f"[scalerl] open it: mlflow ui --backend-store-uri {uri_of(tiny_overrides)}"
     uri = uri_of(tiny_overrides)
     c = MlflowClient(uri)
     run = c.get_run(summary["run_id"])
