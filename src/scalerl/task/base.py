@@ -120,19 +120,32 @@ _NAME = re.compile(rf"\s*(?:{_NAME1}|\(\s*{_NAME1}(?:\s*,\s*{_NAME1})*\s*\))\s*"
 _MAX_SIDES = 6  # a longer chain is no final answer (and each side costs a math-verify parse)
 
 
-def relation_chain(latex: str) -> tuple[list[str], list[str]]:
-    """(sides, links) of ``latex`` split on the relation symbols outside braces, brackets and
-    parentheses: ``x = 40 + 2 = 42`` -> ``(["x ", " 40 + 2 ", " 42"], ["=", "="])``."""
-    sides, links, depth, start = [], [], 0, 0
-    for m in re.finditer(rf"{_RELATION.pattern}|[{{}}()\[\]]", latex):
+# a relation symbol, or a bracket that opens or closes a group (what the relation scans walk)
+_RELATION_OR_BRACKET = re.compile(rf"{_RELATION.pattern}|[{{}}()\[\]]")
+
+
+def _relations(latex: str):
+    """Each relation symbol of ``latex`` (its match) with its depth in braces, brackets and
+    parentheses (0: outside every group)."""
+    depth = 0
+    for m in _RELATION_OR_BRACKET.finditer(latex):
         tok = m.group()
         if tok in "{[(":
             depth += 1
         elif tok in "}])":
             depth -= 1
-        elif depth == 0:
+        else:
+            yield m, depth
+
+
+def relation_chain(latex: str) -> tuple[list[str], list[str]]:
+    """(sides, links) of ``latex`` split on the relation symbols outside braces, brackets and
+    parentheses: ``x = 40 + 2 = 42`` -> ``(["x ", " 40 + 2 ", " 42"], ["=", "="])``."""
+    sides, links, start = [], [], 0
+    for m, depth in _relations(latex):
+        if depth == 0:
             sides.append(latex[start : m.start()])
-            links.append(tok)
+            links.append(m.group())
             start = m.end()
     return [*sides, latex[start:]], links
 
@@ -141,16 +154,7 @@ def relation_inside(latex: str) -> bool:
     """Whether ``latex`` holds a relation symbol inside braces, brackets or parentheses
     (``(43 = 42)``, ``43 {=} 42``, ``(x \\equiv 42 \\pmod{100})``), where :func:`relation_chain`
     does not look: math-verify still reads one side of it."""
-    depth = 0
-    for m in re.finditer(rf"{_RELATION.pattern}|[{{}}()\[\]]", latex):
-        tok = m.group()
-        if tok in "{[(":
-            depth += 1
-        elif tok in "}])":
-            depth -= 1
-        elif depth > 0:
-            return True
-    return False
+    return any(depth > 0 for _, depth in _relations(latex))
 
 
 def _holds_relation(value) -> bool:
