@@ -58,7 +58,7 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
     MASTER_PORT_SPAN / 2)``; the run's store takes the odd one above it), the same in every task and
     after a requeue (a port the job's environment sets is not used: the sweep's own environment
     reaches every job of it)."""
-    executor = environ.get("SUBMITIT_EXECUTOR") or ("slurm" if "SLURM_PROCID" in environ else "")
+    executor = _executor(environ)
     if executor == "slurm":
         world, rank, local = (_int(environ, k) for k in ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"))
         nodes = _int(environ, "SLURM_JOB_NUM_NODES") if "SLURM_JOB_NUM_NODES" in environ else 1
@@ -109,7 +109,7 @@ def export_task_env(environ: MutableMapping[str, str] | None = None) -> dict[str
     MASTER_ADDR / MASTER_PORT (gloo on CPU, NCCL on GPUs)."""
     target = os.environ if environ is None else environ
     env = task_env(target)
-    if not env and _in_job(target):  # one task: what the sweep's own environment passed on is stale
+    if not env and _executor(target):  # one task: what the sweep's own environment passed on is stale
         for key in DIST_VARS:
             target.pop(key, None)
     target.update(env)
@@ -121,9 +121,10 @@ def export_task_env(environ: MutableMapping[str, str] | None = None) -> dict[str
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _in_job(environ: Mapping[str, str]) -> bool:
-    """Whether ``environ`` is a task's of a submitit job (SLURM's or the local executor's)."""
-    return bool(environ.get("SUBMITIT_EXECUTOR")) or "SLURM_PROCID" in environ
+def _executor(environ: Mapping[str, str]) -> str:
+    """The submitit executor whose job task ``environ`` is (``slurm``, ``local``), or ``""``: not a
+    task of a job (train.py, torchrun)."""
+    return environ.get("SUBMITIT_EXECUTOR") or ("slurm" if "SLURM_PROCID" in environ else "")
 
 
 def _drop_stale_result() -> None:
