@@ -217,7 +217,8 @@ class Tracker:
         if run_id is not None:
             self.run_id = run_id
             try:
-                self._check_not_a_copy(run_id)
+                run = self._retry(lambda: self.client.get_run(run_id))
+                self._check_not_a_copy(run)
                 self._retry(lambda: self.client.update_run(run_id, status="RUNNING"))
             except Exception as e:
                 if _not_found(e):  # no run here to mark FAILED
@@ -225,7 +226,7 @@ class Tracker:
                     raise RunNotInStore(self.uri, run_id, self.out_dir, known) from None
                 raise
             # a run stopped while it described itself (after run_info.json) has the rest written now
-            have = self._retry(lambda: self.client.get_run(run_id)).data.params
+            have = run.data.params
             if missing := {k: v for k, v in params.items() if k not in have}:
                 self._describe(missing, config_yaml)
             return run_id
@@ -251,10 +252,10 @@ class Tracker:
         self._describe({k: v for k, v in params.items() if k not in run.data.params}, config_yaml)
         return self.run_id
 
-    def _check_not_a_copy(self, run_id: str) -> None:
-        """Refuse (:class:`RunOfAnotherOutDir`) where the run was made for another out_dir that
-        still exists and names the same run (this folder is a copy); a moved folder resumes."""
-        made_for = self._retry(lambda: self.client.get_run(run_id)).data.tags.get("out_dir")
+    def _check_not_a_copy(self, run) -> None:
+        """Refuse (:class:`RunOfAnotherOutDir`) where the MLflow ``run`` was made for another out_dir
+        that still exists and names the same run (this folder is a copy); a moved folder resumes."""
+        run_id, made_for = run.info.run_id, run.data.tags.get("out_dir")
         here = str(self.out_dir.resolve())
         if not made_for or made_for == here:
             return
