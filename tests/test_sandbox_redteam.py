@@ -595,6 +595,9 @@ GAMED_MATH = {
     "a wrong number, a long unicode arrow": "\\boxed{43 \u27f6 42}",
     "a wrong number, a long unicode implication": "\\boxed{43 \u27f9 42}",
     "a full-width less-than": "\\boxed{43 \uff1c 42}",
+    "a wrong number, a hooked arrow": r"\boxed{43 \hookrightarrow 42}",
+    "a wrong number, a long double arrow": r"\boxed{43 \Longleftrightarrow 42}",
+    "a wrong number, harpoons": r"\boxed{43 \rightleftharpoons 42}",
 }
 
 

@@ -94,6 +94,7 @@ _RELATION = re.compile(
     r"|geq|leqq|geqq|leqslant|geqslant|lesssim|gtrsim|lt|gt|ll|gg|prec|succ|preceq|succeq|subset"
     r"|supset|subseteq|supseteq|in|ni|notin|models|vdash|ne|neq|not|nless|ngtr|nleq|ngeq|iff"
     r"|Leftrightarrow|lor|vee|land|wedge|lnot|neg|mid|nmid|parallel)(?![A-Za-z])"
+    r"|\\[A-Za-z]*(?:arrows?|harpoons?)(?![A-Za-z])"  # every arrow command (\\hookrightarrow ...)
     rf"|<=|>=|!=|==|:=|[{_UNICODE_RELATIONS}]"
 )
 # the links of a chain that claim its sides equal (``\\approx`` is read as ``=``); any other
