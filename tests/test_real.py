@@ -167,6 +167,17 @@ def test_champ_keeps_the_answers_math_verify_can_check():
     assert champ.score(formula, "Hence the count is \\boxed{4n}.") == 0.0
 
 
+@pytest.mark.needs_extra("real-parts")
+@pytest.mark.parametrize("make", [ChampTask, GsmTask], ids=["champ", "gsm"])
+def test_every_gold_answer_written_boxed_scores_one(make):
+    """The verifier's rules against gamed answers (relations, unreadable formulas, costly powers)
+    leave every shipped problem's own answer, written as a model would write it, a pass."""
+    task = make(seed=0)
+    prompts = task.train_prompts() + task.val_prompts()
+    failed = [p.answer for p in prompts if task.score(p, f"The answer is \\boxed{{{p.answer}}}.") != 1.0]
+    assert not failed, failed[:10]
+
+
 def test_the_template_evaluator_refuses_what_the_format_does_not_need():
     env = {"x": 3}
     assert evaluate(parse("x * 2 + 1 if x > 2 else 0"), env) == 7

@@ -598,6 +598,13 @@ GAMED_MATH = {
     "a wrong number, a hooked arrow": r"\boxed{43 \hookrightarrow 42}",
     "a wrong number, a long double arrow": r"\boxed{43 \Longleftrightarrow 42}",
     "a wrong number, harpoons": r"\boxed{43 \rightleftharpoons 42}",
+    # a formula math-verify cannot read: it took the last number inside it
+    "a wrong number, a made-up relation": r"\boxed{43 \equal 42}",
+    "a wrong number, a made-up command": r"\boxed{43 \foo 42}",
+    "a wrong number, a stray bracket": r"\boxed{43 ) 42}",
+    "a wrong number, a made-up command, unboxed LaTeX": r"so $43 \foo 42$",
+    "an anchored answer, then an unreadable box": r"answer: $42$ \boxed{43 \foo 42}",
+    "a name, then an unreadable side": r"\boxed{x = 43 \foo 42}",
 }
 
 
@@ -655,6 +662,11 @@ def test_math_right_answers_still_score():
         r"\boxed{40 + 2 = 42}",
         r"\boxed{x = \frac{84}{2} = 42}",
         r"so $x = 42$.",
+        r"\boxed{42 \, \mathrm{cm}}",
+        r"\boxed{\$42}",
+        r"\boxed{42^\circ}",
+        r"\[ \boxed{42} \]",
+        "42",
     ):
         assert check_answer("42", answer) == 1.0, answer
     # gold answers that are themselves relations, tuples or formulas are compared as before

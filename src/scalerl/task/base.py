@@ -284,6 +284,19 @@ def _same_scale(gold, pred) -> bool:
     return abs(p.real - g.real) <= _SMALL_RTOL * abs(g.real)
 
 
+def _text_verifies(gold_parsed, text: str) -> bool:
+    """Whether the answer's text as math-verify extracted it (the boxed content, the formula) reads
+    as LaTeX by itself and verifies against the gold. math-verify falls back to a number it finds in
+    a formula it cannot read: ``\\boxed{43 \\equal 42}`` and ``$43 ) 42$`` passed for 42."""
+    from math_verify import LatexExtractionConfig
+
+    if all(isinstance(v, str) for v in gold_parsed):
+        return True  # a gold math-verify cannot read either: compared as text, no number taken
+    read = mv_parse(f"${text}$", extraction_config=[LatexExtractionConfig()])
+    values = [v for v in read if not isinstance(v, str)]
+    return bool(values) and mv_verify(gold_parsed, values)
+
+
 def _assigned(gold_tex: str) -> str | None:
     """The value of a gold answer that assigns one to a name (``x = 2`` -> ``2``), else None."""
     sides, links = relation_chain(gold_tex)
@@ -310,7 +323,12 @@ def check_answer(gold: str, completion: str) -> float:
     (``x = 2``) is judged by that value as above (``x = 3 = 2`` scores 0). An answer whose value would take too long to compute (:func:`too_costly`:
     ``10^{10^{7}}``, ``123456!``) scores 0 without being parsed. A gold number smaller than 0.1
     needs its first three significant digits (:func:`_same_scale`), which math-verify's rounding
-    to 6 decimals alone does not ask: ``0.0`` passed for 6.626e-34."""
+    to 6 decimals alone does not ask: ``0.0`` passed for 6.626e-34.
+
+    The extracted text, unless a chain (whose sides are read one by one), must itself read as LaTeX
+    and verify (:func:`_text_verifies`): a number
+    math-verify falls back to inside a formula it cannot read (``\\boxed{43 \\equal 42}``) scores 0.
+    A plain-text answer is still read by its last number (``43 or 42`` scores 1 for 42)."""
     answer = final_answer(completion)
     if too_costly(answer):
         return 0.0
@@ -325,9 +343,11 @@ def check_answer(gold: str, completion: str) -> float:
     if not _same_scale(gold_parsed[0], pred[0]):
         return 0.0
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
+    text = pred[-1] if isinstance(pred[-1], str) else ""
+    if text and not relation_chain(text)[1] and not _text_verifies(gold_parsed, text):
+        return 0.0
     if relation_chain(gold_tex)[1] or relation_inside(gold_tex) or _holds_relation(gold_parsed[0]):
         return 1.0  # a relation as the gold answer: compared as math-verify compares it
-    text = pred[-1] if isinstance(pred[-1], str) else ""
     if relation_inside(text):
         return 0.0
     if _holds_relation(pred[0]) and not relation_chain(text)[1]:
