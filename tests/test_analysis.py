@@ -871,3 +871,22 @@ def test_a_parent_description_longer_than_mlflow_keeps_ends_at_a_whole_line_nami
     run = client.create_run(eid)
     client.set_tag(run.info.run_id, "mlflow.note.content", note)
     assert client.get_run(run.info.run_id).data.tags["mlflow.note.content"] == note  # kept whole
+
+
+def test_what_a_resume_may_change_names_no_variant():
+    """Runs that differ only in what a resume may change (their length, threads, placement) are one
+    recipe: a run extended by a resume is not a variant of its own; a recipe key still is."""
+    from scalerl.analysis import differing_params
+    from scalerl.analysis.mlflow_io import RunData
+
+    def run(**params):
+        empty = np.zeros(0)
+        return RunData("id", "r", "FINISHED", "0", params, {}, "flops", empty, empty, empty)
+
+    base = {"loss": "cispo", "trainer.lr": "1e-4"}
+    same = [
+        run(**base, **{"trainer.total_steps": "50", "trainer.threads": "1", "placement.name": "local"}),
+        run(**base, **{"trainer.total_steps": "300", "trainer.threads": "2", "placement.name": "split"}),
+    ]
+    assert differing_params(same) == []
+    assert differing_params([*same, run(**{**base, "trainer.lr": "2e-4"})]) == ["trainer.lr"]

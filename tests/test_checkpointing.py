@@ -34,6 +34,32 @@ def test_a_changed_recipe_is_named_in_one_line_and_a_longer_run_is_not(tmp_path)
     assert "\n" not in str(e.value) and "trainer.total_steps" in str(e.value)
 
 
+def test_a_resume_keeps_the_runs_length_unless_the_command_line_names_one(tmp_path, capsys):
+    """``python train.py out_dir=runs/a`` resumes a 50-step run to step 50, not to the default's
+    300; naming trainer.total_steps changes it, and a length that differs is said either way."""
+    from scalerl.cli import _keep_run_length
+    from scalerl.config.schema import length_file, run_length
+
+    cfg = compose([f"out_dir={tmp_path}"])
+    _keep_run_length(cfg, set())  # no run there yet: the config's own
+    assert cfg.trainer.total_steps == 300 and capsys.readouterr().err == ""
+    length_file(tmp_path).parent.mkdir(parents=True)
+    write_json(length_file(tmp_path), {"total_steps": 50})
+    assert run_length(tmp_path) == 50
+    _keep_run_length(cfg, {"out_dir"})
+    assert cfg.trainer.total_steps == 50
+    assert "resumed to its own length, trainer.total_steps=50" in capsys.readouterr().err
+    longer = compose([f"out_dir={tmp_path}", "trainer.total_steps=80"])
+    _keep_run_length(longer, {"out_dir", "trainer.total_steps"})
+    assert longer.trainer.total_steps == 80
+    assert "trainer.total_steps=80 (it ran with 50 before)" in capsys.readouterr().err
+    same = compose([f"out_dir={tmp_path}", "trainer.total_steps=50"])
+    _keep_run_length(same, {"trainer.total_steps"})
+    assert capsys.readouterr().err == ""
+    length_file(tmp_path).write_text("not json")  # unreadable: the config's own, as before runs kept it
+    assert run_length(tmp_path) is None
+
+
 def test_a_run_from_before_a_key_was_added_resumes_at_its_old_behaviour(tmp_path):
     """A recipe written before the correction group (and task.sandbox) existed lacks their keys: it
     resumes with the values that do what it did, and with no other."""
@@ -80,6 +106,16 @@ def test_resuming_with_a_changed_recipe_is_refused_in_one_line(tiny_overrides):
     assert "\n" not in str(e.value)
     summary = train(compose([*tiny_overrides, *SYNC, "trainer.total_steps=3"]))  # longer: allowed
     assert summary["steps"] == 3
+    # the run keeps its new length; MLflow keeps the param's first value, and the tag says the new one
+    from mlflow import MlflowClient
+
+    from scalerl.config.schema import run_length
+    from scalerl.loop.run import LENGTH_TAG
+
+    out_dir = next(o.split("=", 1)[1] for o in tiny_overrides if o.startswith("out_dir="))
+    assert run_length(out_dir) == 3
+    mlflow_run = MlflowClient(uri_of(tiny_overrides)).get_run(summary["run_id"])
+    assert mlflow_run.data.params["trainer.total_steps"] == "2" and mlflow_run.data.tags[LENGTH_TAG] == "3"
 
 
 def test_a_full_disk_ends_the_run_in_one_line_keeping_the_last_checkpoint(tiny_overrides, small_disk):

@@ -44,6 +44,7 @@ def _main(cfg: DictConfig) -> None:
     from scalerl.messages import UserError
 
     try:  # before transformers is imported or anything built: a bad config is refused in seconds
+        _keep_run_length(cfg, _named_keys())
         validate(cfg)
         preflight(cfg)  # what the config points at: out_dir, tracking store, model folder, data file
     except UserError as e:  # a ConfigError, a task's DataFileError
@@ -101,6 +102,38 @@ def _main(cfg: DictConfig) -> None:
             file=sys.stderr,
         )
         sys.exit(1)
+
+
+def _named_keys() -> set[str]:
+    """The keys this command line sets (``trainer.total_steps=50`` -> ``trainer.total_steps``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from scalerl.config.errors import override_key
+
+    return {override_key(o) for o in HydraConfig.get().overrides.task}
+
+
+def _keep_run_length(cfg: DictConfig, named: set[str]) -> None:
+    """A run resumed in its out_dir goes on to the length it last ran with unless the command line
+    names ``trainer.total_steps``: ``python train.py out_dir=runs/a`` resumes a 50-step run to step
+    50, not to the default's 300. Either way a length that differs from the run's is said."""
+    from scalerl.config.schema import run_length
+
+    before, now = run_length(cfg.get("out_dir") or ""), cfg.trainer.get("total_steps")
+    if before is None or now is None or before == int(now):
+        return
+    if "trainer.total_steps" in named:
+        print(
+            f"[scalerl] {cfg.out_dir}: trainer.total_steps={now} (it ran with {before} before)",
+            file=sys.stderr,
+        )
+        return
+    cfg.trainer.total_steps = before
+    print(
+        f"[scalerl] {cfg.out_dir}: resumed to its own length, trainer.total_steps={before} (name "
+        "trainer.total_steps to change it)",
+        file=sys.stderr,
+    )
 
 
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}  # a full disk, a quota, a read-only one

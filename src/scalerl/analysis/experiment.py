@@ -36,6 +36,7 @@ from scalerl.analysis.verdicts import (
     verdicts,
 )
 from scalerl.config.options import RECIPE_GROUPS  # groups logged as params named after the group
+from scalerl.config.schema import RESUMABLE_CHANGES
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import N_PARAMS, SigmoidFit
 
@@ -246,8 +247,11 @@ class ExperimentResult:
 
 
 def _ignored(key: str) -> bool:
+    """Whether a param is bookkeeping, not recipe: a dir, the tracking, or what a run may change
+    when it resumes (:data:`~scalerl.config.schema.RESUMABLE_CHANGES`: its length, threads,
+    placement ...), so that a run extended by a resume is not a variant of its own."""
     k = key.lower()
-    if k in IGNORED_PARAMS or k.startswith(IGNORED_PARAM_PREFIXES):
+    if k in IGNORED_PARAMS or k.startswith(IGNORED_PARAM_PREFIXES) or key.startswith(RESUMABLE_CHANGES):
         return True
     leaf = k.rsplit(".", 1)[-1]
     return any(w in leaf for w in IGNORED_PARAM_WORDS)

@@ -223,6 +223,24 @@ def recipe_file(out_dir):
     return Path(out_dir) / "checkpoint" / "recipe.json"
 
 
+def length_file(out_dir):
+    """Where a run keeps the length it was last started or resumed with (``trainer.total_steps``)."""
+    from pathlib import Path
+
+    return Path(out_dir) / "checkpoint" / "length.json"
+
+
+def run_length(out_dir) -> int | None:
+    """The ``trainer.total_steps`` the run in ``out_dir`` last ran with, or None (no run there, or
+    one checkpointed before runs kept it)."""
+    import json
+
+    try:
+        return int(json.loads(length_file(out_dir).read_text())["total_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def recipe_change(cfg) -> tuple[str, str, str] | None:
     """The first key whose value in ``cfg`` differs from the recipe the run in ``cfg.out_dir``
     started with, as ``(key, then, now)`` (``"(unset)"`` for a key one side lacks); None where the

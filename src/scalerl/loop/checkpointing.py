@@ -7,7 +7,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from scalerl.config import ConfigError
-from scalerl.config.schema import RESUMABLE_CHANGES, recipe, recipe_change, recipe_file
+from scalerl.config.schema import (
+    RESUMABLE_CHANGES,
+    length_file,
+    recipe,
+    recipe_change,
+    recipe_file,
+    run_length,
+)
 from scalerl.messages import RunError, first_line
 from scalerl.state import Clock
 from scalerl.storage import write_json
@@ -84,6 +91,8 @@ def _write(run: Components) -> None:
         )
         if not recipe_file(run.out_dir).is_file():
             write_json(recipe_file(run.out_dir), recipe(run.cfg))
+        if run_length(run.out_dir) != (total := int(run.config.trainer.total_steps)):
+            write_json(length_file(run.out_dir), {"total_steps": total})
 
 
 def checkpoint_safe(run: Components, clock: Clock) -> None:

@@ -324,6 +324,10 @@ def _finish(run: Components) -> dict:
 
 
 # ---------------------------------------------------------------------- tracking
+LENGTH_TAG = "scalerl.total_steps"
+"""The MLflow tag that holds the length (``trainer.total_steps``) the run last ran with."""
+
+
 def start_tracking(run: Components, resumed: tuple[str, list] | None) -> None:
     if not run.is_main:
         return
@@ -339,6 +343,8 @@ def start_tracking(run: Components, resumed: tuple[str, list] | None) -> None:
         params = {**run_params(run.cfg, group_variants(run.cfg)), **extra}
         config_yaml = OmegaConf.to_yaml(run.cfg, resolve=True)
         run.tracker.start(resumed[0] if resumed else None, params, config_yaml=config_yaml)
+        # MLflow keeps a param's first value: a resume that changed the run's length says it here
+        run.tracker.set_tag(LENGTH_TAG, str(run.config.trainer.total_steps))
         if resumed:
             run.tracker.restore_pending(resumed[1])
     except RunNotInStore:  # the config names another store: one line, exit 2
