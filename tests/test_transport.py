@@ -558,12 +558,12 @@ def test_an_engine_that_never_joins_fails_the_pool_at_start_naming_it():
     from scalerl.task import build_task
 
     cpu = torch.device("cpu")
-    cfg = compose([*TINY, "async_mode=pipeline_rl", "placement=split"])
+    # placement.timeout_s: the local engine builds its model and joins within it
+    cfg = compose([*TINY, "async_mode=pipeline_rl", "placement=split", "placement.timeout_s=20"])
     config = typed(cfg)
     model, tokenizer, _ = build_policy(config.model, build_task(config.task), cpu, **policy_options(config))
     placement = dataclasses.replace(place_engines(layout_options(config), cpu, 1, 2), remote_engines=1)
     pool = EnginePool(placement, tokenizer, **pool_options(config), trainer_device=cpu)
-    pool.join_timeout_s = 20  # the local engine builds its model and joins within it
     t0 = time.monotonic()
     try:
         with pytest.raises(RunError) as e:

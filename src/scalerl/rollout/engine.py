@@ -175,7 +175,7 @@ def serve_task(config: Config, index: int, host: str, port: int) -> None:
     plan, me = layout.current(layout.LayoutOptions.of(config), raw=True)
     gpus = tuple(int(g) if g.isdigit() else g for g in layout.physical_gpus(me.visible)) if me.visible else ()
     threads, first_rank = me.threads, plan.engines[int(index)].group_ranks[0]
-    probe = TransportSpec("gloo", host, int(port), 1, timeout_s=600.0)
+    probe = TransportSpec("gloo", host, int(port), 1, timeout_s=float(config.placement.timeout_s))
     store = connect(probe)
     store.wait(["engines/spec"])
     info = json.loads(store.get("engines/spec").decode())

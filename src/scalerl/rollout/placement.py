@@ -12,6 +12,7 @@ import torch
 
 from scalerl import layout
 from scalerl.config.groups.placement import PlacementOption
+from scalerl.transport import DEFAULT_TIMEOUT_S
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Placement:
     port: int = 0
     main: bool = True  # this process hosts the engines (the trainer's rank 0)
     generator_gpus: int = 0  # GPUs the engines hold that no trainer rank uses (devices_held)
+    timeout_s: float = DEFAULT_TIMEOUT_S  # how long the store and the weight-update group wait to meet
 
 
 def engine_task(options: layout.LayoutOptions) -> int | None:
@@ -83,6 +85,7 @@ def place_engines(options: layout.LayoutOptions, device: torch.device, world: in
         port=port,
         main=me.rank == 0,
         generator_gpus=own if me.rank == 0 else 0,
+        timeout_s=float(pl.timeout_s),
     )
 
 

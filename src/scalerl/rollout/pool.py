@@ -30,7 +30,7 @@ from scalerl.rollout.engine import (
 )
 from scalerl.rollout.placement import Placement
 from scalerl.rollout.server import process_context
-from scalerl.transport import DEFAULT_TIMEOUT_S, SharedMemoryTransport, TransportSpec, WeightSender, connect
+from scalerl.transport import SharedMemoryTransport, TransportSpec, WeightSender, connect
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class EnginePool(Generator):
         self.updates = 0
         # how long rank 0 waits at start for every engine to build its engine and join the
         # weight-update group (the other ranks wait JOIN_BARRIER_MARGIN_S longer)
-        self.join_timeout_s = DEFAULT_TIMEOUT_S
+        self.join_timeout_s = float(placement.timeout_s)
 
     # ------------------------------------------------------------------ start
     @property
@@ -166,12 +166,12 @@ class EnginePool(Generator):
     def _start(self) -> None:
         p = self.placement
         world = 1 + self.engines * int(p.tensor_parallel_size)
-        spec = TransportSpec(p.backend, p.host, int(p.port), world)
+        spec = TransportSpec(p.backend, p.host, int(p.port), world, float(p.timeout_s))
         ctx = process_context()
         # shared memory: zeros until the first publish fills it (bucket by bucket)
         shm = SharedMemoryTransport(self.layout, ctx) if p.backend == "shm" else None
         self.store = connect(spec, master=True)
-        spec = TransportSpec(p.backend, p.host, int(self.store.port), world)
+        spec = TransportSpec(p.backend, p.host, int(self.store.port), world, float(p.timeout_s))
         self.spec = spec
         self.store.set(
             "engines/spec", json.dumps({"backend": p.backend, "world": world, "timeout_s": spec.timeout_s})

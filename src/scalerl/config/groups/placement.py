@@ -27,10 +27,14 @@ class PlacementOption(Option):
     # the store through which engines meet the trainer: 0 = MASTER_PORT + 1 under a launcher, else any free
     port: int = 0
     bucket_mb: float = 256.0  # weights are broadcast in buckets of at most this size
+    # seconds an engine waits for the trainer's store, and the trainer for every engine to build its
+    # model and join the weight-update group (raise it where loading a large model takes longer)
+    timeout_s: float = 600.0
 
     def check(self):
         return problems(
             at_least("engines", self.engines, 1),
+            positive("timeout_s", self.timeout_s),
             at_least("tensor_parallel_size", self.tensor_parallel_size, 1),
             in_range("port", self.port, 0, 65535),
             positive("bucket_mb", self.bucket_mb),
