@@ -15,6 +15,7 @@ import torch
 from conftest import TINY
 from parts import layout_options, policy_options, pool_options
 
+from scalerl import layout
 from scalerl.config import compose, typed
 from scalerl.config.validate import ConfigError
 from scalerl.generator.base import digests
@@ -312,6 +313,28 @@ def test_the_last_tasks_of_a_job_are_its_engines(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RunError, match="the job has 2 task"):
         engine_task(options)
+
+
+def test_the_engines_on_tasks_of_their_own_count_in_the_runs_device_hours(monkeypatch):
+    """Under torchrun (no SLURM job to count what it holds) rank 0's device-hours include the
+    threads (CPU) or GPUs of the engines on the job's last tasks: they were left out."""
+    cfg = compose([*TINY, "placement=split", "placement.engines=2", "placement.generator_tasks=2"])
+    for k in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    options = layout_options(typed(cfg))
+    plan, _ = layout.current(options, threads=8)
+    engine_threads = sum(r.threads for r in plan.ranks if r.role == "engine")
+    assert engine_threads >= 2
+    p = place_engines(options, CPU, 2, 8)
+    assert p.remote_engines == 2 and p.remote_devices == engine_threads
+    assert devices_held(CPU, p, 2, generator_process=False) == 2 * p.trainer_threads + engine_threads
+    monkeypatch.setenv("RANK", "1")  # the other trainer rank counts nothing twice
+    assert place_engines(options, CPU, 2, 8).remote_devices == 0
 
 
 @pytest.mark.parametrize(

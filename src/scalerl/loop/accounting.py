@@ -97,6 +97,8 @@ def devices_held(
       the trainer's GPU, so a one-GPU run counts 1).
     * CPU trainer: a device is one CPU thread: each trainer process's threads plus every local
       engine's own threads (``generator_process``); so device-hours are core-hours.
+    * Either way the engines on tasks of their own (``placement.generator_tasks``) add what they
+      hold: their GPUs, or their threads (``placement.remote_devices``).
     * Inside a SLURM job (``environ``, default ``os.environ``): at least what the job holds, on all
       its nodes: its GPUs (:func:`job_gpus`) on GPU, its CPUs (:func:`job_cpus`) on CPU; a reserved
       device that the run leaves idle is paid for all the same (a one-process run of a job with
@@ -104,12 +106,13 @@ def devices_held(
     env = os.environ if environ is None else environ
     gen = placement.generator_device
     if device.type == "cuda":  # each trainer rank's GPU, plus the GPUs the engines have to themselves
-        return max(max(1, world) + int(placement.generator_gpus), job_gpus(env))
+        return max(max(1, world) + int(placement.generator_gpus) + placement.remote_devices, job_gpus(env))
     own = (
         placement.generator_threads * max(1, placement.engines)
         if generator_process and gen.type == "cpu"
         else 0
     )
+    own += placement.remote_devices
     return max(max(1, world) * max(1, placement.trainer_threads) + own, job_cpus(env))
 
 

@@ -35,6 +35,9 @@ class Placement:
     port: int = 0
     main: bool = True  # this process hosts the engines (the trainer's rank 0)
     generator_gpus: int = 0  # GPUs the engines hold that no trainer rank uses (devices_held)
+    # what the engines on tasks of their own hold (devices_held): their GPUs on GPUs, else their
+    # threads (the trainer's rank 0 counts them; 0 on the other ranks)
+    remote_devices: int = 0
     timeout_s: float = DEFAULT_TIMEOUT_S  # how long the store and the weight-update group wait to meet
 
 
@@ -72,6 +75,8 @@ def place_engines(options: layout.LayoutOptions, device: torch.device, world: in
         layout.physical_gpus(e.gpus) if gpu else () for e in plan.engines if e.host == "rank 0"
     )
     own = sum(len(g) for g in engine_gpus) if pl.name == "split" else 0
+    tasks = [r for r in plan.ranks if r.role == "engine"]
+    remote = sum(len(r.visible or ()) if gpu else r.threads for r in tasks)
     return Placement(
         me.threads,
         me.engine_threads or me.threads,
@@ -85,6 +90,7 @@ def place_engines(options: layout.LayoutOptions, device: torch.device, world: in
         port=port,
         main=me.rank == 0,
         generator_gpus=own if me.rank == 0 else 0,
+        remote_devices=remote if me.rank == 0 else 0,
         timeout_s=float(pl.timeout_s),
     )
 
