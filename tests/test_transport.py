@@ -772,3 +772,23 @@ def test_the_weight_group_s_gloo_devices_follow_gloo_socket_ifname(monkeypatch):
     assert len(gloo_devices("203.0.113.7", master=True)) == 1  # the interface named, not the host
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,lo")
     assert len(gloo_devices("203.0.113.7", master=False)) == 2
+
+
+def test_a_store_port_another_process_holds_is_one_line_naming_it():
+    """Under torchrun the run's store takes MASTER_PORT + 1: a second run on the node started one
+    port above the first (29500, 29501) found it taken, and stopped with torch's traceback."""
+    import socket
+
+    from scalerl.messages import RunError
+    from scalerl.rollout.pool import _host_store
+    from scalerl.transport import TransportSpec
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(RunError) as e:
+            _host_store(TransportSpec("gloo", "127.0.0.1", port, 2, timeout_s=5))
+    message = str(e.value)
+    assert f"could not listen on 127.0.0.1:{port} (address already in use)" in message, message
+    assert "placement.port" in message and "\n" not in message

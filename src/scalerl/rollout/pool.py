@@ -35,6 +35,21 @@ from scalerl.transport import SharedMemoryTransport, TransportSpec, WeightSender
 log = logging.getLogger(__name__)
 
 
+def _host_store(spec: TransportSpec):
+    """The run's store, hosted here (the trainer's rank 0), or a RunError in one line where its
+    port is taken: under torchrun it is MASTER_PORT + 1, which a second run on the node started with
+    ``--master-port`` one above the first's (29500, 29501) holds."""
+    try:
+        return connect(spec, master=True)
+    except RuntimeError as e:  # torch's DistNetworkError: EADDRINUSE, a host not of this machine
+        why = first_line(str(e).rsplit("message: ", 1)[-1])  # "address already in use"
+        raise RunError(
+            f"the run's store could not listen on {spec.host}:{spec.port} ({why}): another "
+            "process there holds the port (under a launcher the store takes MASTER_PORT + 1: give runs "
+            "on one node rendezvous ports at least two apart), or set placement.port to a free one"
+        ) from None
+
+
 def _in_engine_dtype(source, precision: PrecisionOption, checkpoint: bool):
     """An engine whose weights travel under checkpoint names (vLLM) computes in the ``precision``
     option's ``body``: its floating weights travel in that dtype (the trainer's are rounded to it
@@ -170,7 +185,7 @@ class EnginePool(Generator):
         ctx = process_context()
         # shared memory: zeros until the first publish fills it (bucket by bucket)
         shm = SharedMemoryTransport(self.layout, ctx) if p.backend == "shm" else None
-        self.store = connect(spec, master=True)
+        self.store = _host_store(spec)
         spec = TransportSpec(p.backend, p.host, int(self.store.port), world, float(p.timeout_s))
         self.spec = spec
         self.store.set(
