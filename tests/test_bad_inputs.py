@@ -365,6 +365,8 @@ def test_out_dir_on_a_kernel_file_system(target, store):
         ("http://", "no host"),
         ("http://127.0.0.1:notaport", "port"),
         ("sqlite:///:memory:", "an in-memory store ends with the process"),
+        # MLflow made a folder named ~ in the working directory; the check looked in the home
+        ("'sqlite:///~/runs/mlflow.db'", "MLflow does not expand ~ in a sqlite URI"),  # quoted for Hydra
     ],
 )
 def test_malformed_tracking_uris(tmp_path, uri, expect):

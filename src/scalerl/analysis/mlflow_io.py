@@ -35,6 +35,7 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
 def check_uri(uri: str) -> None:
     """:class:`AnalysisError` (one line) for a malformed tracking URI or a server that does not answer."""
     from scalerl.config.preflight import PathError, check_tracking_uri
+    from scalerl.tracking.tracker import sqlite_file
 
     try:
         check_tracking_uri(uri, key="--tracking-uri")
@@ -44,15 +45,15 @@ def check_uri(uri: str) -> None:
         raise AnalysisError(f"--tracking-uri={uri!r}: not a URI ({e})") from None
     # reading must not create a store: a mistyped sqlite or folder path is an error, not an empty store
     local = None
-    if uri.startswith("sqlite:///"):
-        local = uri[len("sqlite:///") :]
+    if (db := sqlite_file(uri)) is not None:
+        local = str(db)
     elif uri.startswith("file://"):
         local = uri[len("file://") :]
     elif "://" not in uri:
         local = uri
     if local and local != ":memory:" and not Path(local).expanduser().exists():
         raise AnalysisError(f"--tracking-uri={uri!r}: no such tracking store ({local} does not exist)")
-    if uri.startswith("sqlite:///") and local and Path(local).expanduser().is_file():
+    if db is not None and local and Path(local).expanduser().is_file():
         empty = _empty_sqlite(Path(local).expanduser())
         if empty:  # MLflow would create its tables in it: reading must write nothing
             raise AnalysisError(f"--tracking-uri={uri!r}: {empty}, not an MLflow store (nothing to read)")

@@ -182,11 +182,17 @@ def sqlite_problem(uri: str) -> str | None:
     store (MLflow would write its tables into someone else's database)."""
     import sqlite3
 
+    from scalerl.tracking.tracker import SQLITE, sqlite_file
+
     if not uri.startswith("sqlite:"):
         return None
-    if not uri.startswith("sqlite:///"):
+    if (path := sqlite_file(uri)) is None:
         return "a sqlite URI is sqlite:///relative/file.db or sqlite:////absolute/file.db"
-    path = Path(uri[len("sqlite:///") :]).expanduser()
+    if path.parts[:1] == ("~",) or str(path).startswith("~"):
+        return (
+            "MLflow does not expand ~ in a sqlite URI (it would make a folder named ~ here): write "
+            f"the path out, {SQLITE}{path.expanduser()}"
+        )
     if str(path) == ":memory:":
         return (
             "an in-memory store ends with the process (its runs could not be resumed or compared): "
@@ -446,15 +452,15 @@ def check_resumed_store(out_dir, uri: str, key: str = "tracking.uri") -> None:
     ``sqlite:///mlflow.db`` from another directory, another file named), and opening it would create
     an empty one. PathError naming the store the run was made in. (A store that exists but lacks the
     run is found when the run opens it: :class:`scalerl.tracking.tracker.RunNotInStore`.)"""
-    from scalerl.tracking.tracker import store_made_in
+    from scalerl.tracking.tracker import sqlite_file, store_made_in
 
     try:
         info = json.loads((Path(out_dir) / "run_info.json").read_text())
     except (OSError, ValueError):
         return  # a new run, or no record to go by
-    if not isinstance(info, dict) or not info.get("run_id") or not uri.startswith("sqlite:///"):
+    path = sqlite_file(uri)
+    if not isinstance(info, dict) or not info.get("run_id") or path is None:
         return
-    path = Path(uri[len("sqlite:///") :]).expanduser()
     if path.exists():
         return
     made_in = store_made_in(info)

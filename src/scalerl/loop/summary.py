@@ -14,6 +14,7 @@ from scalerl.scaling.live import FIT_LEVEL, horizon_line
 from scalerl.storage import write_json
 from scalerl.tracking import Checkpointer, Tracker
 from scalerl.tracking.secrets import redact
+from scalerl.tracking.tracker import absolute_uri, sqlite_file
 
 if TYPE_CHECKING:
     from scalerl.config.schema import TrackingConfig
@@ -91,8 +92,7 @@ def summary_lines(summary: dict) -> list[str]:
         lines += fit_lines(fit, f"scaling fit{of}, {d}", level, prefix=f"fit/{d}/", what=f"the {d} fit")
     lines.append(f"outputs: {summary['out_dir']}")
     uri = summary.get("tracking_uri", "")
-    if uri.startswith("sqlite:///") and not uri[len("sqlite:///") :].startswith("/"):
-        uri = f"sqlite:///{Path(uri[len('sqlite:///') :]).resolve()}"  # opens from any directory
+    uri = absolute_uri(uri) if sqlite_file(uri) is not None else uri  # opens from any directory
     lines.append(f"MLflow run {summary['run_id']} in {uri}")
     if uri and not uri.startswith(("http://", "https://", "databricks")):
         lines.append(f"open it: mlflow ui --backend-store-uri {uri}")

@@ -22,6 +22,7 @@ import submitit
 
 from scalerl.collector import uncollected_imports
 from scalerl.layout import MASTER_PORT_BASE, MASTER_PORT_SPAN, job_ports
+from scalerl.tracking.tracker import sqlite_file
 
 # the job's rendezvous port and, above it, its store's (scalerl.layout.job_ports): a pair per job
 # id, the same in every task and after a requeue; the next job id of an array takes the next pair
@@ -157,10 +158,8 @@ def check_store_here(uri: str) -> None:
     """A sweep's job logs into the store its driver made (the parent run is there): a sqlite file
     this node does not see is a folder the nodes do not share, and creating one here would split
     the sweep's runs over the nodes' disks, unseen until its report. Refused in one line."""
-    if not uri.startswith("sqlite:///"):
-        return
-    db = Path(uri[len("sqlite:///") :])
-    if not db.is_file():
+    db = sqlite_file(uri)
+    if db is not None and not db.is_file():
         raise RuntimeError(
             f"tracking.uri={uri}: the sweep's MLflow store is not on this node ({socket.gethostname()}); "
             "its jobs log into the store the sweep made: put it in a folder every node shares "

@@ -68,12 +68,22 @@ def tracking_uri(tracking: TrackingOptions) -> str:
     return tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
+SQLITE = "sqlite:///"
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The file a ``sqlite:///`` URI names, as MLflow opens it (relative to the working directory,
+    ``sqlite:////`` absolute; a ``~`` is a folder of that name, not the home), or None for any
+    other URI."""
+    return Path(uri[len(SQLITE) :]) if uri.startswith(SQLITE) else None
+
+
 def absolute_uri(uri: str) -> str:
     """Make a relative sqlite / file-store URI absolute, so jobs started elsewhere find the store."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        rest = uri[len("sqlite:///") :]
-        if rest and not rest.startswith(":memory:"):
-            return "sqlite:///" + str(Path(rest).resolve())
+    if (db := sqlite_file(uri)) is not None:
+        rest = uri[len(SQLITE) :]
+        if rest and not db.is_absolute() and not rest.startswith(":memory:"):
+            return SQLITE + str(db.resolve())
         return uri
     if uri.startswith("file:") and not uri.startswith("file:///"):
         return Path(uri[len("file:") :]).resolve().as_uri()
@@ -175,7 +185,7 @@ def _client(uri: str):
     it then would otherwise run the remaining migrations beside the one making them."""
     from mlflow.tracking import MlflowClient
 
-    db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    db = sqlite_file(uri)
     lock = None if db is None else db.with_name(db.name + ".lock")
     if db is None or (db.is_file() and db.stat().st_size > 0 and not lock.exists()):
         return MlflowClient(tracking_uri=uri)
