@@ -173,6 +173,10 @@ def test_cli_compare(store):
     ):
         assert (out / f).stat().st_size > 0, f
     assert len(list(out.glob("runs/*/scaling_curve.png"))) == 4
+    # the line naming what was written names every file there (verdicts.csv was left out)
+    wrote = next(line for line in proc.stdout.splitlines() if line.startswith(f"wrote {out}/ ("))
+    for f in out.iterdir():
+        assert (f.name if f.is_file() else f"{f.name}/*/scaling_curve.png") in wrote, (f.name, wrote)
 
     client = store["client"]
     for name in ("base", "dapo", "bf16"):
