@@ -177,6 +177,24 @@ def test_impossible_combinations_are_refused(overrides, expect):
         ),
         # a free mapping set as a whole takes new keys only with '+'
         (["tracking.tags={team: rl}"], "write +tracking.tags={team: rl}"),
+        # a value of the wrong type, in plain words (OmegaConf's: "could not be converted to Float")
+        (["trainer.lr=abc"], "bad value trainer.lr=abc: must be a number"),
+        (["seed=1.5"], "bad value seed=1.5: must be a whole number"),
+        (
+            ["trainer.total_steps=1e3"],
+            "bad value trainer.total_steps=1e3: must be a whole number: write 1000",
+        ),
+        (["trainer.share_prompts=maybe"], "bad value trainer.share_prompts=maybe: must be true or false"),
+        (["trainer.betas=5"], "bad value trainer.betas=5: must be a list: write [a, b]"),
+        (["tracking.tags=1"], "bad value tracking.tags=1: must be a mapping ({key: value})"),
+        (
+            ["model.num_layers=null"],
+            "bad value model.num_layers=null: must be set (null is not allowed here)",
+        ),
+        (
+            ["trainer.lr"],
+            "malformed override 'trainer.lr': an override is key=value (trainer.lr=...) or group=option",
+        ),
         # interpolations that do not resolve (a traceback from OmegaConf)
         (
             ["out_dir=${oc.env:SCALERL_NO_SUCH_VAR}/run"],

@@ -117,7 +117,9 @@ def _malformed(msg: str, overrides: list[str]) -> str:
     if bad is None:
         return f"malformed override: {detail}"
     key, eq, value = bad.partition("=")
-    if not (eq and key.strip() and value.strip()):  # no key=value at all: nothing to quote
+    if not eq:  # ``trainer.lr`` alone
+        return f"malformed override {bad!r}: an override is key=value ({key.strip()}=...) or group=option"
+    if not (key.strip() and value.strip()):  # nothing to quote
         return f"malformed override {bad!r}: {detail}"
     return (
         f"malformed override {bad!r}: {detail}; a value with spaces, parentheses, brackets, quotes or "
@@ -128,6 +130,30 @@ def _malformed(msg: str, overrides: list[str]) -> str:
 def _quoted(value: str) -> str:
     """``value`` quoted for Hydra's override grammar (double quotes where it holds a single one)."""
     return f'"{value}"' if "'" in value else f"'{value}'"
+
+
+# OmegaConf's words for a value of the wrong type, and what they mean to a user
+_TYPE_ERRORS = (
+    (r"could not be converted to Float", "must be a number"),
+    (
+        r"^Value '(-?\d+)\.0' of type 'float' could not be converted to Integer",
+        r"must be a whole number: write \1",
+    ),
+    (r"could not be converted to Integer", "must be a whole number"),
+    (r"could not be converted to Boolean|is not a valid bool", "must be true or false"),
+    (r"is not a ListConfig, list or tuple", "must be a list: write [a, b]"),
+    (r"^Cannot assign \w+ to Dict", "must be a mapping ({key: value})"),
+    (r"is not Optional", "must be set (null is not allowed here)"),
+)
+
+
+def plain_type_error(detail: str) -> str:
+    """OmegaConf's message for a value of the wrong type in plain words (``Value 'abc' of type
+    'str' could not be converted to Float`` -> ``must be a number``); any other message as it is."""
+    for pattern, plain in _TYPE_ERRORS:
+        if m := re.search(pattern, detail):
+            return m.expand(plain)
+    return detail
 
 
 def explain(exc: BaseException, overrides: list[str]) -> str:
@@ -178,7 +204,7 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
         if m:
             cause = exc.__cause__
             detail = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
-            return f"bad value {m.group(1)}" + (f": {detail}" if detail else "")
+            return f"bad value {m.group(1)}" + (f": {plain_type_error(detail)}" if detail else "")
         m = re.search(r"^In '(?:scalerl_schema/)?([^'/]+)/[^']*': ValidationError", first)
         lists = [o for o in overrides if m and override_key(o) == m.group(1) and "[" in o]
         if lists:  # group=[a,b]: Hydra merges the options, whose schemas differ
