@@ -613,6 +613,51 @@ def test_math_answers_that_hedge_score_zero(attempt):
     assert check_answer("42", GAMED_MATH[attempt]) == 0.0
 
 
+SMALL_GOLDS = ("6.626e-34", "1e-7", "-2e-8", r"1.6 \times 10^{-19}", r"9.11 \times 10^{-31}")
+# one answer that math-verify matched to many golds: each scored 1 for every gold listed
+GAMED_FOR_MANY = {
+    # a small number rounded away, inside a set, an interval, a chain or a product
+    "a set of zero": (r"\boxed{\{0.0\}}", SMALL_GOLDS),
+    "a sized set of zero with units": (r"\boxed{\left\{ 0.0 \right\} \text{ J s}}", SMALL_GOLDS),
+    "a point interval at zero": (r"\boxed{[0.0, 0.0]}", SMALL_GOLDS),
+    "a chain of names ending in zero": (r"\boxed{x = y = 0.0}", SMALL_GOLDS),
+    "a formula set to zero": (r"\boxed{E = mc^2 = 0.0}", SMALL_GOLDS),
+    "zero times a name": (r"\boxed{0.0 y}", (r"1.6 \times 10^{-19}", r"9.11 \times 10^{-31}")),
+    "a set of a tiny number": (r"\boxed{\{0.0000001\}}", ("6.626e-34", "-2e-8", r"9.11 \times 10^{-31}")),
+    "two digits of the constant": (r"\boxed{\{6.6 \times 10^{-34}\}}", ("6.626e-34",)),
+    # a range matched by the points at its ends
+    "the ends as a set": (r"\boxed{\{1, 3\}}", ("1 < x < 3", "(1, 3)")),
+    "the ends joined by and": (r"\boxed{1 \text{ and } 3}", ("1 < x < 3", "(1, 3)")),
+    "a name in the set of the ends": (r"\boxed{x \in \{1, 3\}}", ("1 < x < 3",)),
+    "the roots for the inequality": (r"\boxed{x = 1 \text{ or } x = 3}", ("1 < x < 3",)),
+    "two named roots": (r"\boxed{x_1 = 1, x_2 = 3}", ("1 < x < 3",)),
+    "an end and infinity": (r"\boxed{x = 3, \infty}", ("x > 3", r"(3, \infty)")),
+    # a float for an integer longer than a float holds
+    "20! as a float": (
+        r"\boxed{2.43290200817664 \times 10^{18}}",
+        ("2432902008176640001", "2432902008176640123"),
+    ),
+    "1e20 as a float": (r"\boxed{1.0 \times 10^{20}}", ("100000000000000000100", "99999999999999999000")),
+    # a hedge math-verify drops as the answer's units, or in a subscript
+    "or 43 as units": (r"\boxed{42 \text{ (or 43)}}", ("42",)),
+    "a list as units": (r"\boxed{42 \text{, 43, 7}}", ("42",)),
+    "or 43 in an mbox": (r"\boxed{42 \mbox{ or 43}}", ("42",)),
+    "or 43 in bold": (r"\boxed{42 \textbf{ (or 43)}}", ("42",)),
+    "another choice as units": (r"\boxed{B \text{ (or C)}}", ("B",)),
+    "plus or minus one as scripts": (r"\boxed{42^{+1}_{-1}}", ("42",)),
+    "a subscript on the number": (r"\boxed{42_{43}}", ("42",)),
+    # a rounding that does not round the gold
+    "a wrong rounding": (r"\boxed{\sqrt{3} \approx 1.8}", (r"\sqrt{3}",)),
+    "a wrong value, rounded to the gold": (r"\boxed{43 \approx 42.0}", ("42",)),
+}
+
+
+@pytest.mark.parametrize("attempt", list(GAMED_FOR_MANY))
+def test_math_answers_matched_to_many_golds_score_zero(attempt):
+    answer, golds = GAMED_FOR_MANY[attempt]
+    assert [g for g in golds if check_answer(g, answer) != 0.0] == []
+
+
 def test_jsonl_answers_are_parsed_as_math(tmp_path):
     """A jsonl answer parsed as plain text lost its formula: ``2^{10}`` was the number 2."""
     path = tmp_path / "data.jsonl"
@@ -667,8 +712,33 @@ def test_math_right_answers_still_score():
         r"\boxed{42^\circ}",
         r"\[ \boxed{42} \]",
         "42",
+        r"\boxed{\text{42}}",  # a name to sympy, which counts it as a statement
+        r"\boxed{\mathbf{42}}",
+        r"We have $\foo$ so 42",  # an unreadable formula before a plain-text answer
     ):
         assert check_answer("42", answer) == 1.0, answer
+    # plain text ending in a full stop; a rounding of the exact value; forms of small numbers,
+    # ranges, long integers and choices that are right
+    for gold, answer in (
+        (r"\frac{3}{4}", "The answer is 3/4."),
+        ("1024", "The answer is 2^10."),
+        (r"\frac{1}{2}", r"\boxed{\mathbf{\frac{1}{2}}}"),
+        (r"\sqrt{3}", r"\boxed{\sqrt{3} \approx 1.732}"),
+        (r"\sqrt{2}", r"\boxed{x = \sqrt{2} \approx 1.41}"),
+        (r"\pi", r"\boxed{\pi \approx 3.14}"),
+        ("6.626e-34", r"\boxed{6.626 \times 10^{-34}}"),
+        (r"1.6 \times 10^{-19}", r"\boxed{1.6 \times 10^{-19} \text{ C}}"),
+        ("0", r"\boxed{\{0.0\}}"),
+        ("1 < x < 3", r"\boxed{(1, 3)}"),
+        (r"(3, \infty)", r"\boxed{(3, \infty)}"),
+        (r"\{1, 3\}", r"\boxed{1 \text{ and } 3}"),
+        ("5, 7", r"\boxed{5 \text{ and } 7}"),
+        ("2432902008176640000", r"\boxed{2432902008176640000}"),
+        ("100000000000000000000", r"\boxed{10^{20}}"),
+        ("1011_2", r"\boxed{1011_2}"),
+        ("B", r"\boxed{\text{(B)}}"),
+    ):
+        assert check_answer(gold, answer) == 1.0, (gold, answer)
     # gold answers that are themselves relations, tuples or formulas are compared as before
     assert check_answer("x = 2", r"\boxed{x = 2}") == 1.0
     assert check_answer("x = 2", r"\boxed{x = 3}") == 0.0

@@ -12,7 +12,8 @@ import pytest
 
 from scalerl.config.options import Option, options
 from scalerl.task import TASKS, AdditionTask, build_task, final_answer, make_task
-from scalerl.task.base import Prompt, check_answer, score_counted
+from scalerl.task.base import Prompt, score_counted
+from scalerl.task.math_answer import check_answer
 
 STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d\d),")
 

@@ -8,7 +8,8 @@ import random
 from pathlib import Path
 
 from scalerl.messages import UserError
-from scalerl.task.base import Prompt, check_answer
+from scalerl.task.base import Prompt
+from scalerl.task.math_answer import check_answer
 
 
 class DataFileError(UserError):

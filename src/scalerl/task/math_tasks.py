@@ -30,8 +30,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from scalerl.task.base import Prompt, check_answer
+from scalerl.task.base import Prompt
 from scalerl.task.jsonl import DataFileError
+from scalerl.task.math_answer import check_answer
 
 SYSTEM_PROMPT = (
     "Solve the following math problem step by step. Put your final answer (a number or a formula, "

@@ -1,0 +1,416 @@
+"""The math verifier: whether a completion's final answer is the gold answer (:func:`check_answer`),
+by math-verify, with the rules that keep a policy from being rewarded for what is not that answer
+alone (a relation read on one side, a formula math-verify cannot read, a hedge, a value too costly
+to compute, a small number rounded away)."""
+
+from __future__ import annotations
+
+import re
+
+from scalerl.task.base import final_answer
+
+# a plain number as data files write it, which LaTeX would misread: digits grouped by spaces
+# (``1 000 000`` is 1 0 0 0 0 0 0 multiplied, i.e. 0) and scientific notation (``1e3`` is 3e)
+_GROUPED = re.compile(r"[-+]?\d{1,3}(?:[ \u2009\u202f]\d{3})+(?:\.\d+)?")
+_SCIENTIFIC = re.compile(r"([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+)")
+
+
+def gold_latex(gold: str) -> str:
+    """The reference answer as LaTeX: plain numbers written with grouped digits or an exponent
+    rewritten (``1 000 000`` -> ``1000000``, ``1.5e-3`` -> ``1.5 \\times 10^{-3}``), the rest as is."""
+    g = gold.strip()
+    if _GROUPED.fullmatch(g):
+        return re.sub(r"[ \u2009\u202f]", "", g)
+    m = _SCIENTIFIC.fullmatch(g)
+    return f"{m[1]} \\times 10^{{{m[2]}}}" if m else g
+
+
+# relations that make an answer an equation, inequality or chain: judged as a whole, since
+# math-verify reads only one side (the right of ``=``, the left of a unicode ``≈``), so that
+# ``43 = 42`` passed for 42. ``\\stackrel{?}{=}``-like links hold braces, so they come first.
+# Unicode relations: every arrow (U+2190-21FF, U+27F0-27FF, U+2900-297F), and the relation signs of
+# the mathematical operators (membership, proportion, divides, similarity, equality, order, subset,
+# turnstiles, precedence), the supplemental ones (U+2A66-2AFA) and the full-width < = > (U+FF1C-FF1E)
+_UNICODE_RELATIONS = (
+    "\u2190-\u21ff\u27f0-\u27ff\u2900-\u297f\u2208-\u220d\u221d\u2223-\u2226\u2236-\u2292"
+    "\u22a2-\u22b7\u22d0-\u22ed\u2a66-\u2afa\uff1c-\uff1e<=>"
+)
+_RELATION = re.compile(
+    r"\\(?:stackrel|overset)\{[^{}]*\}\{[^{}]*\}"
+    r"|\\(?:approx|approxeq|sim|simeq|eqsim|backsim|cong|equiv|doteq|coloneqq|coloneq|eqqcolon|eqcolon"
+    r"|triangleq|to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies|mapsto|longmapsto|gets"
+    r"|leftarrow|Leftarrow|longleftarrow|Longleftarrow|leftrightarrow|impliedby|propto|asymp|le|ge|leq"
+    r"|geq|leqq|geqq|leqslant|geqslant|lesssim|gtrsim|lt|gt|ll|gg|prec|succ|preceq|succeq|subset"
+    r"|supset|subseteq|supseteq|in|ni|notin|models|vdash|ne|neq|not|nless|ngtr|nleq|ngeq|iff"
+    r"|Leftrightarrow|lor|vee|land|wedge|lnot|neg|mid|nmid|parallel)(?![A-Za-z])"
+    r"|\\[A-Za-z]*(?:arrows?|harpoons?)(?![A-Za-z])"  # every arrow command (\\hookrightarrow ...)
+    rf"|<=|>=|!=|==|:=|[{_UNICODE_RELATIONS}]"
+)
+# the links of a chain that claim its sides equal (``\\approx`` is read as ``=``); any other
+# (``<``, ``\\ne``, ``\\lor``, ``\\mapsto`` ...) makes the answer a range or a hedge, not a number
+_EQUAL_LINKS = re.compile(
+    r"\\(?:stackrel|overset)\{.*|\\(?:approx|approxeq|sim|simeq|eqsim|cong|equiv|doteq|coloneqq|coloneq"
+    r"|triangleq|to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies)|==?|:="
+    r"|[\u2248\u223c\u2243\u2245\u2254\u2261\u225c\uff1d\u2192\u21d2\u27f6\u27f9]"
+)
+_GREEK = (
+    "alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|"
+    "rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Phi|Psi|Omega"
+)
+_NAME1 = (
+    r"(?:m\s*\\angle\s*|\\angle\s*)?"  # m∠ABC
+    rf"(?:[A-Za-z]+|\\(?:{_GREEK})(?![A-Za-z])|\\(?:text|mathrm|mathit|operatorname)\{{[A-Za-z ]+\}}"
+    r"|\\overline\{[A-Za-z]+\})"
+    r"(?:\s*_\s*(?:\{[^{}]*\}|\w))?(?:\s*\^\s*(?:\{[^{}]*\}|\w))?'*"  # a_{10}, x^{(2)}, f'
+    r"(?:\s*(?:\\left)?\([^()]*\))?"  # f(2), P(A)
+)
+# a name that states what the answer is (``x``, ``a_{10}``, ``\\theta``, ``f(2)``, ``AB``,
+# ``\\text{Area}``, ``(x, y)``): it claims no value, so it may stand before the value
+_NAME = re.compile(rf"\s*(?:{_NAME1}|\(\s*{_NAME1}(?:\s*,\s*{_NAME1})*\s*\))\s*")
+_MAX_SIDES = 6  # a longer chain is no final answer (and each side costs a math-verify parse)
+
+
+# a relation symbol, or a bracket that opens or closes a group (what the relation scans walk)
+_RELATION_OR_BRACKET = re.compile(rf"{_RELATION.pattern}|[{{}}()\[\]]")
+
+
+def _relations(latex: str):
+    """Each relation symbol of ``latex`` (its match) with its depth in braces, brackets and
+    parentheses (0: outside every group)."""
+    depth = 0
+    for m in _RELATION_OR_BRACKET.finditer(latex):
+        tok = m.group()
+        if tok in "{[(":
+            depth += 1
+        elif tok in "}])":
+            depth -= 1
+        else:
+            yield m, depth
+
+
+def relation_chain(latex: str) -> tuple[list[str], list[str]]:
+    """(sides, links) of ``latex`` split on the relation symbols outside braces, brackets and
+    parentheses: ``x = 40 + 2 = 42`` -> ``(["x ", " 40 + 2 ", " 42"], ["=", "="])``."""
+    sides, links, start = [], [], 0
+    for m, depth in _relations(latex):
+        if depth == 0:
+            sides.append(latex[start : m.start()])
+            links.append(m.group())
+            start = m.end()
+    return [*sides, latex[start:]], links
+
+
+def relation_inside(latex: str) -> bool:
+    """Whether ``latex`` holds a relation symbol inside braces, brackets or parentheses
+    (``(43 = 42)``, ``43 {=} 42``, ``(x \\equiv 42 \\pmod{100})``), where :func:`relation_chain`
+    does not look: math-verify still reads one side of it."""
+    return any(depth > 0 for _, depth in _relations(latex))
+
+
+def _holds_relation(value) -> bool:
+    """Whether a parsed answer (a sympy object) is or holds a relation or a logical statement."""
+    from sympy import Basic, Symbol
+    from sympy.core.relational import Relational
+    from sympy.logic.boolalg import Boolean
+
+    # a name (``B``, ``\\text{42}``) is a sympy Symbol, which sympy counts as a Boolean: not a statement
+    statement = isinstance(value, Boolean) and not isinstance(value, Symbol)
+    return isinstance(value, Basic) and (statement or value.has(Relational))
+
+
+def mv_parse(text: str, **kw) -> list:
+    """math-verify's ``parse`` without its own SIGALRM timer: its ``signal.alarm(0)`` on return
+    cancelled the loop's ``verifier_timeout_s`` timer (:func:`_time_limit`), so every later step of
+    the same verification ran without a limit. The loop's limit is the one limit."""
+    from math_verify import parse
+
+    return parse(text, parsing_timeout=None, **kw)
+
+
+def mv_verify(gold, target) -> bool:
+    """math-verify's ``verify`` without its own SIGALRM timer (see :func:`mv_parse`)."""
+    from math_verify import verify
+
+    return verify(gold, target, timeout_seconds=None)
+
+
+_APPROX_LINK = re.compile(r"\\(?:approx|approxeq|doteq)|\u2248")
+_DECIMAL = re.compile(r"[-+]?\d+\.(\d+)")
+
+
+def _rounds_gold(gold, link: str, side: str) -> bool:
+    """Whether ``link side`` (``\\approx 1.732``) is the gold rounded to the decimals it shows (within
+    half a unit of its last digit): the exact side before it is then the answer."""
+    m = _DECIMAL.fullmatch(side.strip().rstrip(",.;"))
+    g = _real(gold) if m and _APPROX_LINK.fullmatch(link) and getattr(gold, "is_number", False) else None
+    return g is not None and abs(float(m.group()) - g) <= 0.5 * 10 ** -len(m.group(1)) * (1 + 1e-9)
+
+
+def _chain_holds(gold_parsed, answer: str) -> bool:
+    """Whether the answer's relation chain (if any) states the gold value and nothing else: every
+    link an equality, the last side the gold, and every other side a name or equal to it."""
+    from math_verify import LatexExtractionConfig
+
+    sides, links = relation_chain(answer)
+    if not links:
+        return True
+    if len(sides) > _MAX_SIDES or not all(_EQUAL_LINKS.fullmatch(link) for link in links):
+        return False
+    if _rounds_gold(gold_parsed[0], links[-1], sides[-1]):  # ``\sqrt{3} \approx 1.732``
+        sides, links = sides[:-1], links[:-1]  # judged by the exact value it rounds
+
+    def side(latex: str) -> list:
+        # LaTeX only: with the default number fallback ``43 \\lor 42`` would be read as 42
+        return mv_parse(f"${latex}$", extraction_config=[LatexExtractionConfig()])
+
+    last = side(sides[-1].strip().rstrip(",.;"))  # ``x = 42,``
+    if not (last and mv_verify(gold_parsed, last)):
+        return False
+    # an empty side (``= 42``) claims nothing, as a name does
+    return all(not s.strip() or _NAME.fullmatch(s) or mv_verify(last, side(s)) for s in sides[:-1])
+
+
+# an answer whose value is too costly to compute: sympy evaluates a power, factorial or binomial of
+# integers at once, in C, where no time limit can stop it (``10^{10^{7}}`` held a verification
+# for seconds, a taller tower for hours). No final answer needs these, so they score 0 unparsed.
+_MAX_DIGITS = 5  # of an integer in an exponent, a factorial or a binomial
+_POWER = re.compile(r"\^|\*\*")
+_FACTORIAL = re.compile(r"(\d+|[)}\]])\s*!")
+_BINOMIAL = re.compile(r"\\(?:[dt]?binom|choose)(?![A-Za-z])")
+_LONG_INT = re.compile(rf"\d{{{_MAX_DIGITS + 1},}}")
+
+
+def _group_before(text: str, end: int) -> str:
+    """The bracketed group that closes at ``text[end]`` (``)``, ``}`` or ``]``), or ``""``."""
+    depth = 0
+    for i in range(end, -1, -1):
+        depth += text[i] in ")}]"
+        depth -= text[i] in "({["
+        if depth == 0:
+            return text[i : end + 1]
+    return ""
+
+
+def _exponent(text: str, at: int) -> str:
+    """The exponent that starts at ``text[at]`` (after ``^`` or ``**``): a braced or bracketed
+    group, else the run of digits, or the one character, there."""
+    rest = text[at:].lstrip()
+    if rest[:1] in ("{", "(", "["):
+        depth = 0
+        for i, c in enumerate(rest):
+            depth += c in "{(["
+            depth -= c in "})]"
+            if depth == 0:
+                return rest[: i + 1]
+        return rest
+    digits = re.match(r"[-+]?\d+", rest)
+    return digits.group() if digits else rest[:1]
+
+
+def too_costly(text: str) -> bool:
+    """Whether ``text`` holds a power whose exponent is itself a power or factorial or has an
+    integer over ``_MAX_DIGITS`` digits, such a factorial, or a binomial with such an integer."""
+    for m in _POWER.finditer(text):
+        exp = _exponent(text, m.end())
+        after = text[m.end() :].lstrip()[len(exp) :].lstrip()  # ``10**10**7``: a tower too
+        if _POWER.search(exp) or _POWER.match(after) or "!" in exp or _LONG_INT.search(exp):
+            return True
+    for m in _FACTORIAL.finditer(text):
+        arg = m.group(1) if m.group(1)[0].isdigit() else _group_before(text, m.start(1))
+        if _LONG_INT.search(arg) or _POWER.search(arg) or "!" in arg:
+            return True
+    return bool(_BINOMIAL.search(text) and _LONG_INT.search(text))
+
+
+# math-verify compares numbers rounded to 6 decimals, which keeps few or none of a small number's
+# digits: ``0.0`` passed for 6.626e-34, also as ``\{0.0\}``, ``x = y = 0.0`` or ``0.0 y``. Below
+# ``_SMALL`` in size, some number of the answer must agree with the gold to ``_SMALL_RTOL`` of its
+# size (its first three significant digits).
+_SMALL, _SMALL_RTOL = 0.1, 1e-3
+# an integer gold of more digits than a float holds exactly is matched by a float within its 53-bit
+# rounding: ``2.43290200817664 \times 10^{18}`` passed for hundreds of integers around 20!
+_EXACT_DIGITS = 15
+
+
+def _numbers(value):
+    """The numbers of a parsed answer: itself where it is one, else those of its parts (a set's
+    elements, a relation's sides, an interval's ends, a product's factors)."""
+    from sympy import Basic, Expr
+
+    if isinstance(value, Expr) and value.is_number:
+        yield value
+    elif isinstance(value, Basic):
+        for arg in value.args:
+            yield from _numbers(arg)
+
+
+def _real(value) -> float | None:
+    try:
+        c = complex(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if c.imag else c.real
+
+
+def _same_scale(gold, pred) -> bool:
+    """False where the gold is a real number smaller than ``_SMALL`` (not 0) and no number of the
+    answer is within ``_SMALL_RTOL`` of its size; True otherwise."""
+    from sympy import Expr
+
+    g = _real(gold) if isinstance(gold, Expr) and gold.is_number else None
+    if g is None or g == 0 or abs(g) >= _SMALL:
+        return True
+    return any((p := _real(n)) is not None and abs(p - g) <= _SMALL_RTOL * abs(g) for n in _numbers(pred))
+
+
+def _rounded_integer(gold, pred) -> bool:
+    """Whether the gold is an integer of more than ``_EXACT_DIGITS`` digits and the answer holds a
+    float, which cannot tell it from its neighbours."""
+    from sympy import Float, Integer
+
+    return isinstance(gold, Integer) and abs(int(gold)) >= 10**_EXACT_DIGITS and bool(pred.atoms(Float))
+
+
+def _is_range(value) -> bool:
+    """Whether a parsed answer is a range of values: an interval or a union of them, an inequality
+    (``x > 3``, ``1 < x < 3``), or a name set in one (``x \\in (1, 3)``)."""
+    from sympy import And, Eq, Interval, Or, Union
+    from sympy.core.relational import Relational
+
+    if isinstance(value, (Interval, Union)):
+        return True
+    if isinstance(value, Eq):
+        return isinstance(value.rhs, (Interval, Union))
+    if isinstance(value, Relational):
+        return True
+    return isinstance(value, (And, Or)) and all(_is_range(a) for a in value.args)
+
+
+# a hedge math-verify drops as units: a trailing ``\\text{...}`` (``42 \\text{ (or 43)}``) that holds
+# a digit or a word of choice; and a subscript on a number (``42^{+1}_{-1}``, ``42_{43}``)
+_TEXT_GROUP = r"\\(?:text|mbox|textbf|textrm|textit|textnormal|mathrm|mathbf|mathit)\s*\{([^{}]*)\}"
+_TRAILING_TEXT = re.compile(rf"{_TEXT_GROUP}\s*(?:\^\s*(?:\{{[^{{}}]*\}}|\S))?\s*$")
+_HEDGE_WORDS = re.compile(r"\d|\b(?:or|and|maybe|either|perhaps|possibly|not)\b|[,;/?]", re.IGNORECASE)
+_NUMBER_SUBSCRIPT = re.compile(r"\d\s*(?:\^\s*(?:\{[^{}]*\}|\S)\s*)?_")
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def _final_formula(answer: str) -> tuple[str, str] | None:
+    """The formula the answer ends with (trailing punctuation aside), as ``(formula, content)``: a
+    ``\\boxed{}`` (or ``\\fbox{}``), a ``$...$``, ``$$...$$``, ``\\(...\\)`` or ``\\[...\\]``; None
+    where it ends in plain text."""
+    text = answer.rstrip().rstrip(".,;:!").rstrip()
+    for close, opening in (("$$", "$$"), ("$", "$"), ("\\)", "\\("), ("\\]", "\\[")):
+        if text.endswith(close):
+            at = text.rfind(opening, 0, len(text) - len(close))
+            if at >= 0:
+                return text[at:], text[at + len(opening) : len(text) - len(close)].strip()
+            return None
+    if not text.endswith("}"):
+        return None
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        depth += text[i] == "}"
+        depth -= text[i] == "{"
+        if depth == 0:
+            box = [m for m in _BOX.finditer(text[: i + 1]) if m.end() == i + 1]
+            return (text[box[0].start() :], text[i + 1 : -1].strip()) if box else None
+    return None
+
+
+def _final_formula_hedges(answer: str, gold_tex: str, gold) -> bool:
+    """Whether the formula the answer ends with (:func:`_final_formula`) is one math-verify cannot
+    read as LaTeX (it then took a number from inside it: ``\\boxed{43 \\equal 42}`` and ``$43 ) 42$``
+    passed for 42), or hides a hedge where it reads only a part (a trailing ``\\text{ (or 43)}``, a
+    subscript on a number the gold does not have). A plain-text ending is not judged here."""
+    from math_verify import LatexExtractionConfig
+
+    found = _final_formula(answer)
+    if found is None:
+        return False
+    formula, content = found
+    trailing = _TRAILING_TEXT.search(content)
+    if trailing and trailing.start() > 0 and _HEDGE_WORDS.search(trailing.group(1)):
+        return True
+    if _NUMBER_SUBSCRIPT.search(content) and "_" not in gold_tex:
+        return True
+    if isinstance(gold, str) or relation_chain(content)[1]:
+        # a gold math-verify cannot read either is compared as text (no number taken); a chain's
+        # sides are read one by one (:func:`_chain_holds`)
+        return False
+    read = mv_parse(formula, extraction_config=[LatexExtractionConfig()])
+    return not any(not isinstance(v, str) for v in read)
+
+
+def _looser_than_claimed(gold_tex: str, gold, pred, answer: str) -> bool:
+    """Whether math-verify's match of ``pred`` (the answer's value) to ``gold`` is looser than what the
+    answer states: a small number matched by rounding (:func:`_same_scale`), a long integer by a float
+    (:func:`_rounded_integer`), a range by the points at its ends (``\\{1, 3\\}`` for ``1 < x < 3``),
+    or a final formula it could not read or read only in part (:func:`_final_formula_hedges`)."""
+    return (
+        not _same_scale(gold, pred)
+        or _rounded_integer(gold, pred)
+        or (_is_range(gold) and not _is_range(pred))
+        or _final_formula_hedges(answer, gold_tex, gold)
+    )
+
+
+def _assigned(gold_tex: str) -> str | None:
+    """The value of a gold answer that assigns one to a name (``x = 2`` -> ``2``), else None."""
+    sides, links = relation_chain(gold_tex)
+    if len(links) != 1 or not _EQUAL_LINKS.fullmatch(links[0]) or relation_inside(gold_tex):
+        return None
+    return sides[1].strip() if _NAME.fullmatch(sides[0]) and sides[1].strip() else None
+
+
+def check_answer(gold: str, completion: str) -> float:
+    """1.0 iff math-verify finds the gold answer in the completion (its last ``\\boxed{}``, else
+    its last number or formula), else 0.0. The gold answer is parsed as LaTeX math (so ``1/(n+1)``
+    is a formula, not the number 1; :func:`gold_latex`).
+
+    An answer that is a relation (``=``, ``\\approx``, ``<``, ``\\ne`` ..., or a chain of them;
+    :func:`relation_chain`) is judged as a whole when the gold answer is not one: math-verify
+    reads only one side, so ``\\boxed{43 = 42}`` passed for 42. It scores 1 only if every link
+    is an equality (``\\approx`` counts as ``=``), its last side verifies against the gold, and
+    every other side is either a name (``x``, ``a_{10}``, ``f(2)``, ``\\text{Area}``, ``(x, y)``)
+    or verifies equal to the last side: ``x = 42``, ``x \\approx 42`` and the true
+    ``40 + 2 = 42`` score 1; ``43 = 42``, ``x = 43 = 42``, ``41 \\approx 42``, ``x < 43`` and
+    ``x^2 + 1 = 42`` score 0. A relation inside brackets (``(43 = 42)``, ``43 {=} 42``), or one
+    the parsed answer holds but its text does not show, scores 0. A gold answer that is itself a
+    relation is compared as math-verify compares it, but one that assigns a value to a name
+    (``x = 2``) is judged by that value as above (``x = 3 = 2`` scores 0). A last side that is the
+    gold rounded to the decimals it shows (``\\sqrt{3} \\approx 1.732``) leaves the chain judged by
+    the side before it.
+
+    An answer whose value would take too long to compute (:func:`too_costly`: ``10^{10^{7}}``,
+    ``123456!``) scores 0 without being parsed. Where math-verify's match is looser than the answer's
+    claim it scores 0 (:func:`_looser_than_claimed`): a gold number smaller than 0.1 needs its first
+    three significant digits somewhere in the answer (``0.0``, ``\\{0.0\\}`` or ``x = y = 0.0`` passed
+    for 6.626e-34); an integer gold of more than 15 digits is not matched by a float; a range gold
+    (``1 < x < 3``, ``(3, \\infty)``) is not matched by its ends (``\\{1, 3\\}``); and a final formula
+    math-verify cannot read (it took a number inside it: ``\\boxed{43 \\equal 42}``), or one whose
+    trailing ``\\text{}`` it drops as units while it holds a hedge (``42 \\text{ (or 43)}``), or with
+    a subscript on a number (``42^{+1}_{-1}``), scores 0. A plain-text answer is read by its last
+    number (``43 or 42`` scores 1 for 42, as ``42`` would)."""
+    answer = final_answer(completion)
+    if too_costly(answer):
+        return 0.0
+    gold_tex = gold_latex(gold)
+    gold_parsed = mv_parse(f"${gold_tex}$")
+    pred = mv_parse(answer)
+    if not (gold_parsed and pred and mv_verify(gold_parsed, pred)):
+        return 0.0
+    value = _assigned(gold_tex)  # a gold ``x = 2`` is judged by its value, as a number's is
+    if value is not None and (parsed := mv_parse(f"${value}$")):
+        gold_tex, gold_parsed = value, parsed
+    if _looser_than_claimed(gold_tex, gold_parsed[0], pred[0], answer):
+        return 0.0
+    # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
+    text = pred[-1] if isinstance(pred[-1], str) else ""
+    if relation_chain(gold_tex)[1] or relation_inside(gold_tex) or _holds_relation(gold_parsed[0]):
+        return 1.0  # a relation as the gold answer: compared as math-verify compares it
+    if relation_inside(text):
+        return 0.0
+    if _holds_relation(pred[0]) and not relation_chain(text)[1]:
+        return 0.0  # parsed as a relation its text does not show (``$43 = 42$ so $?$``)
+    return 1.0 if _chain_holds(gold_parsed, text) else 0.0
