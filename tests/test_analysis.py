@@ -878,19 +878,24 @@ def test_a_parent_description_longer_than_mlflow_keeps_ends_at_a_whole_line_nami
 
 
 def test_what_a_resume_may_change_names_no_variant():
-    """Runs that differ only in what a resume may change (their length, threads, placement) are one
-    recipe: a run extended by a resume is not a variant of its own; a recipe key still is."""
+    """Runs that differ only in what a resume may change (their length, threads, engines) are one
+    recipe, in the params a run logs (the flat keys and each group's variant): a run extended by a
+    resume is not a variant of its own; a recipe key still is."""
     from scalerl.analysis import differing_params
     from scalerl.analysis.mlflow_io import RunData
+    from scalerl.config import compose, group_variants
+    from scalerl.tracking.tracker import run_params
 
-    def run(**params):
+    def run(*overrides):
+        cfg = compose(["out_dir=/tmp/x", *overrides])
         empty = np.zeros(0)
+        params = run_params(cfg, group_variants(cfg))
         return RunData("id", "r", "FINISHED", "0", params, {}, "flops", empty, empty, empty)
 
-    base = {"loss": "cispo", "trainer.lr": "1e-4"}
     same = [
-        run(**base, **{"trainer.total_steps": "50", "trainer.threads": "1", "placement.name": "local"}),
-        run(**base, **{"trainer.total_steps": "300", "trainer.threads": "2", "placement.name": "split"}),
+        run("trainer.total_steps=50", "trainer.threads=1", "generator.max_running=4"),
+        run("trainer.total_steps=300", "trainer.threads=2", "placement.engines=2"),
     ]
+    assert same[0].params["trainer"] == "torch"
     assert differing_params(same) == []
-    assert differing_params([*same, run(**{**base, "trainer.lr": "2e-4"})]) == ["trainer.lr"]
+    assert differing_params([*same, run("trainer.lr=2e-4")]) == ["trainer", "trainer.lr"]

@@ -649,6 +649,25 @@ GAMED_FOR_MANY = {
     # a rounding that does not round the gold
     "a wrong rounding": (r"\boxed{\sqrt{3} \approx 1.8}", (r"\sqrt{3}",)),
     "a wrong value, rounded to the gold": (r"\boxed{43 \approx 42.0}", ("42",)),
+    # an open interval for two points, choices in any order, a percentage for its number too
+    "an interval for the roots": (r"\boxed{(1, 3)}", (r"\{1, 3\}", "1, 3", r"x = 1 \text{ or } x = 3")),
+    "a name in an interval for the roots": (r"\boxed{x \in (1, 3)}", (r"x = 1 \text{ or } x = 3",)),
+    "choices in one order for another": (r"\boxed{ABC}", ("BAC", "CBA")),
+    "a list of choices for another order": (r"\boxed{A, B, C}", ("C, A, B",)),
+    "a percentage for its number": ("The answer is 50%.", ("50",)),
+    # a box inside a formula that denies it, or another value after it
+    "a box said unequal to 43": (r"$43 \neq \boxed{42}$", ("42",)),
+    "a box in a range": (r"$41 < \boxed{42} < 43$", ("42",)),
+    "a box plus or minus 100": (r"$\boxed{42} \pm 100$", ("42",)),
+    "a box in a set of candidates": (r"$x \in \{41, \boxed{42}, 43\}$", ("42",)),
+    "a box negated": (r"$-\boxed{42}$", ("42",)),
+    "a box in a box plus one": (r"\boxed{\boxed{42} + 1}", ("42",)),
+    "a box hidden behind 43": (r"$\phantom{\boxed{42}} 43$", ("42",)),
+    "or 43 after the box": (r"\boxed{42} \text{ or } 43", ("42",)),
+    "perhaps 43 after the box": (r"\boxed{42}, or perhaps $43$", ("42",)),
+    "a size as units": (r"\boxed{42 \text{ thousand}}", ("42",)),
+    "a square as units": ("\\boxed{42\\text{\u00b2}}", ("42",)),
+    "a number word as units": (r"\boxed{42 \text{ minus one}}", ("42",)),
 }
 
 
@@ -737,6 +756,23 @@ def test_math_right_answers_still_score():
         ("100000000000000000000", r"\boxed{10^{20}}"),
         ("1011_2", r"\boxed{1011_2}"),
         ("B", r"\boxed{\text{(B)}}"),
+        # units, marks after the box, a dollar sign, bases, percentages, orders, sets and intervals
+        ("9.8", r"\boxed{9.8 \text{ m/s}^2}"),
+        ("25", r"\boxed{25 \text{ pages, in total}}"),
+        ("8", r"\boxed{8 \text{ cups of flour and sugar}}"),
+        ("42", r"\boxed{42} $\qed$"),
+        ("42", r"The answer is 42 $\Box$"),
+        ("42", r"Each costs $6$ and she buys 7, so she pays 42 \$"),
+        ("42", r"\boxed{42_{10}}"),
+        ("0.5", "The answer is 50%."),
+        ("1", "The answer is 100%."),
+        ("50\\%", r"\boxed{50\%}"),
+        ("BAC", r"\boxed{BAC}"),
+        ("C, A, B", r"\boxed{C, A, B}"),
+        ("42", r"$x = \boxed{42}$"),
+        (r"\{1, 3\}", r"\boxed{x \in \{1, 3\}}"),
+        ("[1, 3]", r"\boxed{x \in [1, 3]}"),
+        ("1 < x < 3", r"\boxed{x \in (1, 3)}"),
     ):
         assert check_answer(gold, answer) == 1.0, (gold, answer)
     # gold answers that are themselves relations, tuples or formulas are compared as before

@@ -393,8 +393,9 @@ def _say_done(args, rep, runs, left_out, out: Path, t0: float, *, metric: str) -
     if rep.result.pooled_rows:
         print("\n## Seeds pooled per recipe\n")
         print(rows_to_markdown(rep.result.pooled_rows, level=args.level, metric=metric))
-    tables = [f.name for f in rep.files if f.suffix != ".png"]  # the verdicts and pooled fits where written
-    figures = [f.name for f in rep.files if f.suffix == ".png"]
+    written = [f for f in rep.files if f is not None]  # a figure that failed to draw is None
+    tables = [f.name for f in written if f.suffix != ".png"]  # the verdicts and pooled fits where written
+    figures = [f.name for f in written if f.suffix == ".png"]
     print(f"\nwrote {out}/ ({', '.join([*tables, 'runs/*/scaling_curve.png', *figures])})")
     if rep.written_back:
         print(f"wrote fit/* metrics and scaling_curve.png back to {rep.written_back} runs")

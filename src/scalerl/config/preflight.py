@@ -188,10 +188,16 @@ def sqlite_problem(uri: str) -> str | None:
         return None
     if (path := sqlite_file(uri)) is None:
         return "a sqlite URI is sqlite:///relative/file.db or sqlite:////absolute/file.db"
-    if path.parts[:1] == ("~",) or str(path).startswith("~"):
+    if str(path).startswith("~"):
+        try:
+            home = f"{SQLITE}{path.expanduser()}"
+        except RuntimeError:  # ``~nosuchuser``
+            home = f"{SQLITE}/home/<user>/..."
+        made = Path.cwd() / path  # where MLflow put a store under this URI before it was refused
+        kept = f", or {SQLITE}{made} for the store made here before" if made.exists() else ""
         return (
             "MLflow does not expand ~ in a sqlite URI (it would make a folder named ~ here): write "
-            f"the path out, {SQLITE}{path.expanduser()}"
+            f"the path out, {home}{kept}"
         )
     if str(path) == ":memory:":
         return (

@@ -224,15 +224,15 @@ def recipe_file(out_dir):
 
 
 def length_file(out_dir):
-    """Where a run keeps the length it was last started or resumed with (``trainer.total_steps``)."""
+    """Where a run keeps the length (``trainer.total_steps``) it ran with at its last checkpoint."""
     from pathlib import Path
 
     return Path(out_dir) / "checkpoint" / "length.json"
 
 
 def run_length(out_dir) -> int | None:
-    """The ``trainer.total_steps`` the run in ``out_dir`` last ran with, or None (no run there, or
-    one checkpointed before runs kept it)."""
+    """The ``trainer.total_steps`` the run in ``out_dir`` ran with at its last checkpoint, or None
+    (no run there, or one checkpointed before runs kept it: it resumes to the config's length)."""
     import json
 
     try:

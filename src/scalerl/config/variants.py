@@ -72,8 +72,16 @@ def variant(name: str, values: dict, defaults: dict) -> str:
 
 
 def group_variants(cfg: DictConfig) -> dict[str, str]:
-    """{group: variant} for every group of ``cfg``: what the MLflow group params record."""
+    """{group: variant} for every group of ``cfg``: what the MLflow group params record. The recipe
+    only: a field a resumed run may change (:data:`~scalerl.config.schema.RESUMABLE_CHANGES`: the
+    run's length, threads, placement ...) is left out, so runs of one recipe name one variant."""
+    from scalerl.config.schema import RESUMABLE_CHANGES
+
     choices = {g: str(cfg[g].name) for g in GROUPS}
     values = {g: OmegaConf.to_container(cfg[g], resolve=True) for g in GROUPS}
+    recipe = {
+        g: {k: v for k, v in values[g].items() if not f"{g}.{k}".startswith(RESUMABLE_CHANGES)}
+        for g in GROUPS
+    }
     defaults = option_defaults(choices, values)
-    return {g: variant(choices[g], values[g], defaults[g]) for g in GROUPS}
+    return {g: variant(choices[g], recipe[g], defaults[g]) for g in GROUPS}

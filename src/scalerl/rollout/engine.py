@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from scalerl.generator.base import Generator
+from scalerl.messages import RunError, first_line
 from scalerl.transport import (
     SharedMemoryTransport,
     TransportSpec,
@@ -175,9 +176,16 @@ def serve_task(config: Config, index: int, host: str, port: int) -> None:
     plan, me = layout.current(layout.LayoutOptions.of(config), raw=True)
     gpus = tuple(int(g) if g.isdigit() else g for g in layout.physical_gpus(me.visible)) if me.visible else ()
     threads, first_rank = me.threads, plan.engines[int(index)].group_ranks[0]
-    probe = TransportSpec("gloo", host, int(port), 1, timeout_s=float(config.placement.timeout_s))
-    store = connect(probe)
-    store.wait(["engines/spec"])
+    timeout = float(config.placement.timeout_s)
+    try:
+        store = connect(TransportSpec("gloo", host, int(port), 1, timeout_s=timeout))
+        store.wait(["engines/spec"])
+    except RuntimeError as e:  # torch's DistNetworkError or a store timeout: no trainer there yet
+        raise RunError(
+            f"generator task (engine {index}): no trainer's store answered at {host}:{port} within "
+            f"{timeout:g} s (placement.timeout_s; {first_line(e)}): its log says why; raise "
+            "placement.timeout_s where the trainer takes longer to start"
+        ) from None
     info = json.loads(store.get("engines/spec").decode())
     weights = TransportSpec(info["backend"], host, int(port), int(info["world"]), float(info["timeout_s"]))
     print(

@@ -43,10 +43,15 @@ def _host_store(spec: TransportSpec):
         return connect(spec, master=True)
     except RuntimeError as e:  # torch's DistNetworkError: EADDRINUSE, a host not of this machine
         why = first_line(str(e).rsplit("message: ", 1)[-1])  # "address already in use"
+        if "EADDRINUSE" in str(e) or "already in use" in str(e):
+            fix = (
+                "another process there holds the port (under a launcher the store takes MASTER_PORT + 1: "
+                "give runs on one node rendezvous ports at least two apart), or set placement.port to a free one"
+            )
+        else:
+            fix = "the store's host (MASTER_ADDR under a launcher) must be an address of this machine"
         raise RunError(
-            f"the run's store could not listen on {spec.host}:{spec.port} ({why}): another "
-            "process there holds the port (under a launcher the store takes MASTER_PORT + 1: give runs "
-            "on one node rendezvous ports at least two apart), or set placement.port to a free one"
+            f"the run's store could not listen on {spec.host}:{spec.port} ({why}): {fix}"
         ) from None
 
 
@@ -227,8 +232,9 @@ class EnginePool(Generator):
             )
             raise RunError(
                 f"{who} did not join the weight-update group at {self.spec.host}:{self.spec.port} "
-                f"({self.spec.backend}) within {timeout:g} s: the engine's log says "
-                "why (building the engine, or reaching that address from its node)"
+                f"({self.spec.backend}) within {timeout:g} s (placement.timeout_s): the engine's log says "
+                "why (building the engine, or reaching that address from its node); raise "
+                "placement.timeout_s where loading its model takes longer"
             ) from e
         except RuntimeError as e:
             if (why := self.gone()) is not None:

@@ -50,7 +50,7 @@ _RELATION = re.compile(
 # (``<``, ``\\ne``, ``\\lor``, ``\\mapsto`` ...) makes the answer a range or a hedge, not a number
 _EQUAL_LINKS = re.compile(
     r"\\(?:stackrel|overset)\{.*|\\(?:approx|approxeq|sim|simeq|eqsim|cong|equiv|doteq|coloneqq|coloneq"
-    r"|triangleq|to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies)|==?|:="
+    r"|triangleq|to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies|in)|==?|:="
     r"|[\u2248\u223c\u2243\u2245\u2254\u2261\u225c\uff1d\u2192\u21d2\u27f6\u27f9]"
 )
 _GREEK = (
@@ -245,8 +245,10 @@ def _numbers(value):
 
 
 def _real(value) -> float | None:
+    """A sympy number as a float (evaluated: math-verify leaves ``1%`` as ``1 * (1/100)`` unevaluated),
+    None where it is not a real number."""
     try:
-        c = complex(value)
+        c = complex(value.doit().evalf() if hasattr(value, "doit") else value)
     except (TypeError, ValueError, OverflowError):
         return None
     return None if c.imag else c.real
@@ -287,11 +289,21 @@ def _is_range(value) -> bool:
 
 
 # a hedge math-verify drops as units: a trailing ``\\text{...}`` (``42 \\text{ (or 43)}``) that holds
-# a digit or a word of choice; and a subscript on a number (``42^{+1}_{-1}``, ``42_{43}``)
+# a number of its own or a word of choice or of size (units such as ``m/s^2`` or ``cups of flour and
+# sugar`` are none); and a subscript on a number other than a base (``42^{+1}_{-1}``, ``42_{43}``;
+# ``1011_2`` and ``42_{10}`` are bases)
 _TEXT_GROUP = r"\\(?:text|mbox|textbf|textrm|textit|textnormal|mathrm|mathbf|mathit)\s*\{([^{}]*)\}"
-_TRAILING_TEXT = re.compile(rf"{_TEXT_GROUP}\s*(?:\^\s*(?:\{{[^{{}}]*\}}|\S))?\s*$")
-_HEDGE_WORDS = re.compile(r"\d|\b(?:or|and|maybe|either|perhaps|possibly|not)\b|[,;/?]", re.IGNORECASE)
-_NUMBER_SUBSCRIPT = re.compile(r"\d\s*(?:\^\s*(?:\{[^{}]*\}|\S)\s*)?_")
+_TRAILING_TEXT = re.compile(rf"{_TEXT_GROUP}(?:\s*\^\s*(?:\{{[^{{}}]*\}}|\S))?$")
+_HEDGE_WORDS = re.compile(
+    r"(?<![\w^])\d+(?:\.\d+)?(?!\w)|[\u00b2\u00b3\u00b9\u2070-\u209f\u00bc-\u00be\u2150-\u215f?]"
+    r"|\b(?:or|maybe|either|perhaps|possibly|wrong|false|negative|squared|cubed"
+    r"|hundred|thousand|million|billion|trillion|dozen|percent|zero|one|two|three|four|five|six|seven"
+    r"|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)\b",
+    re.IGNORECASE,
+)
+_NUMBER_SUBSCRIPT = re.compile(
+    r"\d\s*(?:\^\s*(?:\{[^{}]*\}|\S)\s*)?_(?!\s*(?:\{\s*)?(?:[2-9]|[12]\d|3[0-6])\b\s*\}?\s*$)"
+)
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
@@ -300,9 +312,13 @@ def _final_formula(answer: str) -> tuple[str, str] | None:
     ``\\boxed{}`` (or ``\\fbox{}``), a ``$...$``, ``$$...$$``, ``\\(...\\)`` or ``\\[...\\]``; None
     where it ends in plain text."""
     text = answer.rstrip().rstrip(".,;:!").rstrip()
+    if text.endswith("\\$"):
+        return None  # a dollar sign (``42\\$``), not the end of a formula
     for close, opening in (("$$", "$$"), ("$", "$"), ("\\)", "\\("), ("\\]", "\\[")):
         if text.endswith(close):
             at = text.rfind(opening, 0, len(text) - len(close))
+            while opening == "$" and at > 0 and text[at - 1] == "\\":  # ``\\$`` opens nothing
+                at = text.rfind(opening, 0, at - 1)
             if at >= 0:
                 return text[at:], text[at + len(opening) : len(text) - len(close)].strip()
             return None
@@ -318,6 +334,62 @@ def _final_formula(answer: str) -> tuple[str, str] | None:
     return None
 
 
+def _box_spans(text: str) -> list[tuple[int, int, int]]:
+    """The outermost ``\\boxed{}`` (or ``\\fbox{}``) of ``text`` as (start, content start, end)."""
+    spans, at = [], 0
+    for m in _BOX.finditer(text):
+        if m.start() < at:
+            continue  # inside a box already taken
+        depth, end = 1, len(text)
+        for i in range(m.end(), len(text)):
+            depth += text[i] == "{"
+            depth -= text[i] == "}"
+            if depth == 0:
+                end = i
+                break
+        spans.append((m.start(), m.end(), end))
+        at = end + 1
+    return spans
+
+
+def _unboxed(text: str) -> str:
+    """``text`` with every box replaced by what it holds (``\\boxed{\\boxed{42} + 1}`` -> ``42 + 1``),
+    in one pass: each ``\\boxed{`` and the brace that closes it dropped."""
+    out, stack, i = [], [], 0
+    while i < len(text):
+        m = _BOX.match(text, i)
+        if m:
+            stack.append(True)
+            i = m.end()
+            continue
+        c = text[i]
+        if c == "{":
+            stack.append(False)
+        if not (c == "}" and stack and stack.pop()):
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _unbox_inner(answer: str) -> str:
+    """The answer with a final formula that holds a ``\\boxed{}`` beside other terms (``$43 \\neq
+    \\boxed{42}$``, ``\\boxed{\\boxed{42} + 1}``) written as that formula unboxed (``$43 \\neq 42$``):
+    math-verify reads only the box, which the formula around it may deny. As it is otherwise."""
+    found = _final_formula(answer)
+    if found is None or not _BOX.search(found[1]):
+        return answer
+    formula, content = found
+    spans = _box_spans(content)
+    around = "".join(
+        content[a + 1 : b]
+        for a, b in zip([-1] + [e for _, _, e in spans], [s for s, _, _ in spans] + [len(content)])
+    )
+    if not around.strip(" \t\n.,;:"):
+        return answer  # ``$\\boxed{42}$``: the box is the whole formula
+    start = answer.rfind(formula)
+    return f"{answer[:start]}${_unboxed(content)}$"
+
+
 def _final_formula_hedges(answer: str, gold_tex: str, gold) -> bool:
     """Whether the formula the answer ends with (:func:`_final_formula`) is one math-verify cannot
     read as LaTeX (it then took a number from inside it: ``\\boxed{43 \\equal 42}`` and ``$43 ) 42$``
@@ -325,9 +397,14 @@ def _final_formula_hedges(answer: str, gold_tex: str, gold) -> bool:
     subscript on a number the gold does not have). A plain-text ending is not judged here."""
     from math_verify import LatexExtractionConfig
 
-    found = _final_formula(answer)
-    if found is None:
-        return False
+    spans = _box_spans(answer)
+    if spans:  # math-verify reads the last box first, whatever follows it
+        start, inner, end = spans[-1]
+        found = (answer[start : end + 1], answer[inner:end].strip())
+    else:
+        found = _final_formula(answer)
+    if found is None or not re.search(r"\w", _COMMAND.sub("", found[1])):
+        return False  # plain text, or a formula of no value (``$\\Box$``, ``$\\qed$``)
     formula, content = found
     trailing = _TRAILING_TEXT.search(content)
     if trailing and trailing.start() > 0 and _HEDGE_WORDS.search(trailing.group(1)):
@@ -338,19 +415,76 @@ def _final_formula_hedges(answer: str, gold_tex: str, gold) -> bool:
         # a gold math-verify cannot read either is compared as text (no number taken); a chain's
         # sides are read one by one (:func:`_chain_holds`)
         return False
-    read = mv_parse(formula, extraction_config=[LatexExtractionConfig()])
+    # a percent sign aside (math-verify reads ``50\\%`` only with its number fallback)
+    read = mv_parse(re.sub(r"\\?%", "", formula), extraction_config=[LatexExtractionConfig()])
     return not any(not isinstance(v, str) for v in read)
 
 
-def _looser_than_claimed(gold_tex: str, gold, pred, answer: str) -> bool:
+# the number right before a percent sign
+_PERCENT = re.compile(r"([-+]?\d+(?:\.\d+)?)\s*\\?$")
+# a gold that is an order of choices (``BAC``, ``C, A, B``, ``(B), (A)``): sympy reads letters as a
+# product or a set, whose order it sorts away
+_CHOICES = re.compile(r"\s*\(?[A-Z]\)?(?:\s*,?\s*\(?[A-Z]\)?)+\s*")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+
+
+def _percent_differs(gold_tex: str, gold, answer: str) -> bool:
+    """Whether the answer is a percentage (``50%``) and the gold, written without one, is not that
+    number over 100: math-verify let ``50%`` pass both for 50 and for 0.5."""
+    at = answer.rfind("%")  # the answer's last number, followed by % or \%
+    if at < 0 or "%" in gold_tex or re.search(r"\d", answer[at:]):
+        return False
+    m = _PERCENT.search(answer[max(0, at - 64) : at])
+    if m is None:
+        return False
+    g = _real(gold) if getattr(gold, "is_number", False) else None
+    return g is None or abs(float(m.group(1)) / 100 - g) > 1e-9 * max(1.0, abs(g))
+
+
+def _choices_differ(gold_tex: str, text: str) -> bool:
+    """Whether the gold is an order of choices (:data:`_CHOICES`) and the answer's text does not list
+    the same letters in the same order: ``ABC`` passed for ``BAC``."""
+    if not _CHOICES.fullmatch(_COMMAND.sub("", gold_tex).replace("{", "").replace("}", "")):
+        return False
+    letters = "".join(re.findall(r"[A-Za-z]", _COMMAND.sub("", text))).upper()
+    return letters != "".join(re.findall(r"[A-Z]", _COMMAND.sub("", gold_tex)))
+
+
+# after the last box: the math environment it closes, then no other number or box (a formula of
+# names or marks, ``$\\qed$``, may follow)
+_CLOSERS = re.compile(r"^\s*(?:\$\$?|\\\]|\\\))")
+_ANOTHER_VALUE = re.compile(r"(?<![\w^])\d|\\boxed|\\fbox")
+
+
+def _after_the_box(answer: str) -> str:
+    """What the answer writes after its last ``\\boxed{}`` (``""`` where it has none)."""
+    boxes = list(_BOX.finditer(answer))
+    if not boxes:
+        return ""
+    depth, start = 1, boxes[-1].end()
+    for i in range(start, len(answer)):
+        depth += answer[i] == "{"
+        depth -= answer[i] == "}"
+        if depth == 0:
+            return answer[i + 1 :]
+    return ""
+
+
+def _looser_than_claimed(gold_tex: str, gold, pred, answer: str, text: str) -> bool:
     """Whether math-verify's match of ``pred`` (the answer's value) to ``gold`` is looser than what the
     answer states: a small number matched by rounding (:func:`_same_scale`), a long integer by a float
-    (:func:`_rounded_integer`), a range by the points at its ends (``\\{1, 3\\}`` for ``1 < x < 3``),
-    or a final formula it could not read or read only in part (:func:`_final_formula_hedges`)."""
+    (:func:`_rounded_integer`), a range by points or points by a range (``\\{1, 3\\}`` and
+    ``(1, 3)``: an interval to math-verify), a percentage by its number (:func:`_percent_differs`),
+    choices in another order (:func:`_choices_differ`), a box followed by another value (``\\boxed{42}
+    \\text{ or } 43``), or a final formula it could not read or read only in part
+    (:func:`_final_formula_hedges`)."""
     return (
         not _same_scale(gold, pred)
         or _rounded_integer(gold, pred)
-        or (_is_range(gold) and not _is_range(pred))
+        or _is_range(gold) != _is_range(pred)
+        or _percent_differs(gold_tex, gold, answer)
+        or _choices_differ(gold_tex, text)
+        or bool(_ANOTHER_VALUE.search(_CLOSERS.sub("", _after_the_box(answer), count=1)))
         or _final_formula_hedges(answer, gold_tex, gold)
     )
 
@@ -392,7 +526,7 @@ def check_answer(gold: str, completion: str) -> float:
     trailing ``\\text{}`` it drops as units while it holds a hedge (``42 \\text{ (or 43)}``), or with
     a subscript on a number (``42^{+1}_{-1}``), scores 0. A plain-text answer is read by its last
     number (``43 or 42`` scores 1 for 42, as ``42`` would)."""
-    answer = final_answer(completion)
+    answer = _unbox_inner(final_answer(completion))
     if too_costly(answer):
         return 0.0
     gold_tex = gold_latex(gold)
@@ -403,10 +537,10 @@ def check_answer(gold: str, completion: str) -> float:
     value = _assigned(gold_tex)  # a gold ``x = 2`` is judged by its value, as a number's is
     if value is not None and (parsed := mv_parse(f"${value}$")):
         gold_tex, gold_parsed = value, parsed
-    if _looser_than_claimed(gold_tex, gold_parsed[0], pred[0], answer):
-        return 0.0
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
     text = pred[-1] if isinstance(pred[-1], str) else ""
+    if _looser_than_claimed(gold_tex, gold_parsed[0], pred[0], answer, text):
+        return 0.0
     if relation_chain(gold_tex)[1] or relation_inside(gold_tex) or _holds_relation(gold_parsed[0]):
         return 1.0  # a relation as the gold answer: compared as math-verify compares it
     if relation_inside(text):

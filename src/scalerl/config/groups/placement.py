@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from scalerl.config.checks import at_least, in_range, positive, problems
 from scalerl.config.options import Option, register_option
 
+MAX_TIMEOUT_S = 1e7  # about 116 days
+
 
 @dataclass
 class PlacementOption(Option):
@@ -34,7 +36,10 @@ class PlacementOption(Option):
     def check(self):
         return problems(
             at_least("engines", self.engines, 1),
-            positive("timeout_s", self.timeout_s),
+            # the store's and the weight-update group's timeout too: a timedelta takes no more
+            ("timeout_s", self.timeout_s, f"a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]")
+            if not 0 < self.timeout_s <= MAX_TIMEOUT_S
+            else None,
             at_least("tensor_parallel_size", self.tensor_parallel_size, 1),
             in_range("port", self.port, 0, 65535),
             positive("bucket_mb", self.bucket_mb),
