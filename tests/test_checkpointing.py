@@ -42,20 +42,20 @@ def test_a_resume_keeps_the_runs_length_unless_the_command_line_names_one(tmp_pa
 
     cfg = compose([f"out_dir={tmp_path}"])
     _keep_run_length(cfg, set())  # no run there yet: the config's own
-    assert cfg.trainer.total_steps == 300 and capsys.readouterr().err == ""
+    assert cfg.trainer.total_steps == 300 and capsys.readouterr().out == ""
     length_file(tmp_path).parent.mkdir(parents=True)
     write_json(length_file(tmp_path), {"total_steps": 50})
     assert run_length(tmp_path) == 50
     _keep_run_length(cfg, {"out_dir"})
     assert cfg.trainer.total_steps == 50
-    assert "resumed to its own length, trainer.total_steps=50" in capsys.readouterr().err
+    assert "resumed to its own length, trainer.total_steps=50" in capsys.readouterr().out
     longer = compose([f"out_dir={tmp_path}", "trainer.total_steps=80"])
     _keep_run_length(longer, {"out_dir", "trainer.total_steps"})
     assert longer.trainer.total_steps == 80
-    assert "trainer.total_steps=80 (it ran with 50 before)" in capsys.readouterr().err
+    assert "trainer.total_steps=80 (it ran with 50 before)" in capsys.readouterr().out
     same = compose([f"out_dir={tmp_path}", "trainer.total_steps=50"])
     _keep_run_length(same, {"trainer.total_steps"})
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().out == ""
     length_file(tmp_path).write_text("not json")  # unreadable: the config's own, as before runs kept it
     assert run_length(tmp_path) is None
 

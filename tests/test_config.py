@@ -345,8 +345,8 @@ def test_help_is_hydras_help_and_a_bad_override_one_line(tmp_path):
             ["loss=dapo", "loss.eps_max=3"],
             "error: unknown key loss.eps_max (keys of loss=dapo: eps_low, eps_high)",
         ),
-        (["trainer.lr=fast"], "error: bad value trainer.lr=fast: Value 'fast' of type 'str' could not be"),
-        (["trainer.lr"], "error: malformed override 'trainer.lr'"),
+        (["trainer.lr=fast"], "error: bad value trainer.lr=fast: must be a number"),
+        (["trainer.lr"], "error: malformed override 'trainer.lr': an override is key=value"),
         # an override Hydra's message does not quote is found and named, with how to quote its value
         (
             ["loss=dapo", "task.path=data (1).jsonl"],

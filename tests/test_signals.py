@@ -156,7 +156,7 @@ def test_train_py_resumes_a_run_to_its_own_length(tmp_path, mlflow_uri):
     train(compose([*short[2:], "trainer.total_steps=3"]))  # the first run, in this process
     r = subprocess.run(short, capture_output=True, text=True, timeout=300)  # the default's 300 steps
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "resumed to its own length, trainer.total_steps=3" in r.stderr
+    assert "resumed to its own length, trainer.total_steps=3" in r.stdout
     assert checkpoint_step(out / "checkpoint" / "last.pt") == 3
     run_id = json.loads((out / "run_info.json").read_text())["run_id"]
     assert steps(mlflow_uri, run_id, "train/reward") == [1, 2, 3]

@@ -116,23 +116,20 @@ def _named_keys() -> set[str]:
 def _keep_run_length(cfg: DictConfig, named: set[str]) -> None:
     """A run resumed in its out_dir goes on to the length it last ran with unless the command line
     names ``trainer.total_steps``: ``python train.py out_dir=runs/a`` resumes a 50-step run to step
-    50, not to the default's 300. Either way a length that differs from the run's is said."""
+    50, not to the default's 300. Either way a length that differs from the run's is said (on
+    stdout: a notice, not an error)."""
     from scalerl.config.schema import run_length
 
     before, now = run_length(cfg.get("out_dir") or ""), cfg.trainer.get("total_steps")
     if before is None or now is None or before == int(now):
         return
     if "trainer.total_steps" in named:
-        print(
-            f"[scalerl] {cfg.out_dir}: trainer.total_steps={now} (it ran with {before} before)",
-            file=sys.stderr,
-        )
+        print(f"[scalerl] {cfg.out_dir}: trainer.total_steps={now} (it ran with {before} before)")
         return
     cfg.trainer.total_steps = before
     print(
         f"[scalerl] {cfg.out_dir}: resumed to its own length, trainer.total_steps={before} (name "
-        "trainer.total_steps to change it)",
-        file=sys.stderr,
+        "trainer.total_steps to change it)"
     )
 
 
