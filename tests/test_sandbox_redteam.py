@@ -761,6 +761,7 @@ def test_math_right_answers_still_score():
         ("25", r"\boxed{25 \text{ pages, in total}}"),
         ("8", r"\boxed{8 \text{ cups of flour and sugar}}"),
         ("42", r"\boxed{42} $\qed$"),
+        ("42", r"\boxed{42} (rounded to 2 decimal places)"),
         ("42", r"The answer is 42 $\Box$"),
         ("42", r"Each costs $6$ and she buys 7, so she pays 42 \$"),
         ("42", r"\boxed{42_{10}}"),

@@ -450,10 +450,15 @@ def _choices_differ(gold_tex: str, text: str) -> bool:
     return letters != "".join(re.findall(r"[A-Z]", _COMMAND.sub("", gold_tex)))
 
 
-# after the last box: the math environment it closes, then no other number or box (a formula of
-# names or marks, ``$\\qed$``, may follow)
+# after the last box: the math environment it closes, then no other box, no formula holding a number
+# and no number offered as another choice (``\\boxed{42}, or perhaps $43$``, ``\\boxed{42} \\text{ or }
+# 43``); a remark (``\\boxed{42} (rounded to 2 decimal places)``) or a mark (``$\\qed$``) may follow
 _CLOSERS = re.compile(r"^\s*(?:\$\$?|\\\]|\\\))")
-_ANOTHER_VALUE = re.compile(r"(?<![\w^])\d|\\boxed|\\fbox")
+_ANOTHER_VALUE = re.compile(
+    r"\\boxed|\\fbox|\$[^$]*\d|\\[(\[][^)\]]*\d"
+    r"|\b(?:or|perhaps|maybe|possibly|either|alternatively)\b[^.\n]*(?<![\w^])\d",
+    re.IGNORECASE,
+)
 
 
 def _after_the_box(answer: str) -> str:
