@@ -668,6 +668,29 @@ GAMED_FOR_MANY = {
     "a size as units": (r"\boxed{42 \text{ thousand}}", ("42",)),
     "a square as units": ("\\boxed{42\\text{\u00b2}}", ("42",)),
     "a number word as units": (r"\boxed{42 \text{ minus one}}", ("42",)),
+    "a plural size as units": (r"\boxed{42 \text{ thousands}}", ("42",)),
+    # a percentage math-verify read both as its number and as its hundredth
+    "a percentage in words": ("The answer is 50 percent.", ("50",)),
+    "a percent sign after the formula": ("$50$%", ("50",)),
+    "pct after the formula": (r"\(7\) pct", ("7",)),
+    "a percent sign after a boxed formula": (r"\[ \boxed{50} \] \%", ("50",)),
+    "a hundred percent": ("$100$%", ("100",)),
+    # a formula that denies its box, also with text, marks or environments after it
+    "a box said unequal, then a word": (r"$43 \neq \boxed{42}$ indeed", ("42",)),
+    "a box said unequal in display math": (r"$$43 \neq \boxed{42}$$ Done", ("42",)),
+    "a box said unequal, then a question mark": (r"$43 \ne \boxed{42}$?", ("42",)),
+    "a box said unequal in an align": (r"\begin{align*}43 &\neq \boxed{42}\end{align*}", ("42",)),
+    "a bare box said unequal": (r"$43 \neq \boxed 42$", ("42",)),
+    # the formula goes on after the box, or another value is offered
+    "the box plus one": (r"\boxed{42} + 1", ("42",)),
+    "the box squared": (r"\boxed{42}^2", ("42",)),
+    "the box or 43 as a disjunction": (r"\boxed{42} \lor 43", ("42",)),
+    "a correction after the box": (r"\boxed{42} (correction: 43)", ("42",)),
+    "another value in words": (r"\boxed{42} or forty-three", ("42",)),
+    # named values that are not the gold's points
+    "two names for a set": (r"\boxed{x = 1, y = 3}", (r"\{1, 3\}",)),
+    "named roots for a range": (r"\boxed{x_1 = 1, x_2 = 3}", ("1 < x < 3",)),
+    "points in the other order": (r"\boxed{x = 5, y = 3}", ("(3, 5)",)),
 }
 
 
@@ -774,6 +797,16 @@ def test_math_right_answers_still_score():
         (r"\{1, 3\}", r"\boxed{x \in \{1, 3\}}"),
         ("[1, 3]", r"\boxed{x \in [1, 3]}"),
         ("1 < x < 3", r"\boxed{x \in (1, 3)}"),
+        # named values, complements, align environments, a bare box, percentages
+        ("(3, 5)", r"\boxed{x = 3, y = 5}"),
+        ("(1, 2, 3)", r"\boxed{x = 1, y = 2, z = 3}"),
+        (r"\{1, 3\}", r"\boxed{x = 1, x = 3}"),
+        (r"(-\infty, 2) \cup (2, \infty)", r"\boxed{\mathbb{R} \setminus \{2\}}"),
+        ("42", r"\begin{align*} x &= \boxed{42} \end{align*}"),
+        ("42", r"$\boxed{42}$ indeed"),
+        ("42", r"\boxed 42"),
+        ("0.07", r"\(7\) pct"),
+        ("0.5", "$50$%"),
     ):
         assert check_answer(gold, answer) == 1.0, (gold, answer)
     # gold answers that are themselves relations, tuples or formulas are compared as before

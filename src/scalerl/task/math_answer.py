@@ -146,6 +146,37 @@ def _rounds_gold(gold, link: str, side: str) -> bool:
     return g is not None and abs(float(m.group()) - g) <= 0.5 * 10 ** -len(m.group(1)) * (1 + 1e-9)
 
 
+def _top_level_parts(latex: str) -> list[str]:
+    """``latex`` split on its commas outside braces, brackets and parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(latex):
+        depth += c in "{[("
+        depth -= c in "}])"
+        if c == "," and depth == 0:
+            parts.append(latex[start:i])
+            start = i + 1
+    return [*parts, latex[start:]]
+
+
+def _assignments(latex: str) -> str | None:
+    """The values of a list of assignments as one answer: ``x = 3, y = 5`` -> ``(3, 5)`` (names that
+    differ: a tuple in the names' order, so ``y = 5, x = 3`` is ``(3, 5)`` too), ``x = 1, x = 3`` ->
+    ``\\{1, 3\\}`` (one name: its values); None where ``latex`` is not two or more ``name = value``
+    parts (the chain rule reads it as it is)."""
+    parts = _top_level_parts(latex)
+    if len(parts) < 2 or len(parts) > _MAX_SIDES:
+        return None
+    named = []
+    for part in parts:
+        sides, links = relation_chain(part)
+        if len(links) != 1 or not _EQUAL_LINKS.fullmatch(links[0]) or not _NAME.fullmatch(sides[0]):
+            return None
+        named.append((re.sub(r"\s+", "", sides[0]), sides[1].strip()))
+    if len({n for n, _ in named}) == 1:
+        return "\\{" + ", ".join(v for _, v in named) + "\\}"
+    return "(" + ", ".join(v for _, v in sorted(named)) + ")"  # in the names' order: x, y, z
+
+
 def _chain_holds(gold_parsed, answer: str) -> bool:
     """Whether the answer's relation chain (if any) states the gold value and nothing else: every
     link an equality, the last side the gold, and every other side a name or equal to it."""
@@ -273,19 +304,32 @@ def _rounded_integer(gold, pred) -> bool:
     return isinstance(gold, Integer) and abs(int(gold)) >= 10**_EXACT_DIGITS and bool(pred.atoms(Float))
 
 
-def _is_range(value) -> bool:
-    """Whether a parsed answer is a range of values: an interval or a union of them, an inequality
-    (``x > 3``, ``1 < x < 3``), or a name set in one (``x \\in (1, 3)``)."""
-    from sympy import And, Eq, Interval, Or, Union
+def _kind(value) -> str:
+    """``range`` (an interval, a union or complement of them, an inequality, a name set in one),
+    ``pair`` (a tuple, or an open interval with finite ends: math-verify reads ``(1, 3)`` so), else
+    ``other`` (a number, a set, an expression)."""
+    from sympy import And, Complement, Eq, Interval, Or, Tuple, Union
     from sympy.core.relational import Relational
 
-    if isinstance(value, (Interval, Union)):
-        return True
-    if isinstance(value, Eq):
-        return isinstance(value.rhs, (Interval, Union))
-    if isinstance(value, Relational):
-        return True
-    return isinstance(value, (And, Or)) and all(_is_range(a) for a in value.args)
+    if isinstance(value, Tuple):
+        return "pair"  # ``(1, 2, 3)``: a point, as a pair is
+    if isinstance(value, Eq) and isinstance(value.rhs, (Interval, Union, Complement)):
+        value = value.rhs  # ``x \\in (1, 3)``
+    if isinstance(value, Interval):
+        finite = value.start.is_finite and value.end.is_finite
+        return "pair" if value.left_open and value.right_open and finite else "range"
+    if isinstance(value, (Union, Complement)) or (
+        isinstance(value, Relational) and not isinstance(value, Eq)
+    ):
+        return "range"
+    if isinstance(value, (And, Or)) and value.args and all(_kind(a) == "range" for a in value.args):
+        return "range"
+    return "other"
+
+
+# which kinds of answer a gold of each kind admits: a range its range or the pair of its ends; a pair
+# (a tuple or an open interval) those or named points (``x = 3, y = 5``); anything else neither
+_ADMITS = {"range": {"range", "pair"}, "pair": {"range", "pair", "point"}, "other": {"other"}}
 
 
 # a hedge math-verify drops as units: a trailing ``\\text{...}`` (``42 \\text{ (or 43)}``) that holds
@@ -296,9 +340,10 @@ _TEXT_GROUP = r"\\(?:text|mbox|textbf|textrm|textit|textnormal|mathrm|mathbf|mat
 _TRAILING_TEXT = re.compile(rf"{_TEXT_GROUP}(?:\s*\^\s*(?:\{{[^{{}}]*\}}|\S))?$")
 _HEDGE_WORDS = re.compile(
     r"(?<![\w^])\d+(?:\.\d+)?(?!\w)|[\u00b2\u00b3\u00b9\u2070-\u209f\u00bc-\u00be\u2150-\u215f?]"
-    r"|\b(?:or|maybe|either|perhaps|possibly|wrong|false|negative|squared|cubed"
-    r"|hundred|thousand|million|billion|trillion|dozen|percent|zero|one|two|three|four|five|six|seven"
-    r"|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)\b",
+    r"|\b(?:or|maybe|either|perhaps|possibly|wrong|incorrect|false|unsure|uncertain|guess|negative"
+    r"|squared|cubed|percent|per cent|pct|half|halves|(?:hundred|thousand|million|billion|trillion|dozen"
+    r"|tenth|hundredth|thousandth|quarter|third)s?|zero|one|two|three|four|five|six|seven|eight|nine"
+    r"|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)\b",
     re.IGNORECASE,
 )
 _NUMBER_SUBSCRIPT = re.compile(
@@ -371,23 +416,64 @@ def _unboxed(text: str) -> str:
     return "".join(out)
 
 
+_CLOSING = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+_BEGIN = re.compile(r"\\begin\s*\{([A-Za-z*]+)\}")
+
+
+def _closing(opener: str) -> str:
+    m = _BEGIN.fullmatch(opener)
+    return f"\\end{{{m.group(1)}}}" if m else _CLOSING[opener]
+
+
+def _math_open_at(text: str, pos: int) -> tuple[int, int, str] | None:
+    """The math environment open at ``text[pos]`` (``$``, ``$$``, ``\\(``, ``\\[``, ``\\begin{...}``)
+    as (its start, its content's start, its opener), or None."""
+    i, open_ = 0, None
+    while i < pos:
+        if text.startswith("\\$", i):  # a dollar sign, not a delimiter
+            i += 2
+        elif open_ is None:
+            m = _BEGIN.match(text, i)
+            opener = m.group(0) if m else next((o for o in _CLOSING if text.startswith(o, i)), None)
+            if opener is None:
+                i += 1
+            else:
+                open_ = (i, i + len(opener), opener)
+                i += len(opener)
+        elif text.startswith(_closing(open_[2]), i):
+            i += len(_closing(open_[2]))
+            open_ = None
+        else:
+            i += 1
+    return open_
+
+
 def _unbox_inner(answer: str) -> str:
-    """The answer with a final formula that holds a ``\\boxed{}`` beside other terms (``$43 \\neq
-    \\boxed{42}$``, ``\\boxed{\\boxed{42} + 1}``) written as that formula unboxed (``$43 \\neq 42$``):
-    math-verify reads only the box, which the formula around it may deny. As it is otherwise."""
-    found = _final_formula(answer)
-    if found is None or not _BOX.search(found[1]):
+    """The answer with the formula around its last ``\\boxed{}`` written unboxed where it holds other
+    terms beside the box (``$43 \\neq \\boxed{42}$ indeed`` -> ``$43 \\neq 42$``, ``\\boxed{\\boxed{42}
+    + 1}`` -> ``$42 + 1$``): math-verify reads only the box, which the formula around it may deny.
+    As it is otherwise (``$\\boxed{42}$``, a box in text)."""
+    spans = _box_spans(answer)
+    if not spans:
         return answer
-    formula, content = found
-    spans = _box_spans(content)
-    around = "".join(
-        content[a + 1 : b]
-        for a, b in zip([-1] + [e for _, _, e in spans], [s for s, _, _ in spans] + [len(content)])
-    )
-    if not around.strip(" \t\n.,;:"):
+    start, inner, end = spans[-1]
+    if _BOX.search(answer, inner, end):  # a box in the box: the outer one is the formula
+        env_start, content_start, content_end, env_end = start, inner, end, end + 1
+    elif (open_ := _math_open_at(answer, start)) is not None:
+        env_start, content_start, opener = open_
+        content_end = answer.find(_closing(opener), end + 1)
+        while opener == "$" and content_end > 0 and answer[content_end - 1] == "\\":
+            content_end = answer.find("$", content_end + 1)
+        content_end = len(answer) if content_end < 0 else content_end
+        env_end = min(len(answer), content_end + len(_closing(opener)))
+    else:
+        return answer
+    content = answer[content_start:content_end]
+    around = content.replace(answer[start : end + 1], "", 1) if env_start != start else ""
+    if env_start != start and not around.strip(" \t\n.,;:&"):
         return answer  # ``$\\boxed{42}$``: the box is the whole formula
-    start = answer.rfind(formula)
-    return f"{answer[:start]}${_unboxed(content)}$"
+    aligned = content.replace("&", "")  # ``x &= \\boxed{42}`` in an align environment
+    return f"{answer[:env_start]}${_unboxed(aligned)}${answer[env_end:]}"
 
 
 def _final_formula_hedges(answer: str, gold_tex: str, gold) -> bool:
@@ -420,25 +506,21 @@ def _final_formula_hedges(answer: str, gold_tex: str, gold) -> bool:
     return not any(not isinstance(v, str) for v in read)
 
 
-# the number right before a percent sign
-_PERCENT = re.compile(r"([-+]?\d+(?:\.\d+)?)\s*\\?$")
 # a gold that is an order of choices (``BAC``, ``C, A, B``, ``(B), (A)``): sympy reads letters as a
 # product or a set, whose order it sorts away
 _CHOICES = re.compile(r"\s*\(?[A-Z]\)?(?:\s*,?\s*\(?[A-Z]\)?)+\s*")
 _COMMAND = re.compile(r"\\[A-Za-z]+")
 
 
-def _percent_differs(gold_tex: str, gold, answer: str) -> bool:
-    """Whether the answer is a percentage (``50%``) and the gold, written without one, is not that
-    number over 100: math-verify let ``50%`` pass both for 50 and for 0.5."""
-    at = answer.rfind("%")  # the answer's last number, followed by % or \%
-    if at < 0 or "%" in gold_tex or re.search(r"\d", answer[at:]):
-        return False
-    m = _PERCENT.search(answer[max(0, at - 64) : at])
-    if m is None:
-        return False
+def _percent_differs(gold_tex: str, gold, pred) -> bool:
+    """Whether math-verify matches the answer also to the gold over 100, the gold not written as a
+    percentage: it reads ``50%`` (also ``50 percent``, ``$50$%``, ``50 pct``) both as 50 and as 0.5,
+    so one answer passed for both. The answer is then a percentage and passes for 0.5 only."""
     g = _real(gold) if getattr(gold, "is_number", False) else None
-    return g is None or abs(float(m.group(1)) / 100 - g) > 1e-9 * max(1.0, abs(g))
+    # (below 1e-3, math-verify's 6 decimals cannot tell the gold from its hundredth anyway)
+    if "%" in gold_tex or g is None or abs(g) < 1e-3:
+        return False
+    return mv_verify([gold / 100], [pred])
 
 
 def _choices_differ(gold_tex: str, text: str) -> bool:
@@ -456,7 +538,12 @@ def _choices_differ(gold_tex: str, text: str) -> bool:
 _CLOSERS = re.compile(r"^\s*(?:\$\$?|\\\]|\\\))")
 _ANOTHER_VALUE = re.compile(
     r"\\boxed|\\fbox|\$[^$]*\d|\\[(\[][^)\]]*\d"
-    r"|\b(?:or|perhaps|maybe|possibly|either|alternatively)\b[^.\n]*(?<![\w^])\d",
+    # the formula goes on past the box: ``\\boxed{42} + 1``, ``\\boxed{42}^2``, ``\\boxed{42} \\lor 43``
+    r"|^\s*(?:[-+*/^_=<>|!]|\\(?:times|cdot|div|pm|mp|ne|neq|lor|vee|land|wedge|le|ge|leq|geq|lt|gt"
+    r"|approx|equiv|sim|to|implies|mod|pmod)(?![A-Za-z]))"
+    r"|\b(?:or|otherwise|else|instead|correction|alternatively|actually|perhaps|maybe|possibly|either)\b"
+    r"[^.\n]*(?:(?<!\^)\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
+    r"|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred)\b)",
     re.IGNORECASE,
 )
 
@@ -475,19 +562,20 @@ def _after_the_box(answer: str) -> str:
     return ""
 
 
-def _looser_than_claimed(gold_tex: str, gold, pred, answer: str, text: str) -> bool:
+def _looser_than_claimed(gold_tex: str, gold, pred, answer: str, text: str, kind: str | None = None) -> bool:
     """Whether math-verify's match of ``pred`` (the answer's value) to ``gold`` is looser than what the
     answer states: a small number matched by rounding (:func:`_same_scale`), a long integer by a float
     (:func:`_rounded_integer`), a range by points or points by a range (``\\{1, 3\\}`` and
-    ``(1, 3)``: an interval to math-verify), a percentage by its number (:func:`_percent_differs`),
+    ``(1, 3)``: an interval to math-verify; :func:`_kind`, ``kind``: the answer's where the caller
+    knows it), a percentage by its number (:func:`_percent_differs`),
     choices in another order (:func:`_choices_differ`), a box followed by another value (``\\boxed{42}
     \\text{ or } 43``), or a final formula it could not read or read only in part
     (:func:`_final_formula_hedges`)."""
     return (
         not _same_scale(gold, pred)
         or _rounded_integer(gold, pred)
-        or _is_range(gold) != _is_range(pred)
-        or _percent_differs(gold_tex, gold, answer)
+        or (kind or _kind(pred)) not in _ADMITS[_kind(gold)]
+        or _percent_differs(gold_tex, gold, pred)
         or _choices_differ(gold_tex, text)
         or bool(_ANOTHER_VALUE.search(_CLOSERS.sub("", _after_the_box(answer), count=1)))
         or _final_formula_hedges(answer, gold_tex, gold)
@@ -500,6 +588,9 @@ def _assigned(gold_tex: str) -> str | None:
     if len(links) != 1 or not _EQUAL_LINKS.fullmatch(links[0]) or relation_inside(gold_tex):
         return None
     return sides[1].strip() if _NAME.fullmatch(sides[0]) and sides[1].strip() else None
+
+
+_BARE_BOX = re.compile(r"\\(boxed|fbox)(?:\s+|(?=\d))([^\s{}$\\]+)")
 
 
 def check_answer(gold: str, completion: str) -> float:
@@ -522,16 +613,22 @@ def check_answer(gold: str, completion: str) -> float:
     the side before it.
 
     An answer whose value would take too long to compute (:func:`too_costly`: ``10^{10^{7}}``,
-    ``123456!``) scores 0 without being parsed. Where math-verify's match is looser than the answer's
-    claim it scores 0 (:func:`_looser_than_claimed`): a gold number smaller than 0.1 needs its first
-    three significant digits somewhere in the answer (``0.0``, ``\\{0.0\\}`` or ``x = y = 0.0`` passed
-    for 6.626e-34); an integer gold of more than 15 digits is not matched by a float; a range gold
-    (``1 < x < 3``, ``(3, \\infty)``) is not matched by its ends (``\\{1, 3\\}``); and a final formula
-    math-verify cannot read (it took a number inside it: ``\\boxed{43 \\equal 42}``), or one whose
-    trailing ``\\text{}`` it drops as units while it holds a hedge (``42 \\text{ (or 43)}``), or with
-    a subscript on a number (``42^{+1}_{-1}``), scores 0. A plain-text answer is read by its last
-    number (``43 or 42`` scores 1 for 42, as ``42`` would)."""
-    answer = _unbox_inner(final_answer(completion))
+    ``123456!``) scores 0 without being parsed. A formula that holds the last box beside other terms
+    is judged whole, unboxed (:func:`_unbox_inner`: ``$43 \\neq \\boxed{42}$`` scores 0), and a list of
+    assignments as the point or set it names (:func:`_assignments`: ``x = 3, y = 5`` is ``(3, 5)``).
+    Where math-verify's match is looser than the answer's claim it scores 0
+    (:func:`_looser_than_claimed`): a gold number smaller than 0.1 needs its first three significant
+    digits somewhere in the answer (``0.0``, ``\\{0.0\\}`` or ``x = y = 0.0`` passed for 6.626e-34); an
+    integer gold of more than 15 digits is not matched by a float; a range, a pair and anything else
+    match only their own kind (:func:`_kind`: ``\\{1, 3\\}`` does not pass for ``1 < x < 3``); a
+    percentage passes for its hundredth only (``50%`` passed for 50 and 0.5); choices only in their
+    order (``ABC`` passed for ``BAC``); a box followed by another value (``\\boxed{42} + 1``,
+    ``\\boxed{42}, or perhaps $43$``) scores 0; and a final formula math-verify cannot read (it took a
+    number inside it: ``\\boxed{43 \\equal 42}``), or one whose trailing ``\\text{}`` it drops as units
+    while it holds a hedge (``42 \\text{ (or 43)}``), or with a subscript on a number that is not a
+    base (``42^{+1}_{-1}``), scores 0. A plain-text answer is read by its last number (``43 or 42``
+    scores 1 for 42, as ``42`` would)."""
+    answer = _unbox_inner(_BARE_BOX.sub(r"\\\1{\2}", final_answer(completion)))  # ``\\boxed 42``
     if too_costly(answer):
         return 0.0
     gold_tex = gold_latex(gold)
@@ -540,11 +637,18 @@ def check_answer(gold: str, completion: str) -> float:
     if not (gold_parsed and pred and mv_verify(gold_parsed, pred)):
         return 0.0
     value = _assigned(gold_tex)  # a gold ``x = 2`` is judged by its value, as a number's is
+    if value is None:
+        value = _assignments(gold_tex)  # a gold ``x = 6, y = 5``, as the point (6, 5)
     if value is not None and (parsed := mv_parse(f"${value}$")):
         gold_tex, gold_parsed = value, parsed
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
     text = pred[-1] if isinstance(pred[-1], str) else ""
-    if _looser_than_claimed(gold_tex, gold_parsed[0], pred[0], answer, text):
+    kind = None
+    if (built := _assignments(text)) is not None:  # ``x = 3, y = 5``: judged as the tuple (3, 5)
+        pred, text, kind = mv_parse(f"${built}$"), built, "point" if built.startswith("(") else None
+        if not (pred and mv_verify(gold_parsed, pred)):
+            return 0.0
+    if _looser_than_claimed(gold_tex, gold_parsed[0], pred[0], answer, text, kind):
         return 0.0
     if relation_chain(gold_tex)[1] or relation_inside(gold_tex) or _holds_relation(gold_parsed[0]):
         return 1.0  # a relation as the gold answer: compared as math-verify compares it
