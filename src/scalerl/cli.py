@@ -121,8 +121,8 @@ def _keep_run_length(cfg: DictConfig, named: set[str]) -> None:
     from scalerl.config.schema import run_length
 
     before, now = run_length(cfg.get("out_dir") or ""), cfg.trainer.get("total_steps")
-    if before is None or now is None or before == int(now):
-        return
+    if before is None or not isinstance(now, int) or before == now:
+        return  # a new run, or a value validate refuses in its own words
     if "trainer.total_steps" in named:
         print(f"[scalerl] {cfg.out_dir}: trainer.total_steps={now} (it ran with {before} before)")
         return
