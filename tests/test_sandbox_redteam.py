@@ -691,6 +691,18 @@ GAMED_FOR_MANY = {
     "two names for a set": (r"\boxed{x = 1, y = 3}", (r"\{1, 3\}",)),
     "named roots for a range": (r"\boxed{x_1 = 1, x_2 = 3}", ("1 < x < 3",)),
     "points in the other order": (r"\boxed{x = 5, y = 3}", ("(3, 5)",)),
+    # relations no solving tells apart: every identity and contradiction has no solutions
+    "a contradiction": (
+        r"\boxed{1 = 2}",
+        ("2 + 2 = 4", "(a+b)^2 = a^2 + 2ab + b^2", "x^2 + 1 = 0", r"\frac{1}{x} = 0"),
+    ),
+    "an identity": ("The answer is $0 = 0$.", ("2 + 2 = 4", r"\sin^2 x + \cos^2 x = 1")),
+    "a name equal to itself plus one": (r"\boxed{x = x + 1}", ("1 + 1 = 2", "(a+b)^2 = a^2 + 2ab + b^2")),
+    "a true comparison of constants": (r"\boxed{0 < 1}", ("3 > 2", "100 > 99")),
+    # a number that rounds to a zero gold, an exponent of products
+    "a tiny number for zero": (r"\boxed{0.0000001}", ("0.0",)),
+    "a constant for zero": (r"\boxed{6.626 \times 10^{-34}}", ("0.0",)),
+    "a product in an exponent": (r"\boxed{2^{99999 \cdot 99999}}", ("42",)),
 }
 
 
@@ -807,6 +819,16 @@ def test_math_right_answers_still_score():
         ("42", r"\boxed 42"),
         ("0.07", r"\(7\) pct"),
         ("0.5", "$50$%"),
+        # identities stated as they are, zeros, small exponents, coordinates as written
+        ("(a+b)^2 = a^2 + 2ab + b^2", r"\boxed{a^2 + 2ab + b^2 = (a+b)^2}"),
+        ("2 + 2 = 4", r"\boxed{2 + 2 = 4}"),
+        (r"\sin^2 x + \cos^2 x = 1", r"\boxed{\cos^2 x + \sin^2 x = 1}"),
+        ("y = 2x + 1", r"\boxed{y = 2x + 1}"),
+        ("0.0", r"\boxed{0}"),
+        ("0", r"\boxed{1 - 1}"),
+        ("64", r"\boxed{2^{2 \cdot 3}}"),
+        (r"(2, \frac{\pi}{3})", r"\boxed{r = 2, \theta = \frac{\pi}{3}}"),
+        ("x=6, y=5", r"\boxed{y = 5, x = 6}"),
     ):
         assert check_answer(gold, answer) == 1.0, (gold, answer)
     # gold answers that are themselves relations, tuples or formulas are compared as before

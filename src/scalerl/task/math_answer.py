@@ -158,9 +158,10 @@ def _top_level_parts(latex: str) -> list[str]:
     return [*parts, latex[start:]]
 
 
-def _assignments(latex: str) -> str | None:
+def _assignments(latex: str, *, by_name: bool = True) -> str | None:
     """The values of a list of assignments as one answer: ``x = 3, y = 5`` -> ``(3, 5)`` (names that
-    differ: a tuple in the names' order, so ``y = 5, x = 3`` is ``(3, 5)`` too), ``x = 1, x = 3`` ->
+    differ: a tuple, in the names' order where ``by_name`` (``y = 5, x = 3`` is ``(3, 5)`` too), else
+    as written), ``x = 1, x = 3`` ->
     ``\\{1, 3\\}`` (one name: its values); None where ``latex`` is not two or more ``name = value``
     parts (the chain rule reads it as it is)."""
     parts = _top_level_parts(latex)
@@ -174,7 +175,9 @@ def _assignments(latex: str) -> str | None:
         named.append((re.sub(r"\s+", "", sides[0]), sides[1].strip()))
     if len({n for n, _ in named}) == 1:
         return "\\{" + ", ".join(v for _, v in named) + "\\}"
-    return "(" + ", ".join(v for _, v in sorted(named)) + ")"  # in the names' order: x, y, z
+    # in the names' order (x, y, z) where the gold names them too, else as written: ``r = 2, \\theta =
+    # \\frac{\\pi}{3}`` is the point (2, pi/3) of a gold that names no coordinates
+    return "(" + ", ".join(v for _, v in (sorted(named) if by_name else named)) + ")"
 
 
 def _chain_holds(gold_parsed, answer: str) -> bool:
@@ -238,13 +241,20 @@ def _exponent(text: str, at: int) -> str:
     return digits.group() if digits else rest[:1]
 
 
+def _exponent_digits(exp: str) -> int:
+    """The digits of the integers in an exponent together (``99999 \\cdot 99999``: 10; decimals'
+    fractional digits not counted): a product of them is as long as their digits."""
+    return sum(len(d) for d in re.findall(r"(?<![.\d])\d+", exp))
+
+
 def too_costly(text: str) -> bool:
-    """Whether ``text`` holds a power whose exponent is itself a power or factorial or has an
-    integer over ``_MAX_DIGITS`` digits, such a factorial, or a binomial with such an integer."""
+    """Whether ``text`` holds a power whose exponent is itself a power or factorial or has integers
+    of over ``_MAX_DIGITS`` digits together (``2^{99999 \\cdot 99999}``), such a factorial, or a
+    binomial with such an integer."""
     for m in _POWER.finditer(text):
         exp = _exponent(text, m.end())
         after = text[m.end() :].lstrip()[len(exp) :].lstrip()  # ``10**10**7``: a tower too
-        if _POWER.search(exp) or _POWER.match(after) or "!" in exp or _LONG_INT.search(exp):
+        if _POWER.search(exp) or _POWER.match(after) or "!" in exp or _exponent_digits(exp) > _MAX_DIGITS:
             return True
     for m in _FACTORIAL.finditer(text):
         arg = m.group(1) if m.group(1)[0].isdigit() else _group_before(text, m.start(1))
@@ -286,13 +296,15 @@ def _real(value) -> float | None:
 
 
 def _same_scale(gold, pred) -> bool:
-    """False where the gold is a real number smaller than ``_SMALL`` (not 0) and no number of the
-    answer is within ``_SMALL_RTOL`` of its size; True otherwise."""
+    """False where the gold is a real number smaller than ``_SMALL`` and no number of the answer is
+    within ``_SMALL_RTOL`` of its size (of a gold 0: no number of the answer 0); True otherwise."""
     from sympy import Expr
 
     g = _real(gold) if isinstance(gold, Expr) and gold.is_number else None
-    if g is None or g == 0 or abs(g) >= _SMALL:
+    if g is None or abs(g) >= _SMALL:
         return True
+    if g == 0:  # ``0.0``: a zero of the answer, not a number that rounds to one (``10^{-7}``)
+        return any(_real(n) == 0 for n in _numbers(pred))
     return any((p := _real(n)) is not None and abs(p - g) <= _SMALL_RTOL * abs(g) for n in _numbers(pred))
 
 
@@ -582,6 +594,40 @@ def _looser_than_claimed(gold_tex: str, gold, pred, answer: str, text: str, kind
     )
 
 
+def _constant_gap(relation) -> bool:
+    """Whether a relation's sides differ by a constant (``1 = 2``, ``0 = 0``, ``x = x + 1``,
+    ``(a+b)^2 = a^2 + 2ab + b^2``, ``0 < 1``): it holds always or never, names no value."""
+    from sympy import Expr, expand
+    from sympy.core.relational import Relational
+
+    if not (
+        isinstance(relation, Relational) and isinstance(relation.lhs, Expr) and isinstance(relation.rhs, Expr)
+    ):
+        return False  # ``x \\in (1, 3)``: a set on a side
+    gap = relation.lhs - relation.rhs
+    if gap.count_ops() > 200:  # too large to expand cheaply: judged by math-verify alone
+        return False
+    return not expand(gap).free_symbols
+
+
+def _unsolvable(gold, pred) -> bool:
+    """Whether a relation gold and the answer cannot be compared by solving (math-verify solves
+    both and compares their solutions; every identity and every contradiction has none, so
+    ``\\boxed{1 = 2}`` passed for ``2 + 2 = 4`` and ``(a+b)^2 = a^2 + 2ab + b^2``): a gold whose sides
+    differ by a constant is matched only by the same statement (its sides expanded, in either
+    order), and an answer whose sides do matches nothing else."""
+    from sympy import Eq, expand
+    from sympy.core.relational import Relational
+
+    if _constant_gap(gold):
+        if not isinstance(pred, Relational) or type(pred.canonical) is not type(gold.canonical):
+            return True
+        g, p = gold.canonical, pred.canonical
+        sides_g, sides_p = (expand(g.lhs), expand(g.rhs)), (expand(p.lhs), expand(p.rhs))
+        return not (sides_g == sides_p or (isinstance(g, Eq) and sides_g == sides_p[::-1]))
+    return _constant_gap(pred)
+
+
 def _assigned(gold_tex: str) -> str | None:
     """The value of a gold answer that assigns one to a name (``x = 2`` -> ``2``), else None."""
     sides, links = relation_chain(gold_tex)
@@ -607,7 +653,9 @@ def check_answer(gold: str, completion: str) -> float:
     ``40 + 2 = 42`` score 1; ``43 = 42``, ``x = 43 = 42``, ``41 \\approx 42``, ``x < 43`` and
     ``x^2 + 1 = 42`` score 0. A relation inside brackets (``(43 = 42)``, ``43 {=} 42``), or one
     the parsed answer holds but its text does not show, scores 0. A gold answer that is itself a
-    relation is compared as math-verify compares it, but one that assigns a value to a name
+    relation is compared as math-verify compares it (by solving both), except that a statement
+    whose sides differ by a constant (an identity or a contradiction: ``1 = 2``, ``0 = 0``) matches
+    only itself (:func:`_unsolvable`); a gold that assigns a value to a name
     (``x = 2``) is judged by that value as above (``x = 3 = 2`` scores 0). A last side that is the
     gold rounded to the decimals it shows (``\\sqrt{3} \\approx 1.732``) leaves the chain judged by
     the side before it.
@@ -618,7 +666,8 @@ def check_answer(gold: str, completion: str) -> float:
     assignments as the point or set it names (:func:`_assignments`: ``x = 3, y = 5`` is ``(3, 5)``).
     Where math-verify's match is looser than the answer's claim it scores 0
     (:func:`_looser_than_claimed`): a gold number smaller than 0.1 needs its first three significant
-    digits somewhere in the answer (``0.0``, ``\\{0.0\\}`` or ``x = y = 0.0`` passed for 6.626e-34); an
+    digits somewhere in the answer (``0.0``, ``\\{0.0\\}`` or ``x = y = 0.0`` passed for 6.626e-34), a
+    gold 0.0 a zero (``10^{-7}`` passed); an
     integer gold of more than 15 digits is not matched by a float; a range, a pair and anything else
     match only their own kind (:func:`_kind`: ``\\{1, 3\\}`` does not pass for ``1 < x < 3``); a
     percentage passes for its hundredth only (``50%`` passed for 50 and 0.5); choices only in their
@@ -637,21 +686,24 @@ def check_answer(gold: str, completion: str) -> float:
     if not (gold_parsed and pred and mv_verify(gold_parsed, pred)):
         return 0.0
     value = _assigned(gold_tex)  # a gold ``x = 2`` is judged by its value, as a number's is
-    if value is None:
-        value = _assignments(gold_tex)  # a gold ``x = 6, y = 5``, as the point (6, 5)
+    named = value is None and (value := _assignments(gold_tex)) is not None  # ``x = 6, y = 5``: (6, 5)
     if value is not None and (parsed := mv_parse(f"${value}$")):
         gold_tex, gold_parsed = value, parsed
     # pred[-1]: the answer's text as math-verify extracted it (the boxed content, normalized)
     text = pred[-1] if isinstance(pred[-1], str) else ""
     kind = None
-    if (built := _assignments(text)) is not None:  # ``x = 3, y = 5``: judged as the tuple (3, 5)
+    if (
+        built := _assignments(text, by_name=named)
+    ) is not None:  # ``x = 3, y = 5``: judged as the tuple (3, 5)
         pred, text, kind = mv_parse(f"${built}$"), built, "point" if built.startswith("(") else None
         if not (pred and mv_verify(gold_parsed, pred)):
             return 0.0
     if _looser_than_claimed(gold_tex, gold_parsed[0], pred[0], answer, text, kind):
         return 0.0
     if relation_chain(gold_tex)[1] or relation_inside(gold_tex) or _holds_relation(gold_parsed[0]):
-        return 1.0  # a relation as the gold answer: compared as math-verify compares it
+        # a relation as the gold answer: compared as math-verify compares it (by solving), unless
+        # either side is one that no solving tells apart (:func:`_unsolvable`)
+        return 0.0 if _unsolvable(gold_parsed[0], pred[0]) else 1.0
     if relation_inside(text):
         return 0.0
     if _holds_relation(pred[0]) and not relation_chain(text)[1]:
