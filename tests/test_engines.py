@@ -375,3 +375,35 @@ def test_a_chunk_larger_than_the_buffer_is_cut_to_the_room_left(tiny_overrides):
     )
     summary = train(cfg)
     assert summary["steps"] == cfg.trainer.total_steps
+
+
+def test_a_generator_task_that_finds_no_store_says_which_setting_to_raise(monkeypatch):
+    """An engine task whose trainer's store never answers stops in one line naming the address and
+    placement.timeout_s (torch's traceback before, after a fixed 600 s)."""
+    import socket
+
+    from scalerl.rollout.engine import serve_task
+
+    cfg = compose(
+        [
+            *TINY,
+            "placement=split",
+            "placement.engines=1",
+            "placement.generator_tasks=1",
+            "placement.timeout_s=2",
+        ]
+    )
+    for k in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(k)
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "2", "RANK": "1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as e:
+        serve_task(typed(cfg), 0, "127.0.0.1", port)
+    message = str(e.value)
+    assert f"no trainer's store answered at 127.0.0.1:{port} within 2 s (placement.timeout_s" in message
+    assert "\n" not in message and time.monotonic() - t0 < 30
