@@ -554,7 +554,7 @@ _ANOTHER_VALUE = re.compile(
     r"|^\s*(?:[-+*/^_=<>|!]|\\(?:times|cdot|div|pm|mp|ne|neq|lor|vee|land|wedge|le|ge|leq|geq|lt|gt"
     r"|approx|equiv|sim|to|implies|mod|pmod)(?![A-Za-z]))"
     r"|\b(?:or|otherwise|else|instead|correction|alternatively|actually|perhaps|maybe|possibly|either)\b"
-    r"[^.\n]*(?:(?<!\^)\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
+    r"[^.\n]{0,80}?(?:(?<!\^)\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
     r"|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred)\b)",
     re.IGNORECASE,
 )
