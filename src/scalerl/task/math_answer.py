@@ -561,17 +561,11 @@ _ANOTHER_VALUE = re.compile(
 
 
 def _after_the_box(answer: str) -> str:
-    """What the answer writes after its last ``\\boxed{}`` (``""`` where it has none)."""
-    boxes = list(_BOX.finditer(answer))
-    if not boxes:
-        return ""
-    depth, start = 1, boxes[-1].end()
-    for i in range(start, len(answer)):
-        depth += answer[i] == "{"
-        depth -= answer[i] == "}"
-        if depth == 0:
-            return answer[i + 1 :]
-    return ""
+    """What the answer writes after its last ``\\boxed{}`` (``""`` where it has none, or that box is
+    not closed): the boxes as :func:`_box_spans` finds them (after :func:`_unbox_inner`, the last one
+    holds no other)."""
+    spans = _box_spans(answer)
+    return answer[spans[-1][2] + 1 :] if spans else ""
 
 
 def _looser_than_claimed(gold_tex: str, gold, pred, answer: str, text: str, kind: str | None = None) -> bool:
