@@ -656,6 +656,16 @@ GOOD = {"prompt": "1+1=", "answer": "2"}
         (_lines('{"prompt": "x", "answer": NaN}'), "line 1: 'answer' must be a finite number, got nan"),
         (_lines('{"prompt": "x", "answer": 1e400}'), "line 1: 'answer' must be a finite number, got inf"),
         (_lines(GOOD), "needs at least 2 examples"),
+        # golds no completion could match: math-verify reads them as no value at all
+        (
+            _lines(GOOD, {"prompt": "x", "answer": "\\frac{1}{"}),
+            "line 2: 'answer' '\\\\frac{1}{' does not match itself",
+        ),
+        (
+            _lines({"prompt": "x", "answer": "2^{10^{10^{10}}}"}, GOOD),
+            "line 1: 'answer' '2^{10^{10^{10}}}' does not",
+        ),
+        (_lines(GOOD, GOOD, {"prompt": "x", "answer": "$$"}), "line 3: 'answer' '$$' does not match itself"),
     ],
 )
 def test_bad_data_files(tmp_path, content, expect):
@@ -668,6 +678,28 @@ def test_bad_data_files(tmp_path, content, expect):
         JsonlTask(str(path))
     msg = one_line(str(e.value))
     assert msg.startswith(f"task.path='{path}'") and expect in msg, msg
+
+
+def test_golds_are_checked_against_themselves_spread_over_the_file(tmp_path):
+    """Up to SELF_CHECKED answers, evenly spaced: one on a checked line far down a long file is found
+    (named by its line), one between the checked lines is not, and answers that verify only in one of
+    the two forms (boxed, plain text) pass."""
+    from scalerl.task.jsonl import SELF_CHECKED
+
+    n = 10 * SELF_CHECKED
+    fine = ["50\\%", "x=6, y=5", "The answer is 5", "e.g. 5", "(1, 3)", "\\frac{1}{2}"]
+    rows = [{"prompt": f"q{i}", "answer": fine[i % len(fine)]} for i in range(n)]
+    path = tmp_path / "data.jsonl"
+    path.write_text(_lines(*rows))
+    assert len(JsonlTask(str(path), val_fraction=0.1).train_prompts()) == n - SELF_CHECKED
+    rows[n - 9] = {"prompt": "q", "answer": "}"}  # index n - 9 lies between two checked lines
+    path.write_text(_lines(*rows))
+    JsonlTask(str(path))
+    rows[n - 10] = {"prompt": "q", "answer": "}"}  # the last checked line (every 10th from the first)
+    path.write_text(_lines(*rows))
+    with pytest.raises(DataFileError) as e:
+        JsonlTask(str(path))
+    assert f"line {n - 9}: 'answer' '}}' does not match itself" in one_line(str(e.value))
 
 
 def test_a_huge_line_is_refused_without_reading_it_whole(tmp_path):

@@ -17,6 +17,9 @@ class DataFileError(UserError):
 
 
 MAX_LINE_BYTES = 1 << 20  # one example per line; a longer line is not a prompt
+# golds checked against themselves when a file is loaded, spread evenly over it (each check costs
+# milliseconds: a whole file of thousands would hold every run's start)
+SELF_CHECKED = 64
 
 
 def _line_error(path: str, lineno: int, problem: str) -> DataFileError:
@@ -26,12 +29,17 @@ def _line_error(path: str, lineno: int, problem: str) -> DataFileError:
 def read_examples(path: str) -> list[tuple[str, str]]:
     """(prompt, answer) per non-blank line of ``path``; :class:`DataFileError` (one line naming the
     file, the line and the problem) on anything else."""
+    return [(prompt, answer) for _, prompt, answer in _read_rows(path)]
+
+
+def _read_rows(path: str) -> list[tuple[int, str, str]]:
+    """(line number, prompt, answer) per non-blank line of ``path``: :func:`read_examples`."""
     p = Path(path).expanduser()
     if p.is_dir():
         raise DataFileError(f"task.path={path!r}: is a folder (expected a JSON-lines file)")
     if not p.is_file():
         raise DataFileError(f"task.path={path!r}: no such file (expected a JSON-lines file)")
-    out: list[tuple[str, str]] = []
+    out: list[tuple[int, str, str]] = []
     with p.open("rb") as f:
         lineno = 0
         while True:
@@ -83,7 +91,7 @@ def read_examples(path: str) -> list[tuple[str, str]]:
                         f"{key!r} is not text: a lone surrogate \\u{ord(text[e.start]):04x} at character "
                         f"{e.start + 1} (a \\ud800-\\udfff escape must come in a pair)",
                     ) from None
-            out.append((row["prompt"], str(ans)))
+            out.append((lineno, row["prompt"], str(ans)))
     if not out:
         raise DataFileError(
             f"task.path={path!r}: {'empty file' if lineno == 0 else 'only blank lines'} (expected one JSON object per line)"
@@ -91,15 +99,35 @@ def read_examples(path: str) -> list[tuple[str, str]]:
     return out
 
 
+def _check_golds(path: str, rows: list[tuple[int, str, str]]) -> None:
+    """:class:`DataFileError` naming the first of up to :data:`SELF_CHECKED` answers, spread evenly
+    over the file, that matches itself neither boxed nor as plain text: no completion could score on
+    its prompt (an answer math-verify cannot read as a value, e.g. a sentence around a number)."""
+    step = max(1, len(rows) // SELF_CHECKED)
+    for lineno, _, answer in rows[::step][:SELF_CHECKED]:
+        if (
+            check_answer(answer, f"\\boxed{{{answer}}}") < 1
+            and check_answer(answer, f"The answer is {answer}") < 1
+        ):
+            raise _line_error(
+                path,
+                lineno,
+                f"'answer' {answer!r:.60} does not match itself, boxed or as plain text, so no completion "
+                "could score on it (write the final value alone: a number or LaTeX math)",
+            )
+
+
 class JsonlTask:
     name = "jsonl"
 
     def __init__(self, path: str, *, seed: int = 1234, val_fraction: float = 0.05, num_val: int = 1000):
-        prompts = [Prompt(uid=i, text=t, answer=a) for i, (t, a) in enumerate(read_examples(path))]
-        if len(prompts) < 2:
+        rows = _read_rows(path)
+        if len(rows) < 2:
             raise DataFileError(
-                f"task.path={path!r}: needs at least 2 examples (one validates), found {len(prompts)}"
+                f"task.path={path!r}: needs at least 2 examples (one validates), found {len(rows)}"
             )
+        _check_golds(path, rows)
+        prompts = [Prompt(uid=i, text=t, answer=a) for i, (_, t, a) in enumerate(rows)]
         order = list(range(len(prompts)))
         random.Random(seed).shuffle(order)
         n_val = max(1, min(num_val, int(round(len(prompts) * val_fraction)), len(prompts) - 1))
