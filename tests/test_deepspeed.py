@@ -632,6 +632,37 @@ def test_one_process_listens_on_loopback_only(tmp_path):
     assert addrs and all(a == "127.0.0.1" for a, _ in addrs), addrs
 
 
+def test_a_rendezvous_port_another_process_holds_is_one_line(tiny_overrides, tmp_path):
+    """Rank 0 under launcher variables whose MASTER_PORT another process holds (two sweep jobs on one
+    node whose ids share a port pair, two torchrun runs given the same port): the run ends with one
+    line naming the address and what to do, not torch's DistNetworkError."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = _env(tmp_path)
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "train.py"),
+                *tiny_overrides,
+                "trainer=deepspeed",
+                "trainer.total_steps=1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"error: rank 0 could not open the rendezvous at 127.0.0.1:{port} (address already in use)"
+    )
+    assert "run the sweep again" in last and "--master-port" in last and "Traceback" not in r.stderr
+
+
 def test_a_run_ends_the_process_group_its_trainer_started(tmp_path):
     """train() that builds its own trainer ends the torch.distributed the trainer started, when the
     run ends normally and when it fails: the groups destroyed, the rank variables a single process

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalerl.config.groups.trainer import DeepSpeedTrainerOption
+from scalerl.messages import RunError, first_line
 from scalerl.storage import check_no_code, load_safe, save_atomic
 from scalerl.trainer.engine import Engine, build_optimizer
 
@@ -131,7 +132,29 @@ def init_distributed(device: torch.device) -> None:
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=0, world_size=1)
     if not dist.is_initialized() or not deepspeed.comm.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend)
+        try:
+            deepspeed.init_distributed(dist_backend=backend)
+        except RuntimeError as e:  # torch's DistNetworkError
+            if "EADDRINUSE" not in str(e) and "already in use" not in str(e):
+                raise
+            raise RunError(
+                _rendezvous_taken(os.environ, first_line(str(e).rsplit("message: ", 1)[-1]))
+            ) from None
+
+
+def _rendezvous_taken(env, why: str) -> str:
+    """One line for rank 0 finding its rendezvous port (MASTER_PORT) held by another process."""
+    from scalerl.layout import MASTER_PORT_BASE, MASTER_PORT_SPAN
+
+    pairs = MASTER_PORT_SPAN // 2
+    return (
+        f"rank {env.get('RANK', '0')} could not open the rendezvous at {env.get('MASTER_ADDR', '?')}:"
+        f"{env.get('MASTER_PORT', '?')} ({why}): another process on this node holds the port. A sweep's "
+        f"job rendezvouses at {MASTER_PORT_BASE} + 2 x (its job id mod {pairs}), so two jobs whose ids "
+        f"differ by a multiple of {pairs} collide on one node: run the sweep again to resubmit this one "
+        "(finished runs are kept, this one resumes). Under torchrun give the runs on one node "
+        "--master-port values at least two apart"
+    )
 
 
 def _forget_ended_groups() -> None:
