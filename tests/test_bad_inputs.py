@@ -687,7 +687,19 @@ def test_golds_are_checked_against_themselves_spread_over_the_file(tmp_path):
     from scalerl.task.jsonl import SELF_CHECKED
 
     n = 10 * SELF_CHECKED
-    fine = ["50\\%", "x=6, y=5", "The answer is 5", "e.g. 5", "(1, 3)", "\\frac{1}{2}"]
+    # a JSON number 0.000001 is the gold "1e-06"
+    fine = [
+        "50\\%",
+        "x=6, y=5",
+        "The answer is 5",
+        "e.g. 5",
+        "(1, 3)",
+        "\\frac{1}{2}",
+        0.000001,
+        "\\infty",
+        "2^{10}",
+    ]
+    assert len(fine) % 2 and len(fine) % 5  # every one of them on a checked line (every 10th)
     rows = [{"prompt": f"q{i}", "answer": fine[i % len(fine)]} for i in range(n)]
     path = tmp_path / "data.jsonl"
     path.write_text(_lines(*rows))

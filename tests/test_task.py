@@ -232,6 +232,35 @@ def test_a_gold_that_assigns_a_value_judges_the_answer_by_that_value(answer, sco
     assert check_answer("x = 2", answer) == score
 
 
+@pytest.mark.parametrize(
+    ("gold", "answer", "score"),
+    [
+        # infinity was also its own hundredth (the percentage rule), so nothing matched it
+        (r"\infty", r"\boxed{\infty}", 1.0),
+        (r"-\infty", r"\boxed{-\infty}", 1.0),
+        (r"\infty", r"\boxed{-\infty}", 0.0),
+        (r"\infty", r"\boxed{100}", 0.0),
+        # scientific notation in the answer, as a JSON number's gold is written (0.000001 -> "1e-06");
+        # as LaTeX ``1e-06`` is 1 times Euler's e minus 6
+        ("1e-06", r"\boxed{1e-06}", 1.0),
+        ("1e-06", "The answer is 1e-06", 1.0),
+        ("1e-06", r"\boxed{2e-06}", 0.0),
+        ("1e-06", r"\boxed{0.0}", 0.0),
+        ("200000", r"\boxed{2e5}", 1.0),
+        ("200000", "So 2e5.", 1.0),
+        ("200000", r"\boxed{2e4}", 0.0),
+        ("6.626e-34", r"\boxed{6.626e-34}", 1.0),
+        ("6.626e-34", r"\boxed{6.6e-34}", 0.0),
+        ("1e30", r"\boxed{1e30}", 1.0),
+        ("42", r"\boxed{1e99999999}", 0.0),  # too costly, as 10^{99999999}
+        ("6", r"\boxed{3e2}", 0.0),
+        (r"3e", r"\boxed{3e}", 1.0),  # Euler's e, no exponent
+    ],
+)
+def test_infinity_and_scientific_notation_match_themselves(gold, answer, score):
+    assert check_answer(gold, answer) == score
+
+
 class MathAnswer:
     def score(self, prompt, completion):
         return check_answer(prompt.answer, completion)

@@ -5,7 +5,9 @@ to compute, a small number rounded away)."""
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 
 from scalerl.task.base import final_answer
 
@@ -13,6 +15,19 @@ from scalerl.task.base import final_answer
 # (``1 000 000`` is 1 0 0 0 0 0 0 multiplied, i.e. 0) and scientific notation (``1e3`` is 3e)
 _GROUPED = re.compile(r"[-+]?\d{1,3}(?:[ \u2009\u202f]\d{3})+(?:\.\d+)?")
 _SCIENTIFIC = re.compile(r"([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+)")
+# the same literal inside an answer (``\\boxed{1e-06}``: as LaTeX, 1 times Euler's e minus 6), not
+# part of a word, a command or a longer number
+_SCIENTIFIC_IN_TEXT = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?)[eE]([-+]?\d+)(?!\w|\.\d)")
+
+
+def _scientific(m: re.Match) -> str:
+    """A number in scientific notation (:data:`_SCIENTIFIC_IN_TEXT`) as a plain decimal, which
+    math-verify reads also in plain text, or for a large exponent as LaTeX (which
+    :func:`too_costly` weighs)."""
+    if abs(int(m[2])) > 20:
+        return f"{m[1]} \\times 10^{{{m[2]}}}"
+    text = format(Decimal(f"{m[1]}e{m[2]}"), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def gold_latex(gold: str) -> str:
@@ -529,8 +544,9 @@ def _percent_differs(gold_tex: str, gold, pred) -> bool:
     percentage: it reads ``50%`` (also ``50 percent``, ``$50$%``, ``50 pct``) both as 50 and as 0.5,
     so one answer passed for both. The answer is then a percentage and passes for 0.5 only."""
     g = _real(gold) if getattr(gold, "is_number", False) else None
-    # (below 1e-3, math-verify's 6 decimals cannot tell the gold from its hundredth anyway)
-    if "%" in gold_tex or g is None or abs(g) < 1e-3:
+    # (below 1e-3, math-verify's 6 decimals cannot tell the gold from its hundredth anyway; an
+    # infinite gold is its own hundredth)
+    if "%" in gold_tex or g is None or abs(g) < 1e-3 or not math.isfinite(g):
         return False
     return mv_verify([gold / 100], [pred])
 
@@ -672,6 +688,7 @@ def check_answer(gold: str, completion: str) -> float:
     base (``42^{+1}_{-1}``), scores 0. A plain-text answer is read by its last number (``43 or 42``
     scores 1 for 42, as ``42`` would)."""
     answer = _unbox_inner(_BARE_BOX.sub(r"\\\1{\2}", final_answer(completion)))  # ``\\boxed 42``
+    answer = _SCIENTIFIC_IN_TEXT.sub(_scientific, answer)  # ``1e-06``
     if too_costly(answer):
         return 0.0
     gold_tex = gold_latex(gold)
