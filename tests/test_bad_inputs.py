@@ -714,6 +714,25 @@ def test_golds_are_checked_against_themselves_spread_over_the_file(tmp_path):
     assert f"line {n - 9}: 'answer' '}}' does not match itself" in one_line(str(e.value))
 
 
+def test_a_gold_too_slow_to_check_is_refused_within_the_limit(tmp_path, monkeypatch):
+    """A gold whose check against itself runs past the time limit (math-verify on a deeply nested
+    fraction runs for minutes) stops the load at the limit, named, instead of holding it."""
+    import time
+
+    from scalerl.task import jsonl
+
+    monkeypatch.setattr(jsonl, "SELF_CHECK_S", 0.5)
+    nested = "\\frac{1}{" * 25 + "2" + "}" * 25
+    path = tmp_path / "data.jsonl"
+    path.write_text(_lines(GOOD, {"prompt": "x", "answer": nested}))
+    t0 = time.monotonic()
+    with pytest.raises(DataFileError) as e:
+        JsonlTask(str(path))
+    assert time.monotonic() - t0 < 30
+    assert "line 2: 'answer' '\\\\frac{1}{" in one_line(str(e.value))
+    assert "takes longer than 0.5 s to check against itself" in one_line(str(e.value))
+
+
 def test_a_huge_line_is_refused_without_reading_it_whole(tmp_path):
     from scalerl.task.jsonl import MAX_LINE_BYTES
 

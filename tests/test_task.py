@@ -254,11 +254,56 @@ def test_a_gold_that_assigns_a_value_judges_the_answer_by_that_value(answer, sco
         ("1e30", r"\boxed{1e30}", 1.0),
         ("42", r"\boxed{1e99999999}", 0.0),  # too costly, as 10^{99999999}
         ("6", r"\boxed{3e2}", 0.0),
-        (r"3e", r"\boxed{3e}", 1.0),  # Euler's e, no exponent
+        ("602000000000000000000000", r"\boxed{6.02e23}", 1.0),
+        ("1234567890123456789012", r"\boxed{1.23456789012345678e21}", 0.0),  # a rounding of it
+        ("6.626e-34", r"\boxed{h = 6.626e-34}", 1.0),
+        ("x = 1e-3", r"\boxed{x = 1e-3}", 1.0),
+        # Euler's e: inside a formula the literal is not rewritten (``2e+1`` is 2e + 1 there)
+        (r"3e", r"\boxed{3e}", 1.0),
+        ("e^2-2e+1", r"\boxed{e^2-2e+1}", 1.0),
+        ("(e-1)^2", r"\boxed{e^2-2e+1}", 1.0),
+        ("e^2-20", r"\boxed{e^2-2e+1}", 0.0),
+        (r"\frac{2e-5}{4}", r"\boxed{\frac{2e-5}{4}}", 1.0),
+        # a hedge the rewrite must not hide in a text group; a choice offered across text groups
+        ("42", r"\boxed{42 \text{ or 4.3e30}}", 0.0),
+        ("42", r"\boxed{42 \text{ (or } 43\text{)}}", 0.0),
+        (r"\infty", r"\boxed{\infty \text{ (or } -\infty\text{)}}", 0.0),
+        (r"\infty", r"\boxed{\infty}, or -\infty", 0.0),
+        (r"x < -1 \text{ or } x > 2", r"\boxed{x < -1 \text{ or } x > 2}", 1.0),  # the gold offers it
     ],
 )
 def test_infinity_and_scientific_notation_match_themselves(gold, answer, score):
     assert check_answer(gold, answer) == score
+
+
+SMALL_CHAIN = r"\boxed{6.626e-34 = 1.602e-19 = 9.109e-31 = 1.381e-23 = 1.675e-27 = 8.854e-12}"
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer"),
+    [
+        *((g, SMALL_CHAIN) for g in ("6.626e-34", "1.602e-19", "9.109e-31", "8.854e-12")),
+        ("2e-6", r"\boxed{2e-6 = 2.4e-6}"),
+        ("2.4e-6", r"\boxed{2e-6 = 2.4e-6}"),
+        ("0.0000016", r"\boxed{0.0000016 = 0.0000019}"),
+        ("0.0000019", r"\boxed{0.0000016 = 0.0000019}"),
+        (r"6.626 \times 10^{-34}", r"\boxed{E = 6.626 \times 10^{-34} = 1.602 \times 10^{-19}}"),
+    ],
+)
+def test_a_chain_of_unequal_small_numbers_scores_zero(gold, answer):
+    """math-verify rounds to 6 decimals, so every side below 1e-6 was equal to every other and one
+    chain of constants passed for each of them: small sides need their own digits."""
+    assert check_answer(gold, answer) == 0.0
+
+
+def test_a_huge_gold_keeps_the_percentage_rule():
+    """The rule that a percentage passes for its hundredth only is off for an infinite gold (its own
+    hundredth), not for a finite one too large for a float."""
+    from math import factorial
+
+    n = str(factorial(200))
+    assert check_answer(n + "00", f"The answer is {n}00%") == 0.0
+    assert check_answer(n, f"The answer is {n}00%") == 1.0
 
 
 class MathAnswer:

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from scalerl.messages import UserError
-from scalerl.task.base import Prompt
+from scalerl.task.base import Prompt, score_counted
 from scalerl.task.math_answer import check_answer
 
 
@@ -20,6 +20,9 @@ MAX_LINE_BYTES = 1 << 20  # one example per line; a longer line is not a prompt
 # golds checked against themselves when a file is loaded, spread evenly over it (each check costs
 # milliseconds: a whole file of thousands would hold every run's start)
 SELF_CHECKED = 64
+SELF_CHECK_S = (
+    10.0  # each one's time limit (the loop's on a scoring, task.verifier_timeout_s, is 2 s by default)
+)
 
 
 def _line_error(path: str, lineno: int, problem: str) -> DataFileError:
@@ -102,19 +105,38 @@ def _read_rows(path: str) -> list[tuple[int, str, str]]:
 def _check_golds(path: str, rows: list[tuple[int, str, str]]) -> None:
     """:class:`DataFileError` naming the first of up to :data:`SELF_CHECKED` answers, spread evenly
     over the file, that matches itself neither boxed nor as plain text: no completion could score on
-    its prompt (an answer math-verify cannot read as a value, e.g. a sentence around a number)."""
+    its prompt (an answer math-verify cannot read as a value, e.g. a sentence around a number), or
+    whose check takes longer than :data:`SELF_CHECK_S` (every scoring of it would too)."""
+    timeout_s = SELF_CHECK_S
     step = max(1, len(rows) // SELF_CHECKED)
     for lineno, _, answer in rows[::step][:SELF_CHECKED]:
-        if (
-            check_answer(answer, f"\\boxed{{{answer}}}") < 1
-            and check_answer(answer, f"The answer is {answer}") < 1
-        ):
-            raise _line_error(
-                path,
-                lineno,
-                f"'answer' {answer!r:.60} does not match itself, boxed or as plain text, so no completion "
-                "could score on it (write the final value alone: a number or LaTeX math)",
-            )
+        prompt = Prompt(uid=lineno, text="", answer=answer)
+        results = [
+            score_counted(MATH_ANSWER, prompt, form, timeout_s)
+            for form in (f"\\boxed{{{answer}}}", f"The answer is {answer}")
+        ]
+        if any(reward == 1.0 for reward, _, _ in results):
+            continue
+        why = (
+            f"takes longer than {timeout_s:g} s to check against itself (each scoring has task.verifier_timeout_s)"
+            if any(err == "timeout" for _, err, _ in results)
+            else "does not match itself, boxed or as plain text, so no completion could score on it"
+        )
+        raise _line_error(
+            path,
+            lineno,
+            f"'answer' {answer!r:.60} {why} (write the final value alone: a number or LaTeX math)",
+        )
+
+
+class _MathAnswer:
+    """The scoring of :class:`JsonlTask` alone, for :func:`score_counted`'s time limit."""
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        return check_answer(prompt.answer, completion)
+
+
+MATH_ANSWER = _MathAnswer()
 
 
 class JsonlTask:

@@ -5,7 +5,6 @@ to compute, a small number rounded away)."""
 
 from __future__ import annotations
 
-import math
 import re
 from decimal import Decimal
 
@@ -15,29 +14,50 @@ from scalerl.task.base import final_answer
 # (``1 000 000`` is 1 0 0 0 0 0 0 multiplied, i.e. 0) and scientific notation (``1e3`` is 3e)
 _GROUPED = re.compile(r"[-+]?\d{1,3}(?:[ \u2009\u202f]\d{3})+(?:\.\d+)?")
 _SCIENTIFIC = re.compile(r"([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+)")
-# the same literal inside an answer (``\\boxed{1e-06}``: as LaTeX, 1 times Euler's e minus 6), not
-# part of a word, a command or a longer number
+# the same literal in a plain-text answer (no box, no formula), not part of a word or a longer number
 _SCIENTIFIC_IN_TEXT = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?)[eE]([-+]?\d+)(?!\w|\.\d)")
+_MATH_OPEN = re.compile(r"\$|\\\(|\\\[|\\begin\{")
+# a box holding only such a number, or a name set to it (``h = 6.626e-34``): the number (group 1)
+_BOXED_SCIENTIFIC = re.compile(
+    r"\s*(?:[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\approx)\s*)?(([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+))\s*"
+)
 
 
 def _scientific(m: re.Match) -> str:
-    """A number in scientific notation (:data:`_SCIENTIFIC_IN_TEXT`) as a plain decimal, which
-    math-verify reads also in plain text, or for a large exponent as LaTeX (which
-    :func:`too_costly` weighs)."""
-    if abs(int(m[2])) > 20:
-        return f"{m[1]} \\times 10^{{{m[2]}}}"
-    text = format(Decimal(f"{m[1]}e{m[2]}"), "f")
+    """A number in scientific notation (its mantissa and exponent: ``m``'s last two groups) as a
+    plain decimal (which math-verify reads as a number in plain text and in a box), or for an
+    exponent of more than 100 as LaTeX (which :func:`too_costly` weighs)."""
+    mantissa, exponent = m.groups()[-2:]
+    if len(exponent.lstrip("+-").lstrip("0")) > 3 or abs(int(exponent)) > 100:
+        return f"{mantissa} \\times 10^{{{exponent}}}"
+    text = format(Decimal(f"{mantissa}e{exponent}"), "f")
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _scientific_answer(answer: str) -> str:
+    """The answer with a final value in scientific notation (``1e-06``, as a JSON number's gold is
+    written) as a plain decimal: the whole content of its last box, or each such number of a
+    plain-text answer. As LaTeX ``1e-06`` is 1 times Euler's e minus 6, and inside a formula it may
+    well be (``e^2 - 2e+1``): only a box that holds nothing else (or a name set to it) is rewritten."""
+    spans = _box_spans(answer)
+    if spans:
+        _, start, end = spans[-1]
+        m = _BOXED_SCIENTIFIC.fullmatch(answer, start, end)
+        return answer if m is None else f"{answer[: m.start(1)]}{_scientific(m)}{answer[m.end(1) :]}"
+    if _MATH_OPEN.search(answer):
+        return answer
+    return _SCIENTIFIC_IN_TEXT.sub(_scientific, answer)
 
 
 def gold_latex(gold: str) -> str:
     """The reference answer as LaTeX: plain numbers written with grouped digits or an exponent
-    rewritten (``1 000 000`` -> ``1000000``, ``1.5e-3`` -> ``1.5 \\times 10^{-3}``), the rest as is."""
+    rewritten (``1 000 000`` -> ``1000000``, ``1.5e-3`` -> ``1.5 \\times 10^{-3}``, also set to a
+    name: ``x = 1e-3``, as an answer's box is read), the rest as is."""
     g = gold.strip()
     if _GROUPED.fullmatch(g):
         return re.sub(r"[ \u2009\u202f]", "", g)
-    m = _SCIENTIFIC.fullmatch(g)
-    return f"{m[1]} \\times 10^{{{m[2]}}}" if m else g
+    m = _BOXED_SCIENTIFIC.fullmatch(g)
+    return f"{g[: m.start(1)]}{m[2]} \\times 10^{{{m[3]}}}{g[m.end(1) :]}" if m else g
 
 
 # relations that make an answer an equation, inequality or chain: judged as a whole, since
@@ -213,10 +233,21 @@ def _chain_holds(gold_parsed, answer: str) -> bool:
         return mv_parse(f"${latex}$", extraction_config=[LatexExtractionConfig()])
 
     last = side(sides[-1].strip().rstrip(",.;"))  # ``x = 42,``
-    if not (last and mv_verify(gold_parsed, last)):
+    if not (last and _equal_sides(gold_parsed, last)):
         return False
     # an empty side (``= 42``) claims nothing, as a name does
-    return all(not s.strip() or _NAME.fullmatch(s) or mv_verify(last, side(s)) for s in sides[:-1])
+    return all(not s.strip() or _NAME.fullmatch(s) or _equal_sides(last, side(s)) for s in sides[:-1])
+
+
+def _equal_sides(one: list, other: list) -> bool:
+    """Two parsed sides of a chain equal, a small number by its own digits too (math-verify rounds
+    to 6 decimals: ``6.626 \\times 10^{-34} = 1.602 \\times 10^{-19}`` held, and passed for both)."""
+    return (
+        bool(other)
+        and mv_verify(one, other)
+        and _same_scale(one[0], other[0])
+        and _same_scale(other[0], one[0])
+    )
 
 
 # an answer whose value is too costly to compute: sympy evaluates a power, factorial or binomial of
@@ -373,6 +404,10 @@ _HEDGE_WORDS = re.compile(
     r"|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)\b",
     re.IGNORECASE,
 )
+# a choice offered in a text group with the next value outside it (``42 \\text{ (or } 43\\text{)}``)
+_CHOICE_TEXT = re.compile(_TEXT_GROUP)
+_CHOICE_WORDS = re.compile(r"\b(?:or|maybe|perhaps|possibly|alternatively)\b", re.IGNORECASE)
+_A_VALUE = re.compile(r"\d|\\infty")
 _NUMBER_SUBSCRIPT = re.compile(
     r"\d\s*(?:\^\s*(?:\{[^{}]*\}|\S)\s*)?_(?!\s*(?:\{\s*)?(?:[2-9]|[12]\d|3[0-6])\b\s*\}?\s*$)"
 )
@@ -522,6 +557,11 @@ def _final_formula_hedges(answer: str, gold_tex: str, gold) -> bool:
     trailing = _TRAILING_TEXT.search(content)
     if trailing and trailing.start() > 0 and _HEDGE_WORDS.search(trailing.group(1)):
         return True
+    if not _CHOICE_WORDS.search(gold_tex) and any(  # a gold ``x = 1 \\text{ or } x = 3`` offers it too
+        _CHOICE_WORDS.search(t.group(1)) and _A_VALUE.search(content, t.end())
+        for t in _CHOICE_TEXT.finditer(content)
+    ):
+        return True
     if _NUMBER_SUBSCRIPT.search(content) and "_" not in gold_tex:
         return True
     if isinstance(gold, str) or relation_chain(content)[1]:
@@ -546,7 +586,7 @@ def _percent_differs(gold_tex: str, gold, pred) -> bool:
     g = _real(gold) if getattr(gold, "is_number", False) else None
     # (below 1e-3, math-verify's 6 decimals cannot tell the gold from its hundredth anyway; an
     # infinite gold is its own hundredth)
-    if "%" in gold_tex or g is None or abs(g) < 1e-3 or not math.isfinite(g):
+    if "%" in gold_tex or g is None or abs(g) < 1e-3 or gold.is_infinite:
         return False
     return mv_verify([gold / 100], [pred])
 
@@ -570,7 +610,7 @@ _ANOTHER_VALUE = re.compile(
     r"|^\s*(?:[-+*/^_=<>|!]|\\(?:times|cdot|div|pm|mp|ne|neq|lor|vee|land|wedge|le|ge|leq|geq|lt|gt"
     r"|approx|equiv|sim|to|implies|mod|pmod)(?![A-Za-z]))"
     r"|\b(?:or|otherwise|else|instead|correction|alternatively|actually|perhaps|maybe|possibly|either)\b"
-    r"[^.\n]{0,80}?(?:(?<!\^)\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
+    r"[^.\n]{0,80}?(?:(?<!\^)\d|\\infty|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
     r"|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred)\b)",
     re.IGNORECASE,
 )
@@ -688,7 +728,7 @@ def check_answer(gold: str, completion: str) -> float:
     base (``42^{+1}_{-1}``), scores 0. A plain-text answer is read by its last number (``43 or 42``
     scores 1 for 42, as ``42`` would)."""
     answer = _unbox_inner(_BARE_BOX.sub(r"\\\1{\2}", final_answer(completion)))  # ``\\boxed 42``
-    answer = _SCIENTIFIC_IN_TEXT.sub(_scientific, answer)  # ``1e-06``
+    answer = _scientific_answer(answer)  # ``\\boxed{1e-06}``
     if too_costly(answer):
         return 0.0
     gold_tex = gold_latex(gold)
