@@ -254,22 +254,28 @@ def test_a_gold_that_assigns_a_value_judges_the_answer_by_that_value(answer, sco
         ("1e30", r"\boxed{1e30}", 1.0),
         ("42", r"\boxed{1e99999999}", 0.0),  # too costly, as 10^{99999999}
         ("6", r"\boxed{3e2}", 0.0),
-        ("602000000000000000000000", r"\boxed{6.02e23}", 1.0),
-        ("1234567890123456789012", r"\boxed{1.23456789012345678e21}", 0.0),  # a rounding of it
+        # read as LaTeX reads 6.02 \times 10^{23}: a float, and a long integer needs its digits
+        ("602000000000000000000000", r"\boxed{6.02e23}", 0.0),
+        ("6.022e+23", r"\boxed{6.022e+23}", 1.0),  # a JSON number's gold
+        (r"6.022 \times 10^{23}", r"\boxed{6.022e23}", 1.0),
+        ("1.989e+30", r"\boxed{M = 1.989e30}", 1.0),
+        # the final value of a formula: a name or a formula set to it, a unit after it
         ("6.626e-34", r"\boxed{h = 6.626e-34}", 1.0),
         ("x = 1e-3", r"\boxed{x = 1e-3}", 1.0),
+        ("1e-06", r"$x = \boxed{1e-6}$", 1.0),
+        ("1e-06", r"\boxed{1e-6 \text{ m}}", 1.0),
+        ("1e-06", r"\boxed{\sigma = 1e-6}", 1.0),
+        ("1e-06", r"\boxed{P(X) = 1e-6}", 1.0),
+        ("1e-06", r"The answer is $1e-6$.", 1.0),
         # Euler's e: inside a formula the literal is not rewritten (``2e+1`` is 2e + 1 there)
         (r"3e", r"\boxed{3e}", 1.0),
         ("e^2-2e+1", r"\boxed{e^2-2e+1}", 1.0),
         ("(e-1)^2", r"\boxed{e^2-2e+1}", 1.0),
         ("e^2-20", r"\boxed{e^2-2e+1}", 0.0),
         (r"\frac{2e-5}{4}", r"\boxed{\frac{2e-5}{4}}", 1.0),
-        # a hedge the rewrite must not hide in a text group; a choice offered across text groups
+        # a hedge the rewrite must not hide in a text group; another value after the box
         ("42", r"\boxed{42 \text{ or 4.3e30}}", 0.0),
-        ("42", r"\boxed{42 \text{ (or } 43\text{)}}", 0.0),
-        (r"\infty", r"\boxed{\infty \text{ (or } -\infty\text{)}}", 0.0),
         (r"\infty", r"\boxed{\infty}, or -\infty", 0.0),
-        (r"x < -1 \text{ or } x > 2", r"\boxed{x < -1 \text{ or } x > 2}", 1.0),  # the gold offers it
     ],
 )
 def test_infinity_and_scientific_notation_match_themselves(gold, answer, score):

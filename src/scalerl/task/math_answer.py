@@ -17,18 +17,24 @@ _SCIENTIFIC = re.compile(r"([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+)")
 # the same literal in a plain-text answer (no box, no formula), not part of a word or a longer number
 _SCIENTIFIC_IN_TEXT = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?)[eE]([-+]?\d+)(?!\w|\.\d)")
 _MATH_OPEN = re.compile(r"\$|\\\(|\\\[|\\begin\{")
-# a box holding only such a number, or a name set to it (``h = 6.626e-34``): the number (group 1)
-_BOXED_SCIENTIFIC = re.compile(
-    r"\s*(?:[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\approx)\s*)?(([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+))\s*"
+# where such a number is the final value of a formula (group 1; its mantissa and exponent follow):
+# all a box holds, or the last side of what it holds (``h = 6.626e-34``, ``P(X) \approx 1e-6``),
+# a unit after it allowed (``1e-6 \text{ m}``); in a formula without a box, the same at its end
+_SCIENTIFIC_LITERAL = r"(([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+))"
+_UNIT = r"(?:\\(?:text|mathrm)\s*\{[^{}]*\}\s*)?"
+_BOXED_SCIENTIFIC = re.compile(rf"(?:.*(?:=|\\approx))?\s*{_SCIENTIFIC_LITERAL}\s*{_UNIT}", re.DOTALL)
+_FINAL_SCIENTIFIC = re.compile(
+    rf"(?:^|\$|\\\(|\\\[|=|\\approx)\s*{_SCIENTIFIC_LITERAL}\s*{_UNIT}(?:\$\$?|\\\)|\\\])\s*[.!]?\s*$"
 )
 
 
-def _scientific(m: re.Match) -> str:
-    """A number in scientific notation (its mantissa and exponent: ``m``'s last two groups) as a
-    plain decimal (which math-verify reads as a number in plain text and in a box), or for an
-    exponent of more than 100 as LaTeX (which :func:`too_costly` weighs)."""
+def _scientific(m: re.Match, latex: bool = True) -> str:
+    """A number in scientific notation (its mantissa and exponent: ``m``'s last two groups) as LaTeX
+    (``1.5 \\times 10^{-3}``, as :func:`gold_latex` writes a gold, which :func:`too_costly` weighs),
+    or with ``latex=False`` (plain text, which math-verify reads as a number) as a plain decimal
+    where its exponent is at most 100."""
     mantissa, exponent = m.groups()[-2:]
-    if len(exponent.lstrip("+-").lstrip("0")) > 3 or abs(int(exponent)) > 100:
+    if latex or len(exponent.lstrip("+-").lstrip("0")) > 3 or abs(int(exponent)) > 100:
         return f"{mantissa} \\times 10^{{{exponent}}}"
     text = format(Decimal(f"{mantissa}e{exponent}"), "f")
     return text.rstrip("0").rstrip(".") if "." in text else text
@@ -36,28 +42,30 @@ def _scientific(m: re.Match) -> str:
 
 def _scientific_answer(answer: str) -> str:
     """The answer with a final value in scientific notation (``1e-06``, as a JSON number's gold is
-    written) as a plain decimal: the whole content of its last box, or each such number of a
-    plain-text answer. As LaTeX ``1e-06`` is 1 times Euler's e minus 6, and inside a formula it may
-    well be (``e^2 - 2e+1``): only a box that holds nothing else (or a name set to it) is rewritten."""
+    written) rewritten as a number: in its last box (:data:`_BOXED_SCIENTIFIC`), at the end of its
+    final formula (:data:`_FINAL_SCIENTIFIC`), or each one of a plain-text answer. As LaTeX
+    ``1e-06`` is 1 times Euler's e minus 6, and inside a formula it may well be (``e^2 - 2e+1``):
+    a literal that is not the final value is left as it is."""
     spans = _box_spans(answer)
     if spans:
         _, start, end = spans[-1]
         m = _BOXED_SCIENTIFIC.fullmatch(answer, start, end)
-        return answer if m is None else f"{answer[: m.start(1)]}{_scientific(m)}{answer[m.end(1) :]}"
-    if _MATH_OPEN.search(answer):
-        return answer
-    return _SCIENTIFIC_IN_TEXT.sub(_scientific, answer)
+    elif _MATH_OPEN.search(answer):
+        m = _FINAL_SCIENTIFIC.search(answer)
+    else:
+        return _SCIENTIFIC_IN_TEXT.sub(lambda m: _scientific(m, latex=False), answer)
+    return answer if m is None else f"{answer[: m.start(1)]}{_scientific(m)}{answer[m.end(1) :]}"
 
 
 def gold_latex(gold: str) -> str:
     """The reference answer as LaTeX: plain numbers written with grouped digits or an exponent
-    rewritten (``1 000 000`` -> ``1000000``, ``1.5e-3`` -> ``1.5 \\times 10^{-3}``, also set to a
-    name: ``x = 1e-3``, as an answer's box is read), the rest as is."""
+    rewritten (``1 000 000`` -> ``1000000``, ``1.5e-3`` -> ``1.5 \\times 10^{-3}``, also as the
+    last side of a formula: ``x = 1e-3``, as an answer's box is read), the rest as is."""
     g = gold.strip()
     if _GROUPED.fullmatch(g):
         return re.sub(r"[ \u2009\u202f]", "", g)
     m = _BOXED_SCIENTIFIC.fullmatch(g)
-    return f"{g[: m.start(1)]}{m[2]} \\times 10^{{{m[3]}}}{g[m.end(1) :]}" if m else g
+    return f"{g[: m.start(1)]}{_scientific(m)}{g[m.end(1) :]}" if m else g
 
 
 # relations that make an answer an equation, inequality or chain: judged as a whole, since
@@ -404,10 +412,6 @@ _HEDGE_WORDS = re.compile(
     r"|ten|eleven|twelve|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)\b",
     re.IGNORECASE,
 )
-# a choice offered in a text group with the next value outside it (``42 \\text{ (or } 43\\text{)}``)
-_CHOICE_TEXT = re.compile(_TEXT_GROUP)
-_CHOICE_WORDS = re.compile(r"\b(?:or|maybe|perhaps|possibly|alternatively)\b", re.IGNORECASE)
-_A_VALUE = re.compile(r"\d|\\infty")
 _NUMBER_SUBSCRIPT = re.compile(
     r"\d\s*(?:\^\s*(?:\{[^{}]*\}|\S)\s*)?_(?!\s*(?:\{\s*)?(?:[2-9]|[12]\d|3[0-6])\b\s*\}?\s*$)"
 )
@@ -556,11 +560,6 @@ def _final_formula_hedges(answer: str, gold_tex: str, gold) -> bool:
     formula, content = found
     trailing = _TRAILING_TEXT.search(content)
     if trailing and trailing.start() > 0 and _HEDGE_WORDS.search(trailing.group(1)):
-        return True
-    if not _CHOICE_WORDS.search(gold_tex) and any(  # a gold ``x = 1 \\text{ or } x = 3`` offers it too
-        _CHOICE_WORDS.search(t.group(1)) and _A_VALUE.search(content, t.end())
-        for t in _CHOICE_TEXT.finditer(content)
-    ):
         return True
     if _NUMBER_SUBSCRIPT.search(content) and "_" not in gold_tex:
         return True
