@@ -282,6 +282,20 @@ def test_infinity_and_scientific_notation_match_themselves(gold, answer, score):
     assert check_answer(gold, answer) == score
 
 
+def test_the_final_value_rule_reads_a_long_answer_in_linear_time():
+    """The scientific-notation rule's patterns run on the whole answer: two adjacent optional runs
+    of spaces made a long run of them after a formula cost the square of its length."""
+    import time
+
+    from scalerl.task.math_answer import _BOXED_SCIENTIFIC, _FINAL_SCIENTIFIC
+
+    t0 = time.monotonic()
+    for filler in (" ", "\n", "= "):
+        assert _FINAL_SCIENTIFIC.search("$1e5$" + filler * 200_000 + "x") is None
+        assert _BOXED_SCIENTIFIC.fullmatch(filler * 200_000 + "x") is None
+    assert time.monotonic() - t0 < 2.0
+
+
 SMALL_CHAIN = r"\boxed{6.626e-34 = 1.602e-19 = 9.109e-31 = 1.381e-23 = 1.675e-27 = 8.854e-12}"
 
 

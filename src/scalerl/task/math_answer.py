@@ -24,7 +24,7 @@ _SCIENTIFIC_LITERAL = r"(([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+))"
 _UNIT = r"(?:\\(?:text|mathrm)\s*\{[^{}]*\}\s*)?"
 _BOXED_SCIENTIFIC = re.compile(rf"(?:.*(?:=|\\approx))?\s*{_SCIENTIFIC_LITERAL}\s*{_UNIT}", re.DOTALL)
 _FINAL_SCIENTIFIC = re.compile(
-    rf"(?:^|\$|\\\(|\\\[|=|\\approx)\s*{_SCIENTIFIC_LITERAL}\s*{_UNIT}(?:\$\$?|\\\)|\\\])\s*[.!]?\s*$"
+    rf"(?:^|\$|\\\(|\\\[|=|\\approx)\s*{_SCIENTIFIC_LITERAL}\s*{_UNIT}(?:\$\$?|\\\)|\\\])\s*(?:[.!]\s*)?$"
 )
 
 
