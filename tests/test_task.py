@@ -264,6 +264,8 @@ def test_a_gold_that_assigns_a_value_judges_the_answer_by_that_value(answer, sco
         ("x = 1e-3", r"\boxed{x = 1e-3}", 1.0),
         ("1e-06", r"$x = \boxed{1e-6}$", 1.0),
         ("1e-06", r"\boxed{1e-6 \text{ m}}", 1.0),
+        ("1e-06", r"\boxed{1e-6 \text{ m}^2}", 1.0),
+        ("1e-06", r"\boxed{1e-6 \text{ m}^2 \text{ or } 3}", 0.0),
         ("1e-06", r"\boxed{\sigma = 1e-6}", 1.0),
         ("1e-06", r"\boxed{P(X) = 1e-6}", 1.0),
         ("1e-06", r"The answer is $1e-6$.", 1.0),

@@ -20,9 +20,8 @@ MAX_LINE_BYTES = 1 << 20  # one example per line; a longer line is not a prompt
 # golds checked against themselves when a file is loaded, spread evenly over it (each check costs
 # milliseconds: a whole file of thousands would hold every run's start)
 SELF_CHECKED = 64
-SELF_CHECK_S = (
-    10.0  # each one's time limit (the loop's on a scoring, task.verifier_timeout_s, is 2 s by default)
-)
+# each one's time limit (the loop's on a scoring, task.verifier_timeout_s, is 2 s by default)
+SELF_CHECK_S = 10.0
 
 
 def _line_error(path: str, lineno: int, problem: str) -> DataFileError:

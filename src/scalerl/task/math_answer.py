@@ -19,9 +19,9 @@ _SCIENTIFIC_IN_TEXT = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?)[eE]([-+]?\d+)(?!\
 _MATH_OPEN = re.compile(r"\$|\\\(|\\\[|\\begin\{")
 # where such a number is the final value of a formula (group 1; its mantissa and exponent follow):
 # all a box holds, or the last side of what it holds (``h = 6.626e-34``, ``P(X) \approx 1e-6``),
-# a unit after it allowed (``1e-6 \text{ m}``); in a formula without a box, the same at its end
+# a unit after it allowed (``1e-6 \text{ m}``, ``^2``); in a formula without a box, the same at its end
 _SCIENTIFIC_LITERAL = r"(([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+))"
-_UNIT = r"(?:\\(?:text|mathrm)\s*\{[^{}]*\}\s*)?"
+_UNIT = r"(?:\\(?:text|mathrm)\s*\{[^{}]*\}\s*(?:\^\s*(?:\{[^{}]*\}|\d)\s*)?)?"
 _BOXED_SCIENTIFIC = re.compile(rf"(?:.*(?:=|\\approx))?\s*{_SCIENTIFIC_LITERAL}\s*{_UNIT}", re.DOTALL)
 _FINAL_SCIENTIFIC = re.compile(
     rf"(?:^|\$|\\\(|\\\[|=|\\approx)\s*{_SCIENTIFIC_LITERAL}\s*{_UNIT}(?:\$\$?|\\\)|\\\])\s*(?:[.!]\s*)?$"
