@@ -101,17 +101,18 @@ def _read_rows(path: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def _check_golds(path: str, rows: list[tuple[int, str, str]]) -> None:
+def _check_golds(task: JsonlTask, path: str, rows: list[tuple[int, str, str]]) -> None:
     """:class:`DataFileError` naming the first of up to :data:`SELF_CHECKED` answers, spread evenly
     over the file, that matches itself neither boxed nor as plain text: no completion could score on
     its prompt (an answer math-verify cannot read as a value, e.g. a sentence around a number), or
-    whose check takes longer than :data:`SELF_CHECK_S` (every scoring of it would too)."""
+    whose check takes longer than :data:`SELF_CHECK_S` (every scoring of it would too). Scored
+    as ``task`` scores, under the loop's time limit and handling of a verifier's errors."""
     timeout_s = SELF_CHECK_S
     step = max(1, len(rows) // SELF_CHECKED)
     for lineno, _, answer in rows[::step][:SELF_CHECKED]:
         prompt = Prompt(uid=lineno, text="", answer=answer)
         results = [
-            score_counted(MATH_ANSWER, prompt, form, timeout_s)
+            score_counted(task, prompt, form, timeout_s)
             for form in (f"\\boxed{{{answer}}}", f"The answer is {answer}")
         ]
         if any(reward == 1.0 for reward, _, _ in results):
@@ -128,16 +129,6 @@ def _check_golds(path: str, rows: list[tuple[int, str, str]]) -> None:
         )
 
 
-class _MathAnswer:
-    """The scoring of :class:`JsonlTask` alone, for :func:`score_counted`'s time limit."""
-
-    def score(self, prompt: Prompt, completion: str) -> float:
-        return check_answer(prompt.answer, completion)
-
-
-MATH_ANSWER = _MathAnswer()
-
-
 class JsonlTask:
     name = "jsonl"
 
@@ -147,7 +138,7 @@ class JsonlTask:
             raise DataFileError(
                 f"task.path={path!r}: needs at least 2 examples (one validates), found {len(rows)}"
             )
-        _check_golds(path, rows)
+        _check_golds(self, path, rows)
         prompts = [Prompt(uid=i, text=t, answer=a) for i, (_, t, a) in enumerate(rows)]
         order = list(range(len(prompts)))
         random.Random(seed).shuffle(order)

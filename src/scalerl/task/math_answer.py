@@ -13,8 +13,8 @@ from scalerl.task.base import final_answer
 # a plain number as data files write it, which LaTeX would misread: digits grouped by spaces
 # (``1 000 000`` is 1 0 0 0 0 0 0 multiplied, i.e. 0) and scientific notation (``1e3`` is 3e)
 _GROUPED = re.compile(r"[-+]?\d{1,3}(?:[ \u2009\u202f]\d{3})+(?:\.\d+)?")
-_SCIENTIFIC = re.compile(r"([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d+)")
-# the same literal in a plain-text answer (no box, no formula), not part of a word or a longer number
+# a number in scientific notation in a plain-text answer (no box, no formula), not part of a word
+# or a longer number
 _SCIENTIFIC_IN_TEXT = re.compile(r"(?<![\w\\.])(\d+(?:\.\d+)?)[eE]([-+]?\d+)(?!\w|\.\d)")
 _MATH_OPEN = re.compile(r"\$|\\\(|\\\[|\\begin\{")
 # where such a number is the final value of a formula (group 1; its mantissa and exponent follow):
