@@ -18,6 +18,13 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return text.splitlines()[0][:limit] if text else type(exc).__name__
 
 
+def bind_failure(error: BaseException) -> tuple[str, bool]:
+    """A socket torch.distributed could not listen on (its DistNetworkError): the reason torch gave,
+    one line (``address already in use``), and whether another process holds the port."""
+    text = str(error)
+    return first_line(text.rsplit("message: ", 1)[-1]), "EADDRINUSE" in text or "already in use" in text
+
+
 CONNECTION_FAULTS = ("Connection refused", "timed out", "Name or service not known", "Max retries exceeded")
 
 

@@ -19,7 +19,7 @@ from scalerl.config.groups.generator import GeneratorOption
 from scalerl.config.groups.precision import PrecisionOption
 from scalerl.generator.base import Generator
 from scalerl.generator.registry import generator_class
-from scalerl.messages import RunError, first_line
+from scalerl.messages import RunError, bind_failure, first_line
 from scalerl.rollout.engine import (
     JOIN_BARRIER_MARGIN_S,
     REMOTE_TIMEOUT_S,
@@ -42,8 +42,8 @@ def _host_store(spec: TransportSpec):
     try:
         return connect(spec, master=True)
     except RuntimeError as e:  # torch's DistNetworkError: EADDRINUSE, a host not of this machine
-        why = first_line(str(e).rsplit("message: ", 1)[-1])  # "address already in use"
-        if "EADDRINUSE" in str(e) or "already in use" in str(e):
+        why, in_use = bind_failure(e)
+        if in_use:
             fix = (
                 "another process there holds the port (under a launcher the store takes MASTER_PORT + 1: "
                 "give runs on one node rendezvous ports at least two apart), or set placement.port to a free one"

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalerl.config.groups.trainer import DeepSpeedTrainerOption
-from scalerl.messages import RunError, first_line
+from scalerl.messages import RunError, bind_failure
 from scalerl.storage import check_no_code, load_safe, save_atomic
 from scalerl.trainer.engine import Engine, build_optimizer
 
@@ -135,11 +135,10 @@ def init_distributed(device: torch.device) -> None:
         try:
             deepspeed.init_distributed(dist_backend=backend)
         except RuntimeError as e:  # torch's DistNetworkError
-            if "EADDRINUSE" not in str(e) and "already in use" not in str(e):
+            why, in_use = bind_failure(e)
+            if not in_use:
                 raise
-            raise RunError(
-                _rendezvous_taken(os.environ, first_line(str(e).rsplit("message: ", 1)[-1]))
-            ) from None
+            raise RunError(_rendezvous_taken(os.environ, why)) from None
 
 
 def _rendezvous_taken(env, why: str) -> str:
