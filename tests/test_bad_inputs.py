@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -712,6 +713,64 @@ def test_golds_are_checked_against_themselves_spread_over_the_file(tmp_path):
     with pytest.raises(DataFileError) as e:
         JsonlTask(str(path))
     assert f"line {n - 9}: 'answer' '}}' does not match itself" in one_line(str(e.value))
+
+
+def test_the_data_check_command_names_every_answer_no_completion_could_score_on(tmp_path, capsys):
+    """``python -m scalerl.task.jsonl_check``: every line checked, not the load's sample; each bad
+    answer named by its line (those between the load's checked lines too), a summary, status 1; a
+    clean file status 0; a file that cannot be read as examples the load's one line and status 2;
+    and the load's refusal names the command."""
+    from scalerl.task.jsonl import SELF_CHECKED
+    from scalerl.task.jsonl_check import main
+
+    n = 4 * SELF_CHECKED
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(n)]
+    rows[1] = rows[n - 3] = {"prompt": "x", "answer": "\\frac{1}{"}  # between the sampled lines
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(_lines(*rows))
+    JsonlTask(str(bad))  # the load's sample misses both
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text(_lines(GOOD, {"prompt": "x", "answer": "\\frac{1}{2}"}))
+    assert main([str(clean)]) == 0
+    assert re.fullmatch(
+        rf"task.path='{re.escape(str(clean))}': 2 answers checked in [0-9.]+ s: every one matches itself",
+        capsys.readouterr().out.strip(),
+    )
+    assert main([str(bad)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(": ")[1] for line in out[:2]] == ["line 2", f"line {n - 2}"], out
+    assert all("'answer' '\\\\frac{1}{' does not match itself" in line for line in out[:2]), out
+    assert out[2].startswith(f"task.path='{bad}': {n} answers checked in "), out
+    assert out[2].endswith(": 2 that no completion could score on"), out
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(_lines(GOOD) + "{not json\n")
+    assert main([str(clean), str(broken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"task.path='{broken}': line 2: not valid JSON (Expecting property name enclosed in double quotes at column 2)"
+    )
+    rows[n - 3] = GOOD
+    rows[0] = {"prompt": "x", "answer": "$$"}  # a sampled line: the load refuses and names the command
+    bad.write_text(_lines(*rows))
+    with pytest.raises(DataFileError) as e:
+        JsonlTask(str(bad))
+    assert f"python -m scalerl.task.jsonl_check {bad} checks every line" in one_line(str(e.value))
+
+
+def test_the_data_check_command_runs_as_a_module(tmp_path):
+    """The command as a user types it: its summary and exit status, and a bad option in one line."""
+    path = tmp_path / "data.jsonl"
+    path.write_text(_lines(GOOD, {"prompt": "x", "answer": "$$"}))
+    cmd = [sys.executable, "-m", "scalerl.task.jsonl_check"]
+    done = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert re.search(
+        r": 2 answers checked in [0-9.]+ s: 1 that no completion could score on$", done.stdout.strip()
+    )
+    assert "RuntimeWarning" not in done.stderr and "Timeout is disabled" not in done.stderr, done.stderr
+    done = subprocess.run([*cmd, "--timeout-s", "0", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().endswith("error: --timeout-s=0: must be a number > 0")
 
 
 def test_a_gold_too_slow_to_check_is_refused_within_the_limit(tmp_path, monkeypatch):

@@ -101,44 +101,61 @@ def _read_rows(path: str) -> list[tuple[int, str, str]]:
     return out
 
 
+def gold_problem(task: JsonlTask, answer: str, timeout_s: float) -> str | None:
+    """Why no completion could score on ``answer`` (it matches itself neither boxed nor as plain
+    text, or its check takes longer than ``timeout_s``, as every scoring of it would), or None.
+    Scored as ``task`` scores, under the loop's time limit and handling of a verifier's errors."""
+    prompt = Prompt(uid=0, text="", answer=answer)
+    results = [
+        score_counted(task, prompt, form, timeout_s)
+        for form in (f"\\boxed{{{answer}}}", f"The answer is {answer}")
+    ]
+    if any(reward == 1.0 for reward, _, _ in results):
+        return None
+    if any(err == "timeout" for _, err, _ in results):
+        return f"takes longer than {timeout_s:g} s to check against itself (each scoring has task.verifier_timeout_s)"
+    return "does not match itself, boxed or as plain text, so no completion could score on it"
+
+
+def gold_error(path: str, lineno: int, answer: str, why: str, more: str = "") -> DataFileError:
+    advice = f"write the final value alone: a number or LaTeX math{more}"
+    return _line_error(path, lineno, f"'answer' {answer!r:.60} {why} ({advice})")
+
+
 def _check_golds(task: JsonlTask, path: str, rows: list[tuple[int, str, str]]) -> None:
     """:class:`DataFileError` naming the first of up to :data:`SELF_CHECKED` answers, spread evenly
-    over the file, that matches itself neither boxed nor as plain text: no completion could score on
-    its prompt (an answer math-verify cannot read as a value, e.g. a sentence around a number), or
-    whose check takes longer than :data:`SELF_CHECK_S` (every scoring of it would too). Scored
-    as ``task`` scores, under the loop's time limit and handling of a verifier's errors."""
-    timeout_s = SELF_CHECK_S
+    over the file, that no completion could score on (:func:`gold_problem`, each under
+    :data:`SELF_CHECK_S`). ``python -m scalerl.task.jsonl_check FILE`` checks every line."""
     step = max(1, len(rows) // SELF_CHECKED)
     for lineno, _, answer in rows[::step][:SELF_CHECKED]:
-        prompt = Prompt(uid=lineno, text="", answer=answer)
-        results = [
-            score_counted(task, prompt, form, timeout_s)
-            for form in (f"\\boxed{{{answer}}}", f"The answer is {answer}")
-        ]
-        if any(reward == 1.0 for reward, _, _ in results):
-            continue
-        why = (
-            f"takes longer than {timeout_s:g} s to check against itself (each scoring has task.verifier_timeout_s)"
-            if any(err == "timeout" for _, err, _ in results)
-            else "does not match itself, boxed or as plain text, so no completion could score on it"
-        )
-        raise _line_error(
-            path,
-            lineno,
-            f"'answer' {answer!r:.60} {why} (write the final value alone: a number or LaTeX math)",
-        )
+        why = gold_problem(task, answer, SELF_CHECK_S)
+        if why is not None:
+            raise gold_error(
+                path, lineno, answer, why, f"; python -m scalerl.task.jsonl_check {path} checks every line"
+            )
 
 
 class JsonlTask:
     name = "jsonl"
 
-    def __init__(self, path: str, *, seed: int = 1234, val_fraction: float = 0.05, num_val: int = 1000):
+    def __init__(
+        self,
+        path: str,
+        *,
+        seed: int = 1234,
+        val_fraction: float = 0.05,
+        num_val: int = 1000,
+        check_golds: bool = True,
+    ):
+        # check_golds: the load's sample of answers checked against themselves (:func:`_check_golds`)
         rows = _read_rows(path)
         if len(rows) < 2:
             raise DataFileError(
                 f"task.path={path!r}: needs at least 2 examples (one validates), found {len(rows)}"
             )
-        _check_golds(self, path, rows)
+        if check_golds:
+            _check_golds(self, path, rows)
+        self.rows = rows
         prompts = [Prompt(uid=i, text=t, answer=a) for i, (_, t, a) in enumerate(rows)]
         order = list(range(len(prompts)))
         random.Random(seed).shuffle(order)
