@@ -573,10 +573,13 @@ def test_unsettled_seed_and_failed_run_are_noted_in_the_run_table(store, capsys)
     assert [v["variant"] for v in verdicts] == ["loss=cispo", "a/b c"]
 
 
-REPORT_KEYS = {"schema_version", "commit", "commits", "wall_s", "machine", "variants", "prediction_skill"}
+REPORT_KEYS = {
+    "schema_version", "commit", "commits", "wall_s", "machine", "tests", "variants", "prediction_skill",
+}  # fmt: skip
 VARIANT_KEYS = {
     "variant", "baseline", "seeds", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "dA", "dA_lo",
     "dA_hi", "dA_bound", "dB", "dB_lo", "dB_hi", "verdict", "per_seed", "prediction",
+    "A_shown", "B_shown", "A_equivalent", "dA_eq_lo", "dA_eq_hi", "dA_p", "dB_p",
 }  # fmt: skip
 
 
@@ -652,8 +655,35 @@ def test_report_json_beside_the_report_holds_the_verdict_tables_numbers(store):
         assert pr["supported"] is not False or (why and set(why) <= {"reach", "fall"})
     base, dapo = by["cispo"], by["dapo"]
     assert base["baseline"] and base["verdict"] == "baseline" and base["dA"] is None  # NaN -> null
+    assert base["A_equivalent"] is None and base["dA_p"] is None and base["A_shown"] is True
     assert dapo["verdict"] == "A lower" and dapo["dA_hi"] < 0 < dapo["C_mid"]
     assert dapo["dA_bound"] is None  # the plain test (a lower bound only where A is censored at 1)
+    # what every comparison shares: 2 scored variants, A and B each, at a family-wise 5%
+    tests = doc["tests"]
+    assert tests["family_level"] == 0.05 and tests["comparisons"] == 4
+    assert tests["alpha"] == pytest.approx(0.05 / 4) and tests["interval_level"] == pytest.approx(
+        1 - 0.05 / 4
+    )
+    assert (
+        tests["equivalence_interval_level"] == pytest.approx(1 - 0.05 / 2) and tests["estimate_level"] == 0.9
+    )
+    assert tests["A_fixed"] == pytest.approx(base["A"])
+    for v in (by["dapo"], by["gspo"]):
+        # the equivalence finding and its own interval: equivalent exactly where that interval lies
+        # inside the margin; the dA interval (the difference test's) is the wider one
+        assert v["A_shown"] is True and 0 <= v["dA_p"] <= 1 and isinstance(v["A_equivalent"], bool)
+        inside = -tests["equivalence_margin"] < v["dA_eq_lo"] <= v["dA_eq_hi"] < tests["equivalence_margin"]
+        assert v["A_equivalent"] == inside, v
+        assert v["dA_lo"] < v["dA_eq_lo"] < v["dA"] < v["dA_eq_hi"] < v["dA_hi"]
+        assert (v["verdict"] == "equivalent") == (
+            v["A_equivalent"] and v["verdict"] not in ("B higher", "B lower")
+        )
+    # B over the seeds refitted at the baseline's A, each seed's given: the mean is theirs
+    for v in doc["variants"]:
+        at_a = [s["B_at_A"] for s in v["per_seed"]]
+        assert all(isinstance(b, float) for b in at_a) and v["B"] == pytest.approx(np.mean(at_a)), v
+        assert v["B_shown"] is True and 0.1 <= v["B_lo"] <= v["B"] <= v["B_hi"] <= 10.0
+        assert all(s["A_censored"] is None for s in v["per_seed"])  # every ceiling bounded below 1
     # the skill against persistence over the supported predictions, from the variants' own fields
     sup = [v["prediction"] for v in doc["variants"] if v["prediction"]["supported"] is True]
     e = np.array([p["predicted"] - p["observed"] for p in sup])
@@ -817,6 +847,23 @@ def test_replicates_counts_only_supported_predictions_and_refuses_bad_reports(tm
     assert x["predictions"] == 2 and x["within"] == 1 and x["covered"] == 1
     assert x["persistence_scored"] == 1 and x["fit_better"] == 0  # |0.05| against |0.01| where given
     assert y["studies"] == 1 and y["A_mean"] is None and y["predictions"] == 0
+    # an A a study did not show (its seeds censored at 1) is counted, not averaged: by its report's
+    # A_shown, or in a report written before that key by its seeds (2 of 3 censored)
+    censored = [{"ok": True}] * 3
+    extra = [
+        [_v("z", "not shown", 0.99) | {"A_shown": False}, _v("w", "not shown", 0.98) | {"per_seed": censored, "A_censored": 2}],
+        [_v("z", "equivalent", 0.75) | {"A_shown": True}, _v("w", "inconclusive", 0.74) | {"per_seed": censored, "A_censored": 1}],
+    ]  # fmt: skip
+    docs = []
+    for i, vs in enumerate(extra):
+        d = tmp_path / f"extra{i}"
+        d.mkdir()
+        (d / "report.json").write_text(json.dumps(_study_doc(vs)))
+        docs.append(replicates.load_study(str(d)))
+    more = {r.variant: r.row() for r in replicates.summarise(docs)}
+    assert more["z"]["A_mean"] == 0.75 and more["w"]["A_mean"] == 0.74
+    assert more["z"]["A_not_shown"] == more["w"]["A_not_shown"] == 1
+    assert replicates.to_markdown(docs, replicates.summarise(docs)).count("; not shown in 1") == 2
     # 1 - sum(err^2) / sum(persistence err^2) over the paired: base (0.01, -0.005), (-0.005, -0.045)
     assert base["mse_skill"] == pytest.approx(1 - (0.01**2 + 0.005**2) / (0.005**2 + 0.045**2))
     assert x["mse_skill"] == pytest.approx(1 - 0.05**2 / 0.01**2) and y["mse_skill"] is None

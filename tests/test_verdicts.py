@@ -257,6 +257,18 @@ def test_the_t_test_calls_only_beyond_the_interval_and_the_margin():
     assert noisy.called == 0
 
 
+def test_seeds_without_spread_are_not_tested():
+    """Identical values on both sides (fits at a bound, or float copies of one value) leave no
+    spread to test with: no p-value, nothing called, no equivalence, the reason given; a spread
+    the size of the values' float rounding counts as none, a real one is tested."""
+    for x, y in (([0.76] * 3, [0.735] * 3), ([0.745] * 2, [0.735] * 2), ([0.1 + 0.2] * 3, [0.3] * 3)):
+        c = t_test(x, y, 0.01, MARGIN_A, eq_margin=0.05)
+        assert math.isnan(c.p) and math.isnan(c.eq_p) and c.called == 0 and not c.equivalent, (x, y)
+        assert c.untestable == "no spread between seeds on either side" and math.isnan(c.lo)
+    c = t_test([0.760, 0.765, 0.755], [0.735, 0.740, 0.730], 0.01, MARGIN_A, eq_margin=0.05)
+    assert c.p < 0.01 and c.called == 1 and not c.untestable
+
+
 def test_the_exported_margin_A_is_the_one_the_verdicts_use(monkeypatch):
     """One MARGIN_A: the name the package exports (and the figures draw) is the verdicts' object,
     not a second constant of the same value, and the verdicts read it when they call: widening it

@@ -98,7 +98,8 @@ class Replicated:
     variant: str
     studies: int = 0
     verdicts: Counter = field(default_factory=Counter)
-    A: list[float] = field(default_factory=list)
+    A: list[float] = field(default_factory=list)  # the studies' A where it was shown
+    A_not_shown: int = 0  # studies whose report did not show the variant's A (censored seeds)
     errors: list[float] = field(default_factory=list)  # predicted - observed, supported predictions
     persistence: list[float | None] = field(default_factory=list)  # persistence - observed (None: not given)
     covered: int = 0  # observed ends inside their band
@@ -119,6 +120,7 @@ class Replicated:
             "A_sd": statistics.stdev(self.A) if len(self.A) > 1 else None,
             "A_min": min(self.A, default=None),
             "A_max": max(self.A, default=None),
+            "A_not_shown": self.A_not_shown,
             "predictions": n,
             "unsupported": self.unsupported,
             "error_mean": statistics.fmean(self.errors) if n else None,
@@ -169,6 +171,20 @@ def _number(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
+def a_shown(v: dict) -> bool:
+    """Whether a report showed the variant's A (``A_shown``; a report written before that key: 2 or
+    more seeds fitted, fewer than half of them censored at 1, the rule it was made under, where it
+    lists its seeds). An A not shown is its censored seeds' mean, not a ceiling, so it is not
+    averaged across studies."""
+    if "A_shown" in v:
+        return bool(v["A_shown"])
+    if not isinstance(v.get("per_seed"), list):
+        return True
+    usable = sum(bool(s.get("ok")) for s in v.get("per_seed") or [] if isinstance(s, dict))
+    censored = v.get("A_censored") or 0
+    return usable >= 2 and 2 * censored < usable
+
+
 def summarise(studies: Sequence[Study]) -> list[Replicated]:
     """Each variant over ``studies``, in the order the variants first appear."""
     out: dict[str, Replicated] = {}
@@ -177,8 +193,11 @@ def summarise(studies: Sequence[Study]) -> list[Replicated]:
             r = out.setdefault(v["variant"], Replicated(v["variant"]))
             r.studies += 1
             r.verdicts[v["verdict"]] += 1
-            if (a := _number(v.get("A"))) is not None:
+            a = _number(v.get("A"))
+            if a is not None and a_shown(v):
                 r.A.append(a)
+            elif a is not None:
+                r.A_not_shown += 1
             p = v.get("prediction") or {}
             pred, obs, pers = (_number(p.get(k)) for k in ("predicted", "observed", "persistence"))
             if pred is None or obs is None:
@@ -210,6 +229,8 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
         x = r.row(within)
         verdicts = ", ".join(f"{k} {n}" for k, n in x["verdicts"].items())
         a = f"{_f(x['A_mean'], '.3f')} ({_f(x['A_sd'], '.3f')}) [{_f(x['A_min'], '.3f')}, {_f(x['A_max'], '.3f')}]"
+        if x["A_not_shown"]:
+            a += f"; not shown in {x['A_not_shown']}"
         n = x["predictions"]
         score = (
             f"{_f(x['error_mean'], '+.3f')} / {_f(x['error_abs_mean'], '.3f')}",
@@ -231,7 +252,9 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
         "Errors are predicted - observed end (the half-budget fit's prediction of the mean of the "
         "last tenth of the compute), over the studies where that prediction was supported (its "
         "window past the horizon); persistence forecasts the first half's last value. A is each "
-        "study's A (the mean of its seeds' fitted ceilings, as its report gives it); sd across studies. The skill score is 1 - "
+        "study's A (the mean of its seeds' fitted ceilings, as its report gives it) over the studies "
+        "that showed it; sd across studies; an A a study did not show (half or more of its seeds "
+        "censored at 1) is counted, not averaged. The skill score is 1 - "
         "MSE / MSE(persistence) over the same predictions (above 0: the fit's squared error smaller).",
         "",
         _skill_line(studies),

@@ -35,7 +35,10 @@ from scalerl.analysis.experiment import (
 )
 from scalerl.analysis.mlflow_io import RunData, write_back
 from scalerl.analysis.verdicts import (
+    FAMILY_LEVEL,
+    MARGIN_A,
     VariantVerdict,
+    a_censored,
     eval_trials,
     family_summary,
     prediction_cell,
@@ -218,11 +221,25 @@ def _runs_commit(runs: Sequence[RunData]) -> str | None:
     return code_commit() if not logged else None
 
 
-def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, SigmoidFit]) -> dict:
+def variant_json(
+    v: VariantVerdict,
+    runs: dict[str, RunData],
+    fits: dict[str, SigmoidFit],
+    fixed_fits: dict[str, SigmoidFit] | None = None,
+) -> dict:
     """One entry of ``report.json``'s ``variants``: the verdict table's numbers unrounded, the
     machine label (:attr:`VariantVerdict.label`), each seed's own fit and the prediction.
     ``C_mid``: the pooled fit of the variant's seeds (the figures'), else the geometric mean of
-    the seeds' own fits' C_mid."""
+    the seeds' own fits' C_mid. ``A``, ``A_lo``, ``A_hi`` are the mean and interval over the usable
+    seeds whether or not A is shown: where ``A_shown`` is false (at least half the seeds censored
+    at 1, or fewer than 2 usable: ``A_not_shown_because``) they describe those seeds' fits, not a
+    ceiling the data bound, and are not compared; likewise ``B``, ``B_shown``. ``A_equivalent``:
+    the TOST on A found it equivalent within ``A_equivalence_margin`` (its ``1 - 2 alpha`` interval
+    ``dA_eq_lo``, ``dA_eq_hi`` inside the margin), false where that was not shown, null where A was
+    not tested for it; ``dA_p`` / ``dB_p`` the pair's two-sided Welch p-values (null: not tested,
+    or ``dA_untestable`` / ``dB_untestable`` says why not). ``per_seed``: each seed's own fit, why
+    its A is censored at 1 (null: bounded), and its B refitted at the baseline's A (``B_at_A``,
+    the values ``B`` averages)."""
     own = [fits[i] for i in v.run_ids if i in fits and fits[i].ok]
     c_mid = math.nan
     if v.pooled is not None and v.pooled.ok:
@@ -235,6 +252,7 @@ def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, Si
         f = fits.get(rid)
         r = runs.get(rid)
         ok = f is not None and f.ok
+        refit = (fixed_fits or {}).get(rid)
         per_seed.append(
             {
                 "run_id": rid,
@@ -243,8 +261,11 @@ def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, Si
                 "B": f.B if ok else None,
                 "C_mid": f.C_mid if ok else None,
                 "ok": bool(ok),
+                "A_censored": (a_censored(f) or None) if ok else None,
+                "B_at_A": refit.B if refit is not None and refit.ok else None,
             }
         )
+    compared = not v.baseline
     return {
         "variant": v.variant,
         "baseline": bool(v.baseline),
@@ -267,7 +288,17 @@ def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, Si
         "verdict": v.label,
         "verdict_text": v.verdict,
         "A_censored": v.A.censored,
+        "A_shown": v.A.settled,
+        "A_not_shown_because": v.A.unsettled or None,
+        "B_shown": v.B.settled,
         "A_equivalence_margin": v.dA.eq_margin if v.dA.tested else None,
+        "A_equivalent": _equivalent(v.dA) if compared else None,
+        "dA_eq_lo": v.dA.eq_lo if compared else None,
+        "dA_eq_hi": v.dA.eq_hi if compared else None,
+        "dA_p": v.dA.p if compared else None,
+        "dB_p": v.dB.p if compared else None,
+        "dA_untestable": (v.dA.untestable or None) if compared else None,
+        "dB_untestable": (v.dB.untestable or None) if compared else None,
         "per_seed": per_seed,
         "prediction": {
             "predicted": pr.predicted,
@@ -285,6 +316,34 @@ def variant_json(v: VariantVerdict, runs: dict[str, RunData], fits: dict[str, Si
     }
 
 
+def _equivalent(c) -> bool | None:
+    """The TOST's finding on A: True / False where A was tested for equivalence, else None."""
+    if not c.tested or c.bound or c.untestable or not math.isfinite(c.eq_margin):
+        return None
+    return bool(c.equivalent)
+
+
+def tests_json(verdicts: Sequence[VariantVerdict]) -> dict:
+    """``report.json``'s ``tests``: what every comparison of the table shares (the module
+    docstring of :mod:`scalerl.analysis.verdicts`): the test, the family-wise level, the number of
+    comparisons it is split over, the per-test level and the levels of the intervals reported,
+    the equivalence margin on A and the A at which B is compared."""
+    fam = next((v.family for v in verdicts if v.family.m), None)
+    alpha = fam.alpha if fam is not None else math.nan
+    return {
+        "test": "Welch's two-sample t-test on each pair (variant - baseline), two-sided; TOST for equivalence on A",
+        "family_level": FAMILY_LEVEL,
+        "comparisons": fam.m if fam is not None else 0,
+        "alpha": alpha,
+        "interval_level": 1 - alpha,  # dA_lo / dA_hi, dB_lo / dB_hi
+        "equivalence_interval_level": 1 - 2 * alpha,  # dA_eq_lo / dA_eq_hi
+        "estimate_level": fam.level if fam is not None else None,  # A_lo / A_hi, B_lo / B_hi
+        "equivalence_margin": fam.eq_margin if fam is not None else None,
+        "margin_A": MARGIN_A,
+        "A_fixed": fam.A_fixed if fam is not None else None,
+    }
+
+
 def _unsupported_because(pr) -> list[str] | None:
     """Why a prediction is not supported (:class:`~scalerl.analysis.verdicts.Prediction`)."""
     if pr.supported is not False:
@@ -298,6 +357,7 @@ def report_json(
     fits: dict[str, SigmoidFit],
     *,
     wall_s: float | None = None,
+    fixed_fits: dict[str, SigmoidFit] | None = None,
 ) -> dict:
     """The machine-readable report (``report.json``): ``schema_version`` (:data:`REPORT_SCHEMA`),
     ``commit`` (:func:`_runs_commit`), ``commits`` (every commit the runs logged: several where the
@@ -313,7 +373,8 @@ def report_json(
         "commits": _runs_commits(runs),
         "wall_s": wall_s,
         "machine": machine(),
-        "variants": [variant_json(v, by_id, fits) for v in verdicts],
+        "tests": tests_json(verdicts),
+        "variants": [variant_json(v, by_id, fits, fixed_fits) for v in verdicts],
         "prediction_skill": skill_summary(verdicts),
     }
     return _json_safe(doc)
@@ -753,7 +814,7 @@ def _write_tables(
     (out / "fits.md").write_text(markdown)
     (out / "fits.json").write_text(json.dumps(rows, indent=1, default=str, allow_nan=True))
     files += [out / "fits.md", out / "fits.json"]
-    doc = report_json(listed, res.runs, res.fits, wall_s=wall_s)
+    doc = report_json(listed, res.runs, res.fits, wall_s=wall_s, fixed_fits=res.fixed_fits)
     files.append(write_report_json(out / "report.json", doc))
     if res.pooled_rows:
         files.append(rows_to_csv(res.pooled_rows, out / "pooled_fits.csv"))

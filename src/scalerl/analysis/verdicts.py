@@ -194,6 +194,7 @@ class Comparison:
     eq_hi: float = math.nan
     eq_p: float = math.nan  # TOST p-value (the larger of the two one-sided tests)
     equivalent: bool = False
+    untestable: str = ""  # why the test gave no p-value ("" = it did)
     # "lower": the variant's censored seeds entered at their intervals' lower ends (A bounded below,
     # the module docstring), so delta and its interval bound ΔA from below; "" = the plain test
     bound: str = ""
@@ -276,6 +277,7 @@ class Family:
     eq_resolution: float = math.nan  # the margin the design resolves (may exceed EQ_MARGIN_MAX)
     A_fixed: float = math.nan  # the baseline's A, at which B is compared
     at_max: bool = False  # the baseline's ceiling reaches 1: A not compared, B compared at A = 1
+    level: float = math.nan  # the level of each variant's A and B intervals (the protocol's)
 
 
 @dataclass
@@ -318,7 +320,8 @@ class VariantVerdict:
                 return f"{key} {'higher' if self.called[key] > 0 else 'lower'}"
         if self.scored and self.dA.tested and self.dA.equivalent:
             return "equivalent"
-        if self.scored and (self.dA.tested and not self.dA.bound or self.dB.tested):
+        a_tested = self.dA.tested and not self.dA.bound and not self.dA.untestable
+        if self.scored and (a_tested or self.dB.tested and not self.dB.untestable):
             return "inconclusive"
         return "not shown"
 
@@ -550,7 +553,9 @@ def b_estimate(fixed: Sequence[SigmoidFit | None], total: int, level: float = 0.
     """B at the fixed A over the refitted seeds (a B at its fit bound is censored there)."""
     seeds = [(f.B, b_unsettled(f)) for f in fixed if f is not None and f.ok]
     unusable = [b_unsettled(f) for f in fixed if f is None or not f.ok]
-    return _estimate(seeds, unusable, total, level, "B", "its fit bound")
+    e = _estimate(seeds, unusable, total, level, "B", "its fit bound")
+    e.lo, e.hi = max(e.lo, B_BOUNDS[0]), min(e.hi, B_BOUNDS[1])  # B's fits lie inside its bounds
+    return e
 
 
 A_TOP = ("A at 1", "A's interval reaches 1")
@@ -588,6 +593,10 @@ def fixed_A_fits(runs: Sequence[RunData], fits: dict[str, SigmoidFit], A: float)
     return out
 
 
+SPREAD_EPS = 1e-12
+"""A pair whose standard error is below this (relative to the values) has no spread between seeds."""
+
+
 def t_test(
     x: Sequence[float],
     y: Sequence[float],
@@ -606,13 +615,14 @@ def t_test(
     c.delta = float(x.mean() - y.mean())
     vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
     se = math.sqrt(vx + vy)
-    c.df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1)) if se > 0 else math.inf
-    if se == 0.0:  # identical values within each group (e.g. a grid fit): no spread to test with
-        c.p = 0.0 if c.delta != 0 else 1.0
-        c.lo = c.hi = c.eq_lo = c.eq_hi = c.delta
-        c.mdd = margin
-        if math.isfinite(eq_margin):
-            c.eq_p = 0.0 if abs(c.delta) < eq_margin else 1.0
+    # identical values up to float rounding (their mean's last bits) count as no spread
+    flat = se <= SPREAD_EPS * max(1.0, abs(float(x.mean())), abs(float(y.mean())))
+    c.df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1)) if not flat else math.inf
+    if flat:
+        # identical values within each side (e.g. fits at a bound): no spread between seeds, so no
+        # test can say how far the means could be apart; neither a difference nor equivalence is shown
+        c.p = c.eq_p = math.nan
+        c.untestable = "no spread between seeds on either side"
     else:
         c.p = float(2 * stats.t.sf(abs(c.delta / se), c.df))
         q = float(stats.t.ppf(1 - alpha / 2, c.df))
@@ -1173,15 +1183,17 @@ def verdicts(
             v.inactive = inactive_reason(members, base_runs)
         out[name] = v
     base = out.get(baseline) if baseline else None
-    _compare(out, base, A_fix, at_max)
+    _compare(out, base, A_fix, at_max, protocol.level)
     rank = {n: i for i, n in enumerate(order)}
     return sorted(out.values(), key=lambda v: (not v.baseline, rank.get(v.variant, len(rank)), v.variant))
 
 
-def _compare(out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix: float, at_max: bool) -> None:
+def _compare(
+    out: dict[str, VariantVerdict], base: VariantVerdict | None, A_fix: float, at_max: bool, level: float
+) -> None:
     scored = [v for v in out.values() if v.scored]
     # the family: A and B of every scored variant; B alone when the baseline's ceiling reaches 1
-    fam = Family(m=(1 if at_max else 2) * len(scored), A_fixed=A_fix, at_max=at_max)
+    fam = Family(m=(1 if at_max else 2) * len(scored), A_fixed=A_fix, at_max=at_max, level=level)
     fam.alpha = FAMILY_LEVEL / fam.m if fam.m else math.nan
     counted = [v for v in out.values() if v.baseline or v.scored]
     # the seeds' spread pooled over the variants describes the design (its resolution); no test uses it
@@ -1257,7 +1269,9 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
         parts.append(equivalence_text(v.dA, v.family))
     if called:
         return "; ".join(parts)
-    text = "equivalent: " + parts[0] if v.dA.equivalent else f"{INCONCLUSIVE}: " + parts[0]
+    untested = v.dA.untestable and (not v.dB.tested or v.dB.untestable)
+    text = "equivalent: " if v.dA.equivalent else f"{NOT_SHOWN}: " if untested else f"{INCONCLUSIVE}: "
+    text += parts[0]
     if math.isfinite(v.dA.mdd):
         text += f"; smallest detectable ΔA = {v.dA.mdd:.3f}"
     if v.dA.significant and abs(v.dA.delta) <= MARGIN_A:
@@ -1265,6 +1279,8 @@ def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
     notes = [e.unsettled for e in (v.B, base.B) if e.unsettled]
     if notes:
         text += f" (B not compared: {'; '.join(dict.fromkeys(notes))})"
+    elif v.dB.untestable:
+        text += f"; ΔB {v.dB.delta:+.2f} not tested: {v.dB.untestable}"
     elif v.dB.tested:
         text += f"; ΔB {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}] not called"
     return text
@@ -1293,6 +1309,8 @@ def equivalence_text(c: Comparison, fam: Family) -> str:
     """What the equivalence test on A found: "A equivalent within ±δ (...)" or "A equivalence within
     ±δ not shown at this budget (...)", with ΔA and its 1 - 2 alpha interval, and the margin the
     design resolves where that is wider than the margin used."""
+    if c.untestable:
+        return f"A not tested: {c.untestable} (ΔA {c.delta:+.3f})"
     if not math.isfinite(c.eq_margin):
         return f"A not tested for equivalence (ΔA {c.delta:+.3f})"
     ci = f"ΔA {c.delta:+.3f}, {1 - 2 * c.alpha:.1%} interval [{c.eq_lo:+.3f}, {c.eq_hi:+.3f}]"
@@ -1315,8 +1333,9 @@ def _verdict_at_max(v: VariantVerdict, base: VariantVerdict) -> str:
             f"B {'higher' if v.dB.called > 0 else 'lower'} at A=1 "
             f"(ΔB {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}]); {AT_MAX_NOTE}"
         )
-    if not v.dB.tested:
+    if not v.dB.tested or v.dB.untestable:
         notes = "; ".join(dict.fromkeys(e.unsettled for e in (v.B, base.B) if e.unsettled))
+        notes = notes or (f"ΔB {v.dB.delta:+.2f} not tested: {v.dB.untestable}" if v.dB.untestable else "")
         return f"{NOT_SHOWN}: {notes or 'B not compared'}; {AT_MAX_NOTE}"
     return (
         f"{INCONCLUSIVE}: ΔB at A=1 {v.dB.delta:+.2f} [{v.dB.lo:+.2f}, {v.dB.hi:+.2f}], smallest "
