@@ -920,6 +920,12 @@ def test_malformed_sweep_files(tmp_path, text, expect):
         ),
         ({"a": ["eval.num_prompts=-1"]}, "variant 'a': invalid config value eval.num_prompts=-1"),
         ({"a": ["nosuch=1"]}, "variant 'a': unknown group or key 'nosuch'"),
+        # values the plan computes with (the evaluations a fit gets) are checked before it does
+        (
+            {"a": [], "b": ["eval.every=0"]},
+            "variant 'b': invalid config value eval.every=0: must be an integer >= 1",
+        ),
+        ({"a": ["trainer.total_steps=0"]}, "variant 'a': invalid config value trainer.total_steps=0"),
         # the experiment group is not in the defaults: without its '+' it was "unknown", listed nowhere
         ({"a": ["experiment=magistral"]}, "the experiment group is added with a '+' (+experiment=<name>)"),
     ],

@@ -311,9 +311,6 @@ def make_plan(
                 f"{where}: scaling.metric={composed.scaling.metric}: the sweep fits "
                 f"scaling.metric={sweep.scaling.metric} for every run; set it in base or on the command line"
             )
-        c = composed
-        if too_short := _too_short(c.trainer.total_steps, c.eval.every, c.scaling.min_step):
-            short.setdefault(too_short, []).append(vname)
         for seed in spec.seeds if spec.seeds is not None else [None]:
             run = _new_run(spec, vname, seed, overrides, sdir)
             # composed exactly as its job will compose it, read into its typed options, each check
@@ -325,8 +322,11 @@ def make_plan(
             if change := recipe_change(config):  # a run that began keeps its recipe
                 raise SweepError(_recipe_kept(where, run, *change))
             config = typed(config)
-            if vname not in work_options:
+            if vname not in work_options:  # its values checked (build_config): once a variant
                 work_options[vname] = {g: getattr(config, g) for g in WORK_GROUPS}
+                c = config
+                if too_short := _too_short(c.trainer.total_steps, c.eval.every, c.scaling.min_step):
+                    short.setdefault(too_short, []).append(vname)
             run.seed, run.total_steps = config.seed, int(config.trainer.total_steps)
             layout = LayoutOptions.of(config)
             _check_layout(layout, sweep.launcher, where)
