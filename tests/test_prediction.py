@@ -40,7 +40,7 @@ from scalerl.scaling.horizon import (
     shape_bias,
     shape_error,
 )
-from scalerl.scaling.live import fit_metrics, horizon_line
+from scalerl.scaling.live import extrapolation_title, fit_metrics, horizon_line, progress_text
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.synthetic import RisingCurve, TrueCurve
 
@@ -281,6 +281,33 @@ def test_live_fit_says_whether_its_extrapolation_is_supported():
     # a failed fit is not judged
     _, bad = fit_metrics([0.0, 1.0, 2.0, 3.0], [0.5, 0.5, 0.5, 0.5], FitProtocol(bootstrap=0))
     assert math.isnan(bad["fit/supported"]) and horizon_line(bad) == ""
+    # nor one through as many points as it has parameters (A set by them alone), whatever its C_mid
+    three, m3 = fit_metrics(
+        [0.0, 10.0, 20.0, 30.0],
+        [0.2, 0.35, 0.45, 0.5],
+        FitProtocol(bootstrap=0, min_step=10),
+        steps=[0, 10, 20, 30],
+    )
+    assert three.ok and three.n_points == 3 and math.isnan(m3["fit/supported"]) and horizon_line(m3) == ""
+    assert math.isnan(m3["fit/more_compute"]) and progress_text(m3) == ""
+
+
+def test_the_live_fit_says_what_its_extrapolation_is_worth():
+    """The progress line's fit and the end-of-run figure's title carry the horizon and fall rules'
+    finding: not judged, supported, or not supported and why (a window short of the horizon, a fall)."""
+    short = {"fit/A": 0.9, "fit/A_lo": 0.7, "fit/A_hi": 1.0, "fit/supported": 0.0, "fit/reach": 0.8}
+    assert progress_text(short) == " fit/A=0.900 [0.700, 1.000] (extrapolation not supported yet)"
+    assert progress_text({**short, "fit/supported": 1.0, "fit/A_lo": math.nan}) == " fit/A=0.900"
+    assert progress_text({"fit/A": 0.9}) == ""  # not judged: no fit/supported
+    assert extrapolation_title(short).endswith(
+        "extrapolation NOT supported: the window ends at 0.8x C_mid, it needs 4.5x"
+    )
+    fell = {"fit/supported": 0.0, "fit/reach": 6.0, "fit/fall": 0.2, "fit/fall_se": 5.0}
+    assert extrapolation_title(fell).endswith("extrapolation NOT supported: the curve fell 0.20 inside it")
+    assert extrapolation_title({"fit/supported": 1.0, "fit/reach": 5.2}).endswith(
+        "supported (the window reaches 5.2x C_mid)"
+    )
+    assert extrapolation_title({}).endswith("extrapolation not judged")
 
 
 def _verdict(name, pr, baseline=False):

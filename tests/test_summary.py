@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from scalerl.loop.summary import fit_caveat
+from scalerl.loop.summary import fit_caveat, no_fit_line
 from scalerl.storage import write_json
 
 
@@ -35,12 +35,12 @@ def test_summary_names_the_fit_with_its_intervals():
         "no scaling fit: 3 held-out evaluations, a fit needs 4 (a larger trainer.total_steps or a "
         "smaller eval.every)"
     )
-    # three points after the early cut: an exact fit, no intervals, the ceiling at its bound
+    # three points after the early cut: an exact fit through them, no ceiling, nothing judged
     exact = {"fit/ok": 1.0, "fit/A": 1.0, "fit/B": 1.75, "fit/n_points": 3.0}
     exact.update({"fit/A_lo": math.nan, "fit/A_hi": math.nan, "fit/B_lo": math.nan, "fit/B_hi": math.nan})
     assert summary_lines({**base, "fit": exact})[2] == (
-        "scaling fit: A = 1, B = 1.75 (no intervals: 3 points after the early cut leave none to "
-        "estimate them; A at its bound 1: these points do not determine the ceiling)"
+        "scaling fit: A = 1, B = 1.75 (fitted through 3 points for 3 parameters: the curve passes through "
+        "them, so A is set by those points alone, not a ceiling they bound, and nothing is extrapolated from it)"
     )
 
 
@@ -81,9 +81,25 @@ def test_fit_caveat_names_the_level_or_why_there_are_no_intervals():
     assert fit_caveat({"fit/A": 0.6, "fit/A_lo": 0.5, "fit/n_points": 9.0}, 0.8) == (
         "(80% intervals of this run's points; a repeat can land outside them: compare seeds)"
     )
-    assert fit_caveat({"fit/A": 1.0, "fit/A_lo": math.nan, "fit/n_points": 2.0}, 0.9) == (
-        "(no intervals: 2 points after the early cut leave none to estimate them; "
+    assert fit_caveat({"fit/A": 1.0, "fit/A_lo": math.nan, "fit/n_points": 4.0}, 0.9) == (
+        "(no intervals: 4 points after the early cut leave none to estimate them; "
         "A at its bound 1: these points do not determine the ceiling)"
+    )
+    # a curve through as many points as it has parameters: no ceiling, nothing extrapolated
+    assert fit_caveat({"fit/A": 0.55, "fit/A_lo": math.nan, "fit/n_points": 3.0}, 0.9) == (
+        "(fitted through 3 points for 3 parameters: the curve passes through them, so A is set by those "
+        "points alone, not a ceiling they bound, and nothing is extrapolated from it)"
+    )
+
+
+def test_a_run_without_a_fit_says_what_it_lacked():
+    assert no_fit_line({}, 3).startswith("no scaling fit: 3 held-out evaluations, a fit needs 4")
+    assert no_fit_line({"fit/n_points": 2.0}, 5) == (
+        "no scaling fit: 2 held-out evaluations at or after the early cut (scaling.min_step), a sigmoid "
+        "needs 3 (a smaller scaling.min_step, a larger trainer.total_steps or a smaller eval.every)"
+    )
+    assert no_fit_line({"fit/n_points": 6.0}, 8) == (
+        "no scaling fit: the sigmoid did not fit the 6 points past the early cut (scaling.min_step)"
     )
 
 

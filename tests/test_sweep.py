@@ -19,10 +19,11 @@ from mlflow_server import free_port, unavailable_server
 from procs import descendants
 
 from scalerl.config import options
+from scalerl.config.schema import points_past_cut
 from scalerl.sweep import load_spec, make_plan, plan_lines
 from scalerl.sweep.cli import main
 from scalerl.sweep.launch import Outcome, Pace, _LocalOrphan
-from scalerl.sweep.plan import launch_order, points_past_cut
+from scalerl.sweep.plan import launch_order
 from scalerl.sweep.spec import SweepError
 
 LOSS_OPTIONS = ", ".join(sorted(options("loss")))  # every registered loss, as the error lists them

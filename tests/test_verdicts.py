@@ -201,7 +201,7 @@ def test_a_variant_that_learns_the_whole_task_is_called_higher_by_its_seeds_lowe
 
 def test_a_fit_through_as_many_points_as_parameters_is_not_settled():
     """Three evaluations past the early cut (a short sweep): the sigmoid passes through them, so its
-    A is the last point's level with no interval. Such seeds are neither averaged in nor called,
+    A is set by those points alone, with no interval. Such seeds are neither averaged in nor called,
     however far apart the variants' last points are."""
     vs = _verdicts(
         {

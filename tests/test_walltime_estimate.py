@@ -51,6 +51,11 @@ def test_cfg_job_prints_the_estimated_wall_time(tmp_path):
     assert 0 < lo <= central <= hi
     assert "on this machine" in line and "30 steps x ~" in line and "3 evaluations x ~" in line
     assert r.stdout.index("# layout") < r.stdout.index("# estimated wall time")
+    # 30 steps evaluated every 15 leave 2 evaluations past the early cut (step 10): said before it runs
+    assert (
+        "# scaling fit: not scored at this length: 2 evaluations a run at or after scaling.min_step=10"
+        in r.stdout
+    )
     assert list(tmp_path.iterdir()) == []  # printing writes nothing
 
 

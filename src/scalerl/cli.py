@@ -306,6 +306,10 @@ def _print_estimate(cfg: DictConfig, planned) -> None:
         lines = [
             f"estimated wall time: not estimated ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         ]
+    from scalerl.config.schema import fit_too_short
+
+    if short := fit_too_short(int(cfg.trainer.total_steps), int(cfg.eval.every), int(cfg.scaling.min_step)):
+        lines.append(f"scaling fit: not scored at this length: {short}")
     print("\n".join("# " + ln for ln in lines), flush=True)
 
 

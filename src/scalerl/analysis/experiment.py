@@ -833,9 +833,7 @@ def _a_unsettled_row(row: dict) -> str:
     R0 (a curve that did not rise) is an ordinary value under the verdicts' rule."""
     n = row.get("n_points")
     if isinstance(n, int) and n <= N_PARAMS:
-        return (
-            f"fitted through {n} points for {N_PARAMS} parameters: A is the last point's level, not a ceiling"
-        )
+        return f"fitted through {n} points for {N_PARAMS} parameters: A is set by those points alone, not a ceiling"
     if row["A"] >= A_UNSETTLED:
         return "A at 1"
     return ""

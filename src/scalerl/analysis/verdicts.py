@@ -7,8 +7,8 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   **t-interval** over them (``level``, n - 1 degrees of freedom): no seed is left out because of what
   its fit found (averaging only the seeds whose ceiling "settled" selected by outcome, biasing A low
   and dropping n). A fit is unusable only for reasons fixed before its outcome: it failed, or it was
-  fitted through no more points than the curve has free parameters (it passes through them: A is the
-  last point's level, not a ceiling). **Censored seeds**: a seed whose fitted A lies within
+  fitted through no more points than the curve has free parameters (it passes through them: A is set
+  by those points alone, not a ceiling they bound). **Censored seeds**: a seed whose fitted A lies within
   :data:`A_BOUND_TOL` of 1, or whose bootstrap interval reaches 1 (the data do not bound its ceiling
   below the maximum), is *censored at 1*: it stays in the mean at its fitted value, and is counted.
   Where at least half of a variant's seeds are censored (or fewer than 2 are usable), its A is **not
@@ -448,7 +448,7 @@ def inactive_reason(variant: Sequence[RunData], baseline: Sequence[RunData]) -> 
 def a_unusable(fit: SigmoidFit | None) -> str:
     """Why a seed's fit gives no A at all ("" = usable), for reasons fixed before its outcome:
     unfitted, or fitted through as many points as the curve has free parameters (it passes through
-    them: A is then the last point's level, not a ceiling, and has no interval)."""
+    them: A is then set by those points alone, not a ceiling they bound, and has no interval)."""
     if fit is None or not fit.ok:
         return "unfitted"
     if not fit.fixed_A and fit.n_points <= N_PARAMS:

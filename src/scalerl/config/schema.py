@@ -19,6 +19,7 @@ from omegaconf import MISSING
 from scalerl.config.checks import at_least, problems
 from scalerl.config.options import GROUPS, SCHEMA_ROOT, Option, options
 from scalerl.scaling.protocol import FitProtocol, bootstrap_problem, fit_problems
+from scalerl.scaling.sigmoid import N_PARAMS
 
 PROGRESS = ("auto", "bar", "log")
 
@@ -89,6 +90,30 @@ def evaluates_at(step: int, total_steps: int, every: int) -> bool:
     any update), every ``eval.every`` steps and at the last (the loop, and a sweep's plan counting a
     run's points)."""
     return step % every == 0 or step == total_steps
+
+
+SCORED_POINTS = N_PARAMS + 1
+"""Evaluations past the early cut a run's fit needs to be scored: a fit through N_PARAMS points has
+no interval, and its A is set by those points alone (scalerl.analysis.verdicts)."""
+
+
+def points_past_cut(total_steps: int, every: int, min_step: int) -> int:
+    """A run's evaluations at or after the early cut's step (:func:`evaluates_at`)."""
+    return sum(evaluates_at(s, total_steps, every) for s in range(max(0, min_step), total_steps + 1))
+
+
+def fit_too_short(steps: int, every: int, cut: int) -> str:
+    """What makes a run too short for a scored fit ('' when it is long enough): fewer evaluations
+    past the early cut than :data:`SCORED_POINTS` (``steps``: trainer.total_steps, ``every``:
+    eval.every, ``cut``: scaling.min_step)."""
+    n = points_past_cut(steps, every, cut)
+    if n >= SCORED_POINTS:
+        return ""
+    return (
+        f"{n} evaluations a run at or after scaling.min_step={cut} (trainer.total_steps={steps}, "
+        f"eval.every={every}): a sigmoid needs {N_PARAMS} to be fitted and {SCORED_POINTS} to have an "
+        "interval and be scored"
+    )
 
 
 @dataclass

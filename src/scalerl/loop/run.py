@@ -231,12 +231,11 @@ def evaluation(run: Components, clock: Clock, progress: Progress) -> dict[str, f
             live.evaluation_fits(st.evals, run.fit_protocol, domains=run.domains, **fall_trials(run))[0]
         )
     run.last_pass_rate = metrics["val/pass_rate"]
-    fit_a = metrics.get("fit/A", float("nan"))
     key = run.fit_protocol.reward_key
     progress.write(
         f"step {st.step}/{c.trainer.total_steps}: val/pass_rate={metrics['val/pass_rate']:.3f}"
         + (f" {key}={metrics[key]:.3f}" if key != "val/pass_rate" and key in metrics else "")
-        + (f" fit/A={fit_a:.3f}" if fit_a == fit_a else "")
+        + live.progress_text(metrics)
     )
     return metrics
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from scalerl.messages import RunError
 from scalerl.scaling.live import FIT_LEVEL, horizon_line
+from scalerl.scaling.sigmoid import N_PARAMS
 from scalerl.storage import write_json
 from scalerl.tracking import Checkpointer, Tracker
 from scalerl.tracking.secrets import redact
@@ -112,6 +113,12 @@ def no_fit_line(fit: dict, evals: int) -> str:
             "(a larger trainer.total_steps or a smaller eval.every)"
         )
     n = int(fit.get("fit/n_points", 0) or 0)
+    if n < N_PARAMS:
+        return (
+            f"no scaling fit: {n} held-out evaluation{'s' * (n != 1)} at or after the early cut "
+            f"(scaling.min_step), a sigmoid needs {N_PARAMS} (a smaller scaling.min_step, a larger "
+            "trainer.total_steps or a smaller eval.every)"
+        )
     return f"no scaling fit: the sigmoid did not fit the {n} points past the early cut (scaling.min_step)"
 
 
@@ -145,6 +152,11 @@ def fit_caveat(fit: dict, level: float, *, prefix: str = "fit/") -> str:
     do not determine it)."""
     n = int(fit.get(f"{prefix}n_points", 0) or 0)
     a, lo = fit.get(f"{prefix}A", math.nan), fit.get(f"{prefix}A_lo", math.nan)
+    if 0 < n <= N_PARAMS:
+        return (
+            f"(fitted through {n} points for {N_PARAMS} parameters: the curve passes through them, so A is "
+            "set by those points alone, not a ceiling they bound, and nothing is extrapolated from it)"
+        )
     if math.isnan(lo):
         notes = [f"no intervals: {n} points after the early cut leave none to estimate them"]
     else:

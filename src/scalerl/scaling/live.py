@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl.scaling.horizon import BELOW_BOUND, HORIZON, Horizon, fit_horizon
+from scalerl.scaling.horizon import BELOW_BOUND, HORIZON, Horizon, fit_horizon, reach_text
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.sigmoid import SigmoidFit
 
@@ -112,10 +112,41 @@ def final_report(
         from scalerl.scaling.plot import plot_fit
 
         Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+        title = title or extrapolation_title(metrics, prefix)
         plot_fit(out_png, [("run", fit)], extrapolate=extrapolate, title=title, xlabel=xlabel)
     except Exception as e:  # noqa: BLE001 - the plot is a nicety
         log.warning("scaling plot failed: %s", e)
     return fit, metrics
+
+
+def extrapolation_title(metrics: dict[str, float], prefix: str = "fit/") -> str:
+    """The end-of-run figure's title: what its dashed extrapolation is worth by the horizon and fall
+    rules (``fit/supported``, ``fit/reach``, ``fit/fall``), so that a figure read alone does not
+    pass an unsupported extrapolation for a prediction."""
+    head = "Sigmoid scaling fit (solid: fitted range, dashed: extrapolation)\nextrapolation "
+    h = _logged_horizon(metrics, prefix)
+    if h is None:
+        return head + "not judged"
+    if h.supported:
+        return head + f"supported (the window reaches {reach_text(h.reach, h.horizon)}x C_mid)"
+    why = []
+    if math.isfinite(h.reach) and h.reach < h.horizon:
+        why.append(f"the window ends at {reach_text(h.reach, h.horizon)}x C_mid, it needs {h.horizon:g}x")
+    if h.unstable:
+        why.append(f"the curve fell {h.fall:.2f} inside it")
+    return head + "NOT supported" + (": " + "; ".join(why) if why else "")
+
+
+def progress_text(metrics: dict[str, float]) -> str:
+    """The live fit's part of a progress line: its A with the interval, and whether extrapolating
+    it is supported yet (the horizon and fall rules); nothing where no fit was judged (none made,
+    or one through as few points as it has parameters, whose A is set by those points alone)."""
+    a, lo, hi = (metrics.get(f"fit/A{s}", math.nan) for s in ("", "_lo", "_hi"))
+    sup = metrics.get("fit/supported", math.nan)
+    if not (math.isfinite(a) and math.isfinite(sup)):
+        return ""
+    ci = f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return f" fit/A={a:.3f}{ci}" + ("" if sup else " (extrapolation not supported yet)")
 
 
 def horizon_metrics(
@@ -136,12 +167,17 @@ def horizon_metrics(
 def horizon_line(metrics: dict[str, float], prefix: str = "fit/", *, what: str = "the scaling fit") -> str:
     """The horizon rule's sentence from a run's ``fit/*`` metrics ("" when not judged): supported,
     or "not supported ... about 1.8x the compute so far would make it supported"."""
+    h = _logged_horizon(metrics, prefix)
+    return "" if h is None else h.line(what)
+
+
+def _logged_horizon(metrics: dict[str, float], prefix: str) -> Horizon | None:
+    """The horizon rule's finding as a run logged it (``fit/supported`` ...), None where not judged."""
     sup = metrics.get(f"{prefix}supported", math.nan)
     if sup is None or not math.isfinite(sup):
-        return ""
-    reach = float(metrics.get(f"{prefix}reach", math.nan))
-    h = Horizon(
-        reach=reach,
+        return None
+    return Horizon(
+        reach=float(metrics.get(f"{prefix}reach", math.nan)),
         horizon=HORIZON,
         supported=bool(sup),
         more_compute=float(metrics.get(f"{prefix}more_compute", math.nan)),
@@ -150,7 +186,6 @@ def horizon_line(metrics: dict[str, float], prefix: str = "fit/", *, what: str =
         fall=float(metrics.get(f"{prefix}fall", math.nan)),
         fall_se=float(metrics.get(f"{prefix}fall_se", math.nan)),
     )
-    return h.line(what)
 
 
 def evaluation_fits(

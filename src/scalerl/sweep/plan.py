@@ -18,13 +18,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from scalerl.config import evaluates_at, typed
+from scalerl.config import typed
 from scalerl.config.errors import explain, override_key
-from scalerl.config.schema import recipe_change
+from scalerl.config.schema import fit_too_short, recipe_change
 from scalerl.config.settings import build_config
 from scalerl.estimate import WORK_GROUPS
 from scalerl.layout import LayoutOptions
-from scalerl.scaling.sigmoid import N_PARAMS
 from scalerl.sweep.spec import SweepError, SweepSpec, display_path
 from scalerl.tracking.tracker import absolute_uri
 
@@ -252,16 +251,6 @@ def cannot_act_here(precision, trainer, launcher) -> str:
     )
 
 
-SCORED_POINTS = (
-    N_PARAMS + 1
-)  # a fit through N_PARAMS points has no interval: never scored (analysis.verdicts)
-
-
-def points_past_cut(total_steps: int, every: int, min_step: int) -> int:
-    """A run's evaluations at or after the early cut's step (:func:`scalerl.config.evaluates_at`)."""
-    return sum(evaluates_at(s, total_steps, every) for s in range(max(0, min_step), total_steps + 1))
-
-
 def make_plan(
     spec: SweepSpec,
     cli_overrides: list[str] | None = None,
@@ -325,7 +314,7 @@ def make_plan(
             if vname not in work_options:  # its values checked (build_config): once a variant
                 work_options[vname] = {g: getattr(config, g) for g in WORK_GROUPS}
                 c = config
-                if too_short := _too_short(c.trainer.total_steps, c.eval.every, c.scaling.min_step):
+                if too_short := fit_too_short(c.trainer.total_steps, c.eval.every, c.scaling.min_step):
                     short.setdefault(too_short, []).append(vname)
             run.seed, run.total_steps = config.seed, int(config.trainer.total_steps)
             layout = LayoutOptions.of(config)
@@ -420,20 +409,6 @@ def _not_applied(vname: str, vovs: list[str], base_off: list[str], cli_off: list
                 "of that name (it keeps its own settings)"
             )
     return notes
-
-
-def _too_short(steps: int, every: int, cut: int) -> str:
-    """What makes a variant's runs too short to be scored ('' when they are long enough): fewer
-    evaluations past the early cut than a scored fit needs (``steps``: trainer.total_steps,
-    ``every``: eval.every, ``cut``: scaling.min_step)."""
-    n = points_past_cut(steps, every, cut)
-    if n >= SCORED_POINTS:
-        return ""
-    return (
-        f"{n} evaluations a run at or after scaling.min_step={cut} (trainer.total_steps={steps}, "
-        f"eval.every={every}): a sigmoid needs {N_PARAMS} to be fitted and {SCORED_POINTS} to have an "
-        "interval and be scored"
-    )
 
 
 def run_work(run: PlannedRun, options: dict[str, Any] | None = None) -> float:
