@@ -1058,7 +1058,10 @@ def _assert_refused(r: subprocess.CompletedProcess, expect: str) -> None:
         (["out_dir="], "out_dir=''"),
         (["trainer.lr=abc"], "trainer.lr"),
         # --cfg printed a recipe the run would refuse
-        (["--cfg", "job", "trainer.batch_size=30"], "must be a multiple of trainer.generations_per_prompt"),
+        (
+            ["--cfg", "job", "trainer.batch_size=30"],
+            "must be a positive multiple of trainer.generations_per_prompt",
+        ),
     ],
 )
 def test_train_py_refuses_in_one_line_and_writes_nothing(tmp_path, overrides, expect):

@@ -428,6 +428,12 @@ BAD_VALUES = [
     ("async_mode=ppo_off_policy async_mode.minibatches=0", "async_mode.minibatches", ">= 1"),
     ("async_mode.max_buffered_batches=0", "async_mode.max_buffered_batches", "> 0"),
     ("trainer.batch_size=30", "trainer.batch_size", "multiple of trainer.generations_per_prompt"),
+    ("trainer.batch_size=0", "trainer.batch_size", "a positive multiple of trainer.generations_per_prompt"),
+    (
+        "eval.num_prompts=1024",
+        "eval.num_prompts",
+        "<= task.num_val (128), the validation prompts task=addition draws",
+    ),
     ("precision.body=fp8", "precision.body", "one of fp32, bf16, fp16"),
     ("precision.head=int4", "precision.head", "one of fp32, bf16, fp16"),
     ("trainer.generations_per_prompt=1 trainer.batch_size=8", "trainer.generations_per_prompt", ">= 2"),

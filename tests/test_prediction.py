@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scalerl.analysis.figures import calibration_title
 from scalerl.analysis.mlflow_io import RunData
 from scalerl.analysis.synthetic import study_runs
 from scalerl.analysis.verdicts import (
@@ -343,6 +344,11 @@ def test_prediction_summary_counts_only_supported_predictions():
     assert "over the 2 supported, the skill score 1 - MSE / MSE(persistence) is +0.97" in text
     s = skill_summary(vs)
     assert s["supported"] == 2 and s["fit_beats"] == 2
+    # the calibration figure counts as the summary does: a miss that is not supported is grey
+    vs.append(_verdict("d", Prediction(**(good | {"observed": 0.80}), supported=False, reach=2.5)))
+    assert calibration_title(vs).startswith(
+        "Prediction from half the compute: 2 of 2 supported predictions within 0.03; coverage 100%, 3 not supported"
+    )
     assert s["mse_skill"] == pytest.approx(1 - 0.01**2 / 0.06**2)
     assert s["fit_mae"] == pytest.approx(0.01) and s["persistence_mae"] == pytest.approx(0.06)
 

@@ -234,7 +234,7 @@ def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> 
     ax.plot(grid, grid, "-", color="0.4", lw=0.9)
 
     def color(v):
-        return ("tab:green" if v.pred_ok else CALLED) if (v.baseline or v.scored) else "0.6"
+        return ("tab:green" if v.pred_ok else CALLED) if _counted(v) else "0.6"
 
     for v in pts:
         pr = v.prediction
@@ -273,14 +273,26 @@ def plot_calibration(path, vs: Sequence[VariantVerdict], *, title: str = "") -> 
     axe.set_title(
         f"{PRED_LEVEL:.0%} prediction band: half fit's bootstrap + binomial noise + shape error", fontsize=9
     )
-    scored = [v for v in pts if v.baseline or v.scored]
-    ok_n = sum(bool(v.pred_ok) for v in scored)
-    banded = [v for v in scored if v.prediction.inside is not None]
-    cov = f"; coverage {sum(bool(v.prediction.inside) for v in banded) / len(banded):.0%}" if banded else ""
-    fig.suptitle(
-        title
-        or f"Prediction from half the compute: {ok_n} of {len(scored)} scored variants within {PRED_TOLERANCE:g}{cov} "
-        "(green: within; red: missed; grey: not scored)",
-        fontsize=10,
-    )
+    fig.suptitle(title or calibration_title(pts), fontsize=10)
     return save_figure(fig, path, dpi=100)
+
+
+def _counted(v: VariantVerdict) -> bool:
+    """Whether a variant's prediction counts toward the goal: a scored variant's, supported."""
+    return (v.baseline or v.scored) and v.prediction.supported is True
+
+
+def calibration_title(vs: Sequence[VariantVerdict]) -> str:
+    """The calibration figure's title: the supported predictions within the tolerance and their
+    bands' coverage (as the report's goal line counts them), and how many were not supported."""
+    pts = [v for v in vs if math.isfinite(v.prediction.err)]
+    scored = [v for v in pts if v.baseline or v.scored]
+    supported = [v for v in scored if _counted(v)]
+    ok_n = sum(bool(v.pred_ok) for v in supported)
+    banded = [v for v in supported if v.prediction.inside is not None]
+    cov = f"; coverage {sum(bool(v.prediction.inside) for v in banded) / len(banded):.0%}" if banded else ""
+    return (
+        f"Prediction from half the compute: {ok_n} of {len(supported)} supported predictions within "
+        f"{PRED_TOLERANCE:g}{cov}, {len(scored) - len(supported)} not supported "
+        "(green: within; red: missed; grey: not supported or not scored)"
+    )

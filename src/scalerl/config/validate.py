@@ -175,7 +175,7 @@ def _relations(cfg: DictConfig) -> None:
             eval_.num_prompts <= task.num_val,
             "eval.num_prompts",
             eval_.num_prompts,
-            f"<= task.num_val ({task.num_val}): the validation prompts task={task.name} has at most",
+            f"<= task.num_val ({task.num_val}), the validation prompts task={task.name} draws",
         )
     if task.name == "multi":  # validation alternates between domains: each needs one prompt at least
         n = len(task.domains)

@@ -235,7 +235,7 @@ def cmd_run(args, sweep: str, overrides: list[str]) -> int:
     header = (
         f"sweep {spec.name}: {len(plan.runs)} runs"
         + (
-            f" ({len(spec.variants)} variants x {len(spec.seeds)} seeds)"
+            f" ({len(spec.variants)} variant{'s' * (len(spec.variants) != 1)} x {len(spec.seeds)} seeds)"
             if spec.seeds and len(spec.seeds) > 1
             else ""
         )

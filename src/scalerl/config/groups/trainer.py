@@ -57,7 +57,7 @@ class TorchTrainerOption(Option):
             (
                 "batch_size",
                 b,
-                f"a multiple of trainer.generations_per_prompt ({g}) so the batch divides "
+                f"a positive multiple of trainer.generations_per_prompt ({g}) so the batch divides "
                 "into prompts x generations",
             )
             if g >= 2 and (b < g or b % g)
