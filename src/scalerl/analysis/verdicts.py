@@ -34,7 +34,11 @@ A variant is all the runs of one recipe (its seeds). The protocol:
   variants) at a **family-wise level of** :data:`FAMILY_LEVEL` (each test at ``FAMILY_LEVEL / m``).
   A difference is called only when the simultaneous ``1 - FAMILY_LEVEL / m`` interval of the
   difference excludes 0 **and** the difference exceeds the paper's margin (:data:`MARGIN_A` = 0.02
-  for A; the paper gives no margin for B): "A higher" / "A lower" with ΔA and its interval.
+  for A; the paper gives no margin for B): "A higher" / "A lower" with ΔA and its interval. Its
+  degrees of freedom come from 2-3 seeds a side, so the level holds while the two sides' spreads
+  are within about 3x of each other (the shipped studies' stable variants: 0.7-1.4x); at 5-10x a
+  single test calls up to 2.4x its level, more where the noisier side lost a run
+  (benchmarks/bench_welch_level.py). A pair with no spread between seeds is not tested.
 - **Equivalence on A** (TOST): for a variant whose A is not called, two one-sided Welch tests at the
   same per-test level ``FAMILY_LEVEL / m`` against a margin ``±δ``: "A equivalent within ±δ" when
   the ``1 - 2 FAMILY_LEVEL / m`` interval of ΔA lies inside ``±δ``, otherwise "equivalence not shown
