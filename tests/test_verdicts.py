@@ -269,6 +269,24 @@ def test_seeds_without_spread_are_not_tested():
     assert c.p < 0.01 and c.called == 1 and not c.untestable
 
 
+def test_runs_of_different_lengths_compared_as_seeds_are_said_to_be():
+    """A variant whose runs ran to different lengths (a 60-step run beside 200-step ones) is still
+    compared as one recipe's seeds, and its verdict says so; runs of one length say nothing."""
+    import dataclasses
+
+    short = _runs("v", BASE)
+    short[0] = dataclasses.replace(
+        short[0], steps=short[0].steps[:7], compute=short[0].compute[:7], reward=short[0].reward[:7]
+    )
+    vs = _verdicts({"base": _runs("base", BASE), "v": short})
+    assert vs["v"].lengths == [60, 200, 200]
+    assert vs["v"].verdict.endswith(
+        "(its runs ran 60-200 steps and are compared as seeds of one recipe, though a shorter run bounds "
+        "its ceiling less: give them one trainer.total_steps)"
+    )
+    assert "its runs ran" not in vs["base"].verdict
+
+
 def test_the_exported_margin_A_is_the_one_the_verdicts_use(monkeypatch):
     """One MARGIN_A: the name the package exports (and the figures draw) is the verdicts' object,
     not a second constant of the same value, and the verdicts read it when they call: widening it

@@ -300,6 +300,7 @@ class VariantVerdict:
     final_sd: float = math.nan  # sd over seeds of the observed end (end_points)
     final_se: float = math.nan  # binomial standard error of one seed's observed end (its samples)
     half_points: float = math.nan  # mean points per seed the half-budget fit rests on
+    lengths: list[int] = field(default_factory=list)  # each run's last logged step
     cannot_act: str = ""  # why the component cannot act on this hardware
     inactive: str = ""  # why the variant's component never acted ("" = active or unknown)
     reason: str = ""  # why nothing could be fitted
@@ -1170,6 +1171,7 @@ def verdicts(
     out: dict[str, VariantVerdict] = {}
     for name, members in by.items():
         v = VariantVerdict(name, [r.run_id for r in members], baseline=name == baseline)
+        v.lengths = [r.last_step for r in members]
         own = [fits[r.run_id] for r in members]
         v.fitted = sum(f.ok for f in own)
         ok_runs = [r for r in members if fits[r.run_id].ok]
@@ -1233,7 +1235,24 @@ def _compare(
                 v.dB.mdd = detectable(fam.sd_B, nv, nb, fam.alpha, 0.0)
                 if math.isfinite(v.B.mean) and math.isfinite(base.B.mean):
                     v.dB.delta = v.B.mean - base.B.mean
-        v.verdict = _verdict(v, base)
+        v.verdict = _verdict(v, base) + _lengths_note(v.lengths)
+
+
+UNEVEN_LENGTHS = 1.5
+"""A variant whose runs' lengths (last steps) span more than this factor is said to mix budgets."""
+
+
+def _lengths_note(lengths: Sequence[int]) -> str:
+    """Where a variant's runs ran to different lengths (by more than :data:`UNEVEN_LENGTHS`): they are
+    compared as seeds of one recipe, though a shorter run's fit bounds its ceiling less; said after
+    the verdict ("" otherwise)."""
+    ran = [n for n in lengths if n > 0]
+    if len(ran) < 2 or max(ran) <= UNEVEN_LENGTHS * min(ran):
+        return ""
+    return (
+        f" (its runs ran {min(ran)}-{max(ran)} steps and are compared as seeds of one recipe, "
+        "though a shorter run bounds its ceiling less: give them one trainer.total_steps)"
+    )
 
 
 def _verdict(v: VariantVerdict, base: VariantVerdict | None) -> str:
