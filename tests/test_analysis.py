@@ -847,12 +847,14 @@ def test_replicates_counts_only_supported_predictions_and_refuses_bad_reports(tm
     assert x["predictions"] == 2 and x["within"] == 1 and x["covered"] == 1
     assert x["persistence_scored"] == 1 and x["fit_better"] == 0  # |0.05| against |0.01| where given
     assert y["studies"] == 1 and y["A_mean"] is None and y["predictions"] == 0
-    # an A a study did not show (its seeds censored at 1) is counted, not averaged: by its report's
-    # A_shown, or in a report written before that key by its seeds (2 of 3 censored)
+    # an A a study did not show as a ceiling (half or more of its seeds censored at 1) is counted, not
+    # averaged; a one-seed study's A (not compared there, no spread) is averaged like any other
     censored = [{"ok": True}] * 3
     extra = [
-        [_v("z", "not shown", 0.99) | {"A_shown": False}, _v("w", "not shown", 0.98) | {"per_seed": censored, "A_censored": 2}],
-        [_v("z", "equivalent", 0.75) | {"A_shown": True}, _v("w", "inconclusive", 0.74) | {"per_seed": censored, "A_censored": 1}],
+        [_v("z", "not shown", 0.61) | {"A_shown": False, "seeds": 1, "A_censored": 0, "per_seed": [{"ok": True}]},
+         _v("w", "not shown", 0.98) | {"per_seed": censored, "A_censored": 2}],
+        [_v("z", "not shown", 0.59) | {"A_shown": False, "seeds": 1, "A_censored": 0, "per_seed": [{"ok": True}]},
+         _v("w", "inconclusive", 0.74) | {"per_seed": censored, "A_censored": 1}],
     ]  # fmt: skip
     docs = []
     for i, vs in enumerate(extra):
@@ -861,9 +863,9 @@ def test_replicates_counts_only_supported_predictions_and_refuses_bad_reports(tm
         (d / "report.json").write_text(json.dumps(_study_doc(vs)))
         docs.append(replicates.load_study(str(d)))
     more = {r.variant: r.row() for r in replicates.summarise(docs)}
-    assert more["z"]["A_mean"] == 0.75 and more["w"]["A_mean"] == 0.74
-    assert more["z"]["A_not_shown"] == more["w"]["A_not_shown"] == 1
-    assert replicates.to_markdown(docs, replicates.summarise(docs)).count("; not shown in 1") == 2
+    assert more["z"]["A_mean"] == pytest.approx(0.60) and more["z"]["A_not_shown"] == 0
+    assert more["w"]["A_mean"] == 0.74 and more["w"]["A_not_shown"] == 1
+    assert replicates.to_markdown(docs, replicates.summarise(docs)).count("; not shown in 1") == 1
     # 1 - sum(err^2) / sum(persistence err^2) over the paired: base (0.01, -0.005), (-0.005, -0.045)
     assert base["mse_skill"] == pytest.approx(1 - (0.01**2 + 0.005**2) / (0.005**2 + 0.045**2))
     assert x["mse_skill"] == pytest.approx(1 - 0.05**2 / 0.01**2) and y["mse_skill"] is None

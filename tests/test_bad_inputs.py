@@ -756,6 +756,11 @@ def test_the_data_check_command_names_every_answer_no_completion_could_score_on(
     with pytest.raises(DataFileError) as e:
         JsonlTask(str(bad))
     assert f"python -m scalerl.task.jsonl_check {bad} checks every line" in one_line(str(e.value))
+    spaced = tmp_path / "my data.jsonl"  # the command as it can be pasted into a shell
+    spaced.write_text(bad.read_text())
+    with pytest.raises(DataFileError) as e:
+        JsonlTask(str(spaced))
+    assert f"python -m scalerl.task.jsonl_check '{spaced}' checks every line" in one_line(str(e.value))
 
 
 def test_the_data_check_command_runs_as_a_module(tmp_path):
@@ -770,7 +775,9 @@ def test_the_data_check_command_runs_as_a_module(tmp_path):
     )
     assert "RuntimeWarning" not in done.stderr and "Timeout is disabled" not in done.stderr, done.stderr
     done = subprocess.run([*cmd, "--timeout-s", "0", str(path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip().endswith("error: --timeout-s=0: must be a number > 0")
+    assert done.returncode == 2 and done.stderr.strip().endswith(
+        "error: --timeout-s=0: must be a number in (0, 3600]"
+    )
 
 
 def test_a_gold_too_slow_to_check_is_refused_within_the_limit(tmp_path, monkeypatch):

@@ -221,7 +221,7 @@ def test_horizon_rule_numbers_and_words():
     assert "bias not measured this early" in horizon_of(100.0, 90.0).line()
 
 
-def test_live_fit_says_whether_its_extrapolation_is_supported():
+def test_live_fit_says_whether_its_extrapolation_is_supported(tmp_path):
     """A run's fit (what train.py logs as fit/* and prints at its end): a run that stops at 2.5x its
     C_mid logs fit/supported = 0 with the compute it would need and prints that its extrapolation is
     not supported; the same curve run to 6x logs fit/supported = 1."""
@@ -291,6 +291,18 @@ def test_live_fit_says_whether_its_extrapolation_is_supported():
     )
     assert three.ok and three.n_points == 3 and math.isnan(m3["fit/supported"]) and horizon_line(m3) == ""
     assert math.isnan(m3["fit/more_compute"]) and progress_text(m3) == ""
+    # nor predicted at the run's end: no pred_at, and its figure draws no extrapolation
+    from scalerl.scaling.live import final_report
+
+    png = tmp_path / "curve.png"
+    _, end = final_report(
+        [0.0, 10.0, 20.0, 30.0],
+        [0.2, 0.35, 0.45, 0.5],
+        FitProtocol(bootstrap=0, min_step=10),
+        out_png=png,
+        steps=[0, 10, 20, 30],
+    )
+    assert end["fit/ok"] == 1.0 and "fit/pred_at_2x" not in end and png.stat().st_size > 0
 
 
 def test_the_live_fit_says_what_its_extrapolation_is_worth():
@@ -304,11 +316,17 @@ def test_the_live_fit_says_what_its_extrapolation_is_worth():
         "extrapolation NOT supported: the window ends at 0.8x C_mid, it needs 4.5x"
     )
     fell = {"fit/supported": 0.0, "fit/reach": 6.0, "fit/fall": 0.2, "fit/fall_se": 5.0}
+    # a fall inside the window: more compute does not support it, so no "yet"
+    assert progress_text({**fell, "fit/A": 0.8}) == " fit/A=0.800 (extrapolation not supported)"
     assert extrapolation_title(fell).endswith("extrapolation NOT supported: the curve fell 0.20 inside it")
     assert extrapolation_title({"fit/supported": 1.0, "fit/reach": 5.2}).endswith(
         "supported (the window reaches 5.2x C_mid)"
     )
     assert extrapolation_title({}).endswith("extrapolation not judged")
+    assert (
+        extrapolation_title({}, through=3)
+        == "Sigmoid scaling fit on 3 points for 3 parameters: nothing extrapolated"
+    )
 
 
 def _verdict(name, pr, baseline=False):

@@ -39,8 +39,8 @@ def test_summary_names_the_fit_with_its_intervals():
     exact = {"fit/ok": 1.0, "fit/A": 1.0, "fit/B": 1.75, "fit/n_points": 3.0}
     exact.update({"fit/A_lo": math.nan, "fit/A_hi": math.nan, "fit/B_lo": math.nan, "fit/B_hi": math.nan})
     assert summary_lines({**base, "fit": exact})[2] == (
-        "scaling fit: A = 1, B = 1.75 (fitted through 3 points for 3 parameters: the curve passes through "
-        "them, so A is set by those points alone, not a ceiling they bound, and nothing is extrapolated from it)"
+        "scaling fit: A = 1, B = 1.75 (fitted on 3 points for 3 parameters: nothing is left to check the curve "
+        "against, so A is not a measured ceiling and nothing is extrapolated from it; A at its bound 1)"
     )
 
 
@@ -87,8 +87,8 @@ def test_fit_caveat_names_the_level_or_why_there_are_no_intervals():
     )
     # a curve through as many points as it has parameters: no ceiling, nothing extrapolated
     assert fit_caveat({"fit/A": 0.55, "fit/A_lo": math.nan, "fit/n_points": 3.0}, 0.9) == (
-        "(fitted through 3 points for 3 parameters: the curve passes through them, so A is set by those "
-        "points alone, not a ceiling they bound, and nothing is extrapolated from it)"
+        "(fitted on 3 points for 3 parameters: nothing is left to check the curve against, so A is not a "
+        "measured ceiling and nothing is extrapolated from it)"
     )
 
 

@@ -269,6 +269,31 @@ def test_seeds_without_spread_are_not_tested():
     assert c.p < 0.01 and c.called == 1 and not c.untestable
 
 
+def test_pairs_without_spread_are_not_counted_as_tested():
+    """Seeds that are copies of one run on every side: every pair untested, the table says 0 of its
+    comparisons could be tested, and no variant is labelled inconclusive."""
+    import dataclasses
+
+    def clones(variant, curve, params=None):
+        (r,) = _runs(variant, curve, seeds=1, params=params)
+        return [dataclasses.replace(r, run_id=f"{variant}-{i}", run_name=f"{variant}-s{i}") for i in range(3)]
+
+    vs = _verdicts(
+        {"base": clones("base", BASE), "v": clones("v", TrueCurve(0.15, 0.70, 1.9, 1000.0), {"loss": "dapo"})}
+    )
+    assert vs["v"].dA.untestable and vs["v"].label == "not shown"
+    assert "0 of the 2 comparisons could be tested" in family_summary(list(vs.values()))
+
+
+def test_a_half_budget_fit_through_its_points_is_not_scored():
+    """One seed whose first half leaves 3 points past the early cut: its half fit passes through
+    them, so its prediction is reported with the reason and scored nowhere."""
+    vs = _verdicts({"base": _runs("base", BASE, seeds=1, n_points=7, reach=12.0)})
+    pr = vs["base"].prediction
+    assert pr.reason == "the half-budget fit rests on 3 points for 3 parameters"
+    assert math.isnan(pr.err) and pr.supported is None and vs["base"].pred_ok is None
+
+
 def test_runs_of_different_lengths_compared_as_seeds_are_said_to_be():
     """A variant whose runs ran to different lengths (a 60-step run beside 200-step ones) is still
     compared as one recipe's seeds, and its verdict says so; runs of one length say nothing."""

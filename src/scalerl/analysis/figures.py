@@ -184,7 +184,8 @@ def plot_forest(path, vs: Sequence[VariantVerdict], *, title: str = "") -> Path:
             color = CALLED if c.called else "black"
             if c.tested and math.isfinite(c.lo):
                 ax.plot([c.lo, c.hi], [y, y], "-", color=color, lw=1.6)
-            ax.plot([c.delta], [y], "o", color=color, ms=5, mfc=color if c.tested else "white")
+            tested = c.tested and not c.untestable
+            ax.plot([c.delta], [y], "o", color=color, ms=5, mfc=color if tested else "white")
             if key == "dA" and math.isfinite(c.mdd):
                 ax.plot([-c.mdd, c.mdd], [y, y], "|", color="0.5", ms=9, mew=1.5)
         ax.set_ylim(-0.7, n - 0.3)

@@ -172,17 +172,15 @@ def _number(x) -> float | None:
 
 
 def a_shown(v: dict) -> bool:
-    """Whether a report showed the variant's A (``A_shown``; a report written before that key: 2 or
-    more seeds fitted, fewer than half of them censored at 1, the rule it was made under, where it
-    lists its seeds). An A not shown is its censored seeds' mean, not a ceiling, so it is not
-    averaged across studies."""
-    if "A_shown" in v:
-        return bool(v["A_shown"])
-    if not isinstance(v.get("per_seed"), list):
-        return True
-    usable = sum(bool(s.get("ok")) for s in v.get("per_seed") or [] if isinstance(s, dict))
+    """Whether a report showed the variant's A as a ceiling: not where half or more of its seeds
+    (with an A) were censored at 1, whose mean is not a ceiling the data bound and is not averaged
+    across studies. A study of one seed shows its A (its report does not compare it: no spread)."""
     censored = v.get("A_censored") or 0
-    return usable >= 2 and 2 * censored < usable
+    seeds = [
+        s for s in v.get("per_seed") or [] if isinstance(s, dict) and s.get("ok") and not s.get("A_unusable")
+    ]
+    n = len(seeds) if seeds else v.get("seeds") or 0
+    return not (censored and 2 * censored >= n)
 
 
 def summarise(studies: Sequence[Study]) -> list[Replicated]:

@@ -39,6 +39,7 @@ from scalerl.analysis.verdicts import (
     MARGIN_A,
     VariantVerdict,
     a_censored,
+    a_unusable,
     eval_trials,
     family_summary,
     prediction_cell,
@@ -238,7 +239,8 @@ def variant_json(
     ``dA_eq_lo``, ``dA_eq_hi`` inside the margin), false where that was not shown, null where A was
     not tested for it; ``dA_p`` / ``dB_p`` the pair's two-sided Welch p-values (null: not tested,
     or ``dA_untestable`` / ``dB_untestable`` says why not). ``per_seed``: each seed's own fit, why
-    its A is censored at 1 (null: bounded), and its B refitted at the baseline's A (``B_at_A``,
+    its A is left out of ``A`` (``A_unusable``: fitted through too few points; null: in the mean),
+    why it is censored at 1 (null: bounded), and its B refitted at the baseline's A (``B_at_A``,
     the values ``B`` averages)."""
     own = [fits[i] for i in v.run_ids if i in fits and fits[i].ok]
     c_mid = math.nan
@@ -261,6 +263,8 @@ def variant_json(
                 "B": f.B if ok else None,
                 "C_mid": f.C_mid if ok else None,
                 "ok": bool(ok),
+                # why the seed's A is left out of the variant's A (fitted through too few points)
+                "A_unusable": (a_unusable(f) or None) if ok else None,
                 "A_censored": (a_censored(f) or None) if ok else None,
                 "B_at_A": refit.B if refit is not None and refit.ok else None,
             }
@@ -291,7 +295,7 @@ def variant_json(
         "A_shown": v.A.settled,
         "A_not_shown_because": v.A.unsettled or None,
         "B_shown": v.B.settled,
-        "A_equivalence_margin": v.dA.eq_margin if v.dA.tested else None,
+        "A_equivalence_margin": v.dA.eq_margin if v.dA.tested and not v.dA.untestable else None,
         "A_equivalent": _equivalent(v.dA) if compared else None,
         "dA_eq_lo": v.dA.eq_lo if compared else None,
         "dA_eq_hi": v.dA.eq_hi if compared else None,

@@ -808,6 +808,9 @@ def predict_variant(
     fit = _pooled(usable, p, half=True, resample_runs=False)
     if not fit.ok:
         return Prediction(n=len(usable), reason=f"the half-budget fit failed: {fit.reason}"), fit
+    if fit.n_points <= N_PARAMS:  # through its points: nothing to judge its extrapolation by
+        why = f"the half-budget fit rests on {fit.n_points} points for {N_PARAMS} parameters"
+        return Prediction(n=len(usable), reason=why), fit
     ends = [end_points(r) for r in usable]
     end_c = [r.compute[i] for r, i in zip(usable, ends, strict=True)]
     pr = Prediction(n=len(usable))
@@ -1451,13 +1454,17 @@ def verdict_table(vs: Sequence[VariantVerdict], level: float = 0.9) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _testable(c: Comparison) -> bool:
+    return c.tested and not c.untestable
+
+
 def family_summary(vs: Sequence[VariantVerdict]) -> str:
     """One line: the test, its family and level, the seeds' spread and the design's resolution."""
     fam = next((v.family for v in vs), Family())
     if not fam.m:
         return "Test: no variant is scored against the baseline."
     called = sum(bool(v.called) for v in vs)
-    tested = sum(v.dA.tested + v.dB.tested for v in vs)
+    tested = sum(_testable(v.dA) + _testable(v.dB) for v in vs)
     sd = (
         f"{fam.sd_A:.3f} ({fam.df_sd} df)"
         if math.isfinite(fam.sd_A)

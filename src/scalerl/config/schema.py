@@ -110,7 +110,7 @@ def fit_too_short(steps: int, every: int, cut: int) -> str:
     if n >= SCORED_POINTS:
         return ""
     return (
-        f"{n} evaluations a run at or after scaling.min_step={cut} (trainer.total_steps={steps}, "
+        f"{n} evaluation{'s' * (n != 1)} a run at or after scaling.min_step={cut} (trainer.total_steps={steps}, "
         f"eval.every={every}): a sigmoid needs {N_PARAMS} to be fitted and {SCORED_POINTS} to have an "
         "interval and be scored"
     )

@@ -153,9 +153,10 @@ def fit_caveat(fit: dict, level: float, *, prefix: str = "fit/") -> str:
     n = int(fit.get(f"{prefix}n_points", 0) or 0)
     a, lo = fit.get(f"{prefix}A", math.nan), fit.get(f"{prefix}A_lo", math.nan)
     if 0 < n <= N_PARAMS:
+        at_bound = "; A at its bound 1" if a >= 0.999 else ""
         return (
-            f"(fitted through {n} points for {N_PARAMS} parameters: the curve passes through them, so A is "
-            "set by those points alone, not a ceiling they bound, and nothing is extrapolated from it)"
+            f"(fitted on {n} points for {N_PARAMS} parameters: nothing is left to check the curve against, "
+            f"so A is not a measured ceiling and nothing is extrapolated from it{at_bound})"
         )
     if math.isnan(lo):
         notes = [f"no intervals: {n} points after the early cut leave none to estimate them"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from scalerl.scaling.horizon import BELOW_BOUND, HORIZON, Horizon, fit_horizon, reach_text
 from scalerl.scaling.protocol import FitProtocol
-from scalerl.scaling.sigmoid import SigmoidFit
+from scalerl.scaling.sigmoid import N_PARAMS, SigmoidFit
 
 log = logging.getLogger(__name__)
 
@@ -102,27 +102,33 @@ def final_report(
     ``fit/pred_at_{extrapolate}x`` (predicted reward at that multiple of the budget) and, as every
     refit's, the horizon rule's verdict on extrapolating it (``fit/supported``, ``fit/reach``,
     ``fit/more_compute``, ``fit/shape_bias``); :func:`horizon_line` says it in words."""
-    extrapolate = protocol.extrapolate
     fit, metrics = fit_metrics(compute, reward, protocol, steps=steps, prefix=prefix, trials=trials)
+    # a fit on as many points as it has parameters predicts nothing: no pred_at, no dashed line
+    through = fit.ok and not fit.fixed_A and fit.n_points <= N_PARAMS
+    extrapolate = 1.0 if through else protocol.extrapolate
     try:
-        metrics.update(prediction_metric(fit, compute, extrapolate, prefix))
+        if not through:
+            metrics.update(prediction_metric(fit, compute, extrapolate, prefix))
     except Exception as e:  # noqa: BLE001
         log.warning("scaling prediction failed: %s", e)
     try:
         from scalerl.scaling.plot import plot_fit
 
         Path(out_png).parent.mkdir(parents=True, exist_ok=True)
-        title = title or extrapolation_title(metrics, prefix)
+        title = title or extrapolation_title(metrics, prefix, through=fit.n_points if through else 0)
         plot_fit(out_png, [("run", fit)], extrapolate=extrapolate, title=title, xlabel=xlabel)
     except Exception as e:  # noqa: BLE001 - the plot is a nicety
         log.warning("scaling plot failed: %s", e)
     return fit, metrics
 
 
-def extrapolation_title(metrics: dict[str, float], prefix: str = "fit/") -> str:
+def extrapolation_title(metrics: dict[str, float], prefix: str = "fit/", *, through: int = 0) -> str:
     """The end-of-run figure's title: what its dashed extrapolation is worth by the horizon and fall
     rules (``fit/supported``, ``fit/reach``, ``fit/fall``), so that a figure read alone does not
-    pass an unsupported extrapolation for a prediction."""
+    pass an unsupported extrapolation for a prediction; ``through``: the points of a fit on no more
+    points than it has parameters (drawn without an extrapolation)."""
+    if through:
+        return f"Sigmoid scaling fit on {through} points for {N_PARAMS} parameters: nothing extrapolated"
     head = "Sigmoid scaling fit (solid: fitted range, dashed: extrapolation)\nextrapolation "
     h = _logged_horizon(metrics, prefix)
     if h is None:
@@ -146,7 +152,11 @@ def progress_text(metrics: dict[str, float]) -> str:
     if not (math.isfinite(a) and math.isfinite(sup)):
         return ""
     ci = f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-    return f" fit/A={a:.3f}{ci}" + ("" if sup else " (extrapolation not supported yet)")
+    if sup:
+        return f" fit/A={a:.3f}{ci}"
+    h = _logged_horizon(metrics, "fit/")
+    # a fall inside the window is not outgrown by more compute: no "yet"
+    return f" fit/A={a:.3f}{ci} (extrapolation not supported{'' if h is not None and h.unstable else ' yet'})"
 
 
 def horizon_metrics(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shlex
 from pathlib import Path
 
 from scalerl.messages import UserError
@@ -131,7 +132,11 @@ def _check_golds(task: JsonlTask, path: str, rows: list[tuple[int, str, str]]) -
         why = gold_problem(task, answer, SELF_CHECK_S)
         if why is not None:
             raise gold_error(
-                path, lineno, answer, why, f"; python -m scalerl.task.jsonl_check {path} checks every line"
+                path,
+                lineno,
+                answer,
+                why,
+                f"; python -m scalerl.task.jsonl_check {shlex.quote(path)} checks every line",
             )
 
 

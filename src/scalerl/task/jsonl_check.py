@@ -20,6 +20,8 @@ from tqdm import tqdm
 
 from scalerl.task.jsonl import SELF_CHECK_S, DataFileError, JsonlTask, gold_error, gold_problem
 
+MAX_TIMEOUT_S = 3600.0  # an hour an answer; the timer's own limit is far above it
+
 
 def check_file(path: str, *, timeout_s: float = SELF_CHECK_S, out=None) -> int:
     """Check every answer of ``path`` against itself (:func:`gold_problem`), printing one line for
@@ -63,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # the time limit is ours (score_counted's): math-verify's note that it has none of its own is noise here
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
-        parser.error(f"--timeout-s={args.timeout_s:g}: must be a number > 0")
+    if not (math.isfinite(args.timeout_s) and 0 < args.timeout_s <= MAX_TIMEOUT_S):
+        parser.error(f"--timeout-s={args.timeout_s:g}: must be a number in (0, {MAX_TIMEOUT_S:g}]")
     status = 0
     for path in args.files:
         try:
