@@ -863,9 +863,9 @@ def test_replicates_counts_only_supported_predictions_and_refuses_bad_reports(tm
         (d / "report.json").write_text(json.dumps(_study_doc(vs)))
         docs.append(replicates.load_study(str(d)))
     more = {r.variant: r.row() for r in replicates.summarise(docs)}
-    assert more["z"]["A_mean"] == pytest.approx(0.60) and more["z"]["A_not_shown"] == 0
-    assert more["w"]["A_mean"] == 0.74 and more["w"]["A_not_shown"] == 1
-    assert replicates.to_markdown(docs, replicates.summarise(docs)).count("; not shown in 1") == 1
+    assert more["z"]["A_mean"] == pytest.approx(0.60) and more["z"]["A_censored_studies"] == 0
+    assert more["w"]["A_mean"] == 0.74 and more["w"]["A_censored_studies"] == 1
+    assert replicates.to_markdown(docs, replicates.summarise(docs)).count("; censored at 1 in 1") == 1
     # 1 - sum(err^2) / sum(persistence err^2) over the paired: base (0.01, -0.005), (-0.005, -0.045)
     assert base["mse_skill"] == pytest.approx(1 - (0.01**2 + 0.005**2) / (0.005**2 + 0.045**2))
     assert x["mse_skill"] == pytest.approx(1 - 0.05**2 / 0.01**2) and y["mse_skill"] is None

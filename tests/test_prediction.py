@@ -41,7 +41,7 @@ from scalerl.scaling.horizon import (
     shape_bias,
     shape_error,
 )
-from scalerl.scaling.live import extrapolation_title, fit_metrics, horizon_line, progress_text
+from scalerl.scaling.live import extrapolation_title, figure_title, fit_metrics, horizon_line, progress_text
 from scalerl.scaling.protocol import FitProtocol
 from scalerl.scaling.synthetic import RisingCurve, TrueCurve
 
@@ -303,6 +303,10 @@ def test_live_fit_says_whether_its_extrapolation_is_supported(tmp_path):
         steps=[0, 10, 20, 30],
     )
     assert end["fit/ok"] == 1.0 and "fit/pred_at_2x" not in end and png.stat().st_size > 0
+    flat, fm = fit_metrics(
+        [0, 1, 2, 3, 4], [0.2] * 5, FitProtocol(bootstrap=0, min_step=10), steps=[0, 10, 20, 30, 40]
+    )
+    assert not flat.ok and figure_title(flat, fm) == f"No sigmoid fit: {flat.reason}"
 
 
 def test_the_live_fit_says_what_its_extrapolation_is_worth():

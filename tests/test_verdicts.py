@@ -282,34 +282,76 @@ def test_pairs_without_spread_are_not_counted_as_tested():
         {"base": clones("base", BASE), "v": clones("v", TrueCurve(0.15, 0.70, 1.9, 1000.0), {"loss": "dapo"})}
     )
     assert vs["v"].dA.untestable and vs["v"].label == "not shown"
-    assert "0 of the 2 comparisons could be tested" in family_summary(list(vs.values()))
+    assert "0 of the 2 comparisons could be tested (both sides shown)" in family_summary(list(vs.values()))
+    assert "(A and B of 1 scored variant)" in family_summary(list(vs.values()))
+    # censored at 1 in every copy: the lower-bound test has no spread either, and says so
+    vs = _verdicts(
+        {"base": clones("base", BASE), "v": clones("v", TrueCurve(0.15, 1.0, 1.9, 1000.0))}, bootstrap=50
+    )
+    assert vs["v"].dA.bound == "lower" and vs["v"].verdict.endswith(
+        "its seeds' lower ends not tested against the baseline's A (no spread between seeds on either side)"
+    )
 
 
 def test_a_half_budget_fit_through_its_points_is_not_scored():
     """One seed whose first half leaves 3 points past the early cut: its half fit passes through
-    them, so its prediction is reported with the reason and scored nowhere."""
+    them, so its prediction is reported with the reason and scored nowhere, nor in the runs table."""
+    from scalerl.analysis.experiment import NO_CHECK, _half_check
+
     vs = _verdicts({"base": _runs("base", BASE, seeds=1, n_points=7, reach=12.0)})
     pr = vs["base"].prediction
     assert pr.reason == "the half-budget fit rests on 3 points for 3 parameters"
     assert math.isnan(pr.err) and pr.supported is None and vs["base"].pred_ok is None
+    (r,) = _runs("base", BASE, seeds=1, n_points=7, reach=12.0)
+    fit, check = _half_check(r, PROTOCOL, cut=PROTOCOL.cut_of(r))
+    assert fit.ok and fit.n_points == 3 and check == NO_CHECK
+
+
+def test_report_json_names_the_seeds_a_leaves_out():
+    """A seed fitted on as many points as parameters is left out of A (``A_unusable``) and, though
+    its A sits at 1, is not counted censored: per_seed's counts add up to the variant's."""
+    from scalerl.analysis.reporting import variant_json
+    from scalerl.analysis.verdicts import VariantVerdict
+    from scalerl.scaling.sigmoid import SigmoidFit
+
+    fits = {
+        "s0": SigmoidFit(A=1.0, B=1.3, C_mid=100.0, R0=0.1, ok=True, n_points=3),
+        "s1": SigmoidFit(A=0.62, B=1.9, C_mid=100.0, R0=0.1, ok=True, n_points=9),
+    }
+    v = VariantVerdict("v", ["s0", "s1"], fitted=2)
+    seeds = {s["run_id"]: s for s in variant_json(v, {}, fits)["per_seed"]}
+    assert seeds["s0"]["A_unusable"] == "3 points for 3 parameters" and seeds["s0"]["A_censored"] is None
+    assert seeds["s1"]["A_unusable"] is None and seeds["s1"]["A_censored"] is None
 
 
 def test_runs_of_different_lengths_compared_as_seeds_are_said_to_be():
-    """A variant whose runs ran to different lengths (a 60-step run beside 200-step ones) is still
-    compared as one recipe's seeds, and its verdict says so; runs of one length say nothing."""
+    """A variant whose finished runs ended at different steps (a 60-step run beside 200-step ones) is
+    still compared as one recipe's seeds, and its verdict says so, with why (other lengths asked
+    for, or a run that did not finish its own); a live run is not judged by its length so far."""
     import dataclasses
 
     short = _runs("v", BASE)
     short[0] = dataclasses.replace(
         short[0], steps=short[0].steps[:7], compute=short[0].compute[:7], reward=short[0].reward[:7]
     )
-    vs = _verdicts({"base": _runs("base", BASE), "v": short})
+    asked = [
+        dataclasses.replace(r, params={**r.params, "trainer.total_steps": str(r.last_step)}) for r in short
+    ]
+    vs = _verdicts({"base": _runs("base", BASE), "v": asked})
     assert vs["v"].lengths == [60, 200, 200]
     assert vs["v"].verdict.endswith(
-        "(its runs ran 60-200 steps and are compared as seeds of one recipe, though a shorter run bounds "
-        "its ceiling less: give them one trainer.total_steps)"
+        "(its runs ended at steps 60-200 and are compared as seeds of one recipe, though a shorter run "
+        "bounds its ceiling less: give them one trainer.total_steps)"
     )
-    assert "its runs ran" not in vs["base"].verdict
+    assert "its runs ended" not in vs["base"].verdict
+    same = [dataclasses.replace(r, params={**r.params, "trainer.total_steps": "200"}) for r in short]
+    vs = _verdicts({"base": _runs("base", BASE), "v": same})
+    assert vs["v"].verdict.endswith(
+        "bounds its ceiling less: the shorter ones did not finish their trainer.total_steps)"
+    )
+    live = [dataclasses.replace(same[0], status="RUNNING"), *same[1:]]
+    vs = _verdicts({"base": _runs("base", BASE), "v": live})
+    assert vs["v"].lengths == [200, 200] and "its runs ended" not in vs["v"].verdict
 
 
 def test_the_exported_margin_A_is_the_one_the_verdicts_use(monkeypatch):

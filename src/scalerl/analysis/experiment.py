@@ -413,7 +413,7 @@ def _half_check(run: RunData, protocol: FitProtocol, *, cut) -> tuple[SigmoidFit
     if not second.any():
         return None, out
     fit = protocol.fit(c[first], y[first], min_compute=cut, bootstrap=0)
-    if not fit.ok:
+    if not fit.ok or fit.n_points <= N_PARAMS:  # on 3 points for 3 parameters: it predicts nothing
         return fit, out
     pred = fit.predict(c[second])
     err = pred - y[second]

@@ -99,7 +99,7 @@ class Replicated:
     studies: int = 0
     verdicts: Counter = field(default_factory=Counter)
     A: list[float] = field(default_factory=list)  # the studies' A where it was shown
-    A_not_shown: int = 0  # studies whose report did not show the variant's A (censored seeds)
+    A_censored_studies: int = 0  # studies whose A is its censored seeds' mean (half or more at 1)
     errors: list[float] = field(default_factory=list)  # predicted - observed, supported predictions
     persistence: list[float | None] = field(default_factory=list)  # persistence - observed (None: not given)
     covered: int = 0  # observed ends inside their band
@@ -120,7 +120,7 @@ class Replicated:
             "A_sd": statistics.stdev(self.A) if len(self.A) > 1 else None,
             "A_min": min(self.A, default=None),
             "A_max": max(self.A, default=None),
-            "A_not_shown": self.A_not_shown,
+            "A_censored_studies": self.A_censored_studies,
             "predictions": n,
             "unsupported": self.unsupported,
             "error_mean": statistics.fmean(self.errors) if n else None,
@@ -171,10 +171,11 @@ def _number(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def a_shown(v: dict) -> bool:
-    """Whether a report showed the variant's A as a ceiling: not where half or more of its seeds
-    (with an A) were censored at 1, whose mean is not a ceiling the data bound and is not averaged
-    across studies. A study of one seed shows its A (its report does not compare it: no spread)."""
+def a_bounded(v: dict) -> bool:
+    """Whether a report's A for the variant is a ceiling its seeds bound below 1: not where half or
+    more of its seeds (with an A) were censored at 1, whose mean is not averaged across studies.
+    This is not the report's ``A_shown``, which is false for a single usable seed too (a study of
+    one seed cannot compare its A: no spread), while that one seed's bounded A is averaged here."""
     censored = v.get("A_censored") or 0
     seeds = [
         s for s in v.get("per_seed") or [] if isinstance(s, dict) and s.get("ok") and not s.get("A_unusable")
@@ -192,10 +193,10 @@ def summarise(studies: Sequence[Study]) -> list[Replicated]:
             r.studies += 1
             r.verdicts[v["verdict"]] += 1
             a = _number(v.get("A"))
-            if a is not None and a_shown(v):
+            if a is not None and a_bounded(v):
                 r.A.append(a)
             elif a is not None:
-                r.A_not_shown += 1
+                r.A_censored_studies += 1
             p = v.get("prediction") or {}
             pred, obs, pers = (_number(p.get(k)) for k in ("predicted", "observed", "persistence"))
             if pred is None or obs is None:
@@ -227,8 +228,8 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
         x = r.row(within)
         verdicts = ", ".join(f"{k} {n}" for k, n in x["verdicts"].items())
         a = f"{_f(x['A_mean'], '.3f')} ({_f(x['A_sd'], '.3f')}) [{_f(x['A_min'], '.3f')}, {_f(x['A_max'], '.3f')}]"
-        if x["A_not_shown"]:
-            a += f"; not shown in {x['A_not_shown']}"
+        if x["A_censored_studies"]:
+            a += f"; censored at 1 in {x['A_censored_studies']}"
         n = x["predictions"]
         score = (
             f"{_f(x['error_mean'], '+.3f')} / {_f(x['error_abs_mean'], '.3f')}",
@@ -251,8 +252,8 @@ def to_markdown(studies: Sequence[Study], reps: Sequence[Replicated], within: fl
         "last tenth of the compute), over the studies where that prediction was supported (its "
         "window past the horizon); persistence forecasts the first half's last value. A is each "
         "study's A (the mean of its seeds' fitted ceilings, as its report gives it) over the studies "
-        "that showed it; sd across studies; an A a study did not show (half or more of its seeds "
-        "censored at 1) is counted, not averaged. The skill score is 1 - "
+        "whose seeds bound it below 1; sd across studies; a study whose A is its censored seeds' mean "
+        "(half or more of them at 1) is counted ('censored at 1 in k'), not averaged. The skill score is 1 - "
         "MSE / MSE(persistence) over the same predictions (above 0: the fit's squared error smaller).",
         "",
         _skill_line(studies),

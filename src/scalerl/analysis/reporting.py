@@ -265,7 +265,7 @@ def variant_json(
                 "ok": bool(ok),
                 # why the seed's A is left out of the variant's A (fitted through too few points)
                 "A_unusable": (a_unusable(f) or None) if ok else None,
-                "A_censored": (a_censored(f) or None) if ok else None,
+                "A_censored": (a_censored(f) or None) if ok and not a_unusable(f) else None,
                 "B_at_A": refit.B if refit is not None and refit.ok else None,
             }
         )

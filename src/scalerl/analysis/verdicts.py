@@ -300,7 +300,8 @@ class VariantVerdict:
     final_sd: float = math.nan  # sd over seeds of the observed end (end_points)
     final_se: float = math.nan  # binomial standard error of one seed's observed end (its samples)
     half_points: float = math.nan  # mean points per seed the half-budget fit rests on
-    lengths: list[int] = field(default_factory=list)  # each run's last logged step
+    lengths: list[int] = field(default_factory=list)  # each finished run's last logged step
+    totals: list[str] = field(default_factory=list)  # and its logged trainer.total_steps
     cannot_act: str = ""  # why the component cannot act on this hardware
     inactive: str = ""  # why the variant's component never acted ("" = active or unknown)
     reason: str = ""  # why nothing could be fitted
@@ -1174,7 +1175,9 @@ def verdicts(
     out: dict[str, VariantVerdict] = {}
     for name, members in by.items():
         v = VariantVerdict(name, [r.run_id for r in members], baseline=name == baseline)
-        v.lengths = [r.last_step for r in members]
+        done = [r for r in members if r.status != "RUNNING"]  # a live run's length is not its own yet
+        v.lengths = [r.last_step for r in done]
+        v.totals = [str(r.params.get("trainer.total_steps", "")) for r in done]
         own = [fits[r.run_id] for r in members]
         v.fitted = sum(f.ok for f in own)
         ok_runs = [r for r in members if fits[r.run_id].ok]
@@ -1238,23 +1241,28 @@ def _compare(
                 v.dB.mdd = detectable(fam.sd_B, nv, nb, fam.alpha, 0.0)
                 if math.isfinite(v.B.mean) and math.isfinite(base.B.mean):
                     v.dB.delta = v.B.mean - base.B.mean
-        v.verdict = _verdict(v, base) + _lengths_note(v.lengths)
+        v.verdict = _verdict(v, base) + _lengths_note(v.lengths, v.totals)
 
 
 UNEVEN_LENGTHS = 1.5
 """A variant whose runs' lengths (last steps) span more than this factor is said to mix budgets."""
 
 
-def _lengths_note(lengths: Sequence[int]) -> str:
-    """Where a variant's runs ran to different lengths (by more than :data:`UNEVEN_LENGTHS`): they are
-    compared as seeds of one recipe, though a shorter run's fit bounds its ceiling less; said after
-    the verdict ("" otherwise)."""
+def _lengths_note(lengths: Sequence[int], totals: Sequence[str]) -> str:
+    """Where a variant's finished runs ended at different steps (by more than
+    :data:`UNEVEN_LENGTHS`; ``totals``: their ``trainer.total_steps``): they are compared as seeds of
+    one recipe, though a shorter run's fit bounds its ceiling less; said after the verdict ("" otherwise)."""
     ran = [n for n in lengths if n > 0]
     if len(ran) < 2 or max(ran) <= UNEVEN_LENGTHS * min(ran):
         return ""
+    why = (
+        "give them one trainer.total_steps"
+        if len(set(totals)) > 1
+        else "the shorter ones did not finish their trainer.total_steps"
+    )
     return (
-        f" (its runs ran {min(ran)}-{max(ran)} steps and are compared as seeds of one recipe, "
-        "though a shorter run bounds its ceiling less: give them one trainer.total_steps)"
+        f" (its runs ended at steps {min(ran)}-{max(ran)} and are compared as seeds of one recipe, "
+        f"though a shorter run bounds its ceiling less: {why})"
     )
 
 
@@ -1318,6 +1326,8 @@ def _verdict_bounded_below(v: VariantVerdict) -> str:
     c = v.dA
     if c.bound != "lower":
         return f"{NOT_SHOWN}: {v.A.unsettled}"
+    if c.untestable:
+        return f"{NOT_SHOWN}: {v.A.unsettled}; its seeds' lower ends not tested against the baseline's A ({c.untestable})"
     interval = f"{c.delta:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]"
     if c.called:
         v.called = {"A": 1}
@@ -1481,7 +1491,7 @@ def family_summary(vs: Sequence[VariantVerdict]) -> str:
             f"smallest detectable ΔB at A=1, {fam.seeds} seeds per variant and {POWER:.0%} power: {mdd_b}"
         )
     else:
-        what = f"A and B of {fam.m // 2} scored variants"
+        what = f"A and B of {fam.m // 2} scored variant{'s' * (fam.m != 2)}"
         resolution = f"smallest detectable ΔA at {fam.seeds} seeds per variant and {POWER:.0%} power: {mdd}"
         equivalent = sum(v.scored and v.dA.equivalent and not v.called.get("A") for v in vs)
         res = f"±{fam.eq_resolution:.3f}" if math.isfinite(fam.eq_resolution) else "unknown"

@@ -115,11 +115,20 @@ def final_report(
         from scalerl.scaling.plot import plot_fit
 
         Path(out_png).parent.mkdir(parents=True, exist_ok=True)
-        title = title or extrapolation_title(metrics, prefix, through=fit.n_points if through else 0)
+        title = title or figure_title(fit, metrics, prefix)
         plot_fit(out_png, [("run", fit)], extrapolate=extrapolate, title=title, xlabel=xlabel)
     except Exception as e:  # noqa: BLE001 - the plot is a nicety
         log.warning("scaling plot failed: %s", e)
     return fit, metrics
+
+
+def figure_title(fit: SigmoidFit, metrics: dict[str, float], prefix: str = "fit/") -> str:
+    """The end-of-run figure's title: why there is no fit, or what its extrapolation is worth
+    (:func:`extrapolation_title`)."""
+    if not fit.ok:
+        return f"No sigmoid fit: {fit.reason or 'the fit failed'}"
+    through = fit.n_points if not fit.fixed_A and fit.n_points <= N_PARAMS else 0
+    return extrapolation_title(metrics, prefix, through=through)
 
 
 def extrapolation_title(metrics: dict[str, float], prefix: str = "fit/", *, through: int = 0) -> str:
