@@ -756,6 +756,9 @@ def test_the_data_check_command_names_every_answer_no_completion_could_score_on(
     with pytest.raises(DataFileError) as e:
         JsonlTask(str(bad))
     assert f"python -m scalerl.task.jsonl_check {bad} checks every line" in one_line(str(e.value))
+    # the command's own time limit is the one its message names
+    assert main(["--timeout-s", "1e-7", str(clean)]) == 1
+    assert "takes longer than 1e-07 s to check against itself (--timeout-s)" in capsys.readouterr().out
     spaced = tmp_path / "my data.jsonl"  # the command as it can be pasted into a shell
     spaced.write_text(bad.read_text())
     with pytest.raises(DataFileError) as e:

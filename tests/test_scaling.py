@@ -441,7 +441,8 @@ def test_fit_metrics_and_final_report(tmp_path):
     )
     fit2, metrics2 = final_report(c, y, protocol, out_png=png)
     assert png.read_bytes()[:8] == PNG_MAGIC
-    assert metrics2["fit/pred_at_2x"] == pytest.approx(float(fit2.predict(2 * c.max())))
+    # a pass rate, rounded to what the data resolve (0.001) as the fit's other pass rates are
+    assert metrics2["fit/pred_at_2x"] == round(float(fit2.predict(2 * c.max())), 3)
     # A failing fit still writes a plot of the points and returns NaN metrics.
     fit3, metrics3 = final_report(
         [0, 1], [0.1, 0.2], FitProtocol(min_step=0, extrapolate=2.0), out_png=tmp_path / "bad.png"

@@ -324,6 +324,27 @@ def test_report_json_names_the_seeds_a_leaves_out():
     assert seeds["s1"]["A_unusable"] is None and seeds["s1"]["A_censored"] is None
 
 
+def test_a_interval_stays_a_pass_rate_and_the_runs_table_s_baseline_is_the_verdicts():
+    """A's t-interval over widely spread seeds ends at 0 and 1, not beyond; the runs table's
+    A(baseline), which each run's ΔA is taken from, leaves out a seed fitted on 3 points as the
+    verdicts' A does."""
+    from scalerl.analysis.experiment import choose_baseline
+    from scalerl.analysis.verdicts import a_estimate
+    from scalerl.scaling.sigmoid import SigmoidFit
+
+    wide = [SigmoidFit(A=a, B=1.5, C_mid=100.0, R0=0.1, ok=True, n_points=9) for a in (0.05, 0.95, 0.5)]
+    e = a_estimate(wide, 0.9)
+    assert e.lo == 0.0 and e.hi == 1.0 and e.mean == pytest.approx(0.5)
+    runs = _runs("base", BASE)
+    fits = {
+        runs[0].run_id: SigmoidFit(A=0.40, B=1.5, C_mid=100.0, R0=0.1, ok=True, n_points=3),
+        runs[1].run_id: SigmoidFit(A=0.60, B=1.5, C_mid=100.0, R0=0.1, ok=True, n_points=9),
+        runs[2].run_id: SigmoidFit(A=0.64, B=1.7, C_mid=100.0, R0=0.1, ok=True, n_points=9),
+    }
+    base = choose_baseline(runs, fits, {r.run_id: "base" for r in runs}, [], "base")
+    assert base.fitted == 3 and base.A == pytest.approx(0.62) and base.B == pytest.approx(1.6)
+
+
 def test_runs_of_different_lengths_compared_as_seeds_are_said_to_be():
     """A variant whose finished runs ended at different steps (a 60-step run beside 200-step ones) is
     still compared as one recipe's seeds, and its verdict says so, with why (other lengths asked

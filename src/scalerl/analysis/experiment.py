@@ -330,12 +330,14 @@ def choose_baseline(
     def made(variant: str, why: str, given: bool = False) -> Baseline:
         ids = [r.run_id for r in runs if names[r.run_id] == variant]
         ok = [fits[i] for i in ids if fits[i].ok]
+        # as the verdicts' A: a fit on no more points than its parameters is left out of the mean
+        use = [f for f in ok if f.fixed_A or f.n_points > N_PARAMS]
         return Baseline(
             variant=variant,
             run_ids=ids,
             fitted=len(ok),
-            A=float(np.mean([f.A for f in ok])) if ok else math.nan,
-            B=float(np.mean([f.B for f in ok])) if ok else math.nan,
+            A=float(np.mean([f.A for f in use])) if use else math.nan,
+            B=float(np.mean([f.B for f in use])) if use else math.nan,
             why=why,
             given=given,
         )

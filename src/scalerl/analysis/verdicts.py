@@ -535,7 +535,7 @@ def a_estimate(fits: Sequence[SigmoidFit | None], level: float = 0.9) -> Estimat
     usable = [f for f in ok if not a_unusable(f)]
     seeds = [(f.A, a_censored(f)) for f in usable]
     e = _estimate(seeds, [w for f in ok if (w := a_unusable(f))], len(ok), level, "A", "1")
-    e.hi = min(e.hi, 1.0)  # a pass rate's ceiling: the interval ends at the maximum
+    e.lo, e.hi = max(e.lo, 0.0), min(e.hi, 1.0)  # a pass rate's ceiling: the interval stays in [0, 1]
     e.floors = [_floor(f) for f in usable if math.isfinite(f.A)]
     return e
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from scalerl.scaling.horizon import BELOW_BOUND, HORIZON, Horizon, fit_horizon, reach_text
 from scalerl.scaling.protocol import FitProtocol
-from scalerl.scaling.sigmoid import N_PARAMS, SigmoidFit
+from scalerl.scaling.sigmoid import N_PARAMS, SigmoidFit, round_to
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def prediction_metric(fit: SigmoidFit, compute, extrapolate: float, prefix: str 
     budget = float(c.max()) if c.size else math.nan
     ok = fit.ok and math.isfinite(budget)
     return {
-        f"{prefix}pred_at_{float(extrapolate):g}x": float(fit.predict(budget * float(extrapolate)))
+        f"{prefix}pred_at_{float(extrapolate):g}x": round_to(float(fit.predict(budget * float(extrapolate))))
         if ok
         else math.nan
     }

@@ -102,10 +102,13 @@ def _read_rows(path: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def gold_problem(task: JsonlTask, answer: str, timeout_s: float) -> str | None:
+def gold_problem(
+    task: JsonlTask, answer: str, timeout_s: float, limit: str = "each scoring has task.verifier_timeout_s"
+) -> str | None:
     """Why no completion could score on ``answer`` (it matches itself neither boxed nor as plain
     text, or its check takes longer than ``timeout_s``, as every scoring of it would), or None.
-    Scored as ``task`` scores, under the loop's time limit and handling of a verifier's errors."""
+    Scored as ``task`` scores, under the loop's time limit and handling of a verifier's errors;
+    ``limit``: what the time limit's message names."""
     prompt = Prompt(uid=0, text="", answer=answer)
     results = [
         score_counted(task, prompt, form, timeout_s)
@@ -114,7 +117,7 @@ def gold_problem(task: JsonlTask, answer: str, timeout_s: float) -> str | None:
     if any(reward == 1.0 for reward, _, _ in results):
         return None
     if any(err == "timeout" for _, err, _ in results):
-        return f"takes longer than {timeout_s:g} s to check against itself (each scoring has task.verifier_timeout_s)"
+        return f"takes longer than {timeout_s:g} s to check against itself ({limit})"
     return "does not match itself, boxed or as plain text, so no completion could score on it"
 
 

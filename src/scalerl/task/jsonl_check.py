@@ -33,7 +33,7 @@ def check_file(path: str, *, timeout_s: float = SELF_CHECK_S, out=None) -> int:
     t0 = time.monotonic()
     with tqdm(task.rows, desc=Path(path).name, unit="answer", disable=not sys.stderr.isatty()) as rows:
         for lineno, _, answer in rows:
-            why = gold_problem(task, answer, timeout_s)
+            why = gold_problem(task, answer, timeout_s, "--timeout-s")
             if why is not None:
                 bad += 1
                 print(gold_error(path, lineno, answer, why), file=out)
