@@ -8,6 +8,7 @@ numbers come every run. benchmarks/bench_prediction.py measures the same with mo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -43,6 +44,7 @@ from scalerl.scaling.horizon import (
 )
 from scalerl.scaling.live import extrapolation_title, figure_title, fit_metrics, horizon_line, progress_text
 from scalerl.scaling.protocol import FitProtocol
+from scalerl.scaling.sigmoid import SigmoidFit
 from scalerl.scaling.synthetic import RisingCurve, TrueCurve
 
 MEASURED = dict(B=1.15, B_late=2.23, rise_at=2.56, width=0.074)
@@ -327,10 +329,9 @@ def test_the_live_fit_says_what_its_extrapolation_is_worth():
         "supported (the window reaches 5.2x C_mid)"
     )
     assert extrapolation_title({}).endswith("extrapolation not judged")
-    assert (
-        extrapolation_title({}, through=3)
-        == "Sigmoid scaling fit on 3 points for 3 parameters: nothing extrapolated"
-    )
+    three = SigmoidFit(A=0.6, B=1.5, C_mid=10.0, R0=0.2, ok=True, n_points=3)
+    assert three.through_points and not dataclasses.replace(three, fixed_A=True).through_points
+    assert figure_title(three, {}) == "Sigmoid scaling fit on 3 points for 3 parameters: nothing extrapolated"
 
 
 def _verdict(name, pr, baseline=False):

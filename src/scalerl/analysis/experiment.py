@@ -330,8 +330,7 @@ def choose_baseline(
     def made(variant: str, why: str, given: bool = False) -> Baseline:
         ids = [r.run_id for r in runs if names[r.run_id] == variant]
         ok = [fits[i] for i in ids if fits[i].ok]
-        # as the verdicts' A: a fit on no more points than its parameters is left out of the mean
-        use = [f for f in ok if f.fixed_A or f.n_points > N_PARAMS]
+        use = [f for f in ok if not f.through_points]  # as the verdicts' A (a_unusable)
         return Baseline(
             variant=variant,
             run_ids=ids,
@@ -415,7 +414,7 @@ def _half_check(run: RunData, protocol: FitProtocol, *, cut) -> tuple[SigmoidFit
     if not second.any():
         return None, out
     fit = protocol.fit(c[first], y[first], min_compute=cut, bootstrap=0)
-    if not fit.ok or fit.n_points <= N_PARAMS:  # on 3 points for 3 parameters: it predicts nothing
+    if not fit.ok or fit.through_points:  # it predicts nothing
         return fit, out
     pred = fit.predict(c[second])
     err = pred - y[second]

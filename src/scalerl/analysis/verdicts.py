@@ -457,7 +457,7 @@ def a_unusable(fit: SigmoidFit | None) -> str:
     them: A is then set by those points alone, not a ceiling they bound, and has no interval)."""
     if fit is None or not fit.ok:
         return "unfitted"
-    if not fit.fixed_A and fit.n_points <= N_PARAMS:
+    if fit.through_points:
         return f"{fit.n_points} points for {N_PARAMS} parameters"
     return ""
 
@@ -809,7 +809,7 @@ def predict_variant(
     fit = _pooled(usable, p, half=True, resample_runs=False)
     if not fit.ok:
         return Prediction(n=len(usable), reason=f"the half-budget fit failed: {fit.reason}"), fit
-    if fit.n_points <= N_PARAMS:  # through its points: nothing to judge its extrapolation by
+    if fit.through_points:  # nothing to judge its extrapolation by
         why = f"the half-budget fit rests on {fit.n_points} points for {N_PARAMS} parameters"
         return Prediction(n=len(usable), reason=why), fit
     ends = [end_points(r) for r in usable]

@@ -46,8 +46,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scalerl.scaling.sigmoid import N_PARAMS
-
 HORIZON = 4.5
 """The reach (window end / fitted C_mid) from which an extrapolation to twice the window is supported."""
 
@@ -245,9 +243,7 @@ def fit_horizon(fit, *, horizon: float = HORIZON, trials: float | None = None) -
     compute among the points it used); not judged when the fit failed. With ``trials`` (the samples
     of one evaluation; NaN where unknown) the fall rule is judged too, on a one-curve fit's points
     (a pooled fit's seeds are judged one by one by the report: ``scalerl.analysis.verdicts``)."""
-    if fit is None or not fit.ok or (not fit.fixed_A and fit.n_points <= N_PARAMS):
-        # (a curve through as many points as it has parameters: A is set by those points alone, so
-        # neither its reach nor the compute that would support it means anything)
+    if fit is None or not fit.ok or fit.through_points:  # (its reach means nothing: through_points)
         return Horizon(horizon=horizon)
     used = np.asarray(fit.used, dtype=bool)
     c = np.asarray(fit.compute, dtype=float)

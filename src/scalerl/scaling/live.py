@@ -104,10 +104,9 @@ def final_report(
     ``fit/more_compute``, ``fit/shape_bias``); :func:`horizon_line` says it in words."""
     fit, metrics = fit_metrics(compute, reward, protocol, steps=steps, prefix=prefix, trials=trials)
     # a fit on as many points as it has parameters predicts nothing: no pred_at, no dashed line
-    through = fit.ok and not fit.fixed_A and fit.n_points <= N_PARAMS
-    extrapolate = 1.0 if through else protocol.extrapolate
+    extrapolate = 1.0 if fit.through_points else protocol.extrapolate
     try:
-        if not through:
+        if not fit.through_points:
             metrics.update(prediction_metric(fit, compute, extrapolate, prefix))
     except Exception as e:  # noqa: BLE001
         log.warning("scaling prediction failed: %s", e)
@@ -127,17 +126,15 @@ def figure_title(fit: SigmoidFit, metrics: dict[str, float], prefix: str = "fit/
     (:func:`extrapolation_title`)."""
     if not fit.ok:
         return f"No sigmoid fit: {fit.reason or 'the fit failed'}"
-    through = fit.n_points if not fit.fixed_A and fit.n_points <= N_PARAMS else 0
-    return extrapolation_title(metrics, prefix, through=through)
+    if fit.through_points:
+        return f"Sigmoid scaling fit on {fit.n_points} points for {N_PARAMS} parameters: nothing extrapolated"
+    return extrapolation_title(metrics, prefix)
 
 
-def extrapolation_title(metrics: dict[str, float], prefix: str = "fit/", *, through: int = 0) -> str:
-    """The end-of-run figure's title: what its dashed extrapolation is worth by the horizon and fall
-    rules (``fit/supported``, ``fit/reach``, ``fit/fall``), so that a figure read alone does not
-    pass an unsupported extrapolation for a prediction; ``through``: the points of a fit on no more
-    points than it has parameters (drawn without an extrapolation)."""
-    if through:
-        return f"Sigmoid scaling fit on {through} points for {N_PARAMS} parameters: nothing extrapolated"
+def extrapolation_title(metrics: dict[str, float], prefix: str = "fit/") -> str:
+    """The end-of-run figure's title for a fit it extrapolates: what its dashed extrapolation is
+    worth by the horizon and fall rules (``fit/supported``, ``fit/reach``, ``fit/fall``), so that a
+    figure read alone does not pass an unsupported extrapolation for a prediction."""
     head = "Sigmoid scaling fit (solid: fitted range, dashed: extrapolation)\nextrapolation "
     h = _logged_horizon(metrics, prefix)
     if h is None:

@@ -106,6 +106,13 @@ class SigmoidFit:
     rmse: float = math.nan
     fixed_A: bool = False
 
+    @property
+    def through_points(self) -> bool:
+        """Fitted, A free, on no more points than the curve has parameters: it is set by those points
+        alone, with nothing left to check it against, so its A is no measured ceiling and it
+        predicts nothing (no horizon judged, no extrapolation, no prediction scored)."""
+        return self.ok and not self.fixed_A and self.n_points <= N_PARAMS
+
     # ---- prediction -------------------------------------------------------------------------
     def predict(self, compute) -> np.ndarray:
         """Predicted reward at ``compute`` (R0 at C <= 0). NaN everywhere when the fit failed."""
